@@ -1,0 +1,1 @@
+//! embedjob: a batch job runner that turns text into vector indexes.
