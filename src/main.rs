@@ -1,1 +1,32 @@
-fn main() {}
+use std::process::ExitCode;
+
+use clap::Parser;
+
+use embedjob::cli::{Cli, Command};
+use embedjob::commands;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("embedjob: error: could not start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Models(args) => commands::models(&args).await,
+            Command::Embed(args) => commands::embed(&args).await,
+            Command::Chat(args) => commands::chat(&args).await,
+            Command::Simulate(options) => commands::simulate(options).await,
+        }
+    });
+    match result {
+        Ok(code) => ExitCode::from(code.code()),
+        Err(failure) => {
+            eprintln!("embedjob: error: {:#}", failure.error);
+            ExitCode::from(failure.exit.code())
+        }
+    }
+}

@@ -1,0 +1,74 @@
+//! Command-line definitions (clap). Nothing here does work.
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::simulate::SimulateOptions;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "embedjob",
+    version,
+    about = "Turn text into vector indexes: chunk by tokens, embed concurrently, validate, write Parquet.",
+    long_about = None,
+    after_help = "The API key is read from EMBEDJOB_API_KEY (never from a flag). \
+                  Commands without a job file take the service address from EMBEDJOB_BASE_URL."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// List the models the key can see, or show one.
+    Models(ModelsArgs),
+    /// Embed a few texts and print the vectors.
+    Embed(EmbedArgs),
+    /// Send one prompt to a chat model and print the reply as it arrives.
+    Chat(ChatArgs),
+    /// Serve a simulator of the model service on 127.0.0.1, with optional faults.
+    Simulate(SimulateOptions),
+}
+
+#[derive(Debug, Args)]
+pub struct ModelsArgs {
+    /// Show only this model.
+    pub id: Option<String>,
+    /// Print one JSON object on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct EmbedArgs {
+    /// The embedding model, e.g. svc-embed-1.
+    #[arg(long)]
+    pub model: String,
+    /// Print one JSON object on stdout.
+    #[arg(long)]
+    pub json: bool,
+    /// The texts to embed.
+    #[arg(required = true)]
+    pub texts: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct ChatArgs {
+    /// The chat model, e.g. svc-base.
+    #[arg(long)]
+    pub model: String,
+    /// A system message sent before the prompt.
+    #[arg(long)]
+    pub system: Option<String>,
+    /// Sampling temperature, 0.0 to 2.0.
+    #[arg(long)]
+    pub temperature: Option<f64>,
+    /// Upper limit of tokens in the reply.
+    #[arg(long)]
+    pub max_tokens: Option<u64>,
+    /// Wait for the whole reply instead of streaming it.
+    #[arg(long)]
+    pub no_stream: bool,
+    /// The user's message.
+    pub prompt: String,
+}

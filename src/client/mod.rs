@@ -1,0 +1,426 @@
+//! A typed async client for the model service: embeddings, model listing and
+//! chat (plain or streamed).
+//!
+//! Every failure comes back as an [`ApiError`] sorted into transient,
+//! permanent or too-large, carrying the status, the server's message and the
+//! delay the server asked for. The API key is sent as a bearer token and is
+//! scrubbed from every message that comes back.
+
+mod error;
+mod sse;
+mod wire;
+
+use std::fmt;
+use std::time::Duration;
+
+use futures::{Stream, StreamExt};
+use reqwest::{header, Method, StatusCode};
+use serde::de::DeserializeOwned;
+
+pub use error::{classify, retry_after, server_message, ApiError, ErrorKind};
+pub use sse::{SseDecoder, SseError};
+pub use wire::{
+    ChatMessage, ChatRequest, EmbeddingInput, EmbeddingItem, EmbeddingRequest, EmbeddingResponse,
+    Model, Pricing, Usage,
+};
+
+/// An API key. Its `Debug` and `Display` never show it.
+#[derive(Clone)]
+pub struct ApiKey(String);
+
+impl ApiKey {
+    pub fn new(key: impl Into<String>) -> Self {
+        ApiKey(key.into())
+    }
+
+    /// The key itself, for the `Authorization` header and for redaction only.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for ApiKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ApiKey([REDACTED])")
+    }
+}
+
+impl fmt::Display for ApiKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("[REDACTED]")
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// The service's address; endpoint paths (`/v1/...`) are appended to it.
+    pub base_url: String,
+    pub api_key: ApiKey,
+    /// Whole-request limit for plain calls; the idle limit between reads of a stream.
+    pub timeout: Duration,
+    pub connect_timeout: Duration,
+}
+
+impl ClientConfig {
+    pub fn new(base_url: impl Into<String>, api_key: ApiKey) -> Self {
+        ClientConfig {
+            base_url: base_url.into(),
+            api_key,
+            timeout: Duration::from_secs(60),
+            connect_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// A problem with the client's own configuration, found before any request.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("base URL {url:?} is not valid: {reason}")]
+    BaseUrl { url: String, reason: String },
+    #[error("the API key is empty")]
+    EmptyKey,
+    #[error("the API key contains characters that cannot be sent in an HTTP header")]
+    KeyNotHeaderSafe,
+    #[error("could not build the HTTP client: {0}")]
+    Http(String),
+}
+
+#[derive(Clone)]
+pub struct Client {
+    http: reqwest::Client,
+    base: String,
+    key: ApiKey,
+    timeout: Duration,
+}
+
+impl fmt::Debug for Client {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Client")
+            .field("base", &self.base)
+            .field("key", &self.key)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a chat stream yields: fragments of the reply, in order.
+pub type ChatStream = std::pin::Pin<Box<dyn Stream<Item = Result<String, ApiError>> + Send>>;
+
+impl Client {
+    pub fn new(config: ClientConfig) -> Result<Self, ConfigError> {
+        let base = normalize_base_url(&config.base_url)?;
+        let key = config.api_key;
+        if key.expose().trim().is_empty() {
+            return Err(ConfigError::EmptyKey);
+        }
+        if header::HeaderValue::from_str(&format!("Bearer {}", key.expose())).is_err() {
+            return Err(ConfigError::KeyNotHeaderSafe);
+        }
+        let http = reqwest::Client::builder()
+            .connect_timeout(config.connect_timeout)
+            .read_timeout(config.timeout)
+            .user_agent(concat!("embedjob/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| ConfigError::Http(e.to_string()))?;
+        Ok(Client {
+            http,
+            base,
+            key,
+            timeout: config.timeout,
+        })
+    }
+
+    /// The normalised base URL (no trailing slash, no trailing `/v1`).
+    pub fn base_url(&self) -> &str {
+        &self.base
+    }
+
+    /// `POST /v1/embeddings`. The response is returned as sent; check it with
+    /// `validate` before trusting it.
+    pub async fn embeddings(
+        &self,
+        model: &str,
+        input: EmbeddingInput<'_>,
+    ) -> Result<EmbeddingResponse, ApiError> {
+        let body = EmbeddingRequest { model, input };
+        self.call(Method::POST, "/v1/embeddings", Some(&body)).await
+    }
+
+    /// `GET /v1/models`: the models the key can see.
+    pub async fn models(&self) -> Result<Vec<Model>, ApiError> {
+        let list: wire::ModelList = self.call(Method::GET, "/v1/models", None::<&()>).await?;
+        Ok(list.data)
+    }
+
+    /// `GET /v1/models/{id}`.
+    pub async fn model(&self, id: &str) -> Result<Model, ApiError> {
+        let path = format!("/v1/models/{}", encode_path_segment(id));
+        self.call(Method::GET, &path, None::<&()>).await
+    }
+
+    /// `POST /v1/chat/completions` without streaming: the reply text.
+    pub async fn chat(&self, request: &ChatRequest) -> Result<String, ApiError> {
+        let mut request = request.clone();
+        request.stream = false;
+        let endpoint = "POST /v1/chat/completions";
+        let reply: wire::ChatResponse = self
+            .call(Method::POST, "/v1/chat/completions", Some(&request))
+            .await?;
+        let choice = reply
+            .choices
+            .into_iter()
+            .next()
+            .ok_or_else(|| ApiError::transient(endpoint, "the reply has no choices"))?;
+        Ok(choice.message.and_then(|m| m.content).unwrap_or_default())
+    }
+
+    /// `POST /v1/chat/completions` with `stream: true`: the reply's fragments
+    /// as they arrive. A stream that ends before `data: [DONE]` ends with an
+    /// error, never silently short.
+    pub async fn chat_stream(&self, request: &ChatRequest) -> Result<ChatStream, ApiError> {
+        let mut request = request.clone();
+        request.stream = true;
+        let endpoint = "POST /v1/chat/completions";
+        let response = self
+            .send(Method::POST, "/v1/chat/completions", Some(&request), false)
+            .await?;
+        let key = self.key.clone();
+        let bytes = response.bytes_stream();
+        let state = StreamState {
+            bytes: Box::pin(bytes),
+            decoder: SseDecoder::new(),
+            queue: std::collections::VecDeque::new(),
+            done: false,
+        };
+        let stream = futures::stream::unfold(state, move |mut state| {
+            let key = key.clone();
+            async move {
+                let item = next_fragment(&mut state, endpoint).await;
+                item.map(|result| (result.map_err(|e| e.redact(key.expose())), state))
+            }
+        });
+        Ok(Box::pin(stream))
+    }
+
+    async fn call<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&impl serde::Serialize>,
+    ) -> Result<T, ApiError> {
+        let endpoint = format!("{method} {path}");
+        let response = self.send(method, path, body, true).await?;
+        let bytes = response
+            .bytes()
+            .await
+            .map_err(|e| ApiError::from_transport(&endpoint, &e).redact(self.key.expose()))?;
+        serde_json::from_slice(&bytes).map_err(|e| unparseable(&endpoint, &e, &bytes))
+    }
+
+    /// Sends a request and returns the response if its status is a success.
+    async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&impl serde::Serialize>,
+        whole_request_timeout: bool,
+    ) -> Result<reqwest::Response, ApiError> {
+        let endpoint = format!("{method} {path}");
+        let mut request = self
+            .http
+            .request(method, format!("{}{}", self.base, path))
+            .bearer_auth(self.key.expose());
+        if whole_request_timeout {
+            request = request.timeout(self.timeout);
+        }
+        if let Some(body) = body {
+            request = request.json(body);
+        }
+        let response = request
+            .send()
+            .await
+            .map_err(|e| ApiError::from_transport(&endpoint, &e).redact(self.key.expose()))?;
+        let status = response.status();
+        if status.is_success() {
+            return Ok(response);
+        }
+        let headers = response.headers().clone();
+        // The error body is read only so far as a message needs; a cut-off
+        // error body still yields the status.
+        let body = response.bytes().await.unwrap_or_default();
+        Err(error_for(&endpoint, status, &headers, &body).redact(self.key.expose()))
+    }
+}
+
+fn error_for(endpoint: &str, status: StatusCode, headers: &header::HeaderMap, body: &[u8]) -> ApiError {
+    ApiError::from_response(endpoint, status.as_u16(), headers, body)
+}
+
+fn unparseable(endpoint: &str, err: &serde_json::Error, body: &[u8]) -> ApiError {
+    // Python-based services write NaN and Infinity as bare tokens, which JSON
+    // does not allow; name that check rather than a column number.
+    let text = String::from_utf8_lossy(&body[..body.len().min(1 << 20)]);
+    let message = if ["NaN", "Infinity"].iter().any(|t| text.contains(t)) {
+        format!("invalid response: a non-finite value (NaN or Infinity) in the body ({err})")
+    } else if err.is_eof() {
+        format!("the response body was cut off ({err})")
+    } else {
+        format!("the response body is not the expected JSON ({err})")
+    };
+    ApiError::transient(endpoint, message)
+}
+
+struct StreamState {
+    bytes: std::pin::Pin<Box<dyn Stream<Item = reqwest::Result<bytes::Bytes>> + Send>>,
+    decoder: SseDecoder,
+    queue: std::collections::VecDeque<String>,
+    done: bool,
+}
+
+/// The next reply fragment, `None` after `[DONE]`.
+async fn next_fragment(state: &mut StreamState, endpoint: &str) -> Option<Result<String, ApiError>> {
+    loop {
+        if state.done {
+            return None;
+        }
+        while let Some(data) = state.queue.pop_front() {
+            match fragment_of(&data, endpoint) {
+                Ok(Some(Fragment::Text(text))) => return Some(Ok(text)),
+                Ok(Some(Fragment::Done)) => {
+                    state.done = true;
+                    return None;
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    state.done = true;
+                    return Some(Err(e));
+                }
+            }
+        }
+        let decoded = match state.bytes.next().await {
+            Some(Ok(bytes)) => state.decoder.push(&bytes),
+            Some(Err(e)) => {
+                state.done = true;
+                return Some(Err(ApiError::from_transport(endpoint, &e)));
+            }
+            None => match state.decoder.finish() {
+                Ok(Some(last)) => Ok(vec![last]),
+                Ok(None) => {
+                    state.done = true;
+                    return Some(Err(ApiError::transient(
+                        endpoint,
+                        "the stream ended before data: [DONE]; the reply is incomplete",
+                    )));
+                }
+                Err(e) => Err(e),
+            },
+        };
+        match decoded {
+            Ok(events) => state.queue.extend(events),
+            Err(e) => {
+                state.done = true;
+                return Some(Err(ApiError::transient(endpoint, format!("bad event stream: {e}"))));
+            }
+        }
+    }
+}
+
+enum Fragment {
+    Text(String),
+    Done,
+}
+
+fn fragment_of(data: &str, endpoint: &str) -> Result<Option<Fragment>, ApiError> {
+    if data.trim() == "[DONE]" {
+        return Ok(Some(Fragment::Done));
+    }
+    let chunk: wire::ChatChunk = serde_json::from_str(data).map_err(|e| {
+        ApiError::transient(endpoint, format!("a stream event is not the expected JSON ({e})"))
+    })?;
+    if let Some(error) = chunk.error {
+        let wrapped = serde_json::json!({ "error": error });
+        let message = server_message(wrapped.to_string().as_bytes());
+        return Err(ApiError::transient(endpoint, format!("the stream reported an error: {message}")));
+    }
+    let text: String = chunk
+        .choices
+        .into_iter()
+        .filter_map(|c| c.delta.and_then(|d| d.content))
+        .collect();
+    Ok((!text.is_empty()).then_some(Fragment::Text(text)))
+}
+
+/// Accepts a base URL with or without a trailing slash, and with or without a
+/// trailing `/v1` (as OpenAI-style clients write it).
+fn normalize_base_url(url: &str) -> Result<String, ConfigError> {
+    let fail = |reason: &str| ConfigError::BaseUrl {
+        url: url.to_string(),
+        reason: reason.to_string(),
+    };
+    let parsed = reqwest::Url::parse(url.trim()).map_err(|e| fail(&e.to_string()))?;
+    if !matches!(parsed.scheme(), "http" | "https") {
+        return Err(fail("the scheme must be http or https"));
+    }
+    if parsed.query().is_some() || parsed.fragment().is_some() {
+        return Err(fail("it must not have a query or fragment"));
+    }
+    if !parsed.username().is_empty() || parsed.password().is_some() {
+        return Err(fail("credentials do not belong in the URL; use the API key variable"));
+    }
+    let mut base = parsed.as_str().trim_end_matches('/').to_string();
+    if let Some(stripped) = base.strip_suffix("/v1") {
+        base = stripped.to_string();
+    }
+    Ok(base)
+}
+
+fn encode_path_segment(segment: &str) -> String {
+    let mut out = String::with_capacity(segment.len());
+    for byte in segment.bytes() {
+        if byte.is_ascii_alphanumeric() || b"-._~".contains(&byte) {
+            out.push(byte as char);
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base_urls_are_normalised() {
+        for url in [
+            "http://127.0.0.1:9000",
+            "http://127.0.0.1:9000/",
+            "http://127.0.0.1:9000/v1",
+            "http://127.0.0.1:9000/v1/",
+        ] {
+            assert_eq!(normalize_base_url(url).unwrap(), "http://127.0.0.1:9000", "{url}");
+        }
+        assert_eq!(
+            normalize_base_url("https://proxy.example/openai/").unwrap(),
+            "https://proxy.example/openai"
+        );
+        assert!(normalize_base_url("ftp://x").is_err());
+        assert!(normalize_base_url("not a url").is_err());
+        assert!(normalize_base_url("http://user:pw@host").is_err());
+    }
+
+    #[test]
+    fn key_is_never_formatted() {
+        let key = ApiKey::new("sk-very-secret");
+        assert!(!format!("{key:?} {key}").contains("sk-very-secret"));
+        let config = ClientConfig::new("http://127.0.0.1:1", key);
+        assert!(!format!("{config:?}").contains("sk-very-secret"));
+        let client = Client::new(config).unwrap();
+        assert!(!format!("{client:?}").contains("sk-very-secret"));
+    }
+
+    #[test]
+    fn path_segments_are_escaped() {
+        assert_eq!(encode_path_segment("svc-embed-1"), "svc-embed-1");
+        assert_eq!(encode_path_segment("a/b c"), "a%2Fb%20c");
+    }
+}

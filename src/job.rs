@@ -1,0 +1,578 @@
+//! The job file: its shape, `--set` overrides, and validation that reports
+//! every problem at once.
+//!
+//! Keys are snake_case with unit suffixes. Unknown keys are errors: they are
+//! collected by `serde_ignored` rather than `deny_unknown_fields`, which would
+//! stop at the first one. Relative paths are taken from the directory the
+//! command runs in.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use crate::validate::known_model_dimensions;
+
+pub const DEFAULT_API_KEY_ENV: &str = "EMBEDJOB_API_KEY";
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Job {
+    pub name: String,
+    pub source: SourceConfig,
+    pub chunking: ChunkingConfig,
+    pub backend: BackendConfig,
+    pub output: OutputConfig,
+    pub pipeline: PipelineConfig,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SourceKind {
+    Files,
+    Jsonl,
+    Csv,
+    Parquet,
+}
+
+impl fmt::Display for SourceKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            SourceKind::Files => "files",
+            SourceKind::Jsonl => "jsonl",
+            SourceKind::Csv => "csv",
+            SourceKind::Parquet => "parquet",
+        })
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SourceConfig {
+    pub kind: SourceKind,
+    /// `files`: globs or directories.
+    #[serde(default)]
+    pub paths: Vec<String>,
+    /// `jsonl`, `csv`, `parquet`: a file (or, for parquet, a directory of files).
+    #[serde(default)]
+    pub path: Option<PathBuf>,
+    #[serde(default)]
+    pub text_field: Option<String>,
+    #[serde(default)]
+    pub id_field: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ChunkingConfig {
+    pub max_tokens: usize,
+    pub overlap_tokens: usize,
+    /// Split along markdown structure: `true`, `false`, or absent to decide
+    /// by file extension (`.md`, `.markdown`).
+    pub markdown: Option<bool>,
+}
+
+impl Default for ChunkingConfig {
+    fn default() -> Self {
+        ChunkingConfig {
+            max_tokens: 512,
+            overlap_tokens: 50,
+            markdown: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BackendKind {
+    Api,
+    Local,
+}
+
+impl fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            BackendKind::Api => "api",
+            BackendKind::Local => "local",
+        })
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct BackendConfig {
+    pub kind: BackendKind,
+    pub base_url: Option<String>,
+    /// The environment variable that holds the API key (never the key itself).
+    pub api_key_env: String,
+    pub model: Option<String>,
+    pub dimensions: Option<usize>,
+    pub max_inputs_per_request: usize,
+    pub max_tokens_per_request: usize,
+    pub concurrency: usize,
+    /// 0 = no client-side limit.
+    pub requests_per_minute: u32,
+    /// 0 = no client-side limit.
+    pub tokens_per_minute: u64,
+    pub timeout_seconds: f64,
+    pub max_retries: usize,
+    /// `local`: the directory holding `model.onnx` and the tokenizer files.
+    pub model_dir: Option<PathBuf>,
+}
+
+impl Default for BackendConfig {
+    fn default() -> Self {
+        BackendConfig {
+            kind: BackendKind::Api,
+            base_url: None,
+            api_key_env: DEFAULT_API_KEY_ENV.to_string(),
+            model: None,
+            dimensions: None,
+            max_inputs_per_request: 128,
+            max_tokens_per_request: 32_000,
+            concurrency: 8,
+            requests_per_minute: 0,
+            tokens_per_minute: 0,
+            timeout_seconds: 60.0,
+            max_retries: 8,
+            model_dir: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OutputConfig {
+    pub path: PathBuf,
+    #[serde(default = "default_true")]
+    pub include_text: bool,
+    /// A row group is flushed once its buffered vectors and text reach this size.
+    #[serde(default = "default_row_group_bytes")]
+    pub row_group_bytes: u64,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+fn default_row_group_bytes() -> u64 {
+    32 * 1024 * 1024
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct PipelineConfig {
+    /// Capacity of each channel between stages, in items (documents, batches or results).
+    pub channel_capacity: usize,
+}
+
+impl Default for PipelineConfig {
+    fn default() -> Self {
+        PipelineConfig {
+            channel_capacity: 64,
+        }
+    }
+}
+
+/// Every problem found in a job file, reported together.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobErrors {
+    pub file: PathBuf,
+    pub problems: Vec<String>,
+}
+
+impl fmt::Display for JobErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let n = self.problems.len();
+        write!(
+            f,
+            "{}: {n} problem{}",
+            self.file.display(),
+            if n == 1 { "" } else { "s" }
+        )?;
+        for problem in &self.problems {
+            write!(f, "\n  - {problem}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for JobErrors {}
+
+/// Reads, overrides and validates a job file.
+pub fn load(path: &Path, overrides: &[String]) -> Result<Job, JobErrors> {
+    let fail = |problems: Vec<String>| JobErrors {
+        file: path.to_path_buf(),
+        problems,
+    };
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| fail(vec![format!("cannot read the job file: {e}")]))?;
+    let default_name = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "job".to_string());
+    parse(&text, &default_name, overrides).map_err(fail)
+}
+
+/// Parses job-file text with overrides applied; `default_name` names a job that doesn't.
+pub fn parse(text: &str, default_name: &str, overrides: &[String]) -> Result<Job, Vec<String>> {
+    let mut table: toml::Table = toml::from_str(text).map_err(|e| vec![toml_error(&e)])?;
+    let mut problems = Vec::new();
+    for assignment in overrides {
+        if let Err(problem) = apply_override(&mut table, assignment) {
+            problems.push(problem);
+        }
+    }
+    let mut sections = Sections::new(table);
+    let name: Option<String> = sections.take("name", false, &mut problems);
+    let source: Option<SourceConfig> = sections.take("source", true, &mut problems);
+    let chunking: Option<ChunkingConfig> = sections.take("chunking", false, &mut problems);
+    let backend: Option<BackendConfig> = sections.take("backend", false, &mut problems);
+    let output: Option<OutputConfig> = sections.take("output", true, &mut problems);
+    let pipeline: Option<PipelineConfig> = sections.take("pipeline", false, &mut problems);
+    for key in sections.rest() {
+        problems.push(format!("unknown key `{key}`"));
+    }
+    let job = match (source, output) {
+        (Some(source), Some(output)) if problems.is_empty() => Job {
+            name: name.unwrap_or_else(|| default_name.to_string()),
+            source,
+            chunking: chunking.unwrap_or_default(),
+            backend: backend.unwrap_or_default(),
+            output,
+            pipeline: pipeline.unwrap_or_default(),
+        },
+        _ => return Err(problems),
+    };
+    let problems = job.problems();
+    if problems.is_empty() {
+        Ok(job)
+    } else {
+        Err(problems)
+    }
+}
+
+/// The top-level table, taken apart one section at a time so that every
+/// section's problems are collected, not only the first.
+struct Sections(toml::Table);
+
+impl Sections {
+    fn new(table: toml::Table) -> Self {
+        Sections(table)
+    }
+
+    fn take<T: DeserializeOwned>(
+        &mut self,
+        key: &str,
+        required: bool,
+        problems: &mut Vec<String>,
+    ) -> Option<T> {
+        let Some(value) = self.0.remove(key) else {
+            if required {
+                problems.push(format!("missing `[{key}]`"));
+            }
+            return None;
+        };
+        let mut unknown = Vec::new();
+        let deserializer = serde_ignored::Deserializer::new(value, |path: serde_ignored::Path| {
+            unknown.push(format!("{key}.{path}"));
+        });
+        let result: Result<T, _> = serde_path_to_error::deserialize(deserializer);
+        for path in &unknown {
+            problems.push(format!("unknown key `{path}`"));
+        }
+        match result {
+            Ok(value) => Some(value),
+            Err(e) => {
+                let inner = e.inner().to_string();
+                let at = e.path().to_string();
+                let location = if at == "." { key.to_string() } else { format!("{key}.{at}") };
+                problems.push(format!("`{location}`: {}", one_line(&inner)));
+                None
+            }
+        }
+    }
+
+    fn rest(self) -> Vec<String> {
+        self.0.keys().cloned().collect()
+    }
+}
+
+fn one_line(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+fn toml_error(e: &toml::de::Error) -> String {
+    match e.span() {
+        Some(span) => format!("not valid TOML at byte {}: {}", span.start, one_line(e.message())),
+        None => format!("not valid TOML: {}", one_line(e.message())),
+    }
+}
+
+/// Applies `a.b.c=value`. The value is read as TOML when it is valid TOML
+/// (`4`, `true`, `["x"]`, `"quoted"`), else taken as a plain string.
+pub fn apply_override(table: &mut toml::Table, assignment: &str) -> Result<(), String> {
+    let (path, raw) = assignment
+        .split_once('=')
+        .ok_or_else(|| format!("--set {assignment:?}: expected KEY=VALUE"))?;
+    let path = path.trim();
+    let keys: Vec<&str> = path.split('.').collect();
+    if keys.iter().any(|k| k.is_empty()) {
+        return Err(format!("--set {assignment:?}: {path:?} is not a dotted key path"));
+    }
+    let value = parse_value(raw.trim());
+    let (last, parents) = keys.split_last().expect("split yields at least one key");
+    let mut current = table;
+    for key in parents {
+        let entry = current
+            .entry((*key).to_string())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        current = match entry {
+            toml::Value::Table(inner) => inner,
+            _ => return Err(format!("--set {path}: `{key}` is not a table")),
+        };
+    }
+    current.insert((*last).to_string(), value);
+    Ok(())
+}
+
+fn parse_value(raw: &str) -> toml::Value {
+    #[derive(Deserialize)]
+    struct Holder {
+        v: toml::Value,
+    }
+    match toml::from_str::<Holder>(&format!("v = {raw}")) {
+        Ok(holder) => holder.v,
+        Err(_) => toml::Value::String(raw.to_string()),
+    }
+}
+
+impl Job {
+    /// Every semantic problem of a well-typed job.
+    pub fn problems(&self) -> Vec<String> {
+        let mut p = Vec::new();
+        if self.name.trim().is_empty() {
+            p.push("`name` must not be empty".to_string());
+        }
+        self.source_problems(&mut p);
+        let c = &self.chunking;
+        if c.max_tokens == 0 {
+            p.push("`chunking.max_tokens` must be at least 1".to_string());
+        }
+        if c.overlap_tokens >= c.max_tokens.max(1) {
+            p.push(format!(
+                "`chunking.overlap_tokens` ({}) must be less than `chunking.max_tokens` ({})",
+                c.overlap_tokens, c.max_tokens
+            ));
+        }
+        self.backend_problems(&mut p);
+        if self.output.path.as_os_str().is_empty() {
+            p.push("`output.path` must not be empty".to_string());
+        }
+        if self.output.row_group_bytes < 1024 {
+            p.push("`output.row_group_bytes` must be at least 1024".to_string());
+        }
+        if self.pipeline.channel_capacity == 0 {
+            p.push("`pipeline.channel_capacity` must be at least 1".to_string());
+        }
+        p
+    }
+
+    fn source_problems(&self, p: &mut Vec<String>) {
+        let s = &self.source;
+        match s.kind {
+            SourceKind::Files => {
+                if s.paths.is_empty() {
+                    p.push("`source.paths` must list at least one glob or directory for kind \"files\"".to_string());
+                }
+                for key in [("path", s.path.is_some()), ("text_field", s.text_field.is_some()), ("id_field", s.id_field.is_some())] {
+                    if key.1 {
+                        p.push(format!("`source.{}` does not apply to kind \"files\" (use `source.paths`)", key.0));
+                    }
+                }
+            }
+            kind => {
+                if s.path.is_none() {
+                    p.push(format!("`source.path` is required for kind \"{kind}\""));
+                }
+                if s.text_field.as_deref().is_none_or(|f| f.is_empty()) {
+                    p.push(format!("`source.text_field` is required for kind \"{kind}\""));
+                }
+                if !s.paths.is_empty() {
+                    p.push(format!("`source.paths` does not apply to kind \"{kind}\" (use `source.path`)"));
+                }
+            }
+        }
+    }
+
+    fn backend_problems(&self, p: &mut Vec<String>) {
+        let b = &self.backend;
+        if b.max_inputs_per_request == 0 {
+            p.push("`backend.max_inputs_per_request` must be at least 1".to_string());
+        }
+        if b.max_tokens_per_request < self.chunking.max_tokens {
+            p.push(format!(
+                "`backend.max_tokens_per_request` ({}) must be at least `chunking.max_tokens` ({}), or a chunk could never be sent",
+                b.max_tokens_per_request, self.chunking.max_tokens
+            ));
+        }
+        if !(1..=1024).contains(&b.concurrency) {
+            p.push(format!("`backend.concurrency` must be between 1 and 1024, not {}", b.concurrency));
+        }
+        if !(b.timeout_seconds.is_finite() && b.timeout_seconds > 0.0) {
+            p.push(format!("`backend.timeout_seconds` must be a positive number, not {}", b.timeout_seconds));
+        }
+        if b.dimensions == Some(0) {
+            p.push("`backend.dimensions` must be at least 1".to_string());
+        }
+        if let (Some(model), Some(declared)) = (&b.model, b.dimensions) {
+            if let Some(known) = known_model_dimensions(model) {
+                if known != declared {
+                    p.push(format!(
+                        "`backend.dimensions` is {declared} but model {model} returns vectors of length {known}"
+                    ));
+                }
+            }
+        }
+        match b.kind {
+            BackendKind::Api => {
+                match &b.base_url {
+                    None => p.push("`backend.base_url` is required for kind \"api\"".to_string()),
+                    Some(url) => {
+                        if let Err(e) = reqwest::Url::parse(url) {
+                            p.push(format!("`backend.base_url` {url:?} is not a URL: {e}"));
+                        }
+                    }
+                }
+                if b.model.as_deref().is_none_or(str::is_empty) {
+                    p.push("`backend.model` is required for kind \"api\"".to_string());
+                }
+                if b.api_key_env.is_empty() {
+                    p.push("`backend.api_key_env` must name an environment variable".to_string());
+                } else if std::env::var(&b.api_key_env).map_or(true, |k| k.trim().is_empty()) {
+                    p.push(format!(
+                        "the API key is missing: set the environment variable {} (named by `backend.api_key_env`)",
+                        b.api_key_env
+                    ));
+                }
+            }
+            BackendKind::Local => {
+                if b.base_url.is_some() {
+                    p.push("`backend.base_url` does not apply to kind \"local\"".to_string());
+                }
+            }
+        }
+    }
+
+    /// The settings that decide what a chunk's vector is; a change to any of
+    /// them invalidates vectors made before.
+    pub fn fingerprint_fields(&self) -> BTreeMap<&'static str, String> {
+        let mut f = BTreeMap::new();
+        f.insert("backend.kind", self.backend.kind.to_string());
+        f.insert("backend.model", self.backend.model.clone().unwrap_or_default());
+        f.insert(
+            "backend.dimensions",
+            self.backend.dimensions.map(|d| d.to_string()).unwrap_or_default(),
+        );
+        f.insert("chunking.max_tokens", self.chunking.max_tokens.to_string());
+        f.insert("chunking.overlap_tokens", self.chunking.overlap_tokens.to_string());
+        f.insert("chunking.markdown", format!("{:?}", self.chunking.markdown));
+        f
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = r#"
+        [source]
+        kind = "files"
+        paths = ["docs"]
+        [backend]
+        kind = "local"
+        [output]
+        path = "out/docs.parquet"
+    "#;
+
+    #[test]
+    fn defaults_fill_the_rest() {
+        let job = parse(MINIMAL, "docs", &[]).unwrap();
+        assert_eq!(job.name, "docs");
+        assert_eq!(job.chunking, ChunkingConfig::default());
+        assert_eq!(job.backend.concurrency, 8);
+        assert!(job.output.include_text);
+    }
+
+    #[test]
+    fn overrides_take_toml_or_plain_strings() {
+        let job = parse(
+            MINIMAL,
+            "docs",
+            &[
+                "chunking.max_tokens=128".into(),
+                "chunking.overlap_tokens=0".into(),
+                "output.include_text=false".into(),
+                "backend.model=my-model".into(),
+                "source.paths=[\"a\", \"b\"]".into(),
+            ],
+        )
+        .unwrap();
+        assert_eq!(job.chunking.max_tokens, 128);
+        assert!(!job.output.include_text);
+        assert_eq!(job.backend.model.as_deref(), Some("my-model"));
+        assert_eq!(job.source.paths, vec!["a", "b"]);
+    }
+
+    #[test]
+    fn every_problem_is_reported_together() {
+        let text = r#"
+            name = "x"
+            colour = "blue"
+            [source]
+            kind = "files"
+            paths = ["docs"]
+            glob = "*.md"
+            [chunking]
+            max_tokens = "many"
+            [backend]
+            kind = "local"
+            concurrency = 0
+            speed = 3
+            [output]
+            path = "out.parquet"
+        "#;
+        let problems = parse(text, "x", &["backend.typo=1".into()]).unwrap_err();
+        let all = problems.join("\n");
+        for needle in ["`colour`", "`source.glob`", "`chunking.max_tokens`", "`backend.speed`", "`backend.typo`"] {
+            assert!(all.contains(needle), "{needle} missing from:\n{all}");
+        }
+    }
+
+    #[test]
+    fn semantic_problems_are_reported_together() {
+        let problems = parse(
+            MINIMAL,
+            "docs",
+            &[
+                "chunking.overlap_tokens=600".into(),
+                "backend.concurrency=0".into(),
+                "backend.model=svc-embed-1".into(),
+                "backend.dimensions=3072".into(),
+                "source.path=x.jsonl".into(),
+            ],
+        )
+        .unwrap_err();
+        assert_eq!(problems.len(), 4, "{problems:#?}");
+    }
+
+    #[test]
+    fn missing_sections_and_bad_toml() {
+        let problems = parse("name = \"x\"", "x", &[]).unwrap_err();
+        assert!(problems.iter().any(|p| p.contains("[source]")));
+        assert!(problems.iter().any(|p| p.contains("[output]")));
+        let problems = parse("name = ", "x", &[]).unwrap_err();
+        assert!(problems[0].starts_with("not valid TOML"), "{problems:?}");
+        let problems = parse(MINIMAL, "x", &["novalue".into()]).unwrap_err();
+        assert!(problems[0].contains("KEY=VALUE"));
+    }
+}

@@ -1,0 +1,184 @@
+//! The checks every embeddings response must pass before a vector is kept.
+//!
+//! A response is trusted for nothing: the count, the placement by `index`,
+//! the length of every vector and the finiteness of every value are checked,
+//! and the first failure says exactly which check it was.
+
+use crate::client::{EmbeddingResponse, Usage};
+
+/// The vector length of the models the service documents.
+pub fn known_model_dimensions(model: &str) -> Option<usize> {
+    match model {
+        "svc-embed-1" => Some(1024),
+        "svc-embed-1-l" => Some(3072),
+        _ => None,
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ValidationError {
+    #[error("item count: {got} vectors for {expected} inputs")]
+    Count { expected: usize, got: usize },
+    #[error("index range: index {index} is outside 0..{count}")]
+    IndexOutOfRange { index: i64, count: usize },
+    #[error("index uniqueness: index {index} appears more than once")]
+    DuplicateIndex { index: usize },
+    #[error("vector length: index {index} has {got} values, expected {expected}")]
+    Dimensions {
+        index: usize,
+        expected: usize,
+        got: usize,
+    },
+    #[error("finite values: index {index} has {value} at position {position}")]
+    NonFinite {
+        index: usize,
+        position: usize,
+        value: f32,
+    },
+    #[error("vector length: the vectors are empty")]
+    Empty,
+}
+
+/// Vectors that passed every check, in input order, stored row after row.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Vectors {
+    pub dimensions: usize,
+    pub values: Vec<f32>,
+    pub usage: Usage,
+}
+
+impl Vectors {
+    pub fn len(&self) -> usize {
+        self.values.len().checked_div(self.dimensions).unwrap_or(0)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.values.is_empty()
+    }
+
+    pub fn row(&self, i: usize) -> &[f32] {
+        &self.values[i * self.dimensions..(i + 1) * self.dimensions]
+    }
+
+    pub fn rows(&self) -> std::slice::ChunksExact<'_, f32> {
+        self.values.chunks_exact(self.dimensions.max(1))
+    }
+}
+
+/// Checks a response to a request of `inputs` texts. `dimensions` is the
+/// length every vector must have, or `None` to take the first vector's.
+pub fn check(
+    response: EmbeddingResponse,
+    inputs: usize,
+    dimensions: Option<usize>,
+) -> Result<Vectors, ValidationError> {
+    let got = response.data.len();
+    if got != inputs {
+        return Err(ValidationError::Count {
+            expected: inputs,
+            got,
+        });
+    }
+    let mut placed: Vec<Option<Vec<f32>>> = vec![None; inputs];
+    for item in response.data {
+        let index = usize::try_from(item.index)
+            .ok()
+            .filter(|&i| i < inputs)
+            .ok_or(ValidationError::IndexOutOfRange {
+                index: item.index,
+                count: inputs,
+            })?;
+        if placed[index].replace(item.embedding).is_some() {
+            return Err(ValidationError::DuplicateIndex { index });
+        }
+    }
+    // With the count equal and no duplicates, every index is present.
+    let rows: Vec<Vec<f32>> = placed.into_iter().flatten().collect();
+    let expected = match dimensions {
+        Some(d) => d,
+        None => rows.first().map_or(0, Vec::len),
+    };
+    if expected == 0 && inputs > 0 {
+        return Err(ValidationError::Empty);
+    }
+    let mut values = Vec::with_capacity(expected * inputs);
+    for (index, row) in rows.iter().enumerate() {
+        if row.len() != expected {
+            return Err(ValidationError::Dimensions {
+                index,
+                expected,
+                got: row.len(),
+            });
+        }
+        if let Some(position) = row.iter().position(|v| !v.is_finite()) {
+            return Err(ValidationError::NonFinite {
+                index,
+                position,
+                value: row[position],
+            });
+        }
+        values.extend_from_slice(row);
+    }
+    Ok(Vectors {
+        dimensions: expected,
+        values,
+        usage: response.usage.unwrap_or_default(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::client::EmbeddingItem;
+
+    fn response(items: &[(i64, Vec<f32>)]) -> EmbeddingResponse {
+        EmbeddingResponse {
+            data: items
+                .iter()
+                .map(|(index, embedding)| EmbeddingItem {
+                    index: *index,
+                    embedding: embedding.clone(),
+                })
+                .collect(),
+            usage: Some(Usage {
+                prompt_tokens: 3,
+                total_tokens: 3,
+            }),
+            model: None,
+        }
+    }
+
+    #[test]
+    fn rows_are_placed_by_index() {
+        let v = check(response(&[(1, vec![1.0, 1.0]), (0, vec![0.0, 0.5])]), 2, Some(2)).unwrap();
+        assert_eq!(v.row(0), &[0.0, 0.5]);
+        assert_eq!(v.row(1), &[1.0, 1.0]);
+        assert_eq!(v.usage.prompt_tokens, 3);
+    }
+
+    #[test]
+    fn each_check_names_itself() {
+        let cases = [
+            (response(&[(0, vec![1.0])]), 2, Some(1), "item count"),
+            (response(&[(0, vec![1.0]), (2, vec![1.0])]), 2, Some(1), "index range"),
+            (response(&[(0, vec![1.0]), (-1, vec![1.0])]), 2, Some(1), "index range"),
+            (response(&[(0, vec![1.0]), (0, vec![1.0])]), 2, Some(1), "index uniqueness"),
+            (response(&[(0, vec![1.0]), (1, vec![1.0, 2.0])]), 2, None, "vector length"),
+            (response(&[(0, vec![1.0, 2.0])]), 1, Some(3), "vector length"),
+            (response(&[(0, vec![f32::NAN])]), 1, Some(1), "finite values"),
+            (response(&[(0, vec![1.0, f32::INFINITY])]), 1, None, "finite values"),
+            (response(&[(0, vec![])]), 1, None, "vector length"),
+        ];
+        for (resp, inputs, dims, check_name) in cases {
+            let err = check(resp, inputs, dims).unwrap_err();
+            assert!(err.to_string().starts_with(check_name), "{err} should name {check_name}");
+        }
+    }
+
+    #[test]
+    fn known_models() {
+        assert_eq!(known_model_dimensions("svc-embed-1"), Some(1024));
+        assert_eq!(known_model_dimensions("svc-embed-1-l"), Some(3072));
+        assert_eq!(known_model_dimensions("other"), None);
+    }
+}
