@@ -72,3 +72,25 @@ pub struct ChatArgs {
     /// The user's message.
     pub prompt: String,
 }
+
+/// A job file and its overrides, shared by every command that takes one.
+#[derive(Debug, Args)]
+pub struct JobArgs {
+    /// The job file (TOML).
+    pub job: std::path::PathBuf,
+    /// Override a job-file key by its dotted path, e.g. backend.model=svc-embed-1-l.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub overrides: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub job: JobArgs,
+    /// Print the run's summary as one JSON object on stdout.
+    #[arg(long)]
+    pub json: bool,
+    /// No progress output on stderr.
+    #[arg(long)]
+    pub quiet: bool,
+}

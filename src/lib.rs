@@ -16,6 +16,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod backend;
 pub mod cli;
 pub mod client;
 pub mod commands;
