@@ -16,6 +16,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod chunk;
 pub mod cli;
 pub mod client;
 pub mod commands;
@@ -23,4 +24,6 @@ pub mod exit;
 pub mod job;
 pub mod retry;
 pub mod simulate;
+pub mod sink;
+pub mod source;
 pub mod validate;
