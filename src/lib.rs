@@ -17,6 +17,7 @@
 //! ```
 
 pub mod backend;
+pub mod chunk;
 pub mod cli;
 pub mod client;
 pub mod commands;
@@ -24,4 +25,6 @@ pub mod exit;
 pub mod job;
 pub mod retry;
 pub mod simulate;
+pub mod sink;
+pub mod source;
 pub mod validate;
