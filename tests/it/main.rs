@@ -1,0 +1,3 @@
+//! The integration tests, built as one binary.
+
+mod simulator;
