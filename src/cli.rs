@@ -61,7 +61,7 @@ pub struct ChatArgs {
     #[arg(long)]
     pub system: Option<String>,
     /// Sampling temperature, 0.0 to 2.0.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub temperature: Option<f64>,
     /// Upper limit of tokens in the reply.
     #[arg(long)]
