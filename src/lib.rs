@@ -16,6 +16,8 @@
 //! # Ok(()) }
 //! ```
 
+pub mod batch;
+pub mod chunk;
 pub mod cli;
 pub mod client;
 pub mod commands;
@@ -23,4 +25,5 @@ pub mod exit;
 pub mod job;
 pub mod retry;
 pub mod simulate;
+pub mod source;
 pub mod validate;
