@@ -17,6 +17,7 @@
 //! ```
 
 pub mod backend;
+pub mod batch;
 pub mod chunk;
 pub mod cli;
 pub mod client;
