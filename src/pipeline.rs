@@ -276,16 +276,22 @@ fn embed_or_split(backend: &dyn EmbeddingBackend, batch: Batch) -> futures::futu
                 chunks: batch.chunks,
                 vectors,
             })]),
-            Err(BackendError::TooLarge { status, message }) => {
-                if batch.chunks.len() == 1 {
-                    let chunk = batch.chunks.into_iter().next().expect("one chunk");
-                    return Ok(vec![Piece::Quarantined { chunk, reason: message, status }]);
+            Err(BackendError::TooLarge { status, message }) => match batch.split_in_half() {
+                Ok((left, right)) => {
+                    let mut pieces = embed_or_split(backend, left).await?;
+                    pieces.extend(embed_or_split(backend, right).await?);
+                    Ok(pieces)
                 }
-                let (left, right) = batch.split_in_half();
-                let mut pieces = embed_or_split(backend, left).await?;
-                pieces.extend(embed_or_split(backend, right).await?);
-                Ok(pieces)
-            }
+                Err(lone) => Ok(lone
+                    .chunks
+                    .into_iter()
+                    .map(|chunk| Piece::Quarantined {
+                        chunk,
+                        reason: message.clone(),
+                        status,
+                    })
+                    .collect()),
+            },
             Err(error) => Err(RunError::Backend {
                 first: batch.chunks.first().map(|c| c.id.clone()).unwrap_or_default(),
                 last: batch.chunks.last().map(|c| c.id.clone()).unwrap_or_default(),

@@ -1,0 +1,473 @@
+//! Whole jobs through the binary against the simulator: faults, splitting,
+//! quarantine, bad input, config errors, and the output's contents.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+use arrow::array::{Array, AsArray};
+use arrow::datatypes::{DataType, Float32Type, UInt32Type, UInt64Type};
+use embedjob::chunk::{Chunker, TokenChunker};
+use embedjob::job::ChunkingConfig;
+use embedjob::simulate::{self, Faults, KeySpec, SimConfig, Simulator};
+use embedjob::source::Document;
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use serde_json::Value;
+
+use crate::cli::{bin, no_key, run, text};
+use crate::support::{simulator, KEY};
+
+/// A job file in `dir` against `base_url`, with extra lines appended to sections.
+fn write_job(dir: &Path, base_url: &str, source: &str, backend_extra: &str) -> PathBuf {
+    let job = format!(
+        r#"name = "test"
+[source]
+{source}
+[chunking]
+max_tokens = 64
+overlap_tokens = 8
+[backend]
+kind = "api"
+base_url = "{base_url}"
+model = "svc-embed-1"
+max_inputs_per_request = 8
+concurrency = 4
+max_retries = 10
+timeout_seconds = 5
+{backend_extra}
+[output]
+path = "{out}"
+"#,
+        out = dir.join("out/result.parquet").display()
+    );
+    let path = dir.join("job.toml");
+    std::fs::write(&path, job).unwrap();
+    path
+}
+
+fn corpus(dir: &Path, documents: usize) -> PathBuf {
+    let root = dir.join("docs");
+    std::fs::create_dir_all(root.join("nested")).unwrap();
+    for i in 0..documents {
+        let sub = if i % 3 == 0 { "nested/" } else { "" };
+        let mut body = format!("# Document {i}\n\n");
+        for p in 0..(1 + i % 5) {
+            body.push_str(&format!(
+                "Paragraph {p} of document {i} talks about vector indexes, tokens and batches. \
+                 It repeats a little so that chunks have some length: {}\n\n",
+                "lorem ipsum dolor sit amet ".repeat(1 + (i * p) % 7)
+            ));
+        }
+        std::fs::write(root.join(format!("{sub}doc{i:03}.md")), body).unwrap();
+    }
+    root
+}
+
+/// The chunks a run must produce, computed here with the library's chunker.
+fn expected_chunks(root: &Path) -> BTreeMap<String, String> {
+    let chunker = TokenChunker::cl100k(&ChunkingConfig {
+        max_tokens: 64,
+        overlap_tokens: 8,
+        markdown: None,
+    })
+    .unwrap();
+    let mut expected = BTreeMap::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+                continue;
+            }
+            let doc_id = path.strip_prefix(root).unwrap().to_string_lossy().replace('\\', "/");
+            let document = Document {
+                doc_id,
+                source: path.to_string_lossy().into(),
+                text: std::fs::read_to_string(&path).unwrap(),
+            };
+            for chunk in chunker.chunk(&document) {
+                expected.insert(chunk.id, chunk.text);
+            }
+        }
+    }
+    expected
+}
+
+struct Rows {
+    ids: Vec<String>,
+    texts: Vec<String>,
+    vectors: Vec<Vec<f32>>,
+    token_counts: Vec<u32>,
+    metadata: HashMap<String, String>,
+    embedding_type: DataType,
+}
+
+fn read_output(path: &Path) -> Rows {
+    let file = std::fs::File::open(path).unwrap();
+    let builder = ParquetRecordBatchReaderBuilder::try_new(file).unwrap();
+    let metadata = builder
+        .metadata()
+        .file_metadata()
+        .key_value_metadata()
+        .map(|kv| kv.iter().map(|e| (e.key.clone(), e.value.clone().unwrap_or_default())).collect())
+        .unwrap_or_default();
+    let embedding_type = builder.schema().field_with_name("embedding").unwrap().data_type().clone();
+    let mut rows = Rows {
+        ids: vec![],
+        texts: vec![],
+        vectors: vec![],
+        token_counts: vec![],
+        metadata,
+        embedding_type,
+    };
+    for batch in builder.build().unwrap() {
+        let batch = batch.unwrap();
+        let ids = batch.column_by_name("id").unwrap().as_string::<i32>();
+        let texts = batch.column_by_name("text").unwrap().as_string::<i32>();
+        let tokens = batch.column_by_name("token_count").unwrap().as_primitive::<UInt32Type>();
+        let starts = batch.column_by_name("byte_start").unwrap().as_primitive::<UInt64Type>();
+        let embeddings = batch.column_by_name("embedding").unwrap().as_fixed_size_list();
+        for i in 0..batch.num_rows() {
+            rows.ids.push(ids.value(i).to_string());
+            rows.texts.push(texts.value(i).to_string());
+            rows.token_counts.push(tokens.value(i));
+            assert!(starts.is_valid(i));
+            let values = embeddings.value(i);
+            rows.vectors.push(values.as_primitive::<Float32Type>().values().to_vec());
+        }
+    }
+    rows
+}
+
+async fn run_job(job: &Path, extra: &[&str]) -> Output {
+    let mut command = bin();
+    command.env("EMBEDJOB_API_KEY", KEY).arg("run").arg(job).args(extra);
+    run(command).await
+}
+
+/// Every expected chunk is in the output exactly once, with the simulator's vector for its text.
+fn assert_complete(rows: &Rows, expected: &BTreeMap<String, String>, dimensions: usize) {
+    let unique: HashSet<&String> = rows.ids.iter().collect();
+    assert_eq!(unique.len(), rows.ids.len(), "ids are unique");
+    assert_eq!(rows.ids.len(), expected.len(), "every chunk, once");
+    for ((id, text), vector) in rows.ids.iter().zip(&rows.texts).zip(&rows.vectors) {
+        assert_eq!(expected.get(id), Some(text), "row {id} holds its chunk's text");
+        assert_eq!(vector.len(), dimensions, "row {id}");
+        assert!(vector.iter().all(|v| v.is_finite()), "row {id}");
+        assert_eq!(vector, &simulate::embedding_vector(dimensions, text), "row {id}'s vector");
+    }
+}
+
+fn ledger_total(sim: &Simulator) -> (u64, u64) {
+    let ledger = sim.ledger();
+    (ledger.prompt_tokens, ledger.billed_requests)
+}
+
+#[tokio::test]
+async fn a_job_survives_a_fault_mix_and_matches_the_ledger() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = corpus(dir.path(), 40);
+    let sim = simulator(SimConfig {
+        faults: Faults {
+            seed: 11,
+            rate_429: 0.04,
+            retry_after_seconds: 1,
+            rate_500: 0.05,
+            rate_503: 0.03,
+            rate_drop: 0.04,
+            rate_truncate: 0.04,
+            rate_shuffle: 0.2,
+            rate_wrong_dimensions: 0.05,
+            rate_nan: 0.05,
+            ..Faults::default()
+        },
+        ..SimConfig::default()
+    })
+    .await;
+    let job = write_job(
+        dir.path(),
+        &sim.base_url(),
+        &format!("kind = \"files\"\npaths = [\"{}\"]", root.display()),
+        "",
+    );
+    let output = run_job(&job, &["--json"]).await;
+    let (stdout, stderr) = no_key(&output, KEY);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    let summary: Value = serde_json::from_str(&stdout).expect("one JSON object");
+
+    let expected = expected_chunks(&root);
+    assert!(expected.len() > 100, "a corpus of some size: {}", expected.len());
+    let rows = read_output(&dir.path().join("out/result.parquet"));
+    assert_complete(&rows, &expected, 1024);
+    assert!(matches!(rows.embedding_type, DataType::FixedSizeList(ref f, 1024) if f.data_type() == &DataType::Float32));
+
+    let ledger = sim.ledger();
+    let faults: u64 = ledger.faults.values().sum();
+    assert!(faults > 5, "the mix injected faults: {:?}", ledger.faults);
+    let (tokens, requests) = ledger_total(&sim);
+    assert_eq!(summary["usage"]["prompt_tokens"].as_u64(), Some(tokens));
+    assert_eq!(summary["requests"].as_u64(), Some(requests));
+    assert_eq!(rows.metadata["embedjob.usage.prompt_tokens"], tokens.to_string());
+    assert_eq!(rows.metadata["embedjob.requests"], requests.to_string());
+    assert_eq!(rows.metadata["embedjob.dimensions"], "1024");
+    assert_eq!(rows.metadata["embedjob.model"], "svc-embed-1");
+    let cost: f64 = rows.metadata["embedjob.cost"].parse().unwrap();
+    assert!((cost - tokens as f64 / 1000.0 * 0.0001).abs() < 1e-12);
+    assert!(summary["retries"].as_u64().unwrap() > 0);
+    assert!(summary["invalid_responses"].as_u64().unwrap() > 0, "{summary}");
+    // Local token counts equal what the service billed (both cl100k).
+    assert_eq!(rows.token_counts.iter().map(|&t| u64::from(t)).sum::<u64>(), tokens);
+    // Every chunk was billed; only identical texts may be billed together.
+    for text in expected.values() {
+        let hash = hex::encode(embedjob::chunk::content_hash(text));
+        assert!(ledger.texts.get(&hash).copied().unwrap_or(0) >= 1);
+    }
+    let summary_file: Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.path().join("out/result.parquet.summary.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(summary_file, summary);
+    assert!(!dir.path().join("out/result.parquet.failures.jsonl").exists());
+}
+
+#[tokio::test]
+async fn too_large_requests_are_split_and_a_lone_refused_chunk_is_quarantined() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = corpus(dir.path(), 12);
+    std::fs::write(root.join("poisoned.md"), "This chunk carries POISON-PILL and is refused.").unwrap();
+    let sim = simulator(SimConfig {
+        max_inputs_per_request: Some(3),
+        too_large_status: 413,
+        poison: Some("POISON-PILL".to_string()),
+        ..SimConfig::default()
+    })
+    .await;
+    let job = write_job(
+        dir.path(),
+        &sim.base_url(),
+        &format!("kind = \"files\"\npaths = [\"{}\"]", root.display()),
+        "",
+    );
+    let output = run_job(&job, &["--json"]).await;
+    let (stdout, stderr) = no_key(&output, KEY);
+    assert_eq!(output.status.code(), Some(3), "{stderr}");
+    let summary: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(summary["quarantined"], 1);
+
+    let mut expected = expected_chunks(&root);
+    let poisoned: Vec<String> = expected
+        .iter()
+        .filter(|(_, text)| text.contains("POISON-PILL"))
+        .map(|(id, _)| id.clone())
+        .collect();
+    assert_eq!(poisoned, vec!["poisoned.md#0".to_string()]);
+    expected.remove("poisoned.md#0");
+    let rows = read_output(&dir.path().join("out/result.parquet"));
+    assert_complete(&rows, &expected, 1024);
+
+    let failures = std::fs::read_to_string(dir.path().join("out/result.parquet.failures.jsonl")).unwrap();
+    let lines: Vec<Value> = failures.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), 1);
+    assert_eq!(lines[0]["id"], "poisoned.md#0");
+    assert!(lines[0]["reason"].as_str().unwrap().contains("maximum context length"), "{}", lines[0]);
+    assert!(sim.ledger().faults["too_large"] > 0);
+}
+
+#[tokio::test]
+async fn permanent_refusals_stop_before_work_with_no_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = corpus(dir.path(), 3);
+    let sim = simulator(SimConfig {
+        keys: vec![KeySpec { key: KEY.to_string(), models: Some(vec!["svc-embed-1-l".to_string()]) }],
+        ..SimConfig::default()
+    })
+    .await;
+    let source = format!("kind = \"files\"\npaths = [\"{}\"]", root.display());
+    let job = write_job(dir.path(), &sim.base_url(), &source, "");
+
+    // The key cannot see svc-embed-1: an unknown model.
+    let output = run_job(&job, &[]).await;
+    let (_, stderr) = no_key(&output, KEY);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("unknown model") && stderr.contains("svc-embed-1"), "{stderr}");
+
+    // A refused key.
+    let mut command = bin();
+    command.env("EMBEDJOB_API_KEY", "sk-refused-SECRET").arg("run").arg(&job);
+    let output = run(command).await;
+    let (_, stderr) = no_key(&output, "sk-refused-SECRET");
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("refused the API key"), "{stderr}");
+
+    // Too many tokens for the model's window.
+    let output = run_job(&job, &["--set", "backend.model=svc-embed-1-l", "--set", "chunking.max_tokens=9000", "--set", "backend.max_tokens_per_request=90000"]).await;
+    let (_, stderr) = no_key(&output, KEY);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("context window"), "{stderr}");
+
+    assert!(!dir.path().join("out").join("result.parquet").exists());
+    assert_eq!(sim.ledger().embedding_requests, 0, "nothing was sent");
+}
+
+#[tokio::test]
+async fn config_problems_are_reported_together() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = dir.path().join("job.toml");
+    std::fs::write(
+        &job,
+        r#"
+[source]
+kind = "jsonl"
+glob = "x"
+[chunking]
+max_tokens = 100
+overlap_tokens = 100
+[backend]
+kind = "api"
+model = "svc-embed-1"
+dimensions = 3072
+[output]
+path = "out.parquet"
+"#,
+    )
+    .unwrap();
+    let mut command = bin();
+    command.arg("run").arg(&job).args(["--set", "backend.concurrency=0"]);
+    let output = run(command).await;
+    let stderr = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    for needle in [
+        "source.glob",
+        "source.path",
+        "source.text_field",
+        "overlap_tokens",
+        "backend.base_url",
+        "backend.dimensions",
+        "backend.concurrency",
+        "EMBEDJOB_API_KEY",
+        "job.toml",
+    ] {
+        assert!(stderr.contains(needle), "{needle} missing from:\n{stderr}");
+    }
+}
+
+/// Bad input: a clear error naming the file (and row or column), a non-zero exit, no output.
+#[tokio::test]
+async fn bad_input_is_named_and_leaves_no_output() {
+    let sim = simulator(SimConfig::default()).await;
+    struct Case {
+        name: &'static str,
+        setup: fn(&Path) -> String,
+        exit: i32,
+        needles: &'static [&'static str],
+    }
+    let cases = [
+        Case {
+            name: "invalid utf-8",
+            setup: |d| {
+                std::fs::create_dir_all(d.join("in")).unwrap();
+                std::fs::write(d.join("in/good.txt"), "fine text").unwrap();
+                std::fs::write(d.join("in/bad.txt"), b"ok \xff\xfe broken").unwrap();
+                format!("kind = \"files\"\npaths = [\"{}\"]", d.join("in").display())
+            },
+            exit: 1,
+            needles: &["bad.txt", "UTF-8"],
+        },
+        Case {
+            name: "empty input",
+            setup: |d| {
+                std::fs::create_dir_all(d.join("in")).unwrap();
+                std::fs::write(d.join("in/blank.txt"), "   \n").unwrap();
+                format!("kind = \"files\"\npaths = [\"{}\"]", d.join("in").display())
+            },
+            exit: 1,
+            needles: &["no documents"],
+        },
+        Case {
+            name: "glob matches nothing",
+            setup: |d| format!("kind = \"files\"\npaths = [\"{}/nothing/*.md\"]", d.display()),
+            exit: 2,
+            needles: &["nothing/*.md"],
+        },
+        Case {
+            name: "jsonl bad row",
+            setup: |d| {
+                std::fs::write(d.join("in.jsonl"), "{\"id\":\"a\",\"text\":\"one\"}\n{\"id\":\"b\",\"text\":42}\n").unwrap();
+                format!("kind = \"jsonl\"\npath = \"{}\"\ntext_field = \"text\"\nid_field = \"id\"", d.join("in.jsonl").display())
+            },
+            exit: 1,
+            needles: &["in.jsonl", "2"],
+        },
+        Case {
+            name: "duplicate ids",
+            setup: |d| {
+                std::fs::write(d.join("in.jsonl"), "{\"id\":\"a\",\"text\":\"one\"}\n{\"id\":\"a\",\"text\":\"two\"}\n").unwrap();
+                format!("kind = \"jsonl\"\npath = \"{}\"\ntext_field = \"text\"\nid_field = \"id\"", d.join("in.jsonl").display())
+            },
+            exit: 1,
+            needles: &["duplicate", "\"a\""],
+        },
+        Case {
+            name: "csv missing column",
+            setup: |d| {
+                std::fs::write(d.join("in.csv"), "id,body\n1,hello\n").unwrap();
+                format!("kind = \"csv\"\npath = \"{}\"\ntext_field = \"text\"", d.join("in.csv").display())
+            },
+            exit: 2,
+            needles: &["in.csv", "text"],
+        },
+        Case {
+            name: "corrupt parquet",
+            setup: |d| {
+                std::fs::write(d.join("in.parquet"), b"PAR1 this is not really parquet PAR1").unwrap();
+                format!("kind = \"parquet\"\npath = \"{}\"\ntext_field = \"text\"", d.join("in.parquet").display())
+            },
+            exit: 1,
+            needles: &["in.parquet"],
+        },
+    ];
+    for case in cases {
+        let dir = tempfile::tempdir().unwrap();
+        let source = (case.setup)(dir.path());
+        let job = write_job(dir.path(), &sim.base_url(), &source, "");
+        let output = run_job(&job, &[]).await;
+        let (stdout, stderr) = no_key(&output, KEY);
+        assert_eq!(output.status.code(), Some(case.exit), "{}: {stderr}", case.name);
+        assert!(stdout.is_empty(), "{}: {stdout}", case.name);
+        assert!(!stderr.contains("panicked"), "{}: {stderr}", case.name);
+        for needle in case.needles {
+            assert!(stderr.contains(needle), "{}: {needle:?} not in {stderr}", case.name);
+        }
+        let out = dir.path().join("out");
+        let leftovers: Vec<_> = std::fs::read_dir(&out).map(|d| d.flatten().map(|e| e.file_name()).collect()).unwrap_or_default();
+        assert!(leftovers.is_empty(), "{}: no partial output, found {leftovers:?}", case.name);
+    }
+}
+
+#[tokio::test]
+async fn the_output_reads_in_pyarrow_and_duckdb() {
+    let python = Path::new(env!("CARGO_MANIFEST_DIR")).join(".cache/venv/bin/python");
+    assert!(
+        python.exists(),
+        "{} is missing: run scripts/setup-python (scripts/test does)",
+        python.display()
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let root = corpus(dir.path(), 5);
+    let sim = simulator(SimConfig::default()).await;
+    let job = write_job(
+        dir.path(),
+        &sim.base_url(),
+        &format!("kind = \"files\"\npaths = [\"{}\"]", root.display()),
+        "",
+    );
+    let output = run_job(&job, &["--set", "backend.model=svc-embed-1-l", "--quiet"]).await;
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    let check = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/reference/check_output.py");
+    let mut command = std::process::Command::new(python);
+    command.arg(check).arg(dir.path().join("out/result.parquet")).arg("3072");
+    let output = run(command).await;
+    assert!(output.status.success(), "{}\n{}", text(&output.stdout), text(&output.stderr));
+    assert!(text(&output.stdout).contains("pyarrow ok") && text(&output.stdout).contains("duckdb ok"));
+}
