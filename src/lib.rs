@@ -23,4 +23,5 @@ pub mod exit;
 pub mod job;
 pub mod retry;
 pub mod simulate;
+pub mod source;
 pub mod validate;
