@@ -1,7 +1,21 @@
 //! Token-aware chunking.
+//!
+//! [`TokenChunker`] splits a document along its structure (paragraphs,
+//! sentences, words; markdown sections for markdown) into chunks of at most
+//! `max_tokens` tokens, counted by the same tokenizer that sizes requests.
+//! Chunk ids, offsets and hashes depend only on the document and the config,
+//! so a re-run produces the same chunks.
 
-use std::sync::Arc;
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, OnceLock};
 
+use sha2::{Digest, Sha256};
+use text_splitter::{ChunkConfig, ChunkSizer, MarkdownSplitter, TextSplitter};
+use tiktoken_rs::CoreBPE;
+
+use crate::job::ChunkingConfig;
 use crate::source::Document;
 
 /// A piece of a document, the unit that is embedded and written.
@@ -32,4 +46,702 @@ impl Chunk {
 pub trait Chunker: Send + Sync {
     fn chunk(&self, document: &Document) -> Vec<Chunk>;
     fn count_tokens(&self, text: &str) -> usize;
+}
+
+/// SHA-256 of a chunk's text, the `content_hash` of [`Chunk`].
+#[must_use]
+pub fn content_hash(text: &str) -> [u8; 32] {
+    Sha256::digest(text.as_bytes()).into()
+}
+
+/// A chunker that cannot be built from its config.
+#[derive(Debug, thiserror::Error)]
+pub enum ChunkError {
+    #[error("`chunking.max_tokens` must be at least 1")]
+    ZeroMaxTokens,
+    #[error(
+        "`chunking.overlap_tokens` ({overlap_tokens}) must be less than `chunking.max_tokens` ({max_tokens})"
+    )]
+    OverlapTooLarge {
+        overlap_tokens: usize,
+        max_tokens: usize,
+    },
+    #[error("cannot load the {name} tokenizer: {message}")]
+    Tokenizer { name: String, message: String },
+}
+
+/// The `cl100k_base` encoding, loaded once per process: building it takes
+/// longer than chunking a typical document.
+fn cl100k_base() -> Result<&'static CoreBPE, ChunkError> {
+    static CL100K: OnceLock<Result<CoreBPE, String>> = OnceLock::new();
+    CL100K
+        .get_or_init(|| tiktoken_rs::cl100k_base().map_err(|e| format!("{e:#}")))
+        .as_ref()
+        .map_err(|message| ChunkError::Tokenizer {
+            name: "cl100k_base".into(),
+            message: message.clone(),
+        })
+}
+
+/// What counts tokens.
+enum Counter {
+    Bpe(&'static CoreBPE),
+    HuggingFace(Box<tokenizers::Tokenizer>),
+}
+
+impl Counter {
+    fn count(&self, text: &str) -> usize {
+        match self {
+            Counter::Bpe(bpe) => bpe.encode_ordinary(text).len(),
+            // A tokenizer that cannot encode a text (a word-level model
+            // without an unknown token, say) has no count for it; one token
+            // per byte keeps such chunks small rather than failing the job.
+            Counter::HuggingFace(tokenizer) => tokenizer
+                .encode_fast(text, false)
+                .map_or(text.len(), |encoding| encoding.len()),
+        }
+    }
+}
+
+thread_local! {
+    /// Token counts the splitter computed while choosing the current chunk,
+    /// keyed by the address and length of the slice of the document they
+    /// counted. The splitter has always counted the chunk it returns, so
+    /// looking the count up here saves encoding every chunk a second time.
+    static COUNTED: RefCell<CountLog> = RefCell::new(CountLog::default());
+}
+
+#[derive(Default)]
+struct CountLog {
+    active: bool,
+    counts: HashMap<(usize, usize), usize>,
+}
+
+fn slice_key(text: &str) -> (usize, usize) {
+    (text.as_ptr().addr(), text.len())
+}
+
+/// Keeps the count log on for one document and clears it afterwards, also on
+/// unwinding.
+struct CountLogSession;
+
+impl CountLogSession {
+    fn start() -> Self {
+        COUNTED.with_borrow_mut(|log| {
+            log.active = true;
+            log.counts.clear();
+        });
+        CountLogSession
+    }
+
+    /// The count recorded for `text`, a slice of the document being chunked,
+    /// then forgets everything recorded so far: the next chunk starts afresh.
+    fn take(&self, text: &str) -> Option<usize> {
+        COUNTED.with_borrow_mut(|log| {
+            let count = log.counts.get(&slice_key(text)).copied();
+            log.counts.clear();
+            count
+        })
+    }
+}
+
+impl Drop for CountLogSession {
+    fn drop(&mut self) {
+        COUNTED.with_borrow_mut(|log| {
+            log.active = false;
+            log.counts.clear();
+        });
+    }
+}
+
+/// The splitters' sizer: counts tokens and records the counts while a
+/// document is being chunked.
+#[derive(Clone)]
+struct Sizer(Arc<Counter>);
+
+impl ChunkSizer for Sizer {
+    fn size(&self, chunk: &str) -> usize {
+        let count = self.0.count(chunk);
+        COUNTED.with_borrow_mut(|log| {
+            if log.active {
+                log.counts.insert(slice_key(chunk), count);
+            }
+        });
+        count
+    }
+}
+
+/// Splits documents into chunks of at most `max_tokens` tokens, with
+/// `overlap_tokens` of overlap between neighbours.
+///
+/// Chunks are trimmed of surrounding whitespace, and `text` is always
+/// `document.text[byte_start..byte_end]`. A chunk can only exceed `max_tokens`
+/// if a single character encodes to more tokens than that.
+pub struct TokenChunker {
+    counter: Arc<Counter>,
+    text: TextSplitter<Sizer>,
+    markdown: MarkdownSplitter<Sizer>,
+    markdown_mode: Option<bool>,
+    max_tokens: usize,
+    overlap_tokens: usize,
+}
+
+impl fmt::Debug for TokenChunker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let tokenizer = match *self.counter {
+            Counter::Bpe(_) => "cl100k_base",
+            Counter::HuggingFace(_) => "huggingface",
+        };
+        f.debug_struct("TokenChunker")
+            .field("tokenizer", &tokenizer)
+            .field("max_tokens", &self.max_tokens)
+            .field("overlap_tokens", &self.overlap_tokens)
+            .field("markdown", &self.markdown_mode)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TokenChunker {
+    /// A chunker that counts with tiktoken's `cl100k_base`, the encoding the
+    /// hosted models use. The encoding is loaded once and shared.
+    ///
+    /// # Errors
+    ///
+    /// A `max_tokens` of 0, an overlap of `max_tokens` or more, or an
+    /// encoding that cannot be loaded.
+    pub fn cl100k(config: &ChunkingConfig) -> Result<Self, ChunkError> {
+        Self::new(config, Counter::Bpe(cl100k_base()?))
+    }
+
+    /// A chunker that counts with a Hugging Face tokenizer, such as a local
+    /// model's own. Truncation and padding are turned off on a copy, and
+    /// special tokens are not counted, so counts are those of the text alone.
+    ///
+    /// # Errors
+    ///
+    /// A `max_tokens` of 0, an overlap of `max_tokens` or more, or a
+    /// tokenizer whose truncation cannot be turned off.
+    pub fn with_tokenizer(
+        config: &ChunkingConfig,
+        mut tokenizer: tokenizers::Tokenizer,
+    ) -> Result<Self, ChunkError> {
+        tokenizer
+            .with_truncation(None)
+            .map_err(|e| ChunkError::Tokenizer {
+                name: "huggingface".into(),
+                message: format!("cannot turn off truncation: {e}"),
+            })?;
+        tokenizer.with_padding(None);
+        Self::new(config, Counter::HuggingFace(Box::new(tokenizer)))
+    }
+
+    fn new(config: &ChunkingConfig, counter: Counter) -> Result<Self, ChunkError> {
+        let ChunkingConfig {
+            max_tokens,
+            overlap_tokens,
+            markdown,
+        } = *config;
+        if max_tokens == 0 {
+            return Err(ChunkError::ZeroMaxTokens);
+        }
+        let overlap_error = || ChunkError::OverlapTooLarge {
+            overlap_tokens,
+            max_tokens,
+        };
+        if overlap_tokens >= max_tokens {
+            return Err(overlap_error());
+        }
+        let counter = Arc::new(counter);
+        let chunk_config = || {
+            ChunkConfig::new(max_tokens)
+                .with_sizer(Sizer(Arc::clone(&counter)))
+                .with_trim(true)
+                .with_overlap(overlap_tokens)
+                .map_err(|_| overlap_error())
+        };
+        Ok(TokenChunker {
+            text: TextSplitter::new(chunk_config()?),
+            markdown: MarkdownSplitter::new(chunk_config()?),
+            counter,
+            markdown_mode: markdown,
+            max_tokens,
+            overlap_tokens,
+        })
+    }
+
+    pub fn max_tokens(&self) -> usize {
+        self.max_tokens
+    }
+
+    pub fn overlap_tokens(&self) -> usize {
+        self.overlap_tokens
+    }
+
+    /// Whether `document` is split along markdown structure: as configured,
+    /// or by its source's extension when the config leaves it open.
+    pub fn is_markdown(&self, document: &Document) -> bool {
+        self.markdown_mode
+            .unwrap_or_else(|| has_markdown_extension(&document.source))
+    }
+
+    fn collect<'text>(
+        &self,
+        document: &'text Document,
+        pieces: impl Iterator<Item = (usize, &'text str)>,
+        log: &CountLogSession,
+    ) -> Vec<Chunk> {
+        let doc_id: Arc<str> = Arc::from(document.doc_id.as_str());
+        let mut chunks = Vec::new();
+        for (offset, text) in pieces {
+            let tokens = log.take(text).unwrap_or_else(|| self.counter.count(text));
+            let chunk_index = u32::try_from(chunks.len()).unwrap_or(u32::MAX);
+            chunks.push(Chunk {
+                id: format!("{doc_id}#{chunk_index}"),
+                doc_id: Arc::clone(&doc_id),
+                source: Arc::clone(&document.source),
+                chunk_index,
+                byte_start: offset as u64,
+                byte_end: (offset + text.len()) as u64,
+                text: text.to_owned(),
+                content_hash: content_hash(text),
+                token_count: u32::try_from(tokens).unwrap_or(u32::MAX),
+            });
+        }
+        chunks
+    }
+}
+
+fn has_markdown_extension(source: &str) -> bool {
+    let Some((_, extension)) = source.rsplit_once('.') else {
+        return false;
+    };
+    extension.eq_ignore_ascii_case("md") || extension.eq_ignore_ascii_case("markdown")
+}
+
+impl Chunker for TokenChunker {
+    fn chunk(&self, document: &Document) -> Vec<Chunk> {
+        let text = document.text.as_str();
+        if text.trim().is_empty() {
+            return Vec::new();
+        }
+        let log = CountLogSession::start();
+        if self.is_markdown(document) {
+            self.collect(document, self.markdown.chunk_indices(text), &log)
+        } else {
+            self.collect(document, self.text.chunk_indices(text), &log)
+        }
+    }
+
+    fn count_tokens(&self, text: &str) -> usize {
+        self.counter.count(text)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn config(max_tokens: usize, overlap_tokens: usize, markdown: Option<bool>) -> ChunkingConfig {
+        ChunkingConfig {
+            max_tokens,
+            overlap_tokens,
+            markdown,
+        }
+    }
+
+    fn document(doc_id: &str, source: &str, text: &str) -> Document {
+        Document {
+            doc_id: doc_id.into(),
+            source: Arc::from(source),
+            text: text.into(),
+        }
+    }
+
+    /// A word-level tokenizer over a tiny vocabulary, with truncation,
+    /// padding and `[CLS]`/`[SEP]` special tokens that must not affect counts.
+    fn word_level_tokenizer() -> tokenizers::Tokenizer {
+        let json = r#"{
+          "version": "1.0",
+          "truncation": {"direction": "Right", "max_length": 4, "strategy": "LongestFirst", "stride": 0},
+          "padding": {"strategy": {"Fixed": 16}, "direction": "Right", "pad_to_multiple_of": null,
+                      "pad_id": 0, "pad_type_id": 0, "pad_token": "[PAD]"},
+          "added_tokens": [
+            {"id": 0, "content": "[PAD]", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true},
+            {"id": 1, "content": "[UNK]", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true},
+            {"id": 2, "content": "[CLS]", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true},
+            {"id": 3, "content": "[SEP]", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true}
+          ],
+          "normalizer": null,
+          "pre_tokenizer": {"type": "Whitespace"},
+          "post_processor": {"type": "BertProcessing", "sep": ["[SEP]", 3], "cls": ["[CLS]", 2]},
+          "decoder": null,
+          "model": {"type": "WordLevel", "unk_token": "[UNK]",
+                    "vocab": {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3,
+                              "the": 4, "cat": 5, "sat": 6, "on": 7, "mat": 8}}
+        }"#;
+        json.parse().expect("test tokenizer")
+    }
+
+    #[test]
+    fn a_short_document_is_one_chunk_with_its_hash() {
+        let chunker = TokenChunker::cl100k(&config(16, 0, None)).unwrap();
+        let chunks = chunker.chunk(&document("notes/a.txt", "notes/a.txt", "Hello, world.\n"));
+        assert_eq!(chunks.len(), 1);
+        let chunk = &chunks[0];
+        assert_eq!(chunk.id, "notes/a.txt#0");
+        assert_eq!(chunk.chunk_index, 0);
+        assert_eq!(chunk.text, "Hello, world.");
+        assert_eq!((chunk.byte_start, chunk.byte_end), (0, 13));
+        assert_eq!(chunk.token_count, 4);
+        // printf 'Hello, world.' | sha256sum
+        assert_eq!(
+            chunk.content_hash_hex(),
+            "f8c3bf62a9aa3e6fc1619c250e48abe7519373d3edf41be62eb5dc45199af2ef"
+        );
+        assert_eq!(
+            hex::encode(content_hash("")),
+            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+        );
+    }
+
+    #[test]
+    fn whitespace_only_documents_give_no_chunks() {
+        let chunker = TokenChunker::cl100k(&config(16, 4, None)).unwrap();
+        for text in ["", " ", "\n\n\t  \r\n", "\u{3000}\u{a0}"] {
+            assert!(
+                chunker.chunk(&document("d", "d.md", text)).is_empty(),
+                "{text:?}"
+            );
+            assert!(
+                chunker.chunk(&document("d", "d.txt", text)).is_empty(),
+                "{text:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn markdown_keeps_a_heading_with_its_section() {
+        let text = "# Alpha\n\nThe alpha section talks about the first letter of the alphabet.\n\n\
+                    # Beta\n\nThe beta section talks about the second letter of the alphabet.\n";
+        let chunker = TokenChunker::cl100k(&config(20, 0, None)).unwrap();
+        let whole = chunker.count_tokens(text.trim());
+        assert!(
+            whole > 20,
+            "the sections must not fit together ({whole} tokens)"
+        );
+
+        let chunks = chunker.chunk(&document("letters.md", "docs/letters.MD", text));
+        let texts: Vec<&str> = chunks.iter().map(|c| c.text.as_str()).collect();
+        assert_eq!(
+            texts,
+            [
+                "# Alpha\n\nThe alpha section talks about the first letter of the alphabet.",
+                "# Beta\n\nThe beta section talks about the second letter of the alphabet.",
+            ]
+        );
+    }
+
+    #[test]
+    fn markdown_is_chosen_by_config_or_extension() {
+        let chunker = |markdown| TokenChunker::cl100k(&config(32, 0, markdown)).unwrap();
+        let doc = |source: &str| document("d", source, "text");
+        assert!(chunker(None).is_markdown(&doc("a/b.md")));
+        assert!(chunker(None).is_markdown(&doc("a/b.Markdown")));
+        assert!(!chunker(None).is_markdown(&doc("a/b.txt")));
+        assert!(!chunker(None).is_markdown(&doc("a/md")));
+        assert!(chunker(Some(true)).is_markdown(&doc("a/b.txt")));
+        assert!(!chunker(Some(false)).is_markdown(&doc("a/b.md")));
+    }
+
+    #[test]
+    fn bad_configs_are_rejected() {
+        assert!(matches!(
+            TokenChunker::cl100k(&config(0, 0, None)),
+            Err(ChunkError::ZeroMaxTokens)
+        ));
+        assert!(matches!(
+            TokenChunker::cl100k(&config(10, 10, None)),
+            Err(ChunkError::OverlapTooLarge {
+                overlap_tokens: 10,
+                max_tokens: 10
+            })
+        ));
+    }
+
+    #[test]
+    fn a_hugging_face_tokenizer_counts_without_truncation_padding_or_special_tokens() {
+        let chunker =
+            TokenChunker::with_tokenizer(&config(4, 0, Some(false)), word_level_tokenizer())
+                .unwrap();
+        assert_eq!(chunker.count_tokens("the cat sat on the mat"), 6);
+        assert_eq!(chunker.count_tokens("the dog 日本"), 3);
+        assert_eq!(chunker.count_tokens(""), 0);
+
+        let chunks = chunker.chunk(&document("d", "d.txt", "the cat sat on the mat"));
+        assert!(chunks.len() >= 2, "{chunks:?}");
+        for chunk in &chunks {
+            assert!(chunk.token_count <= 4, "{chunk:?}");
+            assert_eq!(
+                chunk.token_count as usize,
+                chunker.count_tokens(&chunk.text)
+            );
+        }
+        let total: u32 = chunks.iter().map(|c| c.token_count).sum();
+        assert_eq!(total, 6);
+    }
+
+    const FRAGMENTS: &[&str] = &[
+        "the",
+        "quick",
+        "brown",
+        "fox",
+        "jumps",
+        "over",
+        "lazy",
+        "dog",
+        "é",
+        "café",
+        "naïve",
+        "日本",
+        "日本語のテキスト",
+        "🦀",
+        "👨\u{200d}👩\u{200d}👧",
+        "e\u{301}",
+        ".",
+        ",",
+        "!",
+        "?",
+        " ",
+        " ",
+        " ",
+        "   ",
+        "\t",
+        "\n",
+        "\n",
+        "\n\n",
+        "\r\n",
+        "# ",
+        "## ",
+        "### ",
+        "- ",
+        "* ",
+        "1. ",
+        "> ",
+        "```",
+        "`code`",
+        "**bold**",
+        "[link](http://x.y)",
+        "|a|b|",
+        "\u{a0}",
+        "supercalifragilisticexpialidocious",
+        "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+        "0123456789012345678901234567890123456789",
+    ];
+
+    fn document_text() -> impl Strategy<Value = String> {
+        prop::collection::vec(prop::sample::select(FRAGMENTS), 0..250).prop_map(|f| f.concat())
+    }
+
+    fn chunking() -> impl Strategy<Value = ChunkingConfig> {
+        (8usize..200)
+            .prop_flat_map(|max| (Just(max), 0..max.div_ceil(2)))
+            .prop_flat_map(|(max, overlap)| {
+                (
+                    Just(max),
+                    prop_oneof![Just(0), Just(overlap)],
+                    prop_oneof![Just(None), Just(Some(true)), Just(Some(false))],
+                )
+            })
+            .prop_map(|(max_tokens, overlap_tokens, markdown)| ChunkingConfig {
+                max_tokens,
+                overlap_tokens,
+                markdown,
+            })
+    }
+
+    fn check_invariants(
+        chunker: &TokenChunker,
+        config: &ChunkingConfig,
+        doc: &Document,
+    ) -> Result<(), TestCaseError> {
+        let text = doc.text.as_str();
+        let chunks = chunker.chunk(doc);
+        let mut covered = vec![false; text.len()];
+        let mut previous: Option<&Chunk> = None;
+        for (i, chunk) in chunks.iter().enumerate() {
+            let (start, end) = (chunk.byte_start as usize, chunk.byte_end as usize);
+            prop_assert!(start < end && end <= text.len(), "{chunk:?}");
+            prop_assert!(text.is_char_boundary(start) && text.is_char_boundary(end));
+            prop_assert_eq!(&text[start..end], chunk.text.as_str());
+            prop_assert_eq!(chunk.chunk_index as usize, i);
+            prop_assert_eq!(&chunk.id, &format!("{}#{}", doc.doc_id, i));
+            prop_assert_eq!(&*chunk.doc_id, doc.doc_id.as_str());
+            prop_assert_eq!(&chunk.source, &doc.source);
+            prop_assert_eq!(chunk.content_hash, content_hash(&chunk.text));
+            prop_assert!(chunk.token_count as usize <= config.max_tokens, "{chunk:?}");
+            prop_assert_eq!(
+                chunk.token_count as usize,
+                chunker.count_tokens(&chunk.text)
+            );
+            if let Some(previous) = previous {
+                prop_assert!(previous.byte_start <= chunk.byte_start);
+                if config.overlap_tokens == 0 {
+                    prop_assert!(
+                        previous.byte_end <= chunk.byte_start,
+                        "{previous:?} {chunk:?}"
+                    );
+                }
+            }
+            covered[start..end].fill(true);
+            previous = Some(chunk);
+        }
+        for (i, c) in text.char_indices() {
+            prop_assert!(
+                c.is_whitespace() || covered[i],
+                "byte {i} ({c:?}) is in no chunk"
+            );
+        }
+        prop_assert_eq!(
+            &chunks,
+            &chunker.chunk(doc),
+            "chunking is not deterministic"
+        );
+        Ok(())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        #[test]
+        fn cl100k_chunks_keep_their_invariants(
+            text in document_text(),
+            config in chunking(),
+            source in prop::sample::select(&["a.md", "b.txt", "C.MARKDOWN", "rows.jsonl"][..]),
+        ) {
+            let doc = document("doc", source, &text);
+            let chunker = TokenChunker::cl100k(&config).unwrap();
+            check_invariants(&chunker, &config, &doc)?;
+            // A second chunker built from the same config agrees.
+            let again = TokenChunker::cl100k(&config).unwrap();
+            prop_assert_eq!(chunker.chunk(&doc), again.chunk(&doc));
+        }
+
+        #[test]
+        fn hugging_face_chunks_keep_their_invariants(
+            text in document_text(),
+            config in chunking(),
+        ) {
+            let doc = document("doc", "a.md", &text);
+            let chunker = TokenChunker::with_tokenizer(&config, word_level_tokenizer()).unwrap();
+            check_invariants(&chunker, &config, &doc)?;
+        }
+    }
+
+    /// Deterministic mixed markdown and plain text, about `bytes` long.
+    fn corpus(bytes: usize) -> Vec<Document> {
+        const WORDS: &[&str] = &[
+            "the",
+            "embedding",
+            "service",
+            "returns",
+            "vectors",
+            "for",
+            "each",
+            "chunk",
+            "of",
+            "text",
+            "and",
+            "a",
+            "job",
+            "writes",
+            "them",
+            "to",
+            "parquet",
+            "café",
+            "日本語",
+            "tokens",
+            "request",
+            "model",
+            "index",
+            "batch",
+            "retry",
+            "cost",
+            "estimate",
+            "🦀",
+        ];
+        let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = |n: usize| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state % n as u64) as usize
+        };
+        let mut docs = Vec::new();
+        let mut total = 0;
+        while total < bytes {
+            let markdown = docs.len() % 2 == 0;
+            let mut text = String::new();
+            while text.len() < 20_000 {
+                if markdown && next(6) == 0 {
+                    text.push_str(["# ", "## ", "### "][next(3)]);
+                    text.push_str("Section heading\n\n");
+                }
+                let sentences = 1 + next(6);
+                for _ in 0..sentences {
+                    if markdown && next(5) == 0 {
+                        text.push_str("- ");
+                    }
+                    for w in 0..4 + next(14) {
+                        if w > 0 {
+                            text.push(' ');
+                        }
+                        text.push_str(WORDS[next(WORDS.len())]);
+                    }
+                    text.push('.');
+                    text.push_str(if next(3) == 0 { "\n" } else { " " });
+                }
+                text.push_str("\n\n");
+            }
+            total += text.len();
+            let name = format!("doc{}.{}", docs.len(), if markdown { "md" } else { "txt" });
+            docs.push(document(&name, &name, &text));
+        }
+        docs
+    }
+
+    /// Chunking throughput; run with
+    /// `cargo test --release --lib chunk::tests::throughput -- --ignored --nocapture`.
+    #[test]
+    #[ignore = "a measurement, not a check"]
+    fn throughput() {
+        let docs = corpus(5_000_000);
+        let bytes: usize = docs.iter().map(|d| d.text.len()).sum();
+        let chunker = TokenChunker::cl100k(&ChunkingConfig::default()).unwrap();
+        chunker.count_tokens("load the encoding before timing");
+
+        let started = std::time::Instant::now();
+        let chunks: Vec<Chunk> = docs.iter().flat_map(|d| chunker.chunk(d)).collect();
+        let elapsed = started.elapsed().as_secs_f64();
+
+        let started = std::time::Instant::now();
+        let recount: usize = chunks.iter().map(|c| chunker.count_tokens(&c.text)).sum();
+        let recount_elapsed = started.elapsed().as_secs_f64();
+        assert_eq!(
+            recount,
+            chunks.iter().map(|c| c.token_count as usize).sum::<usize>()
+        );
+
+        println!(
+            "{} documents, {:.1} MB, {} chunks in {:.2} s: {:.0} chunks/s, {:.2} MB/s \
+             (encoding every chunk again would add {:.2} s)",
+            docs.len(),
+            bytes as f64 / 1e6,
+            chunks.len(),
+            elapsed,
+            chunks.len() as f64 / elapsed,
+            bytes as f64 / 1e6 / elapsed,
+            recount_elapsed,
+        );
+    }
 }

@@ -61,7 +61,7 @@ pub struct ChatArgs {
     #[arg(long)]
     pub system: Option<String>,
     /// Sampling temperature, 0.0 to 2.0.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub temperature: Option<f64>,
     /// Upper limit of tokens in the reply.
     #[arg(long)]
@@ -71,4 +71,26 @@ pub struct ChatArgs {
     pub no_stream: bool,
     /// The user's message.
     pub prompt: String,
+}
+
+/// A job file and its overrides, shared by every command that takes one.
+#[derive(Debug, Args)]
+pub struct JobArgs {
+    /// The job file (TOML).
+    pub job: std::path::PathBuf,
+    /// Override a job-file key by its dotted path, e.g. backend.model=svc-embed-1-l.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub overrides: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub job: JobArgs,
+    /// Print the run's summary as one JSON object on stdout.
+    #[arg(long)]
+    pub json: bool,
+    /// No progress output on stderr.
+    #[arg(long)]
+    pub quiet: bool,
 }

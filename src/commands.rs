@@ -34,11 +34,15 @@ pub fn client_from_env() -> Result<Client, Failure> {
     let key = match std::env::var(API_KEY_ENV) {
         Ok(key) if !key.trim().is_empty() => Some(key),
         Ok(_) => {
-            problems.push(format!("{API_KEY_ENV} is empty: set it to the service's API key"));
+            problems.push(format!(
+                "{API_KEY_ENV} is empty: set it to the service's API key"
+            ));
             None
         }
         Err(_) => {
-            problems.push(format!("{API_KEY_ENV} is not set: set it to the service's API key"));
+            problems.push(format!(
+                "{API_KEY_ENV} is not set: set it to the service's API key"
+            ));
             None
         }
     };
@@ -56,7 +60,9 @@ pub fn client_from_env() -> Result<Client, Failure> {
         Ok(text) => match text.trim().parse::<f64>() {
             Ok(s) if s.is_finite() && s > 0.0 => Duration::from_secs_f64(s),
             _ => {
-                problems.push(format!("{TIMEOUT_ENV} must be a positive number of seconds, not {text:?}"));
+                problems.push(format!(
+                    "{TIMEOUT_ENV} must be a positive number of seconds, not {text:?}"
+                ));
                 Duration::from_secs(60)
             }
         },
@@ -87,8 +93,12 @@ pub async fn models(args: &ModelsArgs) -> Outcome {
     let client = client_from_env()?;
     let policy = RetryPolicy::with_max_retries(COMMAND_RETRIES);
     let models = match &args.id {
-        Some(id) => vec![with_retries(&policy, || client.model(id)).await.map_err(runtime_error)?],
-        None => with_retries(&policy, || client.models()).await.map_err(runtime_error)?,
+        Some(id) => vec![with_retries(&policy, || client.model(id))
+            .await
+            .map_err(runtime_error)?],
+        None => with_retries(&policy, || client.models())
+            .await
+            .map_err(runtime_error)?,
     };
     if args.json {
         let value = match &args.id {
@@ -116,7 +126,9 @@ pub fn models_table(models: &[Model]) -> String {
     for model in models {
         rows.push([
             model.id.clone(),
-            model.context_window.map_or_else(|| "-".to_string(), |c| c.to_string()),
+            model
+                .context_window
+                .map_or_else(|| "-".to_string(), |c| c.to_string()),
             if model.modalities.is_empty() {
                 "-".to_string()
             } else {
@@ -190,7 +202,10 @@ pub async fn embed(args: &EmbedArgs) -> Outcome {
 }
 
 fn preview(text: &str, max_chars: usize) -> String {
-    let one_line: String = text.chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
+    let one_line: String = text
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
     match one_line.char_indices().nth(max_chars) {
         Some((cut, _)) => format!("{}…", &one_line[..cut]),
         None => one_line,
@@ -206,7 +221,9 @@ pub async fn chat(args: &ChatArgs) -> Outcome {
         }
     }
     if args.max_tokens == Some(0) {
-        return Err(Failure::usage(anyhow::anyhow!("--max-tokens must be at least 1")));
+        return Err(Failure::usage(anyhow::anyhow!(
+            "--max-tokens must be at least 1"
+        )));
     }
     let client = client_from_env()?;
     let mut messages = Vec::new();
@@ -223,9 +240,12 @@ pub async fn chat(args: &ChatArgs) -> Outcome {
     };
     let policy = RetryPolicy::with_max_retries(COMMAND_RETRIES);
     let mut out = std::io::stdout().lock();
-    let write_err = |e: std::io::Error| Failure::failed(anyhow::Error::from(e).context("writing to stdout"));
+    let write_err =
+        |e: std::io::Error| Failure::failed(anyhow::Error::from(e).context("writing to stdout"));
     if args.no_stream {
-        let reply = with_retries(&policy, || client.chat(&request)).await.map_err(runtime_error)?;
+        let reply = with_retries(&policy, || client.chat(&request))
+            .await
+            .map_err(runtime_error)?;
         writeln!(out, "{reply}").map_err(write_err)?;
         return Ok(Exit::Success);
     }

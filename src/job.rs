@@ -273,9 +273,8 @@ impl Sections {
             return None;
         };
         let mut unknown = Vec::new();
-        let deserializer = serde_ignored::Deserializer::new(value, |path: serde_ignored::Path| {
-            unknown.push(format!("{key}.{path}"));
-        });
+        let mut note_unknown = |path: serde_ignored::Path| unknown.push(format!("{key}.{path}"));
+        let deserializer = serde_ignored::Deserializer::new(value, &mut note_unknown);
         let result: Result<T, _> = serde_path_to_error::deserialize(deserializer);
         for path in &unknown {
             problems.push(format!("unknown key `{path}`"));
@@ -285,7 +284,11 @@ impl Sections {
             Err(e) => {
                 let inner = e.inner().to_string();
                 let at = e.path().to_string();
-                let location = if at == "." { key.to_string() } else { format!("{key}.{at}") };
+                let location = if at == "." {
+                    key.to_string()
+                } else {
+                    format!("{key}.{at}")
+                };
                 problems.push(format!("`{location}`: {}", one_line(&inner)));
                 None
             }
@@ -303,7 +306,11 @@ fn one_line(text: &str) -> String {
 
 fn toml_error(e: &toml::de::Error) -> String {
     match e.span() {
-        Some(span) => format!("not valid TOML at byte {}: {}", span.start, one_line(e.message())),
+        Some(span) => format!(
+            "not valid TOML at byte {}: {}",
+            span.start,
+            one_line(e.message())
+        ),
         None => format!("not valid TOML: {}", one_line(e.message())),
     }
 }
@@ -317,7 +324,9 @@ pub fn apply_override(table: &mut toml::Table, assignment: &str) -> Result<(), S
     let path = path.trim();
     let keys: Vec<&str> = path.split('.').collect();
     if keys.iter().any(|k| k.is_empty()) {
-        return Err(format!("--set {assignment:?}: {path:?} is not a dotted key path"));
+        return Err(format!(
+            "--set {assignment:?}: {path:?} is not a dotted key path"
+        ));
     }
     let value = parse_value(raw.trim());
     let (last, parents) = keys.split_last().expect("split yields at least one key");
@@ -384,9 +393,16 @@ impl Job {
                 if s.paths.is_empty() {
                     p.push("`source.paths` must list at least one glob or directory for kind \"files\"".to_string());
                 }
-                for key in [("path", s.path.is_some()), ("text_field", s.text_field.is_some()), ("id_field", s.id_field.is_some())] {
+                for key in [
+                    ("path", s.path.is_some()),
+                    ("text_field", s.text_field.is_some()),
+                    ("id_field", s.id_field.is_some()),
+                ] {
                     if key.1 {
-                        p.push(format!("`source.{}` does not apply to kind \"files\" (use `source.paths`)", key.0));
+                        p.push(format!(
+                            "`source.{}` does not apply to kind \"files\" (use `source.paths`)",
+                            key.0
+                        ));
                     }
                 }
             }
@@ -395,10 +411,14 @@ impl Job {
                     p.push(format!("`source.path` is required for kind \"{kind}\""));
                 }
                 if s.text_field.as_deref().is_none_or(|f| f.is_empty()) {
-                    p.push(format!("`source.text_field` is required for kind \"{kind}\""));
+                    p.push(format!(
+                        "`source.text_field` is required for kind \"{kind}\""
+                    ));
                 }
                 if !s.paths.is_empty() {
-                    p.push(format!("`source.paths` does not apply to kind \"{kind}\" (use `source.path`)"));
+                    p.push(format!(
+                        "`source.paths` does not apply to kind \"{kind}\" (use `source.path`)"
+                    ));
                 }
             }
         }
@@ -416,10 +436,16 @@ impl Job {
             ));
         }
         if !(1..=1024).contains(&b.concurrency) {
-            p.push(format!("`backend.concurrency` must be between 1 and 1024, not {}", b.concurrency));
+            p.push(format!(
+                "`backend.concurrency` must be between 1 and 1024, not {}",
+                b.concurrency
+            ));
         }
         if !(b.timeout_seconds.is_finite() && b.timeout_seconds > 0.0) {
-            p.push(format!("`backend.timeout_seconds` must be a positive number, not {}", b.timeout_seconds));
+            p.push(format!(
+                "`backend.timeout_seconds` must be a positive number, not {}",
+                b.timeout_seconds
+            ));
         }
         if b.dimensions == Some(0) {
             p.push("`backend.dimensions` must be at least 1".to_string());
@@ -468,13 +494,22 @@ impl Job {
     pub fn fingerprint_fields(&self) -> BTreeMap<&'static str, String> {
         let mut f = BTreeMap::new();
         f.insert("backend.kind", self.backend.kind.to_string());
-        f.insert("backend.model", self.backend.model.clone().unwrap_or_default());
+        f.insert(
+            "backend.model",
+            self.backend.model.clone().unwrap_or_default(),
+        );
         f.insert(
             "backend.dimensions",
-            self.backend.dimensions.map(|d| d.to_string()).unwrap_or_default(),
+            self.backend
+                .dimensions
+                .map(|d| d.to_string())
+                .unwrap_or_default(),
         );
         f.insert("chunking.max_tokens", self.chunking.max_tokens.to_string());
-        f.insert("chunking.overlap_tokens", self.chunking.overlap_tokens.to_string());
+        f.insert(
+            "chunking.overlap_tokens",
+            self.chunking.overlap_tokens.to_string(),
+        );
         f.insert("chunking.markdown", format!("{:?}", self.chunking.markdown));
         f
     }
@@ -543,7 +578,13 @@ mod tests {
         "#;
         let problems = parse(text, "x", &["backend.typo=1".into()]).unwrap_err();
         let all = problems.join("\n");
-        for needle in ["`colour`", "`source.glob`", "`chunking.max_tokens`", "`backend.speed`", "`backend.typo`"] {
+        for needle in [
+            "`colour`",
+            "`source.glob`",
+            "`chunking.max_tokens`",
+            "`backend.speed`",
+            "`backend.typo`",
+        ] {
             assert!(all.contains(needle), "{needle} missing from:\n{all}");
         }
     }

@@ -16,6 +16,9 @@
 //! # Ok(()) }
 //! ```
 
+pub mod backend;
+pub mod batch;
+pub mod chunk;
 pub mod cli;
 pub mod client;
 pub mod commands;
@@ -23,5 +26,6 @@ pub mod exit;
 pub mod job;
 pub mod retry;
 pub mod simulate;
+pub mod sink;
 pub mod source;
 pub mod validate;

@@ -67,7 +67,11 @@ impl RetryPolicy {
 
     /// The wait before the next attempt: the server's request when it made
     /// one (capped), else the backoff's; `None` once retries are used up.
-    fn next_delay(&self, requested: Option<Duration>, backoff: Option<Duration>) -> Option<Duration> {
+    fn next_delay(
+        &self,
+        requested: Option<Duration>,
+        backoff: Option<Duration>,
+    ) -> Option<Duration> {
         let backoff = backoff?;
         Some(match requested {
             Some(asked) => asked.min(self.max_requested_delay),
@@ -131,7 +135,10 @@ mod tests {
         let calls = AtomicUsize::new(0);
         let result = with_retries(&RetryPolicy::with_max_retries(5), || async {
             match calls.fetch_add(1, Ordering::SeqCst) {
-                0..=2 => Err(Fault { transient: true, delay: None }),
+                0..=2 => Err(Fault {
+                    transient: true,
+                    delay: None,
+                }),
                 n => Ok(n),
             }
         })
@@ -144,7 +151,10 @@ mod tests {
         let calls = AtomicUsize::new(0);
         let result: Result<(), Fault> = with_retries(&RetryPolicy::default(), || async {
             calls.fetch_add(1, Ordering::SeqCst);
-            Err(Fault { transient: false, delay: None })
+            Err(Fault {
+                transient: false,
+                delay: None,
+            })
         })
         .await;
         assert!(result.is_err());
@@ -156,11 +166,18 @@ mod tests {
         let calls = AtomicUsize::new(0);
         let result: Result<(), Fault> = with_retries(&RetryPolicy::with_max_retries(3), || async {
             calls.fetch_add(1, Ordering::SeqCst);
-            Err(Fault { transient: true, delay: Some(Duration::from_secs(1)) })
+            Err(Fault {
+                transient: true,
+                delay: Some(Duration::from_secs(1)),
+            })
         })
         .await;
         assert!(result.is_err());
-        assert_eq!(calls.load(Ordering::SeqCst), 4, "one attempt and three retries");
+        assert_eq!(
+            calls.load(Ordering::SeqCst),
+            4,
+            "one attempt and three retries"
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -172,7 +189,10 @@ mod tests {
             &RetryPolicy::with_max_retries(3),
             || async {
                 match calls.fetch_add(1, Ordering::SeqCst) {
-                    0 => Err(Fault { transient: true, delay: Some(Duration::from_secs(7)) }),
+                    0 => Err(Fault {
+                        transient: true,
+                        delay: Some(Duration::from_secs(7)),
+                    }),
                     _ => Ok(()),
                 }
             },
@@ -188,7 +208,10 @@ mod tests {
     fn requested_delays_are_capped() {
         let policy = RetryPolicy::default();
         assert_eq!(
-            policy.next_delay(Some(Duration::from_secs(3600)), Some(Duration::from_secs(1))),
+            policy.next_delay(
+                Some(Duration::from_secs(3600)),
+                Some(Duration::from_secs(1))
+            ),
             Some(policy.max_requested_delay)
         );
         assert_eq!(policy.next_delay(Some(Duration::from_secs(1)), None), None);

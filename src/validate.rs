@@ -150,7 +150,12 @@ mod tests {
 
     #[test]
     fn rows_are_placed_by_index() {
-        let v = check(response(&[(1, vec![1.0, 1.0]), (0, vec![0.0, 0.5])]), 2, Some(2)).unwrap();
+        let v = check(
+            response(&[(1, vec![1.0, 1.0]), (0, vec![0.0, 0.5])]),
+            2,
+            Some(2),
+        )
+        .unwrap();
         assert_eq!(v.row(0), &[0.0, 0.5]);
         assert_eq!(v.row(1), &[1.0, 1.0]);
         assert_eq!(v.usage.prompt_tokens, 3);
@@ -160,18 +165,56 @@ mod tests {
     fn each_check_names_itself() {
         let cases = [
             (response(&[(0, vec![1.0])]), 2, Some(1), "item count"),
-            (response(&[(0, vec![1.0]), (2, vec![1.0])]), 2, Some(1), "index range"),
-            (response(&[(0, vec![1.0]), (-1, vec![1.0])]), 2, Some(1), "index range"),
-            (response(&[(0, vec![1.0]), (0, vec![1.0])]), 2, Some(1), "index uniqueness"),
-            (response(&[(0, vec![1.0]), (1, vec![1.0, 2.0])]), 2, None, "vector length"),
-            (response(&[(0, vec![1.0, 2.0])]), 1, Some(3), "vector length"),
-            (response(&[(0, vec![f32::NAN])]), 1, Some(1), "finite values"),
-            (response(&[(0, vec![1.0, f32::INFINITY])]), 1, None, "finite values"),
+            (
+                response(&[(0, vec![1.0]), (2, vec![1.0])]),
+                2,
+                Some(1),
+                "index range",
+            ),
+            (
+                response(&[(0, vec![1.0]), (-1, vec![1.0])]),
+                2,
+                Some(1),
+                "index range",
+            ),
+            (
+                response(&[(0, vec![1.0]), (0, vec![1.0])]),
+                2,
+                Some(1),
+                "index uniqueness",
+            ),
+            (
+                response(&[(0, vec![1.0]), (1, vec![1.0, 2.0])]),
+                2,
+                None,
+                "vector length",
+            ),
+            (
+                response(&[(0, vec![1.0, 2.0])]),
+                1,
+                Some(3),
+                "vector length",
+            ),
+            (
+                response(&[(0, vec![f32::NAN])]),
+                1,
+                Some(1),
+                "finite values",
+            ),
+            (
+                response(&[(0, vec![1.0, f32::INFINITY])]),
+                1,
+                None,
+                "finite values",
+            ),
             (response(&[(0, vec![])]), 1, None, "vector length"),
         ];
         for (resp, inputs, dims, check_name) in cases {
             let err = check(resp, inputs, dims).unwrap_err();
-            assert!(err.to_string().starts_with(check_name), "{err} should name {check_name}");
+            assert!(
+                err.to_string().starts_with(check_name),
+                "{err} should name {check_name}"
+            );
         }
     }
 

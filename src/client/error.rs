@@ -226,7 +226,12 @@ pub(crate) fn truncate_chars(text: &mut String, max: usize) {
 /// The delay the server asked for: `retry-after-ms`, else `Retry-After` in
 /// seconds (fractions allowed) or as an HTTP date.
 pub fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
-    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim);
+    let header = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim)
+    };
     if let Some(ms) = header("retry-after-ms").and_then(|v| v.parse::<f64>().ok()) {
         if ms.is_finite() && ms >= 0.0 {
             return Some(Duration::from_secs_f64(ms / 1000.0));
@@ -312,18 +317,30 @@ mod tests {
             server_message(br#"{"error":{"message":"nope","type":"invalid_request_error","code":"model_not_found"}}"#),
             "nope [model_not_found]"
         );
-        assert_eq!(server_message(br#"{"error":"plain string"}"#), "plain string");
+        assert_eq!(
+            server_message(br#"{"error":"plain string"}"#),
+            "plain string"
+        );
         assert_eq!(server_message(br#"{"message":"top level"}"#), "top level");
-        assert_eq!(server_message(br#"{"detail":"fastapi style"}"#), "fastapi style");
+        assert_eq!(
+            server_message(br#"{"detail":"fastapi style"}"#),
+            "fastapi style"
+        );
         assert_eq!(server_message(b"  upstream gone \n"), "upstream gone");
         let long = "x".repeat(10_000);
-        assert_eq!(server_message(long.as_bytes()).chars().count(), MAX_MESSAGE_CHARS + 1);
+        assert_eq!(
+            server_message(long.as_bytes()).chars().count(),
+            MAX_MESSAGE_CHARS + 1
+        );
     }
 
     #[test]
     fn redaction_removes_the_key() {
-        let err = ApiError::permanent("GET /v1/models", "Incorrect API key provided: sk-secret-123.")
-            .redact("sk-secret-123");
+        let err = ApiError::permanent(
+            "GET /v1/models",
+            "Incorrect API key provided: sk-secret-123.",
+        )
+        .redact("sk-secret-123");
         assert!(!err.to_string().contains("sk-secret-123"));
         assert!(err.to_string().contains("[REDACTED]"));
     }

@@ -189,6 +189,7 @@ impl Client {
             bytes: Box::pin(bytes),
             decoder: SseDecoder::new(),
             queue: std::collections::VecDeque::new(),
+            ended: false,
             done: false,
         };
         let stream = futures::stream::unfold(state, move |mut state| {
@@ -251,7 +252,12 @@ impl Client {
     }
 }
 
-fn error_for(endpoint: &str, status: StatusCode, headers: &header::HeaderMap, body: &[u8]) -> ApiError {
+fn error_for(
+    endpoint: &str,
+    status: StatusCode,
+    headers: &header::HeaderMap,
+    body: &[u8],
+) -> ApiError {
     ApiError::from_response(endpoint, status.as_u16(), headers, body)
 }
 
@@ -273,11 +279,16 @@ struct StreamState {
     bytes: std::pin::Pin<Box<dyn Stream<Item = reqwest::Result<bytes::Bytes>> + Send>>,
     decoder: SseDecoder,
     queue: std::collections::VecDeque<String>,
+    /// The body has ended; only queued events remain.
+    ended: bool,
     done: bool,
 }
 
 /// The next reply fragment, `None` after `[DONE]`.
-async fn next_fragment(state: &mut StreamState, endpoint: &str) -> Option<Result<String, ApiError>> {
+async fn next_fragment(
+    state: &mut StreamState,
+    endpoint: &str,
+) -> Option<Result<String, ApiError>> {
     loop {
         if state.done {
             return None;
@@ -296,29 +307,32 @@ async fn next_fragment(state: &mut StreamState, endpoint: &str) -> Option<Result
                 }
             }
         }
+        if state.ended {
+            state.done = true;
+            return Some(Err(ApiError::transient(
+                endpoint,
+                "the stream ended before data: [DONE]; the reply is incomplete",
+            )));
+        }
         let decoded = match state.bytes.next().await {
             Some(Ok(bytes)) => state.decoder.push(&bytes),
             Some(Err(e)) => {
                 state.done = true;
                 return Some(Err(ApiError::from_transport(endpoint, &e)));
             }
-            None => match state.decoder.finish() {
-                Ok(Some(last)) => Ok(vec![last]),
-                Ok(None) => {
-                    state.done = true;
-                    return Some(Err(ApiError::transient(
-                        endpoint,
-                        "the stream ended before data: [DONE]; the reply is incomplete",
-                    )));
-                }
-                Err(e) => Err(e),
-            },
+            None => {
+                state.ended = true;
+                state.decoder.finish()
+            }
         };
         match decoded {
             Ok(events) => state.queue.extend(events),
             Err(e) => {
                 state.done = true;
-                return Some(Err(ApiError::transient(endpoint, format!("bad event stream: {e}"))));
+                return Some(Err(ApiError::transient(
+                    endpoint,
+                    format!("bad event stream: {e}"),
+                )));
             }
         }
     }
@@ -334,12 +348,18 @@ fn fragment_of(data: &str, endpoint: &str) -> Result<Option<Fragment>, ApiError>
         return Ok(Some(Fragment::Done));
     }
     let chunk: wire::ChatChunk = serde_json::from_str(data).map_err(|e| {
-        ApiError::transient(endpoint, format!("a stream event is not the expected JSON ({e})"))
+        ApiError::transient(
+            endpoint,
+            format!("a stream event is not the expected JSON ({e})"),
+        )
     })?;
     if let Some(error) = chunk.error {
         let wrapped = serde_json::json!({ "error": error });
         let message = server_message(wrapped.to_string().as_bytes());
-        return Err(ApiError::transient(endpoint, format!("the stream reported an error: {message}")));
+        return Err(ApiError::transient(
+            endpoint,
+            format!("the stream reported an error: {message}"),
+        ));
     }
     let text: String = chunk
         .choices
@@ -364,7 +384,9 @@ fn normalize_base_url(url: &str) -> Result<String, ConfigError> {
         return Err(fail("it must not have a query or fragment"));
     }
     if !parsed.username().is_empty() || parsed.password().is_some() {
-        return Err(fail("credentials do not belong in the URL; use the API key variable"));
+        return Err(fail(
+            "credentials do not belong in the URL; use the API key variable",
+        ));
     }
     let mut base = parsed.as_str().trim_end_matches('/').to_string();
     if let Some(stripped) = base.strip_suffix("/v1") {
@@ -397,7 +419,11 @@ mod tests {
             "http://127.0.0.1:9000/v1",
             "http://127.0.0.1:9000/v1/",
         ] {
-            assert_eq!(normalize_base_url(url).unwrap(), "http://127.0.0.1:9000", "{url}");
+            assert_eq!(
+                normalize_base_url(url).unwrap(),
+                "http://127.0.0.1:9000",
+                "{url}"
+            );
         }
         assert_eq!(
             normalize_base_url("https://proxy.example/openai/").unwrap(),

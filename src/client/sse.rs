@@ -29,12 +29,13 @@ impl SseDecoder {
 
     /// Feeds bytes in; returns the data of every event completed by them.
     pub fn push(&mut self, bytes: &[u8]) -> Result<Vec<String>, SseError> {
-        self.pending.extend_from_slice(bytes);
+        let mut pending = std::mem::take(&mut self.pending);
+        pending.extend_from_slice(bytes);
         let mut events = Vec::new();
         let mut start = 0;
-        while let Some(offset) = self.pending[start..].iter().position(|&b| b == b'\n') {
+        while let Some(offset) = pending[start..].iter().position(|&b| b == b'\n') {
             let end = start + offset;
-            let mut line = &self.pending[start..end];
+            let mut line = &pending[start..end];
             if let [rest @ .., b'\r'] = line {
                 line = rest;
             }
@@ -44,7 +45,8 @@ impl SseDecoder {
             }
             start = end + 1;
         }
-        self.pending.drain(..start);
+        pending.drain(..start);
+        self.pending = pending;
         let buffered = self.pending.len() + self.data.as_ref().map_or(0, String::len);
         if buffered > MAX_EVENT_BYTES {
             return Err(SseError::TooLong);
@@ -52,15 +54,16 @@ impl SseDecoder {
         Ok(events)
     }
 
-    /// Ends the stream; returns a last event that had no closing blank line.
-    pub fn finish(&mut self) -> Result<Option<String>, SseError> {
+    /// Ends the stream; returns the events that had no closing blank line.
+    pub fn finish(&mut self) -> Result<Vec<String>, SseError> {
         let rest = std::mem::take(&mut self.pending);
-        let mut last = None;
+        let mut events = Vec::new();
         if !rest.is_empty() {
             let line = std::str::from_utf8(&rest).map_err(|_| SseError::InvalidUtf8)?;
-            last = self.line(line.strip_suffix('\r').unwrap_or(line));
+            events.extend(self.line(line.strip_suffix('\r').unwrap_or(line)));
         }
-        Ok(last.or_else(|| self.data.take()))
+        events.extend(self.data.take());
+        Ok(events)
     }
 
     fn line(&mut self, line: &str) -> Option<String> {
@@ -133,7 +136,10 @@ mod tests {
     #[test]
     fn missing_blank_lines_and_multiline_data() {
         let body = b"data: {\"a\":1}\ndata: {\"b\":2}\ndata: [DONE]";
-        assert_eq!(decode_in_pieces(body, 3), vec!["{\"a\":1}", "{\"b\":2}", "[DONE]"]);
+        assert_eq!(
+            decode_in_pieces(body, 3),
+            vec!["{\"a\":1}", "{\"b\":2}", "[DONE]"]
+        );
         let body = b"data: {\"a\":\ndata: 1}\n\n";
         assert_eq!(decode_in_pieces(body, 4), vec!["{\"a\":\n1}"]);
     }

@@ -1,5 +1,264 @@
-// temporary local placeholder; replaced by the real simulator
-#[derive(clap::Args, Debug, Clone)]
-pub struct SimulateOptions { #[arg(long, default_value_t = 0)] pub port: u16 }
-impl SimulateOptions { pub fn to_config(&self) -> Result<(), String> { Ok(()) } }
-pub async fn serve(_o: SimulateOptions) -> anyhow::Result<()> { Ok(()) }
+//! An in-process simulator of the model service, with fault injection.
+//!
+//! It serves the four endpoints of the service (`/v1/embeddings`, `/v1/models`,
+//! `/v1/models/{id}`, `/v1/chat/completions`) on 127.0.0.1, returns a deterministic
+//! vector for each text (see [`embedding_vector`]), injects faults by seeded
+//! probability (see [`Faults`]), and keeps a [`Ledger`] of what it received and
+//! billed. Users run it as `embedjob simulate`; tests start it on a free port:
+//!
+//! ```
+//! use embedjob::simulate::{embedding_vector, SimConfig, Simulator};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let sim = Simulator::start(SimConfig::default()).await?;
+//! let reply: serde_json::Value = reqwest::Client::new()
+//!     .post(format!("{}/v1/embeddings", sim.base_url()))
+//!     .bearer_auth("any-key")
+//!     .json(&serde_json::json!({ "model": "svc-embed-1", "input": ["hello"] }))
+//!     .send()
+//!     .await?
+//!     .json()
+//!     .await?;
+//! let vector: Vec<f32> = serde_json::from_value(reply["data"][0]["embedding"].clone())?;
+//! assert_eq!(vector, embedding_vector(1024, "hello"));
+//! assert_eq!(sim.ledger().billed_requests, 1);
+//! sim.shutdown().await;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! `GET /_ledger` returns the ledger as JSON (`?texts=false` leaves out the
+//! per-text counts) and `POST /_ledger/reset` zeroes it; neither needs a key.
+
+mod chat;
+mod config;
+mod error;
+mod faults;
+mod handlers;
+mod ledger;
+mod options;
+mod vectors;
+
+use std::io;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::DefaultBodyLimit;
+use axum::routing::{get, post};
+use axum::Router;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+pub use config::{Faults, KeySpec, ModelKind, ModelSpec, SimConfig, DEFAULT_MAX_BODY_BYTES};
+pub use ledger::Ledger;
+pub use options::SimulateOptions;
+pub use vectors::{count_tokens, embedding_vector};
+
+use handlers::Shared;
+
+/// How long [`Simulator::shutdown`] waits for open requests before cutting them.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// A running simulator. It stops on [`Simulator::shutdown`], or when dropped.
+#[derive(Debug)]
+pub struct Simulator {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<()>>,
+}
+
+impl Simulator {
+    /// Binds 127.0.0.1:`config.port` (0 picks a free port) and serves in a background task.
+    ///
+    /// # Errors
+    /// An invalid configuration (`InvalidInput`, every problem listed), or the bind error.
+    pub async fn start(config: SimConfig) -> io::Result<Simulator> {
+        config
+            .validate()
+            .map_err(|problems| io::Error::new(io::ErrorKind::InvalidInput, problems))?;
+        // Load the tokenizer now rather than during the first request, so that
+        // request latencies stay predictable.
+        let _ = tokio::task::spawn_blocking(|| count_tokens("")).await;
+        let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, config.port)).await?;
+        let addr = listener.local_addr()?;
+        let shared = Arc::new(Shared::new(config));
+        let app = router(Arc::clone(&shared));
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            let serving = axum::serve(listener, app).with_graceful_shutdown(async {
+                // A dropped sender stops the server too.
+                let _ = stopped.await;
+            });
+            if let Err(error) = serving.await {
+                eprintln!("embedjob simulate: server error: {error}");
+            }
+        });
+        Ok(Simulator {
+            addr,
+            shared,
+            stop: Some(stop),
+            task: Some(task),
+        })
+    }
+
+    /// The address the simulator listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://127.0.0.1:PORT`, without `/v1`: every endpoint path starts with `/v1`.
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// A snapshot of the ledger.
+    pub fn ledger(&self) -> Ledger {
+        self.shared.ledger().clone()
+    }
+
+    /// Zeroes the ledger.
+    pub fn reset_ledger(&self) {
+        *self.shared.ledger() = Ledger::default();
+    }
+
+    /// Stops accepting connections, lets open requests finish (for a few seconds at
+    /// most), and returns once the server is down.
+    pub async fn shutdown(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(mut task) = self.task.take() {
+            if tokio::time::timeout(SHUTDOWN_GRACE, &mut task)
+                .await
+                .is_err()
+            {
+                task.abort();
+            }
+        }
+    }
+}
+
+impl Drop for Simulator {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+fn router(shared: Arc<Shared>) -> Router {
+    Router::new()
+        .route("/v1/embeddings", post(handlers::embeddings))
+        .route("/v1/chat/completions", post(chat::chat_completions))
+        .route("/v1/models", get(handlers::list_models))
+        .route("/v1/models/{id}", get(handlers::get_model))
+        .route("/_ledger", get(handlers::get_ledger))
+        .route("/_ledger/reset", post(handlers::reset_ledger))
+        .fallback(handlers::unknown_url)
+        .method_not_allowed_fallback(handlers::method_not_allowed)
+        .layer(DefaultBodyLimit::max(shared.config.max_body_bytes))
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&shared),
+            handlers::count_requests,
+        ))
+        .with_state(shared)
+}
+
+/// Runs `embedjob simulate`: starts the simulator, prints its base URL as one line
+/// on stdout (so that scripts using `--port 0` learn the port) and a description on
+/// stderr, then serves until Ctrl-C or SIGTERM.
+///
+/// # Errors
+/// Invalid options, or a port that cannot be bound.
+pub async fn serve(options: SimulateOptions) -> anyhow::Result<()> {
+    let config = options
+        .to_config()
+        .map_err(|problems| anyhow::anyhow!("invalid simulator options:\n{problems}"))?;
+    let description = describe(&config);
+    let port = config.port;
+    let sim = Simulator::start(config)
+        .await
+        .map_err(|error| anyhow::anyhow!("cannot start the simulator on port {port}: {error}"))?;
+    println!("{}", sim.base_url());
+    eprintln!("embedjob simulate: serving on {}", sim.base_url());
+    eprintln!("{description}");
+    eprintln!("  ledger: GET {}/_ledger; stop with Ctrl-C", sim.base_url());
+    let stopped = stop_signal().await;
+    sim.shutdown().await;
+    stopped.map_err(|error| anyhow::anyhow!("cannot listen for signals: {error}"))
+}
+
+async fn stop_signal() -> io::Result<()> {
+    #[cfg(unix)]
+    {
+        let mut terminate =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        tokio::select! {
+            result = tokio::signal::ctrl_c() => result,
+            _ = terminate.recv() => Ok(()),
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        tokio::signal::ctrl_c().await
+    }
+}
+
+/// A few lines on what the simulator serves; never the keys themselves.
+fn describe(config: &SimConfig) -> String {
+    let models: Vec<String> = config
+        .models
+        .iter()
+        .map(|model| match model.kind {
+            ModelKind::Embedding { dimensions } => format!("{} ({dimensions} dims)", model.id),
+            ModelKind::Chat => format!("{} (chat)", model.id),
+        })
+        .collect();
+    let keys = if config.keys.is_empty() {
+        "any non-empty key".to_string()
+    } else {
+        format!("{} configured", config.keys.len())
+    };
+    let faults: Vec<String> = config
+        .faults
+        .rates()
+        .iter()
+        .filter(|(_, rate)| *rate > 0.0)
+        .map(|(name, rate)| format!("{name} at {rate}"))
+        .collect();
+    let faults = if faults.is_empty() {
+        "none".to_string()
+    } else {
+        let limit = config
+            .faults
+            .limit
+            .map_or(String::new(), |limit| format!(", at most {limit}"));
+        format!("{} (seed {}{limit})", faults.join(", "), config.faults.seed)
+    };
+    let mut lines = vec![
+        format!("  models: {}", models.join(", ")),
+        format!("  keys: {keys}"),
+        format!("  faults: {faults}"),
+    ];
+    if config.latency_ms > 0 {
+        lines.push(format!("  latency: {} ms per request", config.latency_ms));
+    }
+    let mut limits = Vec::new();
+    if let Some(max) = config.max_inputs_per_request {
+        limits.push(format!("{max} inputs"));
+    }
+    if let Some(max) = config.max_tokens_per_request {
+        limits.push(format!("{max} tokens"));
+    }
+    if !limits.is_empty() {
+        lines.push(format!(
+            "  limits: {} per request (status {})",
+            limits.join(", "),
+            config.too_large_status
+        ));
+    }
+    lines.join("\n")
+}

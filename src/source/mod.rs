@@ -156,7 +156,8 @@ fn required_text_field(config: &SourceConfig) -> Result<&str, SourceError> {
     }
 }
 
-fn describe_input(config: &SourceConfig) -> String {
+/// The input a job names, for messages: its path, or its list of globs.
+pub fn describe_input(config: &SourceConfig) -> String {
     match (&config.kind, &config.path) {
         (SourceKind::Files, _) | (_, None) => config.paths.join(", "),
         (_, Some(path)) => path.display().to_string(),

@@ -1,0 +1,207 @@
+//! The service backend: retries with backoff, client-side rate limits, an
+//! adaptive window of requests in flight, and a check of every response.
+
+use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use futures::FutureExt;
+use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
+
+use super::throttle::Throttle;
+use super::{BackendError, BackendInfo, BackendStats, EmbeddingBackend};
+use crate::client::{ApiError, Client, EmbeddingInput, ErrorKind};
+use crate::job::BackendKind;
+use crate::retry::{with_retries_notify, RetryPolicy, Retryable};
+use crate::validate::{self, ValidationError, Vectors};
+
+#[derive(Debug, Clone)]
+pub struct ApiSettings {
+    pub model: String,
+    pub dimensions: Option<usize>,
+    pub concurrency: usize,
+    pub requests_per_minute: u32,
+    pub tokens_per_minute: u64,
+    pub retry: RetryPolicy,
+}
+
+pub struct ApiBackend {
+    client: Client,
+    info: BackendInfo,
+    retry: RetryPolicy,
+    throttle: Throttle,
+    requests_limit: Option<DefaultDirectRateLimiter>,
+    tokens_limit: Option<(DefaultDirectRateLimiter, NonZeroU32)>,
+    learned_dimensions: OnceLock<usize>,
+    requests: AtomicU64,
+    retries: AtomicU64,
+    invalid: AtomicU64,
+}
+
+/// One failed attempt: the service said no, or its answer failed a check.
+#[derive(Debug)]
+enum Attempt {
+    Api(ApiError),
+    Invalid(ValidationError),
+}
+
+impl Retryable for Attempt {
+    fn should_retry(&self) -> bool {
+        match self {
+            Attempt::Api(e) => e.should_retry(),
+            Attempt::Invalid(_) => true,
+        }
+    }
+
+    fn requested_delay(&self) -> Option<Duration> {
+        match self {
+            Attempt::Api(e) => e.requested_delay(),
+            Attempt::Invalid(_) => None,
+        }
+    }
+}
+
+impl ApiBackend {
+    /// `model` is the service's listing of the model, when it was fetched.
+    pub fn new(
+        client: Client,
+        settings: ApiSettings,
+        model: Option<&crate::client::Model>,
+    ) -> Self {
+        let dimensions = settings
+            .dimensions
+            .or_else(|| validate::known_model_dimensions(&settings.model));
+        let info = BackendInfo {
+            kind: BackendKind::Api,
+            model: settings.model.clone(),
+            dimensions,
+            context_window: model.and_then(|m| m.context_window),
+            input_per_1k: model.and_then(|m| m.pricing).and_then(|p| p.input_per_1k),
+        };
+        let requests_limit = NonZeroU32::new(settings.requests_per_minute)
+            .map(|rpm| RateLimiter::direct(Quota::per_minute(rpm)));
+        let tokens_limit =
+            NonZeroU32::new(u32::try_from(settings.tokens_per_minute).unwrap_or(u32::MAX))
+                .map(|tpm| (RateLimiter::direct(Quota::per_minute(tpm)), tpm));
+        ApiBackend {
+            client,
+            info,
+            retry: settings.retry,
+            throttle: Throttle::new(settings.concurrency),
+            requests_limit,
+            tokens_limit,
+            learned_dimensions: OnceLock::new(),
+            requests: AtomicU64::new(0),
+            retries: AtomicU64::new(0),
+            invalid: AtomicU64::new(0),
+        }
+    }
+
+    pub fn throttle(&self) -> &Throttle {
+        &self.throttle
+    }
+
+    async fn wait_for_rate_limits(&self, tokens: u64) {
+        if let Some(limit) = &self.requests_limit {
+            limit.until_ready().await;
+        }
+        if let Some((limit, per_minute)) = &self.tokens_limit {
+            // A request larger than a minute's allowance waits for a whole minute's worth.
+            let n = u32::try_from(tokens)
+                .unwrap_or(u32::MAX)
+                .clamp(1, per_minute.get());
+            let n = NonZeroU32::new(n).unwrap_or(NonZeroU32::MIN);
+            // n never exceeds the quota's burst, so capacity is always sufficient.
+            let _ = limit.until_n_ready(n).await;
+        }
+    }
+
+    async fn attempt(&self, texts: &[&str], tokens: u64) -> Result<Vectors, Attempt> {
+        self.wait_for_rate_limits(tokens).await;
+        let _permit = self.throttle.acquire().await;
+        let response = self
+            .client
+            .embeddings(&self.info.model, EmbeddingInput::Many(texts.to_vec()))
+            .await
+            .map_err(|e| {
+                if e.status == Some(429) {
+                    self.throttle.on_throttled(e.retry_after);
+                }
+                Attempt::Api(e)
+            })?;
+        let expected = self
+            .info
+            .dimensions
+            .or_else(|| self.learned_dimensions.get().copied());
+        let vectors = validate::check(response, texts.len(), expected).map_err(Attempt::Invalid)?;
+        let _ = self.learned_dimensions.set(vectors.dimensions);
+        self.throttle.on_success();
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        Ok(vectors)
+    }
+
+    async fn embed_with_retries(
+        &self,
+        texts: &[&str],
+        tokens: u64,
+    ) -> Result<Vectors, BackendError> {
+        let mut attempts = 1;
+        let result = with_retries_notify(
+            &self.retry,
+            || self.attempt(texts, tokens),
+            |failure, _wait| {
+                attempts += 1;
+                self.retries.fetch_add(1, Ordering::Relaxed);
+                if matches!(failure, Attempt::Invalid(_)) {
+                    self.invalid.fetch_add(1, Ordering::Relaxed);
+                }
+            },
+        )
+        .await;
+        result.map_err(|failure| match failure {
+            Attempt::Api(e) => match e.kind {
+                ErrorKind::TooLarge => BackendError::TooLarge {
+                    status: e.status,
+                    message: e.message,
+                },
+                ErrorKind::Permanent => BackendError::Permanent {
+                    status: e.status,
+                    message: e.to_string(),
+                },
+                ErrorKind::Transient => BackendError::Exhausted {
+                    attempts,
+                    message: e.to_string(),
+                },
+            },
+            Attempt::Invalid(e) => BackendError::Exhausted {
+                attempts,
+                message: format!("invalid response from POST /v1/embeddings: {e}"),
+            },
+        })
+    }
+}
+
+impl EmbeddingBackend for ApiBackend {
+    fn info(&self) -> &BackendInfo {
+        &self.info
+    }
+
+    fn embed<'a>(
+        &'a self,
+        texts: &'a [&'a str],
+        tokens: u64,
+    ) -> BoxFuture<'a, Result<Vectors, BackendError>> {
+        self.embed_with_retries(texts, tokens).boxed()
+    }
+
+    fn stats(&self) -> BackendStats {
+        BackendStats {
+            requests: self.requests.load(Ordering::Relaxed),
+            retries: self.retries.load(Ordering::Relaxed),
+            invalid_responses: self.invalid.load(Ordering::Relaxed),
+            throttled: self.throttle.throttled(),
+        }
+    }
+}

@@ -1,0 +1,83 @@
+//! Backends: where chunks become vectors. The service API and the local
+//! model are two implementations of [`EmbeddingBackend`]; the pipeline knows
+//! only the trait.
+
+pub mod api;
+pub mod throttle;
+
+use futures::future::BoxFuture;
+use serde::Serialize;
+
+use crate::job::BackendKind;
+use crate::validate::Vectors;
+
+/// What a backend embeds with.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct BackendInfo {
+    pub kind: BackendKind,
+    pub model: String,
+    /// Known before the first request (a documented model, a declared
+    /// `dimensions`, or the local model's own); otherwise learned from the
+    /// first vector.
+    pub dimensions: Option<usize>,
+    pub context_window: Option<u64>,
+    /// Price per 1000 input tokens, when the service lists one.
+    pub input_per_1k: Option<f64>,
+}
+
+/// A request that failed for good. The pipeline splits `TooLarge` batches
+/// and stops the run on the others.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum BackendError {
+    #[error("too large: {message}")]
+    TooLarge {
+        status: Option<u16>,
+        message: String,
+    },
+    #[error("{message}")]
+    Permanent {
+        status: Option<u16>,
+        message: String,
+    },
+    #[error("gave up after {attempts} attempts: {message}")]
+    Exhausted { attempts: usize, message: String },
+}
+
+impl BackendError {
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            BackendError::TooLarge { status, .. } | BackendError::Permanent { status, .. } => {
+                *status
+            }
+            BackendError::Exhausted { .. } => None,
+        }
+    }
+}
+
+/// Counters a backend keeps while it works.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct BackendStats {
+    /// Requests answered with vectors that passed every check.
+    pub requests: u64,
+    /// Attempts that failed and were tried again.
+    pub retries: u64,
+    /// Of the retries, responses rejected by a check.
+    pub invalid_responses: u64,
+    /// Of the retries, 429 answers.
+    pub throttled: u64,
+}
+
+/// Turns texts into checked vectors, in input order.
+pub trait EmbeddingBackend: Send + Sync {
+    fn info(&self) -> &BackendInfo;
+
+    /// Embeds `texts` (whose local token count is `tokens`, for rate
+    /// limits). The result has passed every check of `validate`.
+    fn embed<'a>(
+        &'a self,
+        texts: &'a [&'a str],
+        tokens: u64,
+    ) -> BoxFuture<'a, Result<Vectors, BackendError>>;
+
+    fn stats(&self) -> BackendStats;
+}

@@ -1,0 +1,302 @@
+//! What the simulator serves and which faults it injects.
+
+use std::collections::HashSet;
+
+/// Everything a [`Simulator`](super::Simulator) needs: models, keys, limits and faults.
+///
+/// `SimConfig::default()` serves the four models of the service, accepts any
+/// non-empty key and injects no faults.
+#[derive(Clone, Debug)]
+pub struct SimConfig {
+    /// Port on 127.0.0.1; 0 picks a free one.
+    pub port: u16,
+    /// Models served, in listing order.
+    pub models: Vec<ModelSpec>,
+    /// Known keys. Empty: any non-empty bearer key is accepted and sees every model.
+    pub keys: Vec<KeySpec>,
+    /// Fixed delay before every embeddings and chat request is handled. Not a fault.
+    pub latency_ms: u64,
+    /// Most inputs one embeddings request may carry.
+    pub max_inputs_per_request: Option<usize>,
+    /// Most tokens (summed over the inputs) one embeddings request may carry.
+    pub max_tokens_per_request: Option<u64>,
+    /// Status for the two request-level too-large errors: 400 or 413.
+    pub too_large_status: u16,
+    /// An input containing this text is rejected as longer than the context window.
+    pub poison: Option<String>,
+    /// Largest request body accepted; larger bodies get a 413.
+    pub max_body_bytes: usize,
+    /// Injected faults.
+    pub faults: Faults,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        SimConfig {
+            port: 0,
+            models: ModelSpec::defaults(),
+            keys: Vec::new(),
+            latency_ms: 0,
+            max_inputs_per_request: None,
+            max_tokens_per_request: None,
+            too_large_status: 413,
+            poison: None,
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            faults: Faults::default(),
+        }
+    }
+}
+
+/// Default for [`SimConfig::max_body_bytes`]: 64 MiB.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
+
+impl SimConfig {
+    /// Checks the whole configuration and reports every problem at once, one per line.
+    ///
+    /// # Errors
+    /// A message naming each invalid setting.
+    pub fn validate(&self) -> Result<(), String> {
+        let mut problems = Vec::new();
+        if self.too_large_status != 400 && self.too_large_status != 413 {
+            problems.push(format!(
+                "too_large_status must be 400 or 413, got {}",
+                self.too_large_status
+            ));
+        }
+        if self.max_inputs_per_request == Some(0) {
+            problems.push("max_inputs_per_request must be at least 1".to_string());
+        }
+        if self.max_tokens_per_request == Some(0) {
+            problems.push("max_tokens_per_request must be at least 1".to_string());
+        }
+        if self.poison.as_deref() == Some("") {
+            problems.push("poison must not be empty".to_string());
+        }
+        if self.max_body_bytes == 0 {
+            problems.push("max_body_bytes must be at least 1".to_string());
+        }
+        let mut ids = HashSet::new();
+        for model in &self.models {
+            if model.id.is_empty() {
+                problems.push("a model id must not be empty".to_string());
+            } else if !ids.insert(model.id.as_str()) {
+                problems.push(format!("model '{}' is defined twice", model.id));
+            }
+            if let ModelKind::Embedding { dimensions: 0 } = model.kind {
+                problems.push(format!(
+                    "model '{}' must have at least 1 dimension",
+                    model.id
+                ));
+            }
+            if model.context_window == 0 {
+                problems.push(format!(
+                    "model '{}' must have a context window of at least 1 token",
+                    model.id
+                ));
+            }
+        }
+        let mut keys = HashSet::new();
+        for key in &self.keys {
+            if key.key.is_empty() {
+                problems.push("a key must not be empty".to_string());
+            } else if !keys.insert(key.key.as_str()) {
+                // The key itself is not repeated: configuration errors may end up in logs.
+                problems.push("the same key is configured twice".to_string());
+            }
+            for model in key.models.iter().flatten() {
+                if !ids.contains(model.as_str()) {
+                    problems.push(format!("a key is limited to unknown model '{model}'"));
+                }
+            }
+        }
+        problems.extend(self.faults.problems());
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(problems.join("\n"))
+        }
+    }
+
+    pub(crate) fn model(&self, id: &str) -> Option<&ModelSpec> {
+        self.models.iter().find(|m| m.id == id)
+    }
+}
+
+/// One model the simulator serves.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelSpec {
+    pub id: String,
+    pub kind: ModelKind,
+    /// Largest input, in tokens, for one text (embeddings) or one conversation (chat).
+    pub context_window: u32,
+    pub modalities: Vec<String>,
+    /// Price per 1000 input tokens.
+    pub input_per_1k: f64,
+    /// Price per 1000 output tokens.
+    pub output_per_1k: f64,
+}
+
+/// What a model does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ModelKind {
+    /// Serves `/v1/embeddings` with vectors of this length.
+    Embedding { dimensions: usize },
+    /// Serves `/v1/chat/completions`.
+    Chat,
+}
+
+impl ModelSpec {
+    /// An embedding model with the given vector length, a context window of
+    /// 8192 tokens and a price of 0.0001 per 1000 input tokens.
+    pub fn embedding(id: impl Into<String>, dimensions: usize) -> ModelSpec {
+        ModelSpec {
+            id: id.into(),
+            kind: ModelKind::Embedding { dimensions },
+            context_window: 8192,
+            modalities: vec!["text".to_string()],
+            input_per_1k: 0.0001,
+            output_per_1k: 0.0,
+        }
+    }
+
+    /// The four models of the service: `svc-embed-1`, `svc-embed-1-l`, `svc-base`, `svc-pro`.
+    pub fn defaults() -> Vec<ModelSpec> {
+        let text = || vec!["text".to_string()];
+        vec![
+            ModelSpec::embedding("svc-embed-1", 1024),
+            ModelSpec {
+                input_per_1k: 0.00013,
+                ..ModelSpec::embedding("svc-embed-1-l", 3072)
+            },
+            ModelSpec {
+                id: "svc-base".to_string(),
+                kind: ModelKind::Chat,
+                context_window: 128_000,
+                modalities: text(),
+                input_per_1k: 0.0005,
+                output_per_1k: 0.0015,
+            },
+            ModelSpec {
+                id: "svc-pro".to_string(),
+                kind: ModelKind::Chat,
+                context_window: 128_000,
+                modalities: vec!["text".to_string(), "vision".to_string()],
+                input_per_1k: 0.003,
+                output_per_1k: 0.015,
+            },
+        ]
+    }
+
+    /// The vector length, for an embedding model.
+    pub fn dimensions(&self) -> Option<usize> {
+        match self.kind {
+            ModelKind::Embedding { dimensions } => Some(dimensions),
+            ModelKind::Chat => None,
+        }
+    }
+}
+
+/// An accepted API key and the models it may see.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeySpec {
+    pub key: String,
+    /// `None`: the key sees every model.
+    pub models: Option<Vec<String>>,
+}
+
+impl KeySpec {
+    pub(crate) fn sees(&self, model: &str) -> bool {
+        self.models
+            .as_ref()
+            .is_none_or(|models| models.iter().any(|m| m == model))
+    }
+}
+
+/// Fault injection. Every embeddings or chat request that passes validation
+/// draws once from one seeded generator and gets at most one fault; each
+/// `rate_*` is that fault's probability.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Faults {
+    /// Seed of the generator, so that a run's faults can be replayed.
+    pub seed: u64,
+    /// 429 with `Retry-After` and `retry-after-ms`.
+    pub rate_429: f64,
+    /// Value of `Retry-After` on a 429.
+    pub retry_after_seconds: u64,
+    /// 500 with an error body.
+    pub rate_500: f64,
+    /// 503 with an error body.
+    pub rate_503: f64,
+    /// The connection dies before any body byte.
+    pub rate_drop: f64,
+    /// Half the body is sent, then the connection dies (a chat stream ends without `[DONE]`).
+    pub rate_truncate: f64,
+    /// A normal response after `slow_ms`.
+    pub rate_slow: f64,
+    /// Delay of a slow response.
+    pub slow_ms: u64,
+    /// Embeddings only: items in a shuffled order, indices still correct.
+    pub rate_shuffle: f64,
+    /// Embeddings only: one vector one element short.
+    pub rate_wrong_dimensions: f64,
+    /// Embeddings only: one value written as the bare token `NaN`.
+    pub rate_nan: f64,
+    /// Most faults injected in total; `None`: no limit.
+    pub limit: Option<u64>,
+}
+
+impl Default for Faults {
+    fn default() -> Self {
+        Faults {
+            seed: 0,
+            rate_429: 0.0,
+            retry_after_seconds: 1,
+            rate_500: 0.0,
+            rate_503: 0.0,
+            rate_drop: 0.0,
+            rate_truncate: 0.0,
+            rate_slow: 0.0,
+            slow_ms: 1000,
+            rate_shuffle: 0.0,
+            rate_wrong_dimensions: 0.0,
+            rate_nan: 0.0,
+            limit: None,
+        }
+    }
+}
+
+impl Faults {
+    /// Each fault's name (as recorded in the ledger) and probability, in drawing order.
+    pub(crate) fn rates(&self) -> [(&'static str, f64); 9] {
+        [
+            ("429", self.rate_429),
+            ("500", self.rate_500),
+            ("503", self.rate_503),
+            ("drop", self.rate_drop),
+            ("truncate", self.rate_truncate),
+            ("slow", self.rate_slow),
+            ("shuffle", self.rate_shuffle),
+            ("wrong_dimensions", self.rate_wrong_dimensions),
+            ("nan", self.rate_nan),
+        ]
+    }
+
+    fn problems(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        let mut sum = 0.0;
+        for (name, rate) in self.rates() {
+            if !(0.0..=1.0).contains(&rate) {
+                problems.push(format!("rate_{name} must be between 0 and 1, got {rate}"));
+            } else {
+                sum += rate;
+            }
+        }
+        // A little slack so that rates like 0.1 + 0.2 + 0.7 are not refused for rounding.
+        if sum > 1.0 + 1e-9 {
+            problems.push(format!(
+                "the fault rates add up to {sum}, more than 1: a request gets at most one fault"
+            ));
+        }
+        problems
+    }
+}

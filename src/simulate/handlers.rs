@@ -1,0 +1,531 @@
+//! Shared state, authentication, request parsing, and the model, embeddings and
+//! ledger endpoints.
+
+use std::collections::HashMap;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::rejection::{BytesRejection, PathRejection};
+use axum::extract::{Path, Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode, Uri};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use serde_json::{json, Map, Value};
+
+use super::config::{ModelSpec, SimConfig};
+use super::error::ApiError;
+use super::faults::{dropped_body, truncated_body, Fault, FaultDice};
+use super::ledger::Ledger;
+use super::vectors::{count_tokens, embeddings_body, text_digest, Damage, Item};
+
+/// The fixed `created` timestamp of every model and completion.
+pub(crate) const CREATED: u64 = 1_700_000_000;
+
+/// State shared by all requests.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub config: SimConfig,
+    ledger: Mutex<Ledger>,
+    dice: Mutex<FaultDice>,
+    pub chat_ids: AtomicU64,
+}
+
+impl Shared {
+    pub fn new(config: SimConfig) -> Self {
+        Shared {
+            dice: Mutex::new(FaultDice::new(&config.faults)),
+            config,
+            ledger: Mutex::new(Ledger::default()),
+            chat_ids: AtomicU64::new(1),
+        }
+    }
+
+    pub fn ledger(&self) -> MutexGuard<'_, Ledger> {
+        // The counters stay meaningful even if a request panicked while holding the lock.
+        self.ledger.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub fn dice(&self) -> MutexGuard<'_, FaultDice> {
+        self.dice.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Draws the fault of one request and records it.
+    pub fn roll(&self, embeddings: bool) -> Option<Fault> {
+        let fault = self.dice().roll(embeddings);
+        self.record(fault);
+        fault
+    }
+
+    pub fn record(&self, fault: Option<Fault>) {
+        if let Some(fault) = fault {
+            self.ledger().record_fault(fault.name());
+        }
+    }
+
+    /// Turns an error into its response, counting it when it is a fault.
+    pub fn fail(&self, error: ApiError) -> Response {
+        if let Some(name) = error.fault {
+            self.ledger().record_fault(name);
+        }
+        error.into_response()
+    }
+
+    pub async fn latency(&self) {
+        sleep_ms(self.config.latency_ms).await;
+    }
+
+    /// The model `id`, if it exists and the caller may see it.
+    pub fn visible_model(&self, caller: Caller, id: &str) -> Result<&ModelSpec, ApiError> {
+        self.config
+            .model(id)
+            .filter(|model| caller.sees(&self.config, &model.id))
+            .ok_or_else(|| ApiError::model_not_found(id))
+    }
+}
+
+pub(crate) async fn sleep_ms(ms: u64) {
+    if ms > 0 {
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
+}
+
+/// Who is calling: the index of their key, or `None` when any key is accepted.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Caller {
+    key: Option<usize>,
+}
+
+impl Caller {
+    fn sees(self, config: &SimConfig, model: &str) -> bool {
+        self.key
+            .and_then(|index| config.keys.get(index))
+            .is_none_or(|key| key.sees(model))
+    }
+}
+
+pub(crate) fn authorize(shared: &Shared, headers: &HeaderMap) -> Result<Caller, ApiError> {
+    let key = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|value| value.to_str().ok())
+        .and_then(bearer)
+        .filter(|key| !key.is_empty())
+        .ok_or_else(ApiError::missing_key)?;
+    if shared.config.keys.is_empty() {
+        return Ok(Caller { key: None });
+    }
+    let index = shared
+        .config
+        .keys
+        .iter()
+        .position(|known| known.key == key)
+        .ok_or_else(|| ApiError::unknown_key(key))?;
+    Ok(Caller { key: Some(index) })
+}
+
+fn bearer(value: &str) -> Option<&str> {
+    let (scheme, key) = value.trim().split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| key.trim())
+}
+
+/// Counts every request to `/v1/*` before it is handled, whatever its outcome.
+pub(crate) async fn count_requests(
+    State(shared): State<Arc<Shared>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let path = request.uri().path();
+    if path == "/v1" || path.starts_with("/v1/") {
+        let mut ledger = shared.ledger();
+        ledger.requests += 1;
+        if request.method() == Method::POST {
+            match path {
+                "/v1/embeddings" => ledger.embedding_requests += 1,
+                "/v1/chat/completions" => ledger.chat_requests += 1,
+                _ => {}
+            }
+        }
+    }
+    next.run(request).await
+}
+
+// ---- request parsing ------------------------------------------------------------------------
+
+/// The request body as bytes, or the error the service gives for it.
+pub(crate) fn body_bytes(
+    body: Result<Bytes, BytesRejection>,
+    max_body_bytes: usize,
+) -> Result<Bytes, ApiError> {
+    body.map_err(|rejection| {
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError {
+                status: StatusCode::PAYLOAD_TOO_LARGE,
+                code: Some("request_too_large"),
+                fault: Some("too_large"),
+                ..ApiError::bad_request(format!(
+                    "Request body too large: the maximum is {max_body_bytes} bytes."
+                ))
+            }
+        } else {
+            ApiError::bad_request(format!(
+                "Could not read the request body: {}",
+                rejection.body_text()
+            ))
+        }
+    })
+}
+
+pub(crate) fn parse_object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
+    match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Object(object)) => Ok(object),
+        Ok(other) => Err(ApiError::bad_request(format!(
+            "The request body must be a JSON object, but got {} instead.",
+            type_name(&other)
+        ))),
+        Err(error) => Err(ApiError::bad_request(format!(
+            "We could not parse the JSON body of your request ({error}). \
+             The service expects a JSON object."
+        ))),
+    }
+}
+
+pub(crate) fn type_name(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(n) if n.is_f64() => "a decimal",
+        Value::Number(_) => "an integer",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// A required string field.
+pub(crate) fn required_string(object: &Map<String, Value>, name: &str) -> Result<String, ApiError> {
+    match object.get(name) {
+        None | Some(Value::Null) => Err(ApiError::missing(name)),
+        Some(Value::String(value)) => Ok(value.clone()),
+        Some(other) => Err(wrong_type(name, "a string", other)),
+    }
+}
+
+pub(crate) fn wrong_type(param: &str, expected: &str, got: &Value) -> ApiError {
+    ApiError::invalid(
+        param,
+        format!(
+            "Invalid type for '{param}': expected {expected}, but got {} instead.",
+            type_name(got)
+        ),
+    )
+}
+
+fn parse_inputs(value: Option<Value>) -> Result<Vec<String>, ApiError> {
+    let empty_text = |param: String| {
+        ApiError::invalid(
+            param.clone(),
+            format!("Invalid '{param}': the text must not be empty."),
+        )
+    };
+    match value {
+        None | Some(Value::Null) => Err(ApiError::missing("input")),
+        Some(Value::String(text)) if text.is_empty() => Err(empty_text("input".to_string())),
+        Some(Value::String(text)) => Ok(vec![text]),
+        Some(Value::Array(items)) if items.is_empty() => Err(ApiError::invalid(
+            "input",
+            "Invalid 'input': the list of inputs must not be empty.",
+        )),
+        Some(Value::Array(items)) => items
+            .into_iter()
+            .enumerate()
+            .map(|(i, item)| match item {
+                Value::String(text) if text.is_empty() => Err(empty_text(format!("input[{i}]"))),
+                Value::String(text) => Ok(text),
+                other => Err(wrong_type(&format!("input[{i}]"), "a string", &other)),
+            })
+            .collect(),
+        Some(other) => Err(wrong_type(
+            "input",
+            "a string or an array of strings",
+            &other,
+        )),
+    }
+}
+
+// ---- models ---------------------------------------------------------------------------------
+
+fn model_json(model: &ModelSpec) -> Value {
+    json!({
+        "id": model.id,
+        "object": "model",
+        "created": CREATED,
+        "owned_by": "svc",
+        "context_window": model.context_window,
+        "modalities": model.modalities,
+        "pricing": {
+            "input_per_1k": model.input_per_1k,
+            "output_per_1k": model.output_per_1k,
+        },
+    })
+}
+
+pub(crate) async fn list_models(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Response {
+    let caller = match authorize(&shared, &headers) {
+        Ok(caller) => caller,
+        Err(error) => return shared.fail(error),
+    };
+    let data: Vec<Value> = shared
+        .config
+        .models
+        .iter()
+        .filter(|model| caller.sees(&shared.config, &model.id))
+        .map(model_json)
+        .collect();
+    axum::Json(json!({ "object": "list", "data": data })).into_response()
+}
+
+pub(crate) async fn get_model(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    id: Result<Path<String>, PathRejection>,
+) -> Response {
+    let found = authorize(&shared, &headers).and_then(|caller| {
+        let Path(id) =
+            id.map_err(|_| ApiError::bad_request("The model id in the URL is not valid."))?;
+        shared.visible_model(caller, &id).map(model_json)
+    });
+    match found {
+        Ok(model) => axum::Json(model).into_response(),
+        Err(error) => shared.fail(error),
+    }
+}
+
+// ---- embeddings -----------------------------------------------------------------------------
+
+/// An embeddings request after validation and the fault draw.
+struct Prepared {
+    fault: Option<Fault>,
+    /// The response body; empty when the fault sends none.
+    body: Vec<u8>,
+    tokens: u64,
+    /// Hex SHA-256 of each input, for billing; empty when the response is not billed.
+    hashes: Vec<String>,
+}
+
+pub(crate) async fn embeddings(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    match embeddings_response(&shared, &headers, body).await {
+        Ok(response) => response,
+        Err(error) => shared.fail(error),
+    }
+}
+
+async fn embeddings_response(
+    shared: &Arc<Shared>,
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let caller = authorize(shared, headers)?;
+    shared.latency().await;
+    let body = body_bytes(body, shared.config.max_body_bytes)?;
+    // Parsing, token counting and writing vectors grow with the request: keep them
+    // off the threads that serve connections.
+    let task_shared = Arc::clone(shared);
+    let prepared =
+        tokio::task::spawn_blocking(move || prepare_embeddings(&task_shared, caller, &body))
+            .await
+            .map_err(|_| ApiError::internal())??;
+    let retry_after = shared.config.faults.retry_after_seconds;
+    match prepared.fault {
+        Some(Fault::RateLimited) => Err(ApiError::rate_limited(retry_after)),
+        Some(Fault::Internal) => Err(ApiError::internal()),
+        Some(Fault::Overloaded) => Err(ApiError::overloaded()),
+        Some(Fault::Drop) => Ok(json_response(dropped_body())),
+        Some(Fault::Truncate) => Ok(json_response(truncated_body(prepared.body))),
+        Some(Fault::WrongDimensions | Fault::Nan) => Ok(json_response(prepared.body.into())),
+        Some(Fault::Slow | Fault::Shuffle) | None => {
+            if prepared.fault == Some(Fault::Slow) {
+                sleep_ms(shared.config.faults.slow_ms).await;
+            }
+            shared.ledger().bill(prepared.tokens, prepared.hashes);
+            Ok(json_response(prepared.body.into()))
+        }
+    }
+}
+
+fn prepare_embeddings(shared: &Shared, caller: Caller, body: &[u8]) -> Result<Prepared, ApiError> {
+    let config = &shared.config;
+    let mut object = parse_object(body)?;
+    let model_id = required_string(&object, "model")?;
+    let inputs = parse_inputs(object.remove("input"))?;
+    match object.get("encoding_format") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(format)) if format == "float" => {}
+        Some(other) => {
+            return Err(ApiError::invalid(
+                "encoding_format",
+                format!("Invalid 'encoding_format': only \"float\" is supported, got {other}."),
+            ))
+        }
+    }
+    let model = shared.visible_model(caller, &model_id)?;
+    let Some(dimensions) = model.dimensions() else {
+        return Err(ApiError::invalid(
+            "model",
+            format!("The model '{model_id}' is a chat model and does not support embeddings."),
+        ));
+    };
+
+    // Too-large checks come before the fault draw, and are never billed.
+    if let Some(max) = config.max_inputs_per_request {
+        if inputs.len() > max {
+            return Err(ApiError::too_large(
+                config.too_large_status,
+                "too_many_inputs",
+                format!(
+                    "Too many inputs: got {}, the maximum is {max} per request.",
+                    inputs.len()
+                ),
+            ));
+        }
+    }
+    let counts: Vec<u32> = inputs.iter().map(|text| count_tokens(text)).collect();
+    let tokens: u64 = counts.iter().map(|&n| u64::from(n)).sum();
+    if let Some(max) = config.max_tokens_per_request {
+        if tokens > max {
+            return Err(ApiError::too_large(
+                config.too_large_status,
+                "request_too_large",
+                format!(
+                    "Request too large: {tokens} tokens, the maximum is {max} tokens per request."
+                ),
+            ));
+        }
+    }
+    for (text, &count) in inputs.iter().zip(&counts) {
+        // A poisoned input stands for one the service refuses although the client
+        // counted it as fitting; its real count is reported.
+        let poisoned = config
+            .poison
+            .as_deref()
+            .is_some_and(|poison| text.contains(poison));
+        if count > model.context_window || poisoned {
+            return Err(ApiError::context_length_exceeded(
+                model.context_window,
+                u64::from(count),
+            ));
+        }
+    }
+
+    let count = inputs.len();
+    let (fault, order, damaged) = {
+        let mut dice = shared.dice();
+        let fault = dice.roll(true);
+        let order = if fault == Some(Fault::Shuffle) {
+            dice.permutation(count)
+        } else {
+            (0..count).collect()
+        };
+        let damaged = match fault {
+            Some(Fault::WrongDimensions) => Some((dice.pick(count), Damage::Short)),
+            Some(Fault::Nan) => Some((dice.pick(count), Damage::Nan(dice.pick(dimensions)))),
+            _ => None,
+        };
+        (fault, order, damaged)
+    };
+    shared.record(fault);
+    if matches!(
+        fault,
+        Some(Fault::RateLimited | Fault::Internal | Fault::Overloaded | Fault::Drop)
+    ) {
+        return Ok(Prepared {
+            fault,
+            body: Vec::new(),
+            tokens,
+            hashes: Vec::new(),
+        });
+    }
+
+    let digests: Vec<[u8; 32]> = inputs.iter().map(|text| text_digest(text)).collect();
+    let items: Vec<Item> = order
+        .into_iter()
+        .map(|index| Item {
+            index,
+            digest: digests[index],
+            damage: match damaged {
+                Some((at, damage)) if at == index => damage,
+                _ => Damage::None,
+            },
+        })
+        .collect();
+    let body = embeddings_body(&model_id, dimensions, &items, tokens);
+    let billed = matches!(fault, None | Some(Fault::Slow | Fault::Shuffle));
+    let hashes = if billed {
+        digests.iter().map(hex::encode).collect()
+    } else {
+        Vec::new()
+    };
+    Ok(Prepared {
+        fault,
+        body,
+        tokens,
+        hashes,
+    })
+}
+
+pub(crate) fn json_response(body: Body) -> Response {
+    let mut response = Response::new(body);
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+// ---- ledger and fallbacks -------------------------------------------------------------------
+
+pub(crate) async fn get_ledger(State(shared): State<Arc<Shared>>, uri: Uri) -> Response {
+    let without_texts = uri.query().is_some_and(|query| {
+        query
+            .split('&')
+            .any(|pair| pair == "texts=false" || pair == "texts=0")
+    });
+    let body = {
+        let ledger = shared.ledger();
+        if without_texts {
+            let mut value = serde_json::to_value(Ledger {
+                texts: HashMap::new(),
+                faults: ledger.faults.clone(),
+                ..*ledger
+            });
+            if let Ok(Value::Object(object)) = &mut value {
+                object.remove("texts");
+            }
+            value
+        } else {
+            serde_json::to_value(&*ledger)
+        }
+    };
+    match body {
+        Ok(body) => axum::Json(body).into_response(),
+        Err(_) => ApiError::internal().into_response(),
+    }
+}
+
+pub(crate) async fn reset_ledger(State(shared): State<Arc<Shared>>) -> Response {
+    *shared.ledger() = Ledger::default();
+    axum::Json(Ledger::default()).into_response()
+}
+
+pub(crate) async fn unknown_url(method: Method, uri: Uri) -> Response {
+    ApiError::unknown_url(method.as_str(), uri.path()).into_response()
+}
+
+pub(crate) async fn method_not_allowed(method: Method, uri: Uri) -> Response {
+    ApiError::method_not_allowed(method.as_str(), uri.path()).into_response()
+}

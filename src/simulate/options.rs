@@ -1,0 +1,219 @@
+//! The `embedjob simulate` flags, as typed, and the [`SimConfig`] built from them.
+
+use super::config::{Faults, KeySpec, ModelSpec, SimConfig};
+
+/// Serve a simulator of the model service on 127.0.0.1, with fault injection.
+#[derive(clap::Args, Debug, Clone)]
+pub struct SimulateOptions {
+    /// Port to listen on, on 127.0.0.1 (0 picks a free port; the base URL is printed on stdout)
+    #[arg(long, default_value_t = 0)]
+    pub port: u16,
+
+    /// Accept this API key, optionally limited to some models (repeatable; none: accept any key)
+    #[arg(long = "key", value_name = "KEY[=MODEL,MODEL...]")]
+    pub keys: Vec<String>,
+
+    /// Also serve an embedding model returning vectors of this length (repeatable)
+    #[arg(long = "model", value_name = "ID=DIMS")]
+    pub models: Vec<String>,
+
+    /// Delay every embeddings and chat request by this many milliseconds
+    #[arg(long, value_name = "MS", default_value_t = 0)]
+    pub latency_ms: u64,
+
+    /// Reject embeddings requests with more inputs than this
+    #[arg(long, value_name = "N")]
+    pub max_inputs_per_request: Option<usize>,
+
+    /// Reject embeddings requests with more tokens than this, summed over the inputs
+    #[arg(long, value_name = "N")]
+    pub max_tokens_per_request: Option<u64>,
+
+    /// Status of a too-many-inputs or too-many-tokens rejection: 400 or 413
+    #[arg(long, value_name = "STATUS", default_value_t = 413)]
+    pub too_large_status: u16,
+
+    /// Reject any input containing this text as longer than the model's context window
+    #[arg(long, value_name = "SUBSTRING")]
+    pub poison: Option<String>,
+
+    /// Seed of the fault generator, so that a run's faults can be replayed
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+
+    /// Probability of a 429 with Retry-After
+    #[arg(long = "rate-429", value_name = "P", default_value_t = 0.0)]
+    pub rate_429: f64,
+
+    /// Retry-After of a 429, in seconds
+    #[arg(long, value_name = "SECONDS", default_value_t = 1)]
+    pub retry_after_seconds: u64,
+
+    /// Probability of a 500
+    #[arg(long = "rate-500", value_name = "P", default_value_t = 0.0)]
+    pub rate_500: f64,
+
+    /// Probability of a 503
+    #[arg(long = "rate-503", value_name = "P", default_value_t = 0.0)]
+    pub rate_503: f64,
+
+    /// Probability that the connection drops before any body byte
+    #[arg(long, value_name = "P", default_value_t = 0.0)]
+    pub rate_drop: f64,
+
+    /// Probability that the body is cut off half way
+    #[arg(long, value_name = "P", default_value_t = 0.0)]
+    pub rate_truncate: f64,
+
+    /// Probability of a normal response delayed by --slow-ms
+    #[arg(long, value_name = "P", default_value_t = 0.0)]
+    pub rate_slow: f64,
+
+    /// Delay of a slow response, in milliseconds
+    #[arg(long, value_name = "MS", default_value_t = 1000)]
+    pub slow_ms: u64,
+
+    /// Probability that embeddings come back in a shuffled order (indices still correct)
+    #[arg(long, value_name = "P", default_value_t = 0.0)]
+    pub rate_shuffle: f64,
+
+    /// Probability that one vector comes back one element short
+    #[arg(long, value_name = "P", default_value_t = 0.0)]
+    pub rate_wrong_dimensions: f64,
+
+    /// Probability that one vector value comes back as the bare token NaN
+    #[arg(long, value_name = "P", default_value_t = 0.0)]
+    pub rate_nan: f64,
+
+    /// Inject at most this many faults in total
+    #[arg(long, value_name = "N")]
+    pub fault_limit: Option<u64>,
+}
+
+impl SimulateOptions {
+    /// Builds and validates the configuration.
+    ///
+    /// # Errors
+    /// Every invalid flag, one per line.
+    pub fn to_config(&self) -> Result<SimConfig, String> {
+        let mut problems = Vec::new();
+        let mut models = ModelSpec::defaults();
+        for spec in &self.models {
+            match parse_model(spec) {
+                Ok(model) => {
+                    // A flag naming a default model replaces it.
+                    models.retain(|m| m.id != model.id);
+                    models.push(model);
+                }
+                Err(problem) => problems.push(problem),
+            }
+        }
+        let keys = self
+            .keys
+            .iter()
+            .filter_map(|spec| parse_key(spec).map_err(|p| problems.push(p)).ok())
+            .collect();
+        let config = SimConfig {
+            port: self.port,
+            models,
+            keys,
+            latency_ms: self.latency_ms,
+            max_inputs_per_request: self.max_inputs_per_request,
+            max_tokens_per_request: self.max_tokens_per_request,
+            too_large_status: self.too_large_status,
+            poison: self.poison.clone(),
+            faults: Faults {
+                seed: self.seed,
+                rate_429: self.rate_429,
+                retry_after_seconds: self.retry_after_seconds,
+                rate_500: self.rate_500,
+                rate_503: self.rate_503,
+                rate_drop: self.rate_drop,
+                rate_truncate: self.rate_truncate,
+                rate_slow: self.rate_slow,
+                slow_ms: self.slow_ms,
+                rate_shuffle: self.rate_shuffle,
+                rate_wrong_dimensions: self.rate_wrong_dimensions,
+                rate_nan: self.rate_nan,
+                limit: self.fault_limit,
+            },
+            ..SimConfig::default()
+        };
+        if let Err(more) = config.validate() {
+            problems.extend(more.lines().map(flag_names));
+        }
+        if problems.is_empty() {
+            Ok(config)
+        } else {
+            Err(problems.join("\n"))
+        }
+    }
+}
+
+/// Names the flags the user typed rather than the configuration fields.
+fn flag_names(line: &str) -> String {
+    const FIELDS: [&str; 13] = [
+        "too_large_status",
+        "max_inputs_per_request",
+        "max_tokens_per_request",
+        "poison",
+        "rate_429",
+        "rate_500",
+        "rate_503",
+        "rate_drop",
+        "rate_truncate",
+        "rate_slow",
+        "rate_shuffle",
+        "rate_wrong_dimensions",
+        "rate_nan",
+    ];
+    FIELDS.iter().fold(line.to_string(), |line, field| {
+        line.replace(field, &format!("--{}", field.replace('_', "-")))
+    })
+}
+
+fn parse_model(spec: &str) -> Result<ModelSpec, String> {
+    let (id, dims) = spec
+        .split_once('=')
+        .ok_or_else(|| format!("--model {spec}: expected ID=DIMS, e.g. my-embed=768"))?;
+    let id = id.trim();
+    if id.is_empty() {
+        return Err(format!("--model {spec}: the model id is empty"));
+    }
+    let dims: usize = dims
+        .trim()
+        .parse()
+        .map_err(|_| format!("--model {spec}: '{dims}' is not a vector length"))?;
+    if dims == 0 {
+        return Err(format!(
+            "--model {spec}: the vector length must be at least 1"
+        ));
+    }
+    Ok(ModelSpec::embedding(id, dims))
+}
+
+fn parse_key(spec: &str) -> Result<KeySpec, String> {
+    // Messages never repeat the key itself.
+    let (key, models) = match spec.split_once('=') {
+        Some((key, models)) => {
+            let models: Vec<String> = models
+                .split(',')
+                .map(str::trim)
+                .filter(|m| !m.is_empty())
+                .map(str::to_string)
+                .collect();
+            if models.is_empty() {
+                return Err("--key KEY=MODELS: the model list is empty".to_string());
+            }
+            (key, Some(models))
+        }
+        None => (spec, None),
+    };
+    if key.is_empty() {
+        return Err("--key: the key is empty".to_string());
+    }
+    Ok(KeySpec {
+        key: key.to_string(),
+        models,
+    })
+}

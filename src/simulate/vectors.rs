@@ -1,0 +1,131 @@
+//! Deterministic vectors, token counts, and the embeddings response body.
+
+use sha2::{Digest, Sha256};
+
+/// The vector the simulator returns for `text` from a model with `dimensions` values.
+///
+/// Values come from a splitmix64 generator seeded with the first 8 bytes of
+/// SHA-256(`text`) (little-endian), drawn uniform in [-1, 1), L2-normalised, then
+/// rounded to a multiple of 2^-16. The rounding makes every value exactly
+/// representable, so its shortest decimal text parses back, even through an
+/// `f64`, to the identical `f32`: a client can compare vectors bit for bit.
+pub fn embedding_vector(dimensions: usize, text: &str) -> Vec<f32> {
+    vector_from_digest(dimensions, &text_digest(text))
+}
+
+/// cl100k_base token count of `text`, special-token text counted as ordinary text.
+/// The tokenizer is loaded once and shared.
+pub fn count_tokens(text: &str) -> u32 {
+    let tokens = tiktoken_rs::cl100k_base_singleton()
+        .encode_ordinary(text)
+        .len();
+    u32::try_from(tokens).unwrap_or(u32::MAX)
+}
+
+pub(crate) fn text_digest(text: &str) -> [u8; 32] {
+    Sha256::digest(text.as_bytes()).into()
+}
+
+pub(crate) fn vector_from_digest(dimensions: usize, digest: &[u8; 32]) -> Vec<f32> {
+    let mut seed = [0u8; 8];
+    seed.copy_from_slice(&digest[..8]);
+    let mut state = u64::from_le_bytes(seed);
+    let mut values: Vec<f64> = (0..dimensions)
+        .map(|_| {
+            // 53 random bits give a uniform f64 in [0, 1).
+            #[allow(clippy::cast_precision_loss)]
+            let unit = (splitmix64(&mut state) >> 11) as f64 / (1u64 << 53) as f64;
+            unit * 2.0 - 1.0
+        })
+        .collect();
+    let norm = values.iter().map(|v| v * v).sum::<f64>().sqrt();
+    if norm > 0.0 {
+        for v in &mut values {
+            *v /= norm;
+        }
+    }
+    #[allow(clippy::cast_possible_truncation)]
+    values
+        .into_iter()
+        .map(|v| ((v * 65536.0).round() / 65536.0) as f32)
+        .collect()
+}
+
+fn splitmix64(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// How one item of an embeddings response is damaged, for the invalid-response faults.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Damage {
+    None,
+    /// The vector is written one element short.
+    Short,
+    /// The value at this position is written as the bare token `NaN`.
+    Nan(usize),
+}
+
+/// One item of an embeddings response, in the order it is written.
+pub(crate) struct Item {
+    pub index: usize,
+    pub digest: [u8; 32],
+    pub damage: Damage,
+}
+
+/// Writes an embeddings response body straight into bytes, without building a
+/// JSON tree: this is the simulator's hot path.
+pub(crate) fn embeddings_body(
+    model: &str,
+    dimensions: usize,
+    items: &[Item],
+    prompt_tokens: u64,
+) -> Vec<u8> {
+    // About 12 bytes per value ("-0.012345678,") plus the item's framing.
+    let mut body = Vec::with_capacity(128 + items.len() * (64 + dimensions * 12));
+    body.extend_from_slice(br#"{"object":"list","data":["#);
+    for (position, item) in items.iter().enumerate() {
+        if position > 0 {
+            body.push(b',');
+        }
+        body.extend_from_slice(br#"{"object":"embedding","index":"#);
+        body.extend_from_slice(item.index.to_string().as_bytes());
+        body.extend_from_slice(br#","embedding":"#);
+        let vector = vector_from_digest(dimensions, &item.digest);
+        match item.damage {
+            Damage::None => write_json(&mut body, &vector),
+            Damage::Short => write_json(&mut body, &vector[..vector.len().saturating_sub(1)]),
+            Damage::Nan(at) => {
+                body.push(b'[');
+                for (i, value) in vector.iter().enumerate() {
+                    if i > 0 {
+                        body.push(b',');
+                    }
+                    if i == at {
+                        body.extend_from_slice(b"NaN");
+                    } else {
+                        write_json(&mut body, value);
+                    }
+                }
+                body.push(b']');
+            }
+        }
+        body.push(b'}');
+    }
+    body.extend_from_slice(br#"],"model":"#);
+    write_json(&mut body, model);
+    body.extend_from_slice(br#","usage":{"prompt_tokens":"#);
+    body.extend_from_slice(prompt_tokens.to_string().as_bytes());
+    body.extend_from_slice(br#","total_tokens":"#);
+    body.extend_from_slice(prompt_tokens.to_string().as_bytes());
+    body.extend_from_slice(b"}}");
+    body
+}
+
+fn write_json<T: serde::Serialize + ?Sized>(body: &mut Vec<u8>, value: &T) {
+    // Writing finite floats and strings into a Vec cannot fail.
+    serde_json::to_writer(body, value).expect("serialising into memory");
+}

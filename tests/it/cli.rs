@@ -1,0 +1,347 @@
+//! The `embedjob` binary: commands, exit codes, and that the key never shows.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Output, Stdio};
+
+use embedjob::simulate::{self, KeySpec, SimConfig};
+use serde_json::Value;
+
+use crate::support::{simulator, KEY};
+
+pub fn bin() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_embedjob"));
+    command
+        .env_remove("EMBEDJOB_API_KEY")
+        .env_remove("EMBEDJOB_BASE_URL")
+        .env_remove("EMBEDJOB_TIMEOUT_SECONDS");
+    command
+}
+
+/// Runs the binary off the test's runtime, so an in-process simulator keeps serving.
+pub async fn run(mut command: Command) -> Output {
+    tokio::task::spawn_blocking(move || command.output().expect("the binary runs"))
+        .await
+        .unwrap()
+}
+
+fn with_service(base_url: &str, key: &str, args: &[&str]) -> Command {
+    let mut command = bin();
+    command
+        .env("EMBEDJOB_BASE_URL", base_url)
+        .env("EMBEDJOB_API_KEY", key)
+        .args(args);
+    command
+}
+
+pub fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Asserts the key appears in neither stream and returns (stdout, stderr).
+pub fn no_key(output: &Output, key: &str) -> (String, String) {
+    let (stdout, stderr) = (text(&output.stdout), text(&output.stderr));
+    assert!(!stdout.contains(key), "key on stdout: {stdout}");
+    assert!(!stderr.contains(key), "key on stderr: {stderr}");
+    (stdout, stderr)
+}
+
+#[tokio::test]
+async fn models_lists_and_shows() {
+    let sim = simulator(SimConfig::default()).await;
+    let output = run(with_service(&sim.base_url(), KEY, &["models"])).await;
+    let (stdout, _) = no_key(&output, KEY);
+    assert!(output.status.success(), "{output:?}");
+    assert!(stdout.starts_with("ID"), "{stdout}");
+    for id in ["svc-base", "svc-pro", "svc-embed-1", "svc-embed-1-l"] {
+        assert!(stdout.contains(id), "{id} missing: {stdout}");
+    }
+
+    let output = run(with_service(&sim.base_url(), KEY, &["models", "--json"])).await;
+    let (stdout, _) = no_key(&output, KEY);
+    let value: Value = serde_json::from_str(&stdout).expect("one JSON object on stdout");
+    assert!(value["models"].as_array().unwrap().len() >= 4);
+
+    let output = run(with_service(
+        &sim.base_url(),
+        KEY,
+        &["models", "svc-embed-1-l", "--json"],
+    ))
+    .await;
+    let (stdout, _) = no_key(&output, KEY);
+    let value: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(value["id"], "svc-embed-1-l");
+    assert!(value["pricing"]["input_per_1k"].as_f64().unwrap() > 0.0);
+}
+
+#[tokio::test]
+async fn embed_prints_the_services_vectors() {
+    let sim = simulator(SimConfig::default()).await;
+    let output = run(with_service(
+        &sim.base_url(),
+        KEY,
+        &[
+            "embed",
+            "--model",
+            "svc-embed-1",
+            "--json",
+            "first text",
+            "second text",
+        ],
+    ))
+    .await;
+    let (stdout, _) = no_key(&output, KEY);
+    assert!(output.status.success(), "{output:?}");
+    let value: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(value["dimensions"], 1024);
+    let rows = value["embeddings"].as_array().unwrap();
+    assert_eq!(rows.len(), 2);
+    for (row, text) in rows.iter().zip(["first text", "second text"]) {
+        let got: Vec<f32> = serde_json::from_value(row.clone()).unwrap();
+        assert_eq!(got, simulate::embedding_vector(1024, text));
+    }
+    assert!(value["usage"]["prompt_tokens"].as_u64().unwrap() > 0);
+
+    let output = run(with_service(
+        &sim.base_url(),
+        KEY,
+        &["embed", "--model", "svc-embed-1", "hello"],
+    ))
+    .await;
+    let (stdout, stderr) = no_key(&output, KEY);
+    assert!(stdout.starts_with("0\t1024\t["), "{stdout}");
+    assert!(stderr.contains("prompt tokens"), "{stderr}");
+}
+
+#[tokio::test]
+async fn chat_streams_and_waits() {
+    let sim = simulator(SimConfig::default()).await;
+    let streamed = run(with_service(
+        &sim.base_url(),
+        KEY,
+        &[
+            "chat",
+            "--model",
+            "svc-base",
+            "--system",
+            "be brief",
+            "--temperature",
+            "0.5",
+            "hello there",
+        ],
+    ))
+    .await;
+    let (stdout, _) = no_key(&streamed, KEY);
+    assert!(streamed.status.success(), "{streamed:?}");
+    assert!(stdout.contains("hello there"), "{stdout}");
+    let plain = run(with_service(
+        &sim.base_url(),
+        KEY,
+        &["chat", "--model", "svc-base", "--no-stream", "hello there"],
+    ))
+    .await;
+    assert_eq!(text(&plain.stdout), stdout);
+
+    let limited = run(with_service(
+        &sim.base_url(),
+        KEY,
+        &[
+            "chat",
+            "--model",
+            "svc-base",
+            "--max-tokens",
+            "2",
+            "one two three four five",
+        ],
+    ))
+    .await;
+    assert!(limited.status.success());
+    assert!(
+        text(&limited.stdout).split_whitespace().count() <= 2,
+        "{}",
+        text(&limited.stdout)
+    );
+}
+
+#[tokio::test]
+async fn failures_are_one_line_with_the_right_exit_code_and_no_key() {
+    let sim = simulator(SimConfig {
+        keys: vec![KeySpec {
+            key: KEY.to_string(),
+            models: None,
+        }],
+        ..SimConfig::default()
+    })
+    .await;
+    let base = sim.base_url();
+    let refused_key = "sk-refused-SECRET-777";
+    let closed_port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://127.0.0.1:{}", listener.local_addr().unwrap().port())
+    };
+    let cases: Vec<(Command, i32, &str, &str)> = vec![
+        (
+            {
+                let mut c = bin();
+                c.env("EMBEDJOB_BASE_URL", &base).args(["models"]);
+                c
+            },
+            2,
+            "EMBEDJOB_API_KEY",
+            KEY,
+        ),
+        (
+            {
+                let mut c = bin();
+                c.env("EMBEDJOB_API_KEY", KEY).args(["models"]);
+                c
+            },
+            2,
+            "EMBEDJOB_BASE_URL",
+            KEY,
+        ),
+        (
+            with_service(&base, refused_key, &["models", "--json"]),
+            1,
+            "401",
+            refused_key,
+        ),
+        (
+            with_service(
+                &base,
+                refused_key,
+                &["embed", "--model", "svc-embed-1", "x"],
+            ),
+            1,
+            "401",
+            refused_key,
+        ),
+        (
+            with_service(&base, refused_key, &["chat", "--model", "svc-base", "x"]),
+            1,
+            "401",
+            refused_key,
+        ),
+        (
+            with_service(&base, KEY, &["models", "svc-missing"]),
+            1,
+            "svc-missing",
+            KEY,
+        ),
+        (
+            with_service(&base, KEY, &["embed", "--model", "svc-missing", "x"]),
+            1,
+            "404",
+            KEY,
+        ),
+        (
+            with_service(&base, KEY, &["embed", "--model", "svc-base", "x"]),
+            1,
+            "400",
+            KEY,
+        ),
+        (
+            with_service(
+                &base,
+                KEY,
+                &["chat", "--model", "svc-base", "--temperature", "2.5", "x"],
+            ),
+            2,
+            "temperature",
+            KEY,
+        ),
+        (
+            with_service(
+                &base,
+                KEY,
+                &["chat", "--model", "svc-base", "--temperature", "-0.1", "x"],
+            ),
+            2,
+            "temperature",
+            KEY,
+        ),
+        (
+            with_service(&closed_port, KEY, &["models"]),
+            1,
+            "connect",
+            KEY,
+        ),
+        (
+            with_service("ftp://nowhere", KEY, &["models"]),
+            2,
+            "base URL",
+            KEY,
+        ),
+    ];
+    for (command, code, needle, secret) in cases {
+        let described = format!("{command:?}").replace(secret, "<key>");
+        let output = run(command).await;
+        let (stdout, stderr) = no_key(&output, secret);
+        assert_eq!(output.status.code(), Some(code), "{described}: {stderr}");
+        assert!(
+            stdout.is_empty(),
+            "{described}: nothing on stdout on failure, got {stdout}"
+        );
+        assert_eq!(
+            stderr.trim_end().lines().count(),
+            1,
+            "{described}: one line: {stderr}"
+        );
+        assert!(
+            stderr.starts_with("embedjob: error: "),
+            "{described}: {stderr}"
+        );
+        assert!(
+            stderr.contains(needle),
+            "{described}: {needle:?} not in {stderr}"
+        );
+        assert!(!stderr.contains("panicked"), "{described}: {stderr}");
+    }
+}
+
+#[tokio::test]
+async fn simulate_serves_on_the_port_it_prints() {
+    let mut child = bin()
+        .args([
+            "simulate",
+            "--port",
+            "0",
+            "--key",
+            &format!("{KEY}=svc-embed-1"),
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let first_line = tokio::task::spawn_blocking(move || {
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).unwrap();
+        line
+    })
+    .await
+    .unwrap();
+    let base = first_line.trim().to_string();
+    assert!(base.starts_with("http://127.0.0.1:"), "{base}");
+    let output = run(with_service(&base, KEY, &["models", "--json"])).await;
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let value: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let ids: Vec<&str> = value["models"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, vec!["svc-embed-1"]);
+}
+
+#[tokio::test]
+async fn bad_simulator_options_are_usage_errors() {
+    let output = run({
+        let mut c = bin();
+        c.args(["simulate", "--rate-429", "0.8", "--rate-500", "0.8"]);
+        c
+    })
+    .await;
+    assert_eq!(output.status.code(), Some(2), "{}", text(&output.stderr));
+}

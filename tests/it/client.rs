@@ -1,0 +1,535 @@
+//! The typed client against the simulator and against scripted servers.
+
+use std::time::Duration;
+
+use embedjob::client::{ChatMessage, ChatRequest, EmbeddingInput, ErrorKind};
+use embedjob::simulate::{self, Faults, KeySpec, SimConfig};
+use embedjob::validate;
+use futures::StreamExt;
+
+use crate::support::{client, client_with_key, scripted_server, simulator, Scripted, KEY};
+
+fn chat_request(model: &str, prompt: &str) -> ChatRequest {
+    ChatRequest {
+        model: model.to_string(),
+        messages: vec![
+            ChatMessage::new("system", "Be brief."),
+            ChatMessage::new("user", prompt),
+        ],
+        temperature: Some(0.2),
+        max_tokens: None,
+        stream: false,
+    }
+}
+
+async fn collect(
+    stream: embedjob::client::ChatStream,
+) -> (String, Option<embedjob::client::ApiError>) {
+    let mut text = String::new();
+    let mut stream = stream;
+    while let Some(item) = stream.next().await {
+        match item {
+            Ok(fragment) => text.push_str(&fragment),
+            Err(e) => return (text, Some(e)),
+        }
+    }
+    (text, None)
+}
+
+#[tokio::test]
+async fn embeddings_one_text_and_many() {
+    let sim = simulator(SimConfig::default()).await;
+    let client = client(&sim.base_url());
+
+    let one = client
+        .embeddings("svc-embed-1", EmbeddingInput::One("hello"))
+        .await
+        .unwrap();
+    let one = validate::check(one, 1, Some(1024)).unwrap();
+    assert_eq!(
+        one.row(0),
+        simulate::embedding_vector(1024, "hello").as_slice()
+    );
+    assert_eq!(
+        one.usage.prompt_tokens,
+        u64::from(simulate::count_tokens("hello"))
+    );
+
+    let texts = vec!["alpha", "beta gamma", "delta"];
+    let many = client
+        .embeddings("svc-embed-1-l", EmbeddingInput::Many(texts.clone()))
+        .await
+        .unwrap();
+    let many = validate::check(many, 3, Some(3072)).unwrap();
+    for (i, text) in texts.iter().enumerate() {
+        assert_eq!(
+            many.row(i),
+            simulate::embedding_vector(3072, text).as_slice(),
+            "row {i}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn base_url_with_slash_or_v1_reaches_the_same_service() {
+    let sim = simulator(SimConfig::default()).await;
+    for base in [
+        sim.base_url(),
+        format!("{}/", sim.base_url()),
+        format!("{}/v1", sim.base_url()),
+        format!("{}/v1/", sim.base_url()),
+    ] {
+        let models = client(&base).models().await.unwrap();
+        assert!(models.iter().any(|m| m.id == "svc-embed-1"), "{base}");
+    }
+}
+
+#[tokio::test]
+async fn models_listing_and_one_model() {
+    let sim = simulator(SimConfig::default()).await;
+    let client = client(&sim.base_url());
+    let models = client.models().await.unwrap();
+    let ids: Vec<&str> = models.iter().map(|m| m.id.as_str()).collect();
+    for id in ["svc-base", "svc-pro", "svc-embed-1", "svc-embed-1-l"] {
+        assert!(ids.contains(&id), "{id} in {ids:?}");
+    }
+    let pro = client.model("svc-pro").await.unwrap();
+    assert_eq!(pro.modalities, vec!["text", "vision"]);
+    assert!(pro.context_window.unwrap() > 0);
+    let embed = client.model("svc-embed-1").await.unwrap();
+    assert!(embed.pricing.unwrap().input_per_1k.unwrap() > 0.0);
+
+    let err = client.model("svc-nope").await.unwrap_err();
+    assert_eq!(err.status, Some(404));
+    assert_eq!(err.kind, ErrorKind::Permanent);
+    assert!(err.message.contains("svc-nope"), "{err}");
+}
+
+#[tokio::test]
+async fn the_key_decides_which_models_are_visible() {
+    let config = SimConfig {
+        keys: vec![
+            KeySpec {
+                key: KEY.to_string(),
+                models: Some(vec!["svc-embed-1".to_string()]),
+            },
+            KeySpec {
+                key: "sk-other".to_string(),
+                models: None,
+            },
+        ],
+        ..SimConfig::default()
+    };
+    let sim = simulator(config).await;
+    let limited = client(&sim.base_url());
+    let ids: Vec<String> = limited
+        .models()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|m| m.id)
+        .collect();
+    assert_eq!(ids, vec!["svc-embed-1"]);
+    assert_eq!(
+        limited.model("svc-embed-1-l").await.unwrap_err().status,
+        Some(404)
+    );
+    let err = limited
+        .embeddings("svc-embed-1-l", EmbeddingInput::One("x"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.status, Some(404));
+
+    let full = client_with_key(&sim.base_url(), "sk-other");
+    assert!(full.models().await.unwrap().len() >= 4);
+
+    let refused = client_with_key(&sim.base_url(), "sk-wrong-key-123");
+    let err = refused.models().await.unwrap_err();
+    assert_eq!(err.status, Some(401));
+    assert_eq!(err.kind, ErrorKind::Permanent);
+    assert!(
+        !err.to_string().contains("sk-wrong-key-123"),
+        "the refused key must be scrubbed from the server's message: {err}"
+    );
+    assert!(err.to_string().contains("[REDACTED]"), "{err}");
+}
+
+#[tokio::test]
+async fn chat_plain_and_streamed_agree() {
+    let sim = simulator(SimConfig::default()).await;
+    let client = client(&sim.base_url());
+    let request = chat_request("svc-base", "tell me about lighthouses");
+    let plain = client.chat(&request).await.unwrap();
+    assert!(plain.contains("lighthouses"), "{plain}");
+    let stream = client.chat_stream(&request).await.unwrap();
+    let (streamed, error) = collect(stream).await;
+    assert!(error.is_none(), "{error:?}");
+    assert_eq!(streamed, plain);
+
+    let mut bad = request.clone();
+    bad.temperature = Some(2.5);
+    let err = client.chat(&bad).await.unwrap_err();
+    assert_eq!(err.status, Some(400));
+    assert_eq!(err.kind, ErrorKind::Permanent);
+}
+
+#[tokio::test]
+async fn sse_edge_cases_are_tolerated() {
+    // CRLF, comments, blank lines, a role-only first chunk, a chunk without
+    // content, an event split across reads (mid-UTF-8 too), no blank line
+    // between two events.
+    let body: [&[u8]; 11] = [
+        b": welcome\r\n\r\n",
+        b"data: {\"choices\":[{\"delta\":{\"role\":\"assistant\"}}]}\r\n\r\n",
+        b"\n\n",
+        b"data: {\"choices\":[{\"delta\":{\"content\":\"Hel\"}}]}\n\n",
+        b"data: {\"choices\":[{\"del",
+        b"ta\":{\"content\":\"lo, w\xC3",
+        b"\xA9rld\"}}]}\n\n",
+        b"data: {\"choices\":[{\"delta\":{},\"finish_reason\":null}]}\n",
+        b"data: {\"choices\":[{\"delta\":{\"content\":\"!\"}}]}\n\n",
+        b"data: {\"choices\":[{\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n",
+        b"data: [DONE]\n\n",
+    ];
+    let reply = Scripted {
+        status: 200,
+        headers: vec![("content-type", "text/event-stream".to_string())],
+        pieces: body.iter().map(|p| p.to_vec()).collect(),
+        abort: false,
+    };
+    let (base, _) = scripted_server(vec![reply]).await;
+    let stream = client(&base)
+        .chat_stream(&chat_request("svc-base", "hi"))
+        .await
+        .unwrap();
+    let (text, error) = collect(stream).await;
+    assert!(error.is_none(), "{error:?}");
+    assert_eq!(text, "Hello, wérld!");
+}
+
+#[tokio::test]
+async fn a_stream_without_done_is_an_error_not_a_short_reply() {
+    let (base, _) = scripted_server(vec![Scripted::sse(&[
+        "data: {\"choices\":[{\"delta\":{\"content\":\"partial\"}}]}\n\n",
+    ])])
+    .await;
+    let stream = client(&base)
+        .chat_stream(&chat_request("svc-base", "hi"))
+        .await
+        .unwrap();
+    let (text, error) = collect(stream).await;
+    assert_eq!(text, "partial");
+    let error = error.expect("a stream that ends without [DONE] must fail");
+    assert!(error.message.contains("[DONE]"), "{error}");
+    assert_eq!(error.kind, ErrorKind::Transient);
+
+    let mut reset = Scripted::sse(&["data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n"]);
+    reset.abort = true;
+    let (base, _) = scripted_server(vec![reset]).await;
+    let stream = client(&base)
+        .chat_stream(&chat_request("svc-base", "hi"))
+        .await
+        .unwrap();
+    let (_, error) = collect(stream).await;
+    assert_eq!(
+        error.expect("a reset stream fails").kind,
+        ErrorKind::Transient
+    );
+}
+
+#[tokio::test]
+async fn simulator_stream_faults_end_without_done() {
+    let config = SimConfig {
+        faults: Faults {
+            rate_truncate: 1.0,
+            ..Faults::default()
+        },
+        ..SimConfig::default()
+    };
+    let sim = simulator(config).await;
+    let stream = client(&sim.base_url())
+        .chat_stream(&chat_request("svc-base", "a long enough prompt to cut"))
+        .await
+        .unwrap();
+    let (_, error) = collect(stream).await;
+    assert!(error.is_some(), "a truncated stream must end with an error");
+}
+
+#[tokio::test]
+async fn error_classes_and_messages() {
+    let cases: Vec<(Scripted, ErrorKind, &str)> = vec![
+        (
+            Scripted::json(
+                400,
+                r#"{"error":{"message":"'input' is required","type":"invalid_request_error","code":null}}"#,
+            ),
+            ErrorKind::Permanent,
+            "'input' is required",
+        ),
+        (
+            Scripted::json(
+                401,
+                r#"{"error":{"message":"bad key","type":"invalid_request_error","code":"invalid_api_key"}}"#,
+            ),
+            ErrorKind::Permanent,
+            "bad key",
+        ),
+        (
+            Scripted::json(403, r#"{"error":"forbidden for this project"}"#),
+            ErrorKind::Permanent,
+            "forbidden for this project",
+        ),
+        (
+            Scripted::json(
+                404,
+                r#"{"error":{"message":"no such model","code":"model_not_found"}}"#,
+            ),
+            ErrorKind::Permanent,
+            "model_not_found",
+        ),
+        (
+            Scripted::json(408, "request timeout"),
+            ErrorKind::Transient,
+            "request timeout",
+        ),
+        (
+            Scripted::json(409, r#"{"error":{"message":"conflict"}}"#),
+            ErrorKind::Transient,
+            "conflict",
+        ),
+        (
+            Scripted::json(413, "<html>Request Entity Too Large</html>"),
+            ErrorKind::TooLarge,
+            "Too Large",
+        ),
+        (
+            Scripted::json(
+                400,
+                r#"{"error":{"message":"This model's maximum context length is 8192 tokens","code":"context_length_exceeded"}}"#,
+            ),
+            ErrorKind::TooLarge,
+            "maximum context length",
+        ),
+        (
+            Scripted::json(422, r#"{"detail":"unprocessable"}"#),
+            ErrorKind::Permanent,
+            "unprocessable",
+        ),
+        (
+            Scripted::json(
+                429,
+                r#"{"error":{"message":"slow down","type":"rate_limit_exceeded"}}"#,
+            ),
+            ErrorKind::Transient,
+            "slow down",
+        ),
+        (
+            Scripted::json(500, "internal error"),
+            ErrorKind::Transient,
+            "internal error",
+        ),
+        (Scripted::json(502, ""), ErrorKind::Transient, "HTTP 502"),
+        (
+            Scripted::json(
+                503,
+                r#"{"error":{"message":"overloaded","type":"server_error"}}"#,
+            ),
+            ErrorKind::Transient,
+            "overloaded",
+        ),
+    ];
+    for (reply, kind, needle) in cases {
+        let status = reply.status;
+        let (base, _) = scripted_server(vec![reply]).await;
+        let err = client(&base)
+            .embeddings("svc-embed-1", EmbeddingInput::One("x"))
+            .await
+            .unwrap_err();
+        assert_eq!(err.status, Some(status));
+        assert_eq!(err.kind, kind, "status {status}: {err}");
+        assert!(err.to_string().contains(needle), "status {status}: {err}");
+    }
+}
+
+#[tokio::test]
+async fn retry_after_in_seconds_date_and_ms() {
+    let date = httpdate::fmt_http_date(std::time::SystemTime::now() + Duration::from_secs(30));
+    let cases = [
+        (vec![("retry-after", "3".to_string())], 3.0),
+        (vec![("retry-after", date)], 30.0),
+        (
+            vec![
+                ("retry-after", "3".to_string()),
+                ("retry-after-ms", "1500".to_string()),
+            ],
+            1.5,
+        ),
+    ];
+    for (headers, expected) in cases {
+        let mut reply = Scripted::json(429, r#"{"error":{"message":"rate limited"}}"#);
+        reply.headers.extend(headers);
+        let (base, _) = scripted_server(vec![reply]).await;
+        let err = client(&base).models().await.unwrap_err();
+        let got = err.retry_after.expect("a delay").as_secs_f64();
+        assert!(
+            (got - expected).abs() < 1.5,
+            "expected about {expected}s, got {got}s"
+        );
+    }
+    let sim = simulator(SimConfig {
+        faults: Faults {
+            rate_429: 1.0,
+            retry_after_seconds: 2,
+            limit: Some(1),
+            ..Faults::default()
+        },
+        ..SimConfig::default()
+    })
+    .await;
+    let err = client(&sim.base_url())
+        .embeddings("svc-embed-1", EmbeddingInput::One("x"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.status, Some(429));
+    assert!(err.retry_after.is_some());
+}
+
+#[tokio::test]
+async fn transport_faults_are_transient() {
+    for faults in [
+        Faults {
+            rate_drop: 1.0,
+            ..Faults::default()
+        },
+        Faults {
+            rate_truncate: 1.0,
+            ..Faults::default()
+        },
+        Faults {
+            rate_500: 1.0,
+            ..Faults::default()
+        },
+        Faults {
+            rate_503: 1.0,
+            ..Faults::default()
+        },
+    ] {
+        let sim = simulator(SimConfig {
+            faults,
+            ..SimConfig::default()
+        })
+        .await;
+        let err = client(&sim.base_url())
+            .embeddings("svc-embed-1", EmbeddingInput::Many(vec!["a", "b", "c"]))
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind, ErrorKind::Transient, "{err}");
+    }
+    let sim = simulator(SimConfig {
+        faults: Faults {
+            rate_nan: 1.0,
+            ..Faults::default()
+        },
+        ..SimConfig::default()
+    })
+    .await;
+    let err = client(&sim.base_url())
+        .embeddings("svc-embed-1", EmbeddingInput::Many(vec!["a", "b"]))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind, ErrorKind::Transient);
+    assert!(err.message.contains("non-finite"), "{err}");
+
+    // Nothing listens on this port: a closed port is a transient connect failure.
+    let port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().port()
+    };
+    let err = client(&format!("http://127.0.0.1:{port}"))
+        .models()
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind, ErrorKind::Transient);
+    assert!(err.message.contains("connect"), "{err}");
+}
+
+#[tokio::test]
+async fn a_slow_server_times_out() {
+    let sim = simulator(SimConfig {
+        faults: Faults {
+            rate_slow: 1.0,
+            slow_ms: 3_000,
+            ..Faults::default()
+        },
+        ..SimConfig::default()
+    })
+    .await;
+    let mut config =
+        embedjob::client::ClientConfig::new(sim.base_url(), embedjob::client::ApiKey::new(KEY));
+    config.timeout = Duration::from_millis(300);
+    let client = embedjob::client::Client::new(config).unwrap();
+    let err = client
+        .embeddings("svc-embed-1", EmbeddingInput::One("x"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind, ErrorKind::Transient);
+    assert!(err.message.contains("timed out"), "{err}");
+}
+
+#[tokio::test]
+async fn the_key_is_sent_as_a_bearer_token() {
+    let (base, seen) =
+        scripted_server(vec![Scripted::json(200, r#"{"object":"list","data":[]}"#)]).await;
+    client(&base).models().await.unwrap();
+    let headers = seen.lock().unwrap();
+    assert_eq!(
+        headers[0].get("authorization").unwrap().to_str().unwrap(),
+        format!("Bearer {KEY}")
+    );
+}
+
+#[tokio::test]
+async fn shuffled_and_corrupt_responses_are_caught_by_the_checks() {
+    let shuffled = simulator(SimConfig {
+        faults: Faults {
+            rate_shuffle: 1.0,
+            ..Faults::default()
+        },
+        ..SimConfig::default()
+    })
+    .await;
+    let texts: Vec<String> = (0..20).map(|i| format!("text number {i}")).collect();
+    let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+    let response = client(&shuffled.base_url())
+        .embeddings("svc-embed-1", EmbeddingInput::Many(refs.clone()))
+        .await
+        .unwrap();
+    let in_order = response
+        .data
+        .iter()
+        .enumerate()
+        .all(|(i, item)| item.index == i as i64);
+    assert!(!in_order, "the simulator should have shuffled the items");
+    let vectors = validate::check(response, refs.len(), Some(1024)).unwrap();
+    for (i, text) in refs.iter().enumerate() {
+        assert_eq!(
+            vectors.row(i),
+            simulate::embedding_vector(1024, text).as_slice()
+        );
+    }
+
+    let wrong = simulator(SimConfig {
+        faults: Faults {
+            rate_wrong_dimensions: 1.0,
+            ..Faults::default()
+        },
+        ..SimConfig::default()
+    })
+    .await;
+    let response = client(&wrong.base_url())
+        .embeddings("svc-embed-1", EmbeddingInput::Many(refs.clone()))
+        .await
+        .unwrap();
+    let err = validate::check(response, refs.len(), Some(1024)).unwrap_err();
+    assert!(err.to_string().starts_with("vector length"), "{err}");
+}
