@@ -142,7 +142,13 @@ pub async fn run(
     let read = reader
         .await
         .map_err(|e| RunError::Internal(format!("the reading stage stopped unexpectedly: {e}")))?;
-    let failure = failure.or_else(|| (read.chunks == 0).then_some(RunError::Source(SourceError::Empty)));
+    let failure = failure.or_else(|| {
+        (read.chunks == 0).then(|| {
+            RunError::Source(SourceError::Empty {
+                input: source::describe_input(&job.source),
+            })
+        })
+    });
     if let Some(error) = failure {
         let _ = sink_tx.send(SinkMessage::Abort).await;
         drop(sink_tx);

@@ -1,9 +1,26 @@
 //! Sources: where documents come from. Each kind streams documents one at a
 //! time, so memory is bounded by a document (or a Parquet record batch), not
 //! by the input.
+//!
+//! [`open`] does every check that needs no reading of the data up front (the
+//! files exist, globs match, the Parquet and CSV columns exist with usable
+//! types), so a bad job stops before any work or cost.
+//!
+//! Row numbers in errors and in record ids are 1-based everywhere: the line
+//! for JSON Lines, the data row (the header not counted) for CSV, and the row
+//! within the file for Parquet.
 
-use std::path::PathBuf;
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
+
+use crate::job::{SourceConfig, SourceKind};
+
+mod csv;
+mod files;
+mod jsonl;
+mod parquet;
 
 /// One document to chunk.
 #[derive(Debug, Clone, PartialEq)]
@@ -33,8 +50,12 @@ pub enum SourceError {
         #[source]
         error: std::io::Error,
     },
+    #[error("{path}: no such file or directory")]
+    NotFound { path: PathBuf },
     #[error("{pattern}: no input files match")]
     NoMatch { pattern: String },
+    #[error("{pattern}: not a valid glob pattern: {message}")]
+    Pattern { pattern: String, message: String },
     #[error("{path}: not valid UTF-8 (first bad byte at offset {offset})")]
     Utf8 { path: PathBuf, offset: u64 },
     #[error("{path}: row {row}: {message}")]
@@ -57,18 +78,21 @@ pub enum SourceError {
         first: String,
         second: String,
     },
-    #[error("the input has no documents with text")]
-    Empty,
+    #[error("{input}: the input has no documents with text")]
+    Empty { input: String },
 }
 
 impl SourceError {
     /// Problems found when opening the input, before any work starts: a
-    /// missing file or column, a glob that matches nothing. The rest come up
-    /// while reading.
+    /// missing file, a glob that matches nothing or is malformed, a missing
+    /// or non-string column. The rest come up while reading the data.
     pub fn is_found_at_open(&self) -> bool {
         matches!(
             self,
-            SourceError::NoMatch { .. } | SourceError::Column { .. }
+            SourceError::NotFound { .. }
+                | SourceError::NoMatch { .. }
+                | SourceError::Pattern { .. }
+                | SourceError::Column { .. }
         )
     }
 }
@@ -79,4 +103,335 @@ pub trait Source: Send {
     /// texts are skipped and counted, not returned.
     fn next_document(&mut self) -> Result<Option<Document>, SourceError>;
     fn stats(&self) -> SourceStats;
+    /// The 1-based row, within its file, of the document last returned; `None`
+    /// when documents are whole files. Lets errors point at the record.
+    fn last_row(&self) -> Option<u64> {
+        None
+    }
+}
+
+/// Opens the input a job names, checking up front everything that can be
+/// checked without reading the data.
+///
+/// The source returned also rejects a document id seen twice
+/// ([`SourceError::DuplicateId`]) and an input that ends without a single
+/// document ([`SourceError::Empty`]).
+pub fn open(config: &SourceConfig) -> Result<Box<dyn Source>, SourceError> {
+    let inner: Box<dyn Source> = match config.kind {
+        SourceKind::Files => Box::new(files::FilesSource::open(&config.paths)?),
+        SourceKind::Jsonl => Box::new(jsonl::JsonlSource::open(
+            required_path(config)?,
+            required_text_field(config)?,
+            config.id_field.as_deref(),
+        )?),
+        SourceKind::Csv => Box::new(csv::CsvSource::open(
+            required_path(config)?,
+            required_text_field(config)?,
+            config.id_field.as_deref(),
+        )?),
+        SourceKind::Parquet => Box::new(parquet::ParquetSource::open(
+            required_path(config)?,
+            required_text_field(config)?,
+            config.id_field.as_deref(),
+        )?),
+    };
+    Ok(Box::new(Checked::new(inner, describe_input(config))))
+}
+
+/// The job validates these; a config built by hand may still lack them.
+fn required_path(config: &SourceConfig) -> Result<&Path, SourceError> {
+    config.path.as_deref().ok_or_else(|| SourceError::NoMatch {
+        pattern: format!("(no `source.path` given for kind \"{}\")", config.kind),
+    })
+}
+
+fn required_text_field(config: &SourceConfig) -> Result<&str, SourceError> {
+    match config.text_field.as_deref() {
+        Some(field) if !field.is_empty() => Ok(field),
+        _ => Err(SourceError::Column {
+            path: config.path.clone().unwrap_or_default(),
+            column: String::new(),
+            message: format!("no `source.text_field` given for kind \"{}\"", config.kind),
+        }),
+    }
+}
+
+/// The input a job names, for messages: its path, or its list of globs.
+pub fn describe_input(config: &SourceConfig) -> String {
+    match (&config.kind, &config.path) {
+        (SourceKind::Files, _) | (_, None) => config.paths.join(", "),
+        (_, Some(path)) => path.display().to_string(),
+    }
+}
+
+/// A path for messages and for [`Document::source`].
+pub(crate) fn path_text(path: &Path) -> String {
+    path.to_string_lossy().into_owned()
+}
+
+/// Opens a file, telling a missing file (a config problem) from other I/O errors.
+pub(crate) fn open_file(path: &Path) -> Result<std::fs::File, SourceError> {
+    std::fs::File::open(path).map_err(|error| io_error(path, error))
+}
+
+pub(crate) fn io_error(path: &Path, error: std::io::Error) -> SourceError {
+    if error.kind() == std::io::ErrorKind::NotFound {
+        SourceError::NotFound {
+            path: path.to_path_buf(),
+        }
+    } else {
+        SourceError::Io {
+            path: path.to_path_buf(),
+            error,
+        }
+    }
+}
+
+/// Wraps a source with the checks that span all of it: unique ids and a
+/// non-empty result.
+///
+/// Ids are remembered as 128-bit hashes (a false match is out of reach in
+/// practice) with where they were first seen: about 50 bytes per document,
+/// plus the path text of each file, which the files kind has one of per
+/// document. The ids themselves are not kept.
+struct Checked {
+    inner: Box<dyn Source>,
+    input: String,
+    seen: HashMap<u128, (Arc<str>, Option<u64>)>,
+    finished: bool,
+}
+
+impl Checked {
+    fn new(inner: Box<dyn Source>, input: String) -> Self {
+        Checked {
+            inner,
+            input,
+            seen: HashMap::new(),
+            finished: false,
+        }
+    }
+}
+
+fn id_hash(id: &str) -> u128 {
+    // Two independent SipHash runs; the std hasher is deterministic within a
+    // process, which is all a duplicate check needs.
+    let half = |salt: u8| {
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        salt.hash(&mut hasher);
+        id.hash(&mut hasher);
+        hasher.finish()
+    };
+    (u128::from(half(0)) << 64) | u128::from(half(1))
+}
+
+fn location(source: &str, row: Option<u64>) -> String {
+    match row {
+        Some(row) => format!("{source} row {row}"),
+        None => source.to_string(),
+    }
+}
+
+impl Source for Checked {
+    fn next_document(&mut self) -> Result<Option<Document>, SourceError> {
+        if self.finished {
+            return Ok(None);
+        }
+        let Some(document) = self.inner.next_document()? else {
+            self.finished = true;
+            if self.inner.stats().documents == 0 {
+                return Err(SourceError::Empty {
+                    input: self.input.clone(),
+                });
+            }
+            return Ok(None);
+        };
+        let row = self.inner.last_row();
+        match self.seen.entry(id_hash(&document.doc_id)) {
+            std::collections::hash_map::Entry::Occupied(first) => {
+                let (first_source, first_row) = first.get();
+                Err(SourceError::DuplicateId {
+                    id: document.doc_id.clone(),
+                    first: location(first_source, *first_row),
+                    second: location(&document.source, row),
+                })
+            }
+            std::collections::hash_map::Entry::Vacant(slot) => {
+                slot.insert((Arc::clone(&document.source), row));
+                Ok(Some(document))
+            }
+        }
+    }
+
+    fn stats(&self) -> SourceStats {
+        self.inner.stats()
+    }
+
+    fn last_row(&self) -> Option<u64> {
+        self.inner.last_row()
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::*;
+
+    /// Reads a source to its end, or to its first error.
+    pub fn read_all(source: &mut dyn Source) -> Result<Vec<Document>, SourceError> {
+        let mut documents = Vec::new();
+        while let Some(document) = source.next_document()? {
+            documents.push(document);
+        }
+        Ok(documents)
+    }
+
+    /// Reads until the first error and returns it, failing if there is none.
+    pub fn first_error(source: &mut dyn Source) -> SourceError {
+        loop {
+            match source.next_document() {
+                Ok(Some(_)) => {}
+                Ok(None) => panic!("expected an error, the source ended cleanly"),
+                Err(error) => return error,
+            }
+        }
+    }
+
+    pub fn config(kind: SourceKind, path: &Path, text: &str, id: Option<&str>) -> SourceConfig {
+        SourceConfig {
+            kind,
+            paths: Vec::new(),
+            path: Some(path.to_path_buf()),
+            text_field: Some(text.to_string()),
+            id_field: id.map(str::to_string),
+        }
+    }
+
+    pub fn ids(documents: &[Document]) -> Vec<&str> {
+        documents.iter().map(|d| d.doc_id.as_str()).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::*;
+    use super::*;
+
+    #[test]
+    fn a_repeated_id_names_both_places() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("in.jsonl");
+        std::fs::write(
+            &path,
+            "{\"id\": \"a\", \"text\": \"one\"}\n{\"id\": \"b\", \"text\": \"two\"}\n{\"id\": \"a\", \"text\": \"three\"}\n",
+        )
+        .unwrap();
+        let mut source = open(&config(SourceKind::Jsonl, &path, "text", Some("id"))).unwrap();
+        let error = first_error(source.as_mut());
+        assert!(matches!(error, SourceError::DuplicateId { .. }), "{error}");
+        let message = error.to_string();
+        assert!(message.contains("\"a\""), "{message}");
+        assert!(message.contains("in.jsonl row 1"), "{message}");
+        assert!(message.contains("in.jsonl row 3"), "{message}");
+    }
+
+    #[test]
+    fn an_integer_id_and_a_string_id_with_the_same_text_collide() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("in.jsonl");
+        std::fs::write(
+            &path,
+            "{\"id\": 7, \"text\": \"one\"}\n{\"id\": \"7\", \"text\": \"two\"}\n",
+        )
+        .unwrap();
+        let mut source = open(&config(SourceKind::Jsonl, &path, "text", Some("id"))).unwrap();
+        let error = first_error(source.as_mut());
+        assert!(
+            matches!(error, SourceError::DuplicateId { ref id, .. } if id == "7"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn the_same_file_name_under_two_directories_is_a_duplicate() {
+        let dir = tempfile::tempdir().unwrap();
+        for sub in ["one", "two"] {
+            std::fs::create_dir(dir.path().join(sub)).unwrap();
+            std::fs::write(dir.path().join(sub).join("a.md"), "# A").unwrap();
+        }
+        let config = SourceConfig {
+            kind: SourceKind::Files,
+            paths: vec![
+                path_text(&dir.path().join("one")),
+                path_text(&dir.path().join("two")),
+            ],
+            path: None,
+            text_field: None,
+            id_field: None,
+        };
+        let mut source = open(&config).unwrap();
+        let error = first_error(source.as_mut());
+        let message = error.to_string();
+        assert!(
+            matches!(error, SourceError::DuplicateId { .. }),
+            "{message}"
+        );
+        let first = path_text(&dir.path().join("one").join("a.md"));
+        let second = path_text(&dir.path().join("two").join("a.md"));
+        assert!(message.contains(&first), "{message}");
+        assert!(message.contains(&second), "{message}");
+    }
+
+    #[test]
+    fn an_input_without_documents_is_an_error_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("in.jsonl");
+        std::fs::write(&path, "\n{\"text\": null}\n{\"text\": \"  \"}\n").unwrap();
+        let mut source = open(&config(SourceKind::Jsonl, &path, "text", None)).unwrap();
+        let error = first_error(source.as_mut());
+        assert!(matches!(error, SourceError::Empty { .. }), "{error}");
+        assert!(error.to_string().contains("in.jsonl"), "{error}");
+        assert_eq!(
+            source.stats(),
+            SourceStats {
+                documents: 0,
+                skipped_null: 1,
+                skipped_empty: 1
+            }
+        );
+        // The error is reported once; the stream then stays ended.
+        assert!(source.next_document().unwrap().is_none());
+    }
+
+    #[test]
+    fn a_missing_file_is_found_at_open() {
+        let dir = tempfile::tempdir().unwrap();
+        for kind in [SourceKind::Jsonl, SourceKind::Csv, SourceKind::Parquet] {
+            let path = dir.path().join("absent");
+            let Err(error) = open(&config(kind, &path, "text", None)) else {
+                panic!("{kind}: opened a missing file");
+            };
+            assert!(
+                matches!(error, SourceError::NotFound { .. }),
+                "{kind}: {error}"
+            );
+            assert!(error.is_found_at_open(), "{kind}: {error}");
+            assert!(error.to_string().contains("absent"), "{kind}: {error}");
+        }
+    }
+
+    #[test]
+    fn which_errors_are_found_at_open() {
+        let path = PathBuf::from("x");
+        assert!(SourceError::Column {
+            path: path.clone(),
+            column: "text".into(),
+            message: "missing".into()
+        }
+        .is_found_at_open());
+        assert!(SourceError::NoMatch {
+            pattern: "*.md".into()
+        }
+        .is_found_at_open());
+        assert!(!SourceError::Utf8 { path, offset: 0 }.is_found_at_open());
+        assert!(!SourceError::Empty { input: "x".into() }.is_found_at_open());
+    }
 }

@@ -1,0 +1,892 @@
+//! Parquet: a file, or a directory of `*.parquet` files read in name order.
+//!
+//! Only the text (and id) columns are decoded, a record batch at a time, so
+//! memory is bounded by one batch whatever the file's size.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arrow::array::{
+    Array, ArrayRef, AsArray, LargeStringArray, RecordBatch, StringArray, StringViewArray,
+};
+use arrow::buffer::NullBuffer;
+use arrow::datatypes::{DataType, Schema};
+use parquet::arrow::arrow_reader::{ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder};
+use parquet::arrow::ProjectionMask;
+use parquet::file::metadata::ParquetMetaData;
+
+use super::{io_error, open_file, path_text, Document, Source, SourceError, SourceStats};
+
+/// Rows decoded at a time: enough to amortise decoding, small enough that a
+/// batch of long documents stays modest.
+const BATCH_ROWS: usize = 1024;
+
+pub struct ParquetSource {
+    files: std::vec::IntoIter<PathBuf>,
+    text_field: String,
+    id_field: Option<String>,
+    current: Option<OpenFile>,
+    last_row: Option<u64>,
+    stats: SourceStats,
+}
+
+/// The file being read and the batch being handed out.
+struct OpenFile {
+    path: PathBuf,
+    source: Arc<str>,
+    reader: ParquetRecordBatchReader,
+    batch: Option<Batch>,
+    /// Rows of this file in the batches before the current one.
+    rows_before: u64,
+}
+
+struct Batch {
+    text: Strings,
+    id: Option<Strings>,
+    len: usize,
+    next: usize,
+}
+
+impl ParquetSource {
+    pub fn open(
+        path: &Path,
+        text_field: &str,
+        id_field: Option<&str>,
+    ) -> Result<Self, SourceError> {
+        let files = list_files(path)?;
+        // Every file's footer and columns are checked now, so a bad file late
+        // in a directory stops the job before any work.
+        for file in &files {
+            let builder = builder(file)?;
+            check_column(file, builder.schema(), text_field, false)?;
+            if let Some(id_field) = id_field {
+                check_column(file, builder.schema(), id_field, true)?;
+            }
+        }
+        Ok(ParquetSource {
+            files: files.into_iter(),
+            text_field: text_field.to_string(),
+            id_field: id_field.map(str::to_string),
+            current: None,
+            last_row: None,
+            stats: SourceStats::default(),
+        })
+    }
+
+    fn open_next_file(&mut self) -> Result<bool, SourceError> {
+        let Some(path) = self.files.next() else {
+            return Ok(false);
+        };
+        let builder = builder(&path)?;
+        let schema = Arc::clone(builder.schema());
+        let mut roots = vec![column_index(&path, &schema, &self.text_field)?];
+        if let Some(id_field) = &self.id_field {
+            roots.push(column_index(&path, &schema, id_field)?);
+        }
+        let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
+        let built = guard(&path, || {
+            builder
+                .with_projection(mask)
+                .with_batch_size(BATCH_ROWS)
+                .build()
+        })?;
+        let reader = built.map_err(|e| corrupt(&path, e))?;
+        self.current = Some(OpenFile {
+            source: Arc::from(path_text(&path)),
+            path,
+            reader,
+            batch: None,
+            rows_before: 0,
+        });
+        Ok(true)
+    }
+}
+
+impl Source for ParquetSource {
+    fn next_document(&mut self) -> Result<Option<Document>, SourceError> {
+        loop {
+            let Some(file) = self.current.as_mut() else {
+                if self.open_next_file()? {
+                    continue;
+                }
+                return Ok(None);
+            };
+            let batch = match file.batch.as_mut() {
+                Some(batch) if batch.next < batch.len => batch,
+                _ => {
+                    if let Some(done) = file.batch.take() {
+                        file.rows_before += done.len as u64;
+                    }
+                    match file.next_batch(&self.text_field, self.id_field.as_deref())? {
+                        Some(batch) => file.batch.insert(batch),
+                        None => {
+                            self.current = None;
+                            continue;
+                        }
+                    }
+                }
+            };
+            let index = batch.next;
+            batch.next += 1;
+            let row = file.rows_before + index as u64 + 1;
+            let Some(text) = batch.text.get(index) else {
+                self.stats.skipped_null += 1;
+                continue;
+            };
+            if text.trim().is_empty() {
+                self.stats.skipped_empty += 1;
+                continue;
+            }
+            let text = text.to_string();
+            let doc_id = match &batch.id {
+                None => row.to_string(),
+                Some(ids) => match ids.get(index) {
+                    Some(id) if !id.is_empty() => id.to_string(),
+                    found => {
+                        let what = if found.is_some() { "empty" } else { "null" };
+                        return Err(SourceError::Row {
+                            path: file.path.clone(),
+                            row,
+                            message: format!(
+                                "id column {:?} is {what}",
+                                self.id_field.as_deref().unwrap_or_default()
+                            ),
+                        });
+                    }
+                },
+            };
+            self.stats.documents += 1;
+            self.last_row = Some(row);
+            return Ok(Some(Document {
+                doc_id,
+                source: Arc::clone(&file.source),
+                text,
+            }));
+        }
+    }
+
+    fn stats(&self) -> SourceStats {
+        self.stats
+    }
+
+    fn last_row(&self) -> Option<u64> {
+        self.last_row
+    }
+}
+
+impl OpenFile {
+    fn next_batch(
+        &mut self,
+        text_field: &str,
+        id_field: Option<&str>,
+    ) -> Result<Option<Batch>, SourceError> {
+        let reader = &mut self.reader;
+        let next = guard(&self.path, || reader.next())?;
+        let batch: RecordBatch = match next {
+            None => return Ok(None),
+            Some(Ok(batch)) => batch,
+            Some(Err(e)) => {
+                return Err(SourceError::Corrupt {
+                    path: self.path.clone(),
+                    message: format!("after row {}: {e}", self.rows_before),
+                })
+            }
+        };
+        let column = |name: &str| {
+            batch
+                .column_by_name(name)
+                .cloned()
+                .ok_or_else(|| SourceError::Corrupt {
+                    path: self.path.clone(),
+                    message: format!("column {name:?} is missing from the decoded rows"),
+                })
+        };
+        let text = Strings::new(&self.path, text_field, &column(text_field)?)?;
+        let id = match id_field {
+            Some(name) => Some(Strings::new(&self.path, name, &column(name)?)?),
+            None => None,
+        };
+        Ok(Some(Batch {
+            text,
+            id,
+            len: batch.num_rows(),
+            next: 0,
+        }))
+    }
+}
+
+/// The files a `path` names: itself, or a directory's `*.parquet` files in
+/// name order.
+fn list_files(path: &Path) -> Result<Vec<PathBuf>, SourceError> {
+    let metadata = std::fs::metadata(path).map_err(|e| io_error(path, e))?;
+    if !metadata.is_dir() {
+        return Ok(vec![path.to_path_buf()]);
+    }
+    let mut files = Vec::new();
+    for item in std::fs::read_dir(path).map_err(|e| io_error(path, e))? {
+        let item = item.map_err(|e| io_error(path, e))?;
+        let file = item.path();
+        let is_parquet = file
+            .extension()
+            .is_some_and(|ext| ext.eq_ignore_ascii_case("parquet"));
+        if is_parquet && file.is_file() {
+            files.push(file);
+        }
+    }
+    if files.is_empty() {
+        return Err(SourceError::NoMatch {
+            pattern: path_text(&path.join("*.parquet")),
+        });
+    }
+    files.sort();
+    Ok(files)
+}
+
+fn builder(path: &Path) -> Result<ParquetRecordBatchReaderBuilder<std::fs::File>, SourceError> {
+    let file = open_file(path)?;
+    let file_len = file.metadata().map_err(|e| io_error(path, e))?.len();
+    let builder = guard(path, || ParquetRecordBatchReaderBuilder::try_new(file))?
+        .map_err(|e| corrupt(path, e))?;
+    check_layout(path, builder.metadata(), file_len)?;
+    Ok(builder)
+}
+
+/// Checks the footer's row counts and column chunk ranges, which the decoder
+/// trusts: a negative or out-of-file value there makes it panic or overflow
+/// instead of returning an error.
+fn check_layout(path: &Path, metadata: &ParquetMetaData, file_len: u64) -> Result<(), SourceError> {
+    let mut rows: u64 = 0;
+    for (group_index, group) in metadata.row_groups().iter().enumerate() {
+        let bad = |what: String| corrupt(path, format!("row group {group_index}: {what}"));
+        let group_rows = u64::try_from(group.num_rows())
+            .map_err(|_| bad(format!("row count {} is negative", group.num_rows())))?;
+        rows = rows
+            .checked_add(group_rows)
+            .filter(|&total| usize::try_from(total).is_ok())
+            .ok_or_else(|| bad("row counts overflow".to_string()))?;
+        for column in group.columns() {
+            let start = column
+                .dictionary_page_offset()
+                .unwrap_or_else(|| column.data_page_offset());
+            let len = column.compressed_size();
+            let in_file = u64::try_from(start)
+                .ok()
+                .zip(u64::try_from(len).ok())
+                .and_then(|(start, len)| start.checked_add(len))
+                .is_some_and(|end| end <= file_len);
+            if !in_file {
+                return Err(bad(format!(
+                    "column {}: bytes {start}..{start}+{len} lie outside the file ({file_len} bytes)",
+                    column.column_path()
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn corrupt(path: &Path, error: impl std::fmt::Display) -> SourceError {
+    SourceError::Corrupt {
+        path: path.to_path_buf(),
+        message: error.to_string(),
+    }
+}
+
+/// Runs a step of the Parquet decoder, turning a panic on malformed input
+/// into an error that names the file. The decoder validates most input, but
+/// a damaged file must never take the whole job down without saying which.
+fn guard<T>(path: &Path, step: impl FnOnce() -> T) -> Result<T, SourceError> {
+    catch_unwind(AssertUnwindSafe(step)).map_err(|panic| {
+        let detail = panic
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "the decoder failed".to_string());
+        corrupt(path, format!("malformed data ({detail})"))
+    })
+}
+
+fn column_index(path: &Path, schema: &Schema, name: &str) -> Result<usize, SourceError> {
+    schema.index_of(name).map_err(|_| {
+        let available: Vec<String> = schema
+            .fields()
+            .iter()
+            .map(|f| format!("{:?}", f.name()))
+            .collect();
+        SourceError::Column {
+            path: path.to_path_buf(),
+            column: name.to_string(),
+            message: format!("no such column; the columns are {}", available.join(", ")),
+        }
+    })
+}
+
+fn is_string(data_type: &DataType) -> bool {
+    match data_type {
+        DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => true,
+        DataType::Dictionary(_, values) => {
+            matches!(
+                **values,
+                DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View
+            )
+        }
+        _ => false,
+    }
+}
+
+fn check_column(path: &Path, schema: &Schema, name: &str, is_id: bool) -> Result<(), SourceError> {
+    let field = schema.field(column_index(path, schema, name)?);
+    let data_type = field.data_type();
+    if is_string(data_type) || (is_id && data_type.is_integer()) {
+        return Ok(());
+    }
+    let allowed = if is_id {
+        "a string or integer type"
+    } else {
+        "a string type"
+    };
+    Err(SourceError::Column {
+        path: path.to_path_buf(),
+        column: name.to_string(),
+        message: format!(
+            "has type {data_type}, not {allowed} (utf8, large_utf8, utf8_view or a dictionary of them)"
+        ),
+    })
+}
+
+/// A decoded column read as text, whatever its Arrow string type.
+enum Strings {
+    Utf8(StringArray),
+    Large(LargeStringArray),
+    View(StringViewArray),
+    Dictionary {
+        /// Null keys; a null value is checked in `values`.
+        nulls: Option<NullBuffer>,
+        keys: Vec<usize>,
+        values: Box<Strings>,
+    },
+}
+
+impl Strings {
+    fn new(path: &Path, name: &str, array: &ArrayRef) -> Result<Self, SourceError> {
+        let unsupported = || SourceError::Column {
+            path: path.to_path_buf(),
+            column: name.to_string(),
+            message: format!("has type {}, not a string type", array.data_type()),
+        };
+        Ok(match array.data_type() {
+            DataType::Utf8 => Strings::Utf8(array.as_string::<i32>().clone()),
+            DataType::LargeUtf8 => Strings::Large(array.as_string::<i64>().clone()),
+            DataType::Utf8View => Strings::View(array.as_string_view().clone()),
+            DataType::Dictionary(_, _) => {
+                let dictionary = array.as_any_dictionary_opt().ok_or_else(unsupported)?;
+                Strings::Dictionary {
+                    nulls: dictionary.keys().logical_nulls(),
+                    keys: dictionary.normalized_keys(),
+                    values: Box::new(Strings::new(path, name, dictionary.values())?),
+                }
+            }
+            t if t.is_integer() => {
+                // Integer ids are rendered as decimal text, once per batch.
+                let text =
+                    arrow::compute::cast(array, &DataType::Utf8).map_err(|e| corrupt(path, e))?;
+                Strings::Utf8(text.as_string::<i32>().clone())
+            }
+            _ => return Err(unsupported()),
+        })
+    }
+
+    /// The value at `index`, or `None` when it is null.
+    fn get(&self, index: usize) -> Option<&str> {
+        match self {
+            Strings::Utf8(a) => a.is_valid(index).then(|| a.value(index)),
+            Strings::Large(a) => a.is_valid(index).then(|| a.value(index)),
+            Strings::View(a) => a.is_valid(index).then(|| a.value(index)),
+            Strings::Dictionary {
+                nulls,
+                keys,
+                values,
+            } => {
+                if nulls.as_ref().is_some_and(|n| n.is_null(index)) {
+                    return None;
+                }
+                values.get(*keys.get(index)?)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::{first_error, ids, read_all};
+    use super::*;
+    use arrow::array::{
+        DictionaryArray, Int32Array, Int64Array, LargeStringArray, StringArray, StringViewArray,
+        UInt16Array,
+    };
+    use arrow::datatypes::{Field, Int8Type, UInt32Type};
+    use parquet::arrow::ArrowWriter;
+    use parquet::basic::Compression;
+    use parquet::file::properties::WriterProperties;
+
+    fn write(path: &Path, columns: Vec<(&str, ArrayRef)>) {
+        write_with(path, columns, Compression::SNAPPY, None);
+    }
+
+    fn write_with(
+        path: &Path,
+        columns: Vec<(&str, ArrayRef)>,
+        compression: Compression,
+        row_group_rows: Option<usize>,
+    ) {
+        let fields: Vec<Field> = columns
+            .iter()
+            .map(|(name, array)| Field::new(*name, array.data_type().clone(), true))
+            .collect();
+        let batch = RecordBatch::try_new(
+            Arc::new(Schema::new(fields)),
+            columns.into_iter().map(|(_, a)| a).collect(),
+        )
+        .unwrap();
+        let mut properties = WriterProperties::builder().set_compression(compression);
+        if let Some(rows) = row_group_rows {
+            properties = properties.set_max_row_group_row_count(Some(rows));
+        }
+        let file = std::fs::File::create(path).unwrap();
+        let mut writer =
+            ArrowWriter::try_new(file, batch.schema(), Some(properties.build())).unwrap();
+        writer.write(&batch).unwrap();
+        writer.close().unwrap();
+    }
+
+    fn texts(documents: &[Document]) -> Vec<&str> {
+        documents.iter().map(|d| d.text.as_str()).collect()
+    }
+
+    fn utf8(values: &[Option<&str>]) -> ArrayRef {
+        Arc::new(StringArray::from(values.to_vec()))
+    }
+
+    #[test]
+    fn rows_stream_with_ids_texts_and_skips() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("docs.parquet");
+        write(
+            &path,
+            vec![
+                ("id", utf8(&[Some("a"), Some("b"), Some("c"), Some("d")])),
+                ("extra", Arc::new(Int32Array::from(vec![1, 2, 3, 4]))),
+                (
+                    "text",
+                    utf8(&[Some("one"), None, Some(" \n"), Some("four")]),
+                ),
+            ],
+        );
+        let mut source = ParquetSource::open(&path, "text", Some("id")).unwrap();
+        let documents = read_all(&mut source).unwrap();
+        assert_eq!(ids(&documents), ["a", "d"]);
+        assert_eq!(texts(&documents), ["one", "four"]);
+        assert_eq!(&*documents[0].source, path_text(&path));
+        assert_eq!(source.last_row(), Some(4));
+        assert_eq!(
+            source.stats(),
+            SourceStats {
+                documents: 2,
+                skipped_null: 1,
+                skipped_empty: 1
+            }
+        );
+    }
+
+    #[test]
+    fn row_numbers_count_from_one_across_batches_and_row_groups() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("many.parquet");
+        let rows = 2 * BATCH_ROWS + 11;
+        assert_ne!(rows % 7, 0, "the last row must have text");
+        let values: Vec<Option<String>> = (1..=rows)
+            .map(|i| (i % 7 != 0).then(|| format!("text {i}")))
+            .collect();
+        write_with(
+            &path,
+            vec![("text", Arc::new(StringArray::from(values)) as ArrayRef)],
+            Compression::ZSTD(Default::default()),
+            Some(700),
+        );
+        let mut source = ParquetSource::open(&path, "text", None).unwrap();
+        let documents = read_all(&mut source).unwrap();
+        assert_eq!(documents.len(), rows - rows / 7);
+        for document in &documents {
+            assert_eq!(document.text, format!("text {}", document.doc_id));
+        }
+        assert_eq!(documents.last().unwrap().doc_id, rows.to_string());
+        assert_eq!(source.stats().skipped_null, (rows / 7) as u64);
+    }
+
+    #[test]
+    fn every_arrow_string_type_reads_as_text() {
+        let dir = tempfile::tempdir().unwrap();
+        let values = [Some("alpha"), None, Some("beta"), Some("alpha"), Some("")];
+        // Null keys, null values and an empty value, unlike the
+        // dictionaries the writer builds for plain strings.
+        let keys = [Some(0i8), Some(1), None, Some(0), Some(2)];
+        let columns: Vec<(&str, ArrayRef)> = vec![
+            ("utf8", utf8(&values)),
+            ("large", Arc::new(LargeStringArray::from(values.to_vec()))),
+            ("view", Arc::new(StringViewArray::from(values.to_vec()))),
+            (
+                "dictionary",
+                Arc::new(DictionaryArray::<Int8Type>::from_iter(
+                    values.iter().copied(),
+                )),
+            ),
+            (
+                "dictionary_large",
+                Arc::new(
+                    DictionaryArray::<UInt32Type>::try_new(
+                        keys.iter()
+                            .map(|k| k.map(|k| u32::from(k.unsigned_abs())))
+                            .collect(),
+                        Arc::new(LargeStringArray::from(vec![Some("alpha"), None, Some("")])),
+                    )
+                    .unwrap(),
+                ),
+            ),
+            (
+                "dictionary_view",
+                Arc::new(
+                    DictionaryArray::<Int8Type>::try_new(
+                        keys.iter().copied().collect(),
+                        Arc::new(StringViewArray::from(vec![Some("alpha"), None, Some("")])),
+                    )
+                    .unwrap(),
+                ),
+            ),
+        ];
+        let path = dir.path().join("types.parquet");
+        write(&path, columns.clone());
+        // The written types come back, so each one is really exercised.
+        let file_schema = builder(&path).unwrap().schema().clone();
+        for (name, array) in &columns {
+            let field = file_schema.field_with_name(name).unwrap();
+            assert_eq!(field.data_type(), array.data_type(), "{name}");
+        }
+        for (name, _) in &columns {
+            let mut source = ParquetSource::open(&path, name, None).unwrap();
+            let documents = read_all(&mut source).unwrap();
+            let expected: &[&str] = match *name {
+                "utf8" | "large" | "view" | "dictionary" => &["1", "3", "4"],
+                _ => &["1", "4"],
+            };
+            assert_eq!(ids(&documents), expected, "{name}");
+            assert!(
+                texts(&documents)
+                    .iter()
+                    .all(|t| *t == "alpha" || *t == "beta"),
+                "{name}"
+            );
+            let stats = source.stats();
+            assert_eq!(stats.skipped_empty, 1, "{name}");
+            assert_eq!(
+                stats.documents + stats.skipped_null + stats.skipped_empty,
+                5,
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn integer_and_dictionary_ids_become_text() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ids.parquet");
+        write(
+            &path,
+            vec![
+                ("text", utf8(&[Some("x"), Some("y")])),
+                ("n", Arc::new(Int64Array::from(vec![-5, 9_000_000_000]))),
+                ("u", Arc::new(UInt16Array::from(vec![7, 8]))),
+                (
+                    "d",
+                    Arc::new(DictionaryArray::<Int8Type>::from_iter([
+                        Some("k1"),
+                        Some("k2"),
+                    ])),
+                ),
+            ],
+        );
+        for (column, expected) in [
+            ("n", ["-5", "9000000000"]),
+            ("u", ["7", "8"]),
+            ("d", ["k1", "k2"]),
+        ] {
+            let documents =
+                read_all(&mut ParquetSource::open(&path, "text", Some(column)).unwrap()).unwrap();
+            assert_eq!(ids(&documents), expected, "{column}");
+        }
+    }
+
+    #[test]
+    fn a_null_id_names_the_row() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ids.parquet");
+        write(
+            &path,
+            vec![
+                ("text", utf8(&[Some("x"), Some("y")])),
+                ("id", Arc::new(Int64Array::from(vec![Some(1), None]))),
+            ],
+        );
+        let error = first_error(&mut ParquetSource::open(&path, "text", Some("id")).unwrap());
+        assert!(matches!(error, SourceError::Row { row: 2, .. }), "{error}");
+        assert!(error.to_string().contains("ids.parquet"), "{error}");
+        assert!(error.to_string().contains("\"id\" is null"), "{error}");
+    }
+
+    #[test]
+    fn a_missing_column_lists_the_columns() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("docs.parquet");
+        write(
+            &path,
+            vec![("body", utf8(&[Some("x")])), ("key", utf8(&[Some("k")]))],
+        );
+        for (text, id) in [("text", None), ("body", Some("id"))] {
+            let Err(error) = ParquetSource::open(&path, text, id) else {
+                panic!("opened without the column");
+            };
+            assert!(matches!(error, SourceError::Column { .. }), "{error}");
+            assert!(error.is_found_at_open());
+            let message = error.to_string();
+            assert!(message.contains("docs.parquet"), "{message}");
+            assert!(message.contains("\"body\", \"key\""), "{message}");
+        }
+    }
+
+    #[test]
+    fn a_non_string_column_names_its_type() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("docs.parquet");
+        write(
+            &path,
+            vec![
+                ("text", Arc::new(Int64Array::from(vec![1])) as ArrayRef),
+                ("body", utf8(&[Some("x")])),
+                (
+                    "flag",
+                    Arc::new(arrow::array::BooleanArray::from(vec![true])),
+                ),
+            ],
+        );
+        let Err(error) = ParquetSource::open(&path, "text", None) else {
+            panic!("opened an Int64 text column");
+        };
+        let message = error.to_string();
+        assert!(matches!(error, SourceError::Column { .. }), "{message}");
+        assert!(error.is_found_at_open());
+        assert!(message.contains("docs.parquet"), "{message}");
+        assert!(message.contains("column \"text\""), "{message}");
+        assert!(message.contains("Int64"), "{message}");
+        let Err(error) = ParquetSource::open(&path, "body", Some("flag")) else {
+            panic!("opened a Boolean id column");
+        };
+        assert!(error.to_string().contains("Boolean"), "{error}");
+    }
+
+    #[test]
+    fn a_file_that_is_not_parquet_is_corrupt() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("noise.parquet");
+        let noise: Vec<u8> = (0..4096u32)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect();
+        std::fs::write(&path, noise).unwrap();
+        let Err(error) = ParquetSource::open(&path, "text", None) else {
+            panic!("opened random bytes");
+        };
+        assert!(matches!(error, SourceError::Corrupt { .. }), "{error}");
+        assert!(error.to_string().contains("noise.parquet"), "{error}");
+        std::fs::write(&path, b"").unwrap();
+        assert!(matches!(
+            ParquetSource::open(&path, "text", None),
+            Err(SourceError::Corrupt { .. })
+        ));
+    }
+
+    #[test]
+    fn a_truncated_file_is_corrupt() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cut.parquet");
+        let values: Vec<String> = (0..5000).map(|i| format!("document number {i}")).collect();
+        write(
+            &path,
+            vec![("text", Arc::new(StringArray::from(values)) as ArrayRef)],
+        );
+        let bytes = std::fs::read(&path).unwrap();
+        for keep in [bytes.len() - 1, bytes.len() / 2, 8] {
+            std::fs::write(&path, &bytes[..keep]).unwrap();
+            let Err(error) = ParquetSource::open(&path, "text", None) else {
+                panic!("opened a file cut to {keep} bytes");
+            };
+            assert!(
+                matches!(error, SourceError::Corrupt { .. }),
+                "{keep}: {error}"
+            );
+            assert!(error.to_string().contains("cut.parquet"), "{error}");
+        }
+    }
+
+    #[test]
+    fn damaged_pages_are_an_error_not_a_crash() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("damaged.parquet");
+        let values: Vec<String> = (0..3000).map(|i| format!("document number {i}")).collect();
+        write_with(
+            &path,
+            vec![("text", Arc::new(StringArray::from(values)) as ArrayRef)],
+            Compression::UNCOMPRESSED,
+            None,
+        );
+        let bytes = std::fs::read(&path).unwrap();
+        // Overwrite bytes in the data pages, leaving the footer intact.
+        let mut damaged = bytes.clone();
+        for byte in &mut damaged[4..bytes.len() / 2] {
+            *byte = byte.wrapping_mul(31).wrapping_add(7);
+        }
+        std::fs::write(&path, &damaged).unwrap();
+        let error = match ParquetSource::open(&path, "text", None) {
+            Err(error) => error,
+            Ok(mut source) => first_error(&mut source),
+        };
+        assert!(matches!(error, SourceError::Corrupt { .. }), "{error}");
+        assert!(error.to_string().contains("damaged.parquet"), "{error}");
+    }
+
+    #[test]
+    fn a_directory_reads_its_parquet_files_in_name_order() {
+        let dir = tempfile::tempdir().unwrap();
+        write(
+            &dir.path().join("b.parquet"),
+            vec![("text", utf8(&[Some("b1"), Some("b2")]))],
+        );
+        write(
+            &dir.path().join("a.parquet"),
+            vec![("text", utf8(&[Some("a1")]))],
+        );
+        std::fs::write(dir.path().join("notes.txt"), "not parquet").unwrap();
+        let mut source = ParquetSource::open(dir.path(), "text", None).unwrap();
+        let documents = read_all(&mut source).unwrap();
+        assert_eq!(texts(&documents), ["a1", "b1", "b2"]);
+        assert_eq!(ids(&documents), ["1", "1", "2"]);
+        assert_eq!(
+            &*documents[1].source,
+            path_text(&dir.path().join("b.parquet"))
+        );
+    }
+
+    #[test]
+    fn a_bad_file_anywhere_in_a_directory_stops_at_open() {
+        let dir = tempfile::tempdir().unwrap();
+        write(
+            &dir.path().join("a.parquet"),
+            vec![("text", utf8(&[Some("a1")]))],
+        );
+        write(
+            &dir.path().join("b.parquet"),
+            vec![("body", utf8(&[Some("b1")]))],
+        );
+        let Err(error) = ParquetSource::open(dir.path(), "text", None) else {
+            panic!("opened a directory with a file lacking the column");
+        };
+        assert!(error.to_string().contains("b.parquet"), "{error}");
+        assert!(error.is_found_at_open());
+    }
+
+    #[test]
+    fn a_directory_without_parquet_files_matches_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("notes.txt"), "x").unwrap();
+        let Err(error) = ParquetSource::open(dir.path(), "text", None) else {
+            panic!("opened a directory without Parquet files");
+        };
+        assert!(matches!(error, SourceError::NoMatch { .. }), "{error}");
+        assert!(error.to_string().contains("*.parquet"), "{error}");
+    }
+
+    #[test]
+    fn a_file_without_rows_has_no_documents() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("none.parquet");
+        write(&path, vec![("text", utf8(&[]))]);
+        let mut source = ParquetSource::open(&path, "text", None).unwrap();
+        assert!(read_all(&mut source).unwrap().is_empty());
+        let config =
+            super::super::testing::config(crate::job::SourceKind::Parquet, &path, "text", None);
+        let mut source = super::super::open(&config).unwrap();
+        let error = first_error(source.as_mut());
+        assert!(matches!(error, SourceError::Empty { .. }), "{error}");
+        assert!(error.to_string().contains("none.parquet"), "{error}");
+    }
+
+    #[test]
+    fn a_panic_in_the_decoder_becomes_an_error_naming_the_file() {
+        let result: Result<(), SourceError> =
+            guard(Path::new("x.parquet"), || panic!("index out of bounds"));
+        let Err(error) = result else {
+            panic!("the panic was not caught");
+        };
+        assert!(matches!(error, SourceError::Corrupt { .. }), "{error}");
+        assert!(error.to_string().contains("x.parquet"), "{error}");
+        assert!(error.to_string().contains("index out of bounds"), "{error}");
+    }
+
+    /// Regression: parquet 60 panics on a footer whose column chunk offsets
+    /// or row counts are negative ("column start and length should not be
+    /// negative", "attempt to add with overflow"). Every one-byte change to
+    /// the footer must be read, or reported as corrupt by the layout checks.
+    #[test]
+    fn regression_damaged_footer_is_reported_not_panicked() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("footer.parquet");
+        let values: Vec<String> = (0..400).map(|i| format!("document {i}")).collect();
+        let names: Vec<String> = (0..400).map(|i| format!("k{}", i % 13)).collect();
+        let dictionary: DictionaryArray<Int8Type> = names.iter().map(String::as_str).collect();
+        write_with(
+            &path,
+            vec![
+                ("text", Arc::new(StringArray::from(values)) as ArrayRef),
+                ("id", Arc::new(dictionary)),
+            ],
+            Compression::ZSTD(Default::default()),
+            Some(200),
+        );
+        let bytes = std::fs::read(&path).unwrap();
+        let footer_len = bytes[bytes.len() - 8..bytes.len() - 4]
+            .iter()
+            .rev()
+            .fold(0usize, |n, b| (n << 8) | usize::from(*b));
+        let footer = bytes.len() - 8 - footer_len..bytes.len() - 8;
+        let mut damaged = 0;
+        for index in footer {
+            let mut changed = bytes.clone();
+            changed[index] = changed[index].wrapping_add(1);
+            std::fs::write(&path, &changed).unwrap();
+            let column = if index % 2 == 0 { "text" } else { "id" };
+            let result = ParquetSource::open(&path, column, None)
+                .and_then(|mut source| read_all(&mut source).map(|_| ()));
+            match result {
+                Ok(()) => {}
+                Err(SourceError::Corrupt { message, .. }) => {
+                    assert!(
+                        !message.contains("malformed data"),
+                        "byte {index}: {message}"
+                    );
+                    damaged += 1;
+                }
+                Err(other) if other.is_found_at_open() => {}
+                Err(other) => panic!("byte {index}: {other}"),
+            }
+        }
+        assert!(damaged > 0);
+    }
+}
