@@ -20,6 +20,8 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Run a job: read, chunk, embed, validate and write Parquet.
+    Run(RunArgs),
     /// List the models the key can see, or show one.
     Models(ModelsArgs),
     /// Embed a few texts and print the vectors.

@@ -277,3 +277,67 @@ pub async fn simulate(options: SimulateOptions) -> Outcome {
     simulate::serve(options).await.map_err(Failure::failed)?;
     Ok(Exit::Success)
 }
+
+pub async fn run(args: &crate::cli::RunArgs) -> Outcome {
+    let job = crate::job::load(&args.job.job, &args.job.overrides).map_err(Failure::usage)?;
+    let stages = crate::run::build(&job).await?;
+    let summary = crate::pipeline::run(&job, stages.backend, stages.chunker)
+        .await
+        .map_err(|e| Failure {
+            exit: e.exit(),
+            error: e.into(),
+        })?;
+    if args.json {
+        print_json(&serde_json::to_value(&summary).map_err(Failure::failed)?)?;
+    } else {
+        print!("{}", summary_text(&summary));
+    }
+    Ok(if summary.quarantined > 0 {
+        Exit::Quarantined
+    } else {
+        Exit::Success
+    })
+}
+
+/// The human form of a run's summary.
+pub fn summary_text(s: &crate::pipeline::Summary) -> String {
+    let mut out = format!(
+        "{job}: {written} chunks from {documents} documents written to {output}\n",
+        job = s.job,
+        written = s.written,
+        documents = s.documents,
+        output = s.output.display()
+    );
+    out.push_str(&format!(
+        "  model {} ({} backend), {} dimensions\n",
+        s.model,
+        s.backend,
+        s.dimensions
+            .map_or_else(|| "?".to_string(), |d| d.to_string())
+    ));
+    out.push_str(&format!(
+        "  tokens: {} billed, {} estimated locally; {} requests, {} retries ({} throttled, {} invalid responses)\n",
+        s.usage.prompt_tokens, s.estimated_tokens, s.requests, s.retries, s.throttled, s.invalid_responses
+    ));
+    if let Some(cost) = s.cost {
+        out.push_str(&format!("  cost: {cost:.6}\n"));
+    }
+    if s.skipped_null + s.skipped_empty > 0 {
+        out.push_str(&format!(
+            "  skipped: {} null, {} empty texts\n",
+            s.skipped_null, s.skipped_empty
+        ));
+    }
+    if s.quarantined > 0 {
+        out.push_str(&format!(
+            "  quarantined: {} chunks (see {}.failures.jsonl)\n",
+            s.quarantined,
+            s.output.display()
+        ));
+    }
+    out.push_str(&format!(
+        "  {:.1}s, {:.0} chunks/s\n",
+        s.elapsed_seconds, s.chunks_per_second
+    ));
+    out
+}

@@ -232,18 +232,22 @@ pub fn parse(text: &str, default_name: &str, overrides: &[String]) -> Result<Job
     for key in sections.rest() {
         problems.push(format!("unknown key `{key}`"));
     }
-    let job = match (source, output) {
-        (Some(source), Some(output)) if problems.is_empty() => Job {
-            name: name.unwrap_or_else(|| default_name.to_string()),
-            source,
-            chunking: chunking.unwrap_or_default(),
-            backend: backend.unwrap_or_default(),
-            output,
-            pipeline: pipeline.unwrap_or_default(),
-        },
-        _ => return Err(problems),
+    let (Some(source), Some(output)) = (source, output) else {
+        return Err(problems);
     };
-    let problems = job.problems();
+    if sections.broken {
+        return Err(problems);
+    }
+    let job = Job {
+        name: name.unwrap_or_else(|| default_name.to_string()),
+        source,
+        chunking: chunking.unwrap_or_default(),
+        backend: backend.unwrap_or_default(),
+        output,
+        pipeline: pipeline.unwrap_or_default(),
+    };
+    // Unknown keys don't stop the checks of the keys that are known.
+    problems.extend(job.problems());
     if problems.is_empty() {
         Ok(job)
     } else {
@@ -253,11 +257,18 @@ pub fn parse(text: &str, default_name: &str, overrides: &[String]) -> Result<Job
 
 /// The top-level table, taken apart one section at a time so that every
 /// section's problems are collected, not only the first.
-struct Sections(toml::Table);
+struct Sections {
+    table: toml::Table,
+    /// A section failed to deserialize, so the job cannot be checked as a whole.
+    broken: bool,
+}
 
 impl Sections {
     fn new(table: toml::Table) -> Self {
-        Sections(table)
+        Sections {
+            table,
+            broken: false,
+        }
     }
 
     fn take<T: DeserializeOwned>(
@@ -266,7 +277,7 @@ impl Sections {
         required: bool,
         problems: &mut Vec<String>,
     ) -> Option<T> {
-        let Some(value) = self.0.remove(key) else {
+        let Some(value) = self.table.remove(key) else {
             if required {
                 problems.push(format!("missing `[{key}]`"));
             }
@@ -290,13 +301,14 @@ impl Sections {
                     format!("{key}.{at}")
                 };
                 problems.push(format!("`{location}`: {}", one_line(&inner)));
+                self.broken = true;
                 None
             }
         }
     }
 
-    fn rest(self) -> Vec<String> {
-        self.0.keys().cloned().collect()
+    fn rest(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.table).keys().cloned().collect()
     }
 }
 

@@ -19,6 +19,7 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         match cli.command {
+            Command::Run(args) => commands::run(&args).await,
             Command::Models(args) => commands::models(&args).await,
             Command::Embed(args) => commands::embed(&args).await,
             Command::Chat(args) => commands::chat(&args).await,

@@ -89,13 +89,22 @@ pub async fn run(
         let chunker = Arc::clone(&chunker);
         let max_inputs = job.backend.max_inputs_per_request;
         let max_tokens = job.backend.max_tokens_per_request as u64;
-        tokio::task::spawn_blocking(move || read_stage(source, chunker.as_ref(), max_inputs, max_tokens, &batch_tx))
+        tokio::task::spawn_blocking(move || {
+            read_stage(source, chunker.as_ref(), max_inputs, max_tokens, &batch_tx)
+        })
     };
 
     let (sink_tx, sink_rx) = mpsc::channel::<SinkMessage>(capacity);
     let writer = {
         let output = job.output.clone();
-        tokio::task::spawn_blocking(move || write_stage(sink_rx, &output.path, output.include_text, output.row_group_bytes))
+        tokio::task::spawn_blocking(move || {
+            write_stage(
+                sink_rx,
+                &output.path,
+                output.include_text,
+                output.row_group_bytes,
+            )
+        })
     };
 
     let batches = futures::stream::poll_fn(move |cx| batch_rx.poll_recv(cx));
@@ -123,7 +132,15 @@ pub async fn run(
                             usage += batch.vectors.usage;
                             SinkMessage::Batch(batch)
                         }
-                        Piece::Quarantined { chunk, reason, status } => SinkMessage::Quarantine { chunk, reason, status },
+                        Piece::Quarantined {
+                            chunk,
+                            reason,
+                            status,
+                        } => SinkMessage::Quarantine {
+                            chunk,
+                            reason,
+                            status,
+                        },
                     };
                     if sink_tx.send(message).await.is_err() {
                         break;
@@ -158,7 +175,9 @@ pub async fn run(
     let info = backend.info().clone();
     let stats: BackendStats = backend.stats();
 
-    let cost = info.input_per_1k.map(|price| usage.prompt_tokens as f64 / 1000.0 * price);
+    let cost = info
+        .input_per_1k
+        .map(|price| usage.prompt_tokens as f64 / 1000.0 * price);
     let metadata = OutputMetadata {
         model: info.model.clone(),
         dimensions: 0,
@@ -170,12 +189,16 @@ pub async fn run(
     };
     let _ = sink_tx.send(SinkMessage::Finish(metadata)).await;
     drop(sink_tx);
-    let written = writer
-        .await
-        .map_err(|e| RunError::Internal(format!("the writing stage stopped unexpectedly: {e}")))??;
+    let written = writer.await.map_err(|e| {
+        RunError::Internal(format!("the writing stage stopped unexpectedly: {e}"))
+    })??;
 
     let elapsed = started.elapsed().as_secs_f64();
-    let exit = if written.quarantined > 0 { Exit::Quarantined } else { Exit::Success };
+    let exit = if written.quarantined > 0 {
+        Exit::Quarantined
+    } else {
+        Exit::Success
+    };
     let summary = Summary {
         job: job.name.clone(),
         output: job.output.path.clone(),
@@ -196,10 +219,15 @@ pub async fn run(
         throttled: stats.throttled,
         cost,
         elapsed_seconds: elapsed,
-        chunks_per_second: if elapsed > 0.0 { read.chunks as f64 / elapsed } else { 0.0 },
+        chunks_per_second: if elapsed > 0.0 {
+            read.chunks as f64 / elapsed
+        } else {
+            0.0
+        },
         exit_code: exit.code(),
     };
-    let summary_value = serde_json::to_value(&summary).map_err(|e| RunError::Internal(e.to_string()))?;
+    let summary_value =
+        serde_json::to_value(&summary).map_err(|e| RunError::Internal(e.to_string()))?;
     sink::write_json_atomically(&summary_path(&job.output.path), &summary_value)?;
     Ok(summary)
 }
@@ -272,7 +300,10 @@ enum Piece {
 
 /// Embeds a batch; a batch the service finds too large is split in half
 /// until it fits, and a single chunk that still doesn't is quarantined.
-fn embed_or_split(backend: &dyn EmbeddingBackend, batch: Batch) -> futures::future::BoxFuture<'_, Result<Vec<Piece>, RunError>> {
+fn embed_or_split(
+    backend: &dyn EmbeddingBackend,
+    batch: Batch,
+) -> futures::future::BoxFuture<'_, Result<Vec<Piece>, RunError>> {
     async move {
         let texts: Vec<&str> = batch.chunks.iter().map(|c| c.text.as_str()).collect();
         let result = backend.embed(&texts, batch.tokens).await;
@@ -299,8 +330,16 @@ fn embed_or_split(backend: &dyn EmbeddingBackend, batch: Batch) -> futures::futu
                     .collect()),
             },
             Err(error) => Err(RunError::Backend {
-                first: batch.chunks.first().map(|c| c.id.clone()).unwrap_or_default(),
-                last: batch.chunks.last().map(|c| c.id.clone()).unwrap_or_default(),
+                first: batch
+                    .chunks
+                    .first()
+                    .map(|c| c.id.clone())
+                    .unwrap_or_default(),
+                last: batch
+                    .chunks
+                    .last()
+                    .map(|c| c.id.clone())
+                    .unwrap_or_default(),
                 error,
             }),
         }
@@ -344,7 +383,12 @@ fn write_stage(
         match message {
             SinkMessage::Batch(batch) => {
                 if parquet.is_none() {
-                    let sink = ParquetSink::create(path, batch.vectors.dimensions, include_text, row_group_bytes)?;
+                    let sink = ParquetSink::create(
+                        path,
+                        batch.vectors.dimensions,
+                        include_text,
+                        row_group_bytes,
+                    )?;
                     parquet = Some(Box::new(sink));
                 }
                 if let Some(sink) = parquet.as_mut() {
@@ -354,7 +398,11 @@ fn write_stage(
                     }
                 }
             }
-            SinkMessage::Quarantine { chunk, reason, status } => {
+            SinkMessage::Quarantine {
+                chunk,
+                reason,
+                status,
+            } => {
                 quarantined += 1;
                 if let Err(e) = failures.record(&chunk, &reason, status) {
                     abort(parquet, failures);
@@ -379,5 +427,7 @@ fn write_stage(
         }
     }
     abort(parquet, failures);
-    Err(RunError::Internal("the run stopped before its output was complete".to_string()))
+    Err(RunError::Internal(
+        "the run stopped before its output was complete".to_string(),
+    ))
 }

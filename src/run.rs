@@ -37,15 +37,21 @@ async fn build_api(job: &Job) -> Result<Stages, Failure> {
     config.timeout = Duration::from_secs_f64(b.timeout_seconds);
     let client = Client::new(config).map_err(Failure::usage)?;
     let retry = RetryPolicy::with_max_retries(b.max_retries);
-    let listing = with_retries(&retry, || client.model(&model)).await.map_err(|e| {
-        let context = match (e.kind, e.status) {
-            (ErrorKind::Transient, _) => return Failure::failed(anyhow::Error::from(e).context("cannot reach the service")),
-            (_, Some(401 | 403)) => "the service refused the API key".to_string(),
-            (_, Some(404)) => format!("unknown model {model:?} (`backend.model`)"),
-            _ => format!("cannot use model {model:?}"),
-        };
-        Failure::usage(anyhow::Error::from(e).context(context))
-    })?;
+    let listing = with_retries(&retry, || client.model(&model))
+        .await
+        .map_err(|e| {
+            let context = match (e.kind, e.status) {
+                (ErrorKind::Transient, _) => {
+                    return Failure::failed(
+                        anyhow::Error::from(e).context("cannot reach the service"),
+                    )
+                }
+                (_, Some(401 | 403)) => "the service refused the API key".to_string(),
+                (_, Some(404)) => format!("unknown model {model:?} (`backend.model`)"),
+                _ => format!("cannot use model {model:?}"),
+            };
+            Failure::usage(anyhow::Error::from(e).context(context))
+        })?;
     if let Some(window) = listing.context_window {
         if job.chunking.max_tokens as u64 > window {
             return Err(Failure::usage(anyhow::anyhow!(

@@ -220,6 +220,11 @@ impl ParquetSink {
     }
 
     /// The final output path.
+    /// The vector length every row must have.
+    pub fn dimensions(&self) -> usize {
+        self.dimensions
+    }
+
     pub fn path(&self) -> &Path {
         self.temp.final_path()
     }

@@ -3,5 +3,6 @@
 
 mod cli;
 mod client;
+mod run;
 mod simulator;
 mod support;

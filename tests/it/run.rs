@@ -80,7 +80,11 @@ fn expected_chunks(root: &Path) -> BTreeMap<String, String> {
                 stack.push(path);
                 continue;
             }
-            let doc_id = path.strip_prefix(root).unwrap().to_string_lossy().replace('\\', "/");
+            let doc_id = path
+                .strip_prefix(root)
+                .unwrap()
+                .to_string_lossy()
+                .replace('\\', "/");
             let document = Document {
                 doc_id,
                 source: path.to_string_lossy().into(),
@@ -110,9 +114,18 @@ fn read_output(path: &Path) -> Rows {
         .metadata()
         .file_metadata()
         .key_value_metadata()
-        .map(|kv| kv.iter().map(|e| (e.key.clone(), e.value.clone().unwrap_or_default())).collect())
+        .map(|kv| {
+            kv.iter()
+                .map(|e| (e.key.clone(), e.value.clone().unwrap_or_default()))
+                .collect()
+        })
         .unwrap_or_default();
-    let embedding_type = builder.schema().field_with_name("embedding").unwrap().data_type().clone();
+    let embedding_type = builder
+        .schema()
+        .field_with_name("embedding")
+        .unwrap()
+        .data_type()
+        .clone();
     let mut rows = Rows {
         ids: vec![],
         texts: vec![],
@@ -125,16 +138,26 @@ fn read_output(path: &Path) -> Rows {
         let batch = batch.unwrap();
         let ids = batch.column_by_name("id").unwrap().as_string::<i32>();
         let texts = batch.column_by_name("text").unwrap().as_string::<i32>();
-        let tokens = batch.column_by_name("token_count").unwrap().as_primitive::<UInt32Type>();
-        let starts = batch.column_by_name("byte_start").unwrap().as_primitive::<UInt64Type>();
-        let embeddings = batch.column_by_name("embedding").unwrap().as_fixed_size_list();
+        let tokens = batch
+            .column_by_name("token_count")
+            .unwrap()
+            .as_primitive::<UInt32Type>();
+        let starts = batch
+            .column_by_name("byte_start")
+            .unwrap()
+            .as_primitive::<UInt64Type>();
+        let embeddings = batch
+            .column_by_name("embedding")
+            .unwrap()
+            .as_fixed_size_list();
         for i in 0..batch.num_rows() {
             rows.ids.push(ids.value(i).to_string());
             rows.texts.push(texts.value(i).to_string());
             rows.token_counts.push(tokens.value(i));
             assert!(starts.is_valid(i));
             let values = embeddings.value(i);
-            rows.vectors.push(values.as_primitive::<Float32Type>().values().to_vec());
+            rows.vectors
+                .push(values.as_primitive::<Float32Type>().values().to_vec());
         }
     }
     rows
@@ -142,7 +165,11 @@ fn read_output(path: &Path) -> Rows {
 
 async fn run_job(job: &Path, extra: &[&str]) -> Output {
     let mut command = bin();
-    command.env("EMBEDJOB_API_KEY", KEY).arg("run").arg(job).args(extra);
+    command
+        .env("EMBEDJOB_API_KEY", KEY)
+        .arg("run")
+        .arg(job)
+        .args(extra);
     run(command).await
 }
 
@@ -152,10 +179,18 @@ fn assert_complete(rows: &Rows, expected: &BTreeMap<String, String>, dimensions:
     assert_eq!(unique.len(), rows.ids.len(), "ids are unique");
     assert_eq!(rows.ids.len(), expected.len(), "every chunk, once");
     for ((id, text), vector) in rows.ids.iter().zip(&rows.texts).zip(&rows.vectors) {
-        assert_eq!(expected.get(id), Some(text), "row {id} holds its chunk's text");
+        assert_eq!(
+            expected.get(id),
+            Some(text),
+            "row {id} holds its chunk's text"
+        );
         assert_eq!(vector.len(), dimensions, "row {id}");
         assert!(vector.iter().all(|v| v.is_finite()), "row {id}");
-        assert_eq!(vector, &simulate::embedding_vector(dimensions, text), "row {id}'s vector");
+        assert_eq!(
+            vector,
+            &simulate::embedding_vector(dimensions, text),
+            "row {id}'s vector"
+        );
     }
 }
 
@@ -171,15 +206,15 @@ async fn a_job_survives_a_fault_mix_and_matches_the_ledger() {
     let sim = simulator(SimConfig {
         faults: Faults {
             seed: 11,
-            rate_429: 0.04,
+            rate_429: 0.05,
             retry_after_seconds: 1,
-            rate_500: 0.05,
-            rate_503: 0.03,
-            rate_drop: 0.04,
-            rate_truncate: 0.04,
-            rate_shuffle: 0.2,
-            rate_wrong_dimensions: 0.05,
-            rate_nan: 0.05,
+            rate_500: 0.06,
+            rate_503: 0.04,
+            rate_drop: 0.06,
+            rate_truncate: 0.06,
+            rate_shuffle: 0.15,
+            rate_wrong_dimensions: 0.06,
+            rate_nan: 0.06,
             ..Faults::default()
         },
         ..SimConfig::default()
@@ -191,33 +226,56 @@ async fn a_job_survives_a_fault_mix_and_matches_the_ledger() {
         &format!("kind = \"files\"\npaths = [\"{}\"]", root.display()),
         "",
     );
-    let output = run_job(&job, &["--json"]).await;
+    let output = run_job(
+        &job,
+        &["--json", "--set", "backend.max_inputs_per_request=4"],
+    )
+    .await;
     let (stdout, stderr) = no_key(&output, KEY);
     assert_eq!(output.status.code(), Some(0), "{stderr}");
     let summary: Value = serde_json::from_str(&stdout).expect("one JSON object");
 
     let expected = expected_chunks(&root);
-    assert!(expected.len() > 100, "a corpus of some size: {}", expected.len());
+    assert!(
+        expected.len() > 100,
+        "a corpus of some size: {}",
+        expected.len()
+    );
     let rows = read_output(&dir.path().join("out/result.parquet"));
     assert_complete(&rows, &expected, 1024);
-    assert!(matches!(rows.embedding_type, DataType::FixedSizeList(ref f, 1024) if f.data_type() == &DataType::Float32));
+    assert!(
+        matches!(rows.embedding_type, DataType::FixedSizeList(ref f, 1024) if f.data_type() == &DataType::Float32)
+    );
 
     let ledger = sim.ledger();
-    let faults: u64 = ledger.faults.values().sum();
-    assert!(faults > 5, "the mix injected faults: {:?}", ledger.faults);
+    assert!(
+        ledger.faults.len() >= 6,
+        "the mix injected most kinds of fault: {:?} in {} requests",
+        ledger.faults,
+        ledger.embedding_requests
+    );
     let (tokens, requests) = ledger_total(&sim);
     assert_eq!(summary["usage"]["prompt_tokens"].as_u64(), Some(tokens));
     assert_eq!(summary["requests"].as_u64(), Some(requests));
-    assert_eq!(rows.metadata["embedjob.usage.prompt_tokens"], tokens.to_string());
+    assert_eq!(
+        rows.metadata["embedjob.usage.prompt_tokens"],
+        tokens.to_string()
+    );
     assert_eq!(rows.metadata["embedjob.requests"], requests.to_string());
     assert_eq!(rows.metadata["embedjob.dimensions"], "1024");
     assert_eq!(rows.metadata["embedjob.model"], "svc-embed-1");
     let cost: f64 = rows.metadata["embedjob.cost"].parse().unwrap();
     assert!((cost - tokens as f64 / 1000.0 * 0.0001).abs() < 1e-12);
     assert!(summary["retries"].as_u64().unwrap() > 0);
-    assert!(summary["invalid_responses"].as_u64().unwrap() > 0, "{summary}");
+    assert!(
+        summary["invalid_responses"].as_u64().unwrap() > 0,
+        "{summary}"
+    );
     // Local token counts equal what the service billed (both cl100k).
-    assert_eq!(rows.token_counts.iter().map(|&t| u64::from(t)).sum::<u64>(), tokens);
+    assert_eq!(
+        rows.token_counts.iter().map(|&t| u64::from(t)).sum::<u64>(),
+        tokens
+    );
     // Every chunk was billed; only identical texts may be billed together.
     for text in expected.values() {
         let hash = hex::encode(embedjob::chunk::content_hash(text));
@@ -228,14 +286,21 @@ async fn a_job_survives_a_fault_mix_and_matches_the_ledger() {
     )
     .unwrap();
     assert_eq!(summary_file, summary);
-    assert!(!dir.path().join("out/result.parquet.failures.jsonl").exists());
+    assert!(!dir
+        .path()
+        .join("out/result.parquet.failures.jsonl")
+        .exists());
 }
 
 #[tokio::test]
 async fn too_large_requests_are_split_and_a_lone_refused_chunk_is_quarantined() {
     let dir = tempfile::tempdir().unwrap();
     let root = corpus(dir.path(), 12);
-    std::fs::write(root.join("poisoned.md"), "This chunk carries POISON-PILL and is refused.").unwrap();
+    std::fs::write(
+        root.join("poisoned.md"),
+        "This chunk carries POISON-PILL and is refused.",
+    )
+    .unwrap();
     let sim = simulator(SimConfig {
         max_inputs_per_request: Some(3),
         too_large_status: 413,
@@ -266,11 +331,22 @@ async fn too_large_requests_are_split_and_a_lone_refused_chunk_is_quarantined() 
     let rows = read_output(&dir.path().join("out/result.parquet"));
     assert_complete(&rows, &expected, 1024);
 
-    let failures = std::fs::read_to_string(dir.path().join("out/result.parquet.failures.jsonl")).unwrap();
-    let lines: Vec<Value> = failures.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let failures =
+        std::fs::read_to_string(dir.path().join("out/result.parquet.failures.jsonl")).unwrap();
+    let lines: Vec<Value> = failures
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     assert_eq!(lines.len(), 1);
     assert_eq!(lines[0]["id"], "poisoned.md#0");
-    assert!(lines[0]["reason"].as_str().unwrap().contains("maximum context length"), "{}", lines[0]);
+    assert!(
+        lines[0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("maximum context length"),
+        "{}",
+        lines[0]
+    );
     assert!(sim.ledger().faults["too_large"] > 0);
 }
 
@@ -279,7 +355,10 @@ async fn permanent_refusals_stop_before_work_with_no_output() {
     let dir = tempfile::tempdir().unwrap();
     let root = corpus(dir.path(), 3);
     let sim = simulator(SimConfig {
-        keys: vec![KeySpec { key: KEY.to_string(), models: Some(vec!["svc-embed-1-l".to_string()]) }],
+        keys: vec![KeySpec {
+            key: KEY.to_string(),
+            models: Some(vec!["svc-embed-1-l".to_string()]),
+        }],
         ..SimConfig::default()
     })
     .await;
@@ -290,18 +369,35 @@ async fn permanent_refusals_stop_before_work_with_no_output() {
     let output = run_job(&job, &[]).await;
     let (_, stderr) = no_key(&output, KEY);
     assert_eq!(output.status.code(), Some(2), "{stderr}");
-    assert!(stderr.contains("unknown model") && stderr.contains("svc-embed-1"), "{stderr}");
+    assert!(
+        stderr.contains("unknown model") && stderr.contains("svc-embed-1"),
+        "{stderr}"
+    );
 
     // A refused key.
     let mut command = bin();
-    command.env("EMBEDJOB_API_KEY", "sk-refused-SECRET").arg("run").arg(&job);
+    command
+        .env("EMBEDJOB_API_KEY", "sk-refused-SECRET")
+        .arg("run")
+        .arg(&job);
     let output = run(command).await;
     let (_, stderr) = no_key(&output, "sk-refused-SECRET");
     assert_eq!(output.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("refused the API key"), "{stderr}");
 
     // Too many tokens for the model's window.
-    let output = run_job(&job, &["--set", "backend.model=svc-embed-1-l", "--set", "chunking.max_tokens=9000", "--set", "backend.max_tokens_per_request=90000"]).await;
+    let output = run_job(
+        &job,
+        &[
+            "--set",
+            "backend.model=svc-embed-1-l",
+            "--set",
+            "chunking.max_tokens=9000",
+            "--set",
+            "backend.max_tokens_per_request=90000",
+        ],
+    )
+    .await;
     let (_, stderr) = no_key(&output, KEY);
     assert_eq!(output.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("context window"), "{stderr}");
@@ -333,7 +429,10 @@ path = "out.parquet"
     )
     .unwrap();
     let mut command = bin();
-    command.arg("run").arg(&job).args(["--set", "backend.concurrency=0"]);
+    command
+        .arg("run")
+        .arg(&job)
+        .args(["--set", "backend.concurrency=0"]);
     let output = run(command).await;
     let stderr = text(&output.stderr);
     assert_eq!(output.status.code(), Some(2), "{stderr}");
@@ -386,15 +485,27 @@ async fn bad_input_is_named_and_leaves_no_output() {
         },
         Case {
             name: "glob matches nothing",
-            setup: |d| format!("kind = \"files\"\npaths = [\"{}/nothing/*.md\"]", d.display()),
+            setup: |d| {
+                format!(
+                    "kind = \"files\"\npaths = [\"{}/nothing/*.md\"]",
+                    d.display()
+                )
+            },
             exit: 2,
             needles: &["nothing/*.md"],
         },
         Case {
             name: "jsonl bad row",
             setup: |d| {
-                std::fs::write(d.join("in.jsonl"), "{\"id\":\"a\",\"text\":\"one\"}\n{\"id\":\"b\",\"text\":42}\n").unwrap();
-                format!("kind = \"jsonl\"\npath = \"{}\"\ntext_field = \"text\"\nid_field = \"id\"", d.join("in.jsonl").display())
+                std::fs::write(
+                    d.join("in.jsonl"),
+                    "{\"id\":\"a\",\"text\":\"one\"}\n{\"id\":\"b\",\"text\":42}\n",
+                )
+                .unwrap();
+                format!(
+                    "kind = \"jsonl\"\npath = \"{}\"\ntext_field = \"text\"\nid_field = \"id\"",
+                    d.join("in.jsonl").display()
+                )
             },
             exit: 1,
             needles: &["in.jsonl", "2"],
@@ -402,8 +513,15 @@ async fn bad_input_is_named_and_leaves_no_output() {
         Case {
             name: "duplicate ids",
             setup: |d| {
-                std::fs::write(d.join("in.jsonl"), "{\"id\":\"a\",\"text\":\"one\"}\n{\"id\":\"a\",\"text\":\"two\"}\n").unwrap();
-                format!("kind = \"jsonl\"\npath = \"{}\"\ntext_field = \"text\"\nid_field = \"id\"", d.join("in.jsonl").display())
+                std::fs::write(
+                    d.join("in.jsonl"),
+                    "{\"id\":\"a\",\"text\":\"one\"}\n{\"id\":\"a\",\"text\":\"two\"}\n",
+                )
+                .unwrap();
+                format!(
+                    "kind = \"jsonl\"\npath = \"{}\"\ntext_field = \"text\"\nid_field = \"id\"",
+                    d.join("in.jsonl").display()
+                )
             },
             exit: 1,
             needles: &["duplicate", "\"a\""],
@@ -412,7 +530,10 @@ async fn bad_input_is_named_and_leaves_no_output() {
             name: "csv missing column",
             setup: |d| {
                 std::fs::write(d.join("in.csv"), "id,body\n1,hello\n").unwrap();
-                format!("kind = \"csv\"\npath = \"{}\"\ntext_field = \"text\"", d.join("in.csv").display())
+                format!(
+                    "kind = \"csv\"\npath = \"{}\"\ntext_field = \"text\"",
+                    d.join("in.csv").display()
+                )
             },
             exit: 2,
             needles: &["in.csv", "text"],
@@ -420,8 +541,15 @@ async fn bad_input_is_named_and_leaves_no_output() {
         Case {
             name: "corrupt parquet",
             setup: |d| {
-                std::fs::write(d.join("in.parquet"), b"PAR1 this is not really parquet PAR1").unwrap();
-                format!("kind = \"parquet\"\npath = \"{}\"\ntext_field = \"text\"", d.join("in.parquet").display())
+                std::fs::write(
+                    d.join("in.parquet"),
+                    b"PAR1 this is not really parquet PAR1",
+                )
+                .unwrap();
+                format!(
+                    "kind = \"parquet\"\npath = \"{}\"\ntext_field = \"text\"",
+                    d.join("in.parquet").display()
+                )
             },
             exit: 1,
             needles: &["in.parquet"],
@@ -433,15 +561,30 @@ async fn bad_input_is_named_and_leaves_no_output() {
         let job = write_job(dir.path(), &sim.base_url(), &source, "");
         let output = run_job(&job, &[]).await;
         let (stdout, stderr) = no_key(&output, KEY);
-        assert_eq!(output.status.code(), Some(case.exit), "{}: {stderr}", case.name);
+        assert_eq!(
+            output.status.code(),
+            Some(case.exit),
+            "{}: {stderr}",
+            case.name
+        );
         assert!(stdout.is_empty(), "{}: {stdout}", case.name);
         assert!(!stderr.contains("panicked"), "{}: {stderr}", case.name);
         for needle in case.needles {
-            assert!(stderr.contains(needle), "{}: {needle:?} not in {stderr}", case.name);
+            assert!(
+                stderr.contains(needle),
+                "{}: {needle:?} not in {stderr}",
+                case.name
+            );
         }
         let out = dir.path().join("out");
-        let leftovers: Vec<_> = std::fs::read_dir(&out).map(|d| d.flatten().map(|e| e.file_name()).collect()).unwrap_or_default();
-        assert!(leftovers.is_empty(), "{}: no partial output, found {leftovers:?}", case.name);
+        let leftovers: Vec<_> = std::fs::read_dir(&out)
+            .map(|d| d.flatten().map(|e| e.file_name()).collect())
+            .unwrap_or_default();
+        assert!(
+            leftovers.is_empty(),
+            "{}: no partial output, found {leftovers:?}",
+            case.name
+        );
     }
 }
 
@@ -466,8 +609,18 @@ async fn the_output_reads_in_pyarrow_and_duckdb() {
     assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
     let check = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/reference/check_output.py");
     let mut command = std::process::Command::new(python);
-    command.arg(check).arg(dir.path().join("out/result.parquet")).arg("3072");
+    command
+        .arg(check)
+        .arg(dir.path().join("out/result.parquet"))
+        .arg("3072");
     let output = run(command).await;
-    assert!(output.status.success(), "{}\n{}", text(&output.stdout), text(&output.stderr));
-    assert!(text(&output.stdout).contains("pyarrow ok") && text(&output.stdout).contains("duckdb ok"));
+    assert!(
+        output.status.success(),
+        "{}\n{}",
+        text(&output.stdout),
+        text(&output.stderr)
+    );
+    assert!(
+        text(&output.stdout).contains("pyarrow ok") && text(&output.stdout).contains("duckdb ok")
+    );
 }
