@@ -66,6 +66,7 @@ async fn build_api(job: &Job) -> Result<Stages, Failure> {
         concurrency: b.concurrency,
         requests_per_minute: b.requests_per_minute,
         tokens_per_minute: b.tokens_per_minute,
+        max_tokens_per_request: b.max_tokens_per_request as u64,
         retry,
     };
     let backend = ApiBackend::new(client, settings, Some(&listing));

@@ -24,6 +24,8 @@ pub struct ApiSettings {
     pub concurrency: usize,
     pub requests_per_minute: u32,
     pub tokens_per_minute: u64,
+    /// The largest request the batcher makes, in tokens: the token bucket must hold one.
+    pub max_tokens_per_request: u64,
     pub retry: RetryPolicy,
 }
 
@@ -63,6 +65,22 @@ impl Retryable for Attempt {
     }
 }
 
+/// `per_minute` spread evenly over the minute, with a burst of one second's
+/// worth (but at least `least_burst`, and at most the minute's): a limit of
+/// 600 a minute sends 10 a second, not 600 at once.
+fn smooth_quota(per_minute: NonZeroU32, least_burst: u32) -> Quota {
+    let burst = per_minute
+        .get()
+        .div_ceil(60)
+        .max(least_burst)
+        .min(per_minute.get());
+    let burst = NonZeroU32::new(burst).unwrap_or(NonZeroU32::MIN);
+    let period = Duration::from_secs(60) / per_minute.get();
+    Quota::with_period(period)
+        .unwrap_or_else(|| Quota::per_minute(per_minute))
+        .allow_burst(burst)
+}
+
 impl ApiBackend {
     /// `model` is the service's listing of the model, when it was fetched.
     pub fn new(
@@ -81,10 +99,15 @@ impl ApiBackend {
             input_per_1k: model.and_then(|m| m.pricing).and_then(|p| p.input_per_1k),
         };
         let requests_limit = NonZeroU32::new(settings.requests_per_minute)
-            .map(|rpm| RateLimiter::direct(Quota::per_minute(rpm)));
-        let tokens_limit =
-            NonZeroU32::new(u32::try_from(settings.tokens_per_minute).unwrap_or(u32::MAX))
-                .map(|tpm| (RateLimiter::direct(Quota::per_minute(tpm)), tpm));
+            .map(|rpm| RateLimiter::direct(smooth_quota(rpm, 1)));
+        let tokens_limit = NonZeroU32::new(
+            u32::try_from(settings.tokens_per_minute).unwrap_or(u32::MAX),
+        )
+        .map(|tpm| {
+            let request = u32::try_from(settings.max_tokens_per_request).unwrap_or(u32::MAX);
+            let quota = smooth_quota(tpm, request);
+            (RateLimiter::direct(quota), quota.burst_size())
+        });
         ApiBackend {
             client,
             info,

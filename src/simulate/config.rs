@@ -26,6 +26,9 @@ pub struct SimConfig {
     pub poison: Option<String>,
     /// Largest request body accepted; larger bodies get a 413.
     pub max_body_bytes: usize,
+    /// Most embeddings requests served at once; more get a 429 with
+    /// `Retry-After`, as a service with a concurrency limit answers.
+    pub max_concurrent_requests: Option<usize>,
     /// Injected faults.
     pub faults: Faults,
 }
@@ -42,6 +45,7 @@ impl Default for SimConfig {
             too_large_status: 413,
             poison: None,
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            max_concurrent_requests: None,
             faults: Faults::default(),
         }
     }

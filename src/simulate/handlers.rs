@@ -2,7 +2,7 @@
 //! ledger endpoints.
 
 use std::collections::HashMap;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -31,6 +31,16 @@ pub(crate) struct Shared {
     ledger: Mutex<Ledger>,
     dice: Mutex<FaultDice>,
     pub chat_ids: AtomicU64,
+    embeddings_in_flight: AtomicUsize,
+}
+
+/// An embeddings request being served; frees its place when dropped.
+pub(crate) struct Slot<'a>(&'a AtomicUsize);
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl Shared {
@@ -40,6 +50,21 @@ impl Shared {
             config,
             ledger: Mutex::new(Ledger::default()),
             chat_ids: AtomicU64::new(1),
+            embeddings_in_flight: AtomicUsize::new(0),
+        }
+    }
+
+    /// Takes a place among the embeddings requests served at once, or
+    /// refuses with a 429 when `max_concurrent_requests` are already in.
+    pub fn enter(&self) -> Result<Slot<'_>, ApiError> {
+        let now = self.embeddings_in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        let slot = Slot(&self.embeddings_in_flight);
+        match self.config.max_concurrent_requests {
+            Some(max) if now > max => Err(ApiError {
+                fault: Some("concurrency_limit"),
+                ..ApiError::rate_limited(self.config.faults.retry_after_seconds)
+            }),
+            _ => Ok(slot),
         }
     }
 
@@ -331,6 +356,7 @@ async fn embeddings_response(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let caller = authorize(shared, headers)?;
+    let _slot = shared.enter()?;
     shared.latency().await;
     let body = body_bytes(body, shared.config.max_body_bytes)?;
     // Parsing, token counting and writing vectors grow with the request: keep them

@@ -21,6 +21,10 @@ pub struct SimulateOptions {
     #[arg(long, value_name = "MS", default_value_t = 0)]
     pub latency_ms: u64,
 
+    /// Answer 429 to embeddings requests beyond this many at once
+    #[arg(long, value_name = "N")]
+    pub max_concurrent_requests: Option<usize>,
+
     /// Reject embeddings requests with more inputs than this
     #[arg(long, value_name = "N")]
     pub max_inputs_per_request: Option<usize>,
@@ -120,6 +124,7 @@ impl SimulateOptions {
             latency_ms: self.latency_ms,
             max_inputs_per_request: self.max_inputs_per_request,
             max_tokens_per_request: self.max_tokens_per_request,
+            max_concurrent_requests: self.max_concurrent_requests,
             too_large_status: self.too_large_status,
             poison: self.poison.clone(),
             faults: Faults {

@@ -624,3 +624,90 @@ async fn the_output_reads_in_pyarrow_and_duckdb() {
         text(&output.stdout).contains("pyarrow ok") && text(&output.stdout).contains("duckdb ok")
     );
 }
+
+/// A run that starts faster than the service allows settles under the limit:
+/// 429s shrink the window of requests in flight instead of being hammered.
+#[tokio::test]
+async fn a_run_that_starts_too_fast_converges_under_the_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = corpus(dir.path(), 30);
+    let sim = simulator(SimConfig {
+        max_concurrent_requests: Some(2),
+        latency_ms: 40,
+        faults: Faults {
+            retry_after_seconds: 1,
+            ..Faults::default()
+        },
+        ..SimConfig::default()
+    })
+    .await;
+    let job = write_job(
+        dir.path(),
+        &sim.base_url(),
+        &format!("kind = \"files\"\npaths = [\"{}\"]", root.display()),
+        "",
+    );
+    let output = run_job(
+        &job,
+        &[
+            "--json",
+            "--set",
+            "backend.concurrency=16",
+            "--set",
+            "backend.max_inputs_per_request=2",
+        ],
+    )
+    .await;
+    let (stdout, stderr) = no_key(&output, KEY);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    let summary: Value = serde_json::from_str(&stdout).unwrap();
+    let ledger = sim.ledger();
+    let refused = ledger.faults.get("concurrency_limit").copied().unwrap_or(0);
+    let served = ledger.billed_requests;
+    assert!(served >= 40, "enough requests to converge: {served}");
+    // Sending 16 at a time against a limit of 2 would refuse 7 of every 8
+    // attempts; an adaptive window pays for its first waves, then settles.
+    assert!(
+        refused < served,
+        "{refused} refusals for {served} requests served: the window did not adapt"
+    );
+    assert_eq!(summary["throttled"].as_u64(), Some(refused));
+    assert_eq!(
+        summary["written"].as_u64(),
+        Some(expected_chunks(&root).len() as u64)
+    );
+}
+
+#[tokio::test]
+async fn requests_per_minute_paces_the_requests() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = corpus(dir.path(), 6);
+    let sim = simulator(SimConfig::default()).await;
+    let job = write_job(
+        dir.path(),
+        &sim.base_url(),
+        &format!("kind = \"files\"\npaths = [\"{}\"]", root.display()),
+        "",
+    );
+    let started = std::time::Instant::now();
+    // 240 a minute is 4 a second with a burst of 4: twelve requests need at least two seconds.
+    let output = run_job(
+        &job,
+        &[
+            "--set",
+            "backend.requests_per_minute=240",
+            "--set",
+            "backend.max_inputs_per_request=1",
+        ],
+    )
+    .await;
+    let elapsed = started.elapsed();
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    let requests = sim.ledger().billed_requests;
+    assert!(requests >= 12, "{requests} requests");
+    let least = std::time::Duration::from_secs_f64((requests - 4) as f64 / 4.0);
+    assert!(
+        elapsed >= least,
+        "{requests} requests in {elapsed:?}, the limit allows no faster than {least:?}"
+    );
+}
