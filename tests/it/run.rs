@@ -711,3 +711,57 @@ async fn requests_per_minute_paces_the_requests() {
         "{requests} requests in {elapsed:?}, the limit allows no faster than {least:?}"
     );
 }
+
+/// Parquet written by pyarrow (default, large_string, string_view,
+/// dictionary) and by DuckDB reads as a source, nulls and empties skipped.
+#[tokio::test]
+async fn parquet_inputs_from_pyarrow_and_duckdb_are_read() {
+    let python = Path::new(env!("CARGO_MANIFEST_DIR")).join(".cache/venv/bin/python");
+    assert!(
+        python.exists(),
+        "{} is missing: run scripts/setup-python",
+        python.display()
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let inputs = dir.path().join("inputs");
+    let mut command = std::process::Command::new(&python);
+    command
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/reference/write_inputs.py"))
+        .arg(&inputs);
+    let output = run(command).await;
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let sim = simulator(SimConfig::default()).await;
+    for file in [
+        "pyarrow_default.parquet",
+        "pyarrow_large.parquet",
+        "pyarrow_view.parquet",
+        "pyarrow_dictionary.parquet",
+        "duckdb.parquet",
+    ] {
+        let source = format!(
+            "kind = \"parquet\"\npath = \"{}\"\ntext_field = \"body\"\nid_field = \"id\"",
+            inputs.join(file).display()
+        );
+        let job = write_job(dir.path(), &sim.base_url(), &source, "");
+        let output = run_job(&job, &["--json"]).await;
+        assert_eq!(
+            output.status.code(),
+            Some(0),
+            "{file}: {}",
+            text(&output.stderr)
+        );
+        let summary: Value = serde_json::from_slice(&output.stdout).unwrap();
+        assert_eq!(summary["documents"], 40, "{file}: {summary}");
+        assert_eq!(summary["skipped_null"], 5, "{file}");
+        assert_eq!(summary["skipped_empty"], 5, "{file}");
+        let rows = read_output(&dir.path().join("out/result.parquet"));
+        assert!(
+            rows.ids.iter().any(|id| id == "rec-0#0"),
+            "{file}: ids come from the id column"
+        );
+        assert!(
+            !rows.ids.iter().any(|id| id.starts_with("rec-3#")),
+            "{file}: null skipped"
+        );
+    }
+}
