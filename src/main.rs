@@ -29,8 +29,22 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => ExitCode::from(code.code()),
         Err(failure) => {
-            eprintln!("embedjob: error: {:#}", failure.error);
+            eprintln!("embedjob: error: {}", error_chain(&failure.error));
             ExitCode::from(failure.exit.code())
         }
     }
+}
+
+/// The error and its causes on one line, each cause once: many errors
+/// already quote their cause in their own message.
+fn error_chain(error: &anyhow::Error) -> String {
+    let mut text = error.to_string();
+    for cause in error.chain().skip(1) {
+        let cause = cause.to_string();
+        if !text.contains(&cause) {
+            text.push_str(": ");
+            text.push_str(&cause);
+        }
+    }
+    text
 }

@@ -228,15 +228,8 @@ pub async fn run(
     };
     let summary_value =
         serde_json::to_value(&summary).map_err(|e| RunError::Internal(e.to_string()))?;
-    sink::write_json_atomically(&summary_path(&job.output.path), &summary_value)?;
+    sink::write_json_atomically(&sink::summary_path(&job.output.path), &summary_value)?;
     Ok(summary)
-}
-
-/// `<output>.summary.json`.
-pub fn summary_path(output: &Path) -> PathBuf {
-    let mut name = output.as_os_str().to_owned();
-    name.push(".summary.json");
-    PathBuf::from(name)
 }
 
 struct ReadReport {
