@@ -92,7 +92,7 @@ pub struct RunArgs {
     /// Print the run's summary as one JSON object on stdout.
     #[arg(long)]
     pub json: bool,
-    /// No progress output on stderr.
+    /// No progress lines on stderr.
     #[arg(long)]
     pub quiet: bool,
 }

@@ -281,7 +281,7 @@ pub async fn simulate(options: SimulateOptions) -> Outcome {
 pub async fn run(args: &crate::cli::RunArgs) -> Outcome {
     let job = crate::job::load(&args.job.job, &args.job.overrides).map_err(Failure::usage)?;
     let stages = crate::run::build(&job).await?;
-    let summary = crate::pipeline::run(&job, stages.backend, stages.chunker)
+    let summary = crate::pipeline::run(&job, stages.backend, stages.chunker, !args.quiet)
         .await
         .map_err(|e| Failure {
             exit: e.exit(),

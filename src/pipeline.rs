@@ -74,11 +74,16 @@ pub struct Summary {
     pub exit_code: u8,
 }
 
-/// Runs a job to the end with the given backend and chunker.
+/// How often a line of progress goes to stderr.
+const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Runs a job to the end with the given backend and chunker; with
+/// `progress`, a line on stderr every few seconds.
 pub async fn run(
     job: &Job,
     backend: Arc<dyn EmbeddingBackend>,
     chunker: Arc<dyn Chunker>,
+    progress: bool,
 ) -> Result<Summary, RunError> {
     let started = Instant::now();
     let source = source::open(&job.source)?;
@@ -123,13 +128,34 @@ pub async fn run(
 
     let mut usage = Usage::default();
     let mut failure = None;
-    while let Some(result) = results.next().await {
+    let mut ticker = tokio::time::interval(PROGRESS_EVERY);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ticker.tick().await;
+    let mut embedded = 0u64;
+    loop {
+        let result = tokio::select! {
+            result = results.next() => match result {
+                Some(result) => result,
+                None => break,
+            },
+            _ = ticker.tick(), if progress => {
+                let stats = backend.stats();
+                eprintln!(
+                    "embedjob: {embedded} chunks embedded, {} requests, {} retries, {:.0}s",
+                    stats.requests,
+                    stats.retries,
+                    started.elapsed().as_secs_f64()
+                );
+                continue;
+            }
+        };
         match result {
             Ok(pieces) => {
                 for piece in pieces {
                     let message = match piece {
                         Piece::Embedded(batch) => {
                             usage += batch.vectors.usage;
+                            embedded += batch.chunks.len() as u64;
                             SinkMessage::Batch(batch)
                         }
                         Piece::Quarantined {

@@ -607,6 +607,11 @@ async fn the_output_reads_in_pyarrow_and_duckdb() {
     );
     let output = run_job(&job, &["--set", "backend.model=svc-embed-1-l", "--quiet"]).await;
     assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    assert!(
+        output.stderr.is_empty(),
+        "--quiet: {}",
+        text(&output.stderr)
+    );
     let check = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/reference/check_output.py");
     let mut command = std::process::Command::new(python);
     command
@@ -672,6 +677,12 @@ async fn a_run_that_starts_too_fast_converges_under_the_limit() {
         "{refused} refusals for {served} requests served: the window did not adapt"
     );
     assert_eq!(summary["throttled"].as_u64(), Some(refused));
+    if summary["elapsed_seconds"].as_f64().unwrap() > 6.0 {
+        assert!(
+            stderr.contains("chunks embedded"),
+            "a progress line every few seconds: {stderr}"
+        );
+    }
     assert_eq!(
         summary["written"].as_u64(),
         Some(expected_chunks(&root).len() as u64)
