@@ -132,7 +132,8 @@ pub async fn run(
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     ticker.tick().await;
     let mut embedded = 0u64;
-    loop {
+    let mut writer_stopped = false;
+    'run: loop {
         let result = tokio::select! {
             result = results.next() => match result {
                 Some(result) => result,
@@ -169,7 +170,9 @@ pub async fn run(
                         },
                     };
                     if sink_tx.send(message).await.is_err() {
-                        break;
+                        // The writer failed; sending more would pay for vectors with nowhere to go.
+                        writer_stopped = true;
+                        break 'run;
                     }
                 }
             }
@@ -181,6 +184,15 @@ pub async fn run(
     }
     // Dropping the stream cancels requests in flight and stops the reader.
     drop(results);
+    if writer_stopped {
+        drop(sink_tx);
+        let _ = reader.await;
+        return Err(match writer.await {
+            Ok(Err(e)) => e,
+            Ok(Ok(_)) => RunError::Internal("the writing stage stopped early".to_string()),
+            Err(e) => RunError::Internal(format!("the writing stage stopped unexpectedly: {e}")),
+        });
+    }
 
     let read = reader
         .await

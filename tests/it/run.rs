@@ -776,3 +776,45 @@ async fn parquet_inputs_from_pyarrow_and_duckdb_are_read() {
         );
     }
 }
+
+/// When the output cannot be written, the run stops at once instead of
+/// paying for vectors that have nowhere to go.
+#[tokio::test]
+async fn a_failing_writer_stops_the_run_before_the_rest_is_paid_for() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = corpus(dir.path(), 40);
+    let sim = simulator(SimConfig::default()).await;
+    let job = write_job(
+        dir.path(),
+        &sim.base_url(),
+        &format!("kind = \"files\"\npaths = [\"{}\"]", root.display()),
+        "",
+    );
+    std::fs::write(
+        dir.path().join("blocker"),
+        "a file where a directory should be",
+    )
+    .unwrap();
+    let blocked = dir.path().join("blocker/out.parquet");
+    let output = run_job(
+        &job,
+        &[
+            "--set",
+            &format!("output.path=\"{}\"", blocked.display()),
+            "--set",
+            "backend.max_inputs_per_request=1",
+            "--set",
+            "backend.concurrency=1",
+        ],
+    )
+    .await;
+    let (_, stderr) = no_key(&output, KEY);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("blocker"), "{stderr}");
+    let chunks = expected_chunks(&root).len() as u64;
+    let sent = sim.ledger().billed_requests;
+    assert!(
+        sent * 4 < chunks,
+        "{sent} requests of {chunks} were sent after the writer failed"
+    );
+}
