@@ -1,3 +1,4 @@
 //! The integration tests, built as one binary.
 
+mod local;
 mod simulator;
