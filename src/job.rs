@@ -117,7 +117,14 @@ pub struct BackendConfig {
     pub timeout_seconds: f64,
     pub max_retries: usize,
     /// `local`: the directory holding `model.onnx` and the tokenizer files.
+    /// Absent: `EMBEDJOB_MODEL_DIR`, else `models/<model>` in the cache that
+    /// `scripts/setup-local` fills.
     pub model_dir: Option<PathBuf>,
+    /// `local`: ONNX Runtime intra-op threads. Absent: every available core.
+    pub threads: Option<usize>,
+    /// `local`: texts per inference call, grouped by similar length.
+    /// Absent: 32.
+    pub batch_size: Option<usize>,
 }
 
 impl Default for BackendConfig {
@@ -136,6 +143,8 @@ impl Default for BackendConfig {
             timeout_seconds: 60.0,
             max_retries: 8,
             model_dir: None,
+            threads: None,
+            batch_size: None,
         }
     }
 }
@@ -492,10 +501,33 @@ impl Job {
                         b.api_key_env
                     ));
                 }
+                for (key, set) in [
+                    ("model_dir", b.model_dir.is_some()),
+                    ("threads", b.threads.is_some()),
+                    ("batch_size", b.batch_size.is_some()),
+                ] {
+                    if set {
+                        p.push(format!("`backend.{key}` does not apply to kind \"api\""));
+                    }
+                }
             }
             BackendKind::Local => {
                 if b.base_url.is_some() {
                     p.push("`backend.base_url` does not apply to kind \"local\"".to_string());
+                }
+                if let Some(threads) = b.threads {
+                    if !(1..=1024).contains(&threads) {
+                        p.push(format!(
+                            "`backend.threads` must be between 1 and 1024, not {threads}"
+                        ));
+                    }
+                }
+                if let Some(size) = b.batch_size {
+                    if !(1..=4096).contains(&size) {
+                        p.push(format!(
+                            "`backend.batch_size` must be between 1 and 4096, not {size}"
+                        ));
+                    }
                 }
             }
         }
@@ -616,6 +648,56 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(problems.len(), 4, "{problems:#?}");
+    }
+
+    #[test]
+    fn local_settings_are_checked_and_kept_to_local() {
+        let job = parse(
+            MINIMAL,
+            "docs",
+            &["backend.threads=2".into(), "backend.batch_size=16".into()],
+        )
+        .unwrap();
+        assert_eq!(job.backend.threads, Some(2));
+        assert_eq!(job.backend.batch_size, Some(16));
+        let defaults = parse(MINIMAL, "docs", &[]).unwrap();
+        assert_eq!(
+            (defaults.backend.threads, defaults.backend.batch_size),
+            (None, None)
+        );
+
+        let problems = parse(
+            MINIMAL,
+            "docs",
+            &["backend.threads=0".into(), "backend.batch_size=0".into()],
+        )
+        .unwrap_err();
+        assert_eq!(problems.len(), 2, "{problems:#?}");
+        assert!(problems[0].contains("`backend.threads`"), "{problems:?}");
+        assert!(problems[1].contains("`backend.batch_size`"), "{problems:?}");
+
+        let problems = parse(
+            MINIMAL,
+            "docs",
+            &[
+                "backend.kind=api".into(),
+                "backend.base_url=http://127.0.0.1:9".into(),
+                "backend.model=svc-embed-1".into(),
+                "backend.api_key_env=PATH".into(),
+                "backend.model_dir=models/m".into(),
+                "backend.threads=2".into(),
+                "backend.batch_size=8".into(),
+            ],
+        )
+        .unwrap_err();
+        for key in ["model_dir", "threads", "batch_size"] {
+            let needle = format!("`backend.{key}` does not apply to kind \"api\"");
+            assert!(
+                problems.contains(&needle),
+                "{needle} missing from {problems:#?}"
+            );
+        }
+        assert_eq!(problems.len(), 3, "{problems:#?}");
     }
 
     #[test]

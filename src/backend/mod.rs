@@ -3,6 +3,7 @@
 //! only the trait.
 
 pub mod api;
+pub mod local;
 pub mod throttle;
 
 use futures::future::BoxFuture;

@@ -3,6 +3,7 @@
 
 mod cli;
 mod client;
+mod local;
 mod run;
 mod simulator;
 mod support;
