@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::backend::api::{ApiBackend, ApiSettings};
+use crate::backend::local::{LocalBackend, LocalSettings};
 use crate::backend::EmbeddingBackend;
 use crate::chunk::{Chunker, TokenChunker};
 use crate::client::{ApiKey, Client, ClientConfig, ErrorKind};
@@ -23,9 +24,39 @@ pub struct Stages {
 pub async fn build(job: &Job) -> Result<Stages, Failure> {
     match job.backend.kind {
         BackendKind::Api => build_api(job).await,
-        BackendKind::Local => Err(Failure::usage(anyhow::anyhow!(
-            "`backend.kind = \"local\"` is not available in this build; use \"api\""
+        BackendKind::Local => build_local(job).await,
+    }
+}
+
+/// Loads the local model off the async runtime. A missing or too old ONNX
+/// Runtime or a missing model file is a set-up problem: exit 2, with how to fix it.
+async fn build_local(job: &Job) -> Result<Stages, Failure> {
+    let settings = LocalSettings::from_config(&job.backend);
+    let backend = tokio::task::spawn_blocking(move || LocalBackend::load(settings))
+        .await
+        .map_err(|e| {
+            Failure::failed(anyhow::anyhow!(
+                "loading the local model stopped unexpectedly: {e}"
+            ))
+        })?
+        .map_err(Failure::usage)?;
+    check_context_window(job, &backend.info().model, backend.info().context_window)?;
+    let chunker = TokenChunker::with_tokenizer(&job.chunking, backend.tokenizer())
+        .map_err(Failure::failed)?;
+    Ok(Stages {
+        backend: Arc::new(backend),
+        chunker: Arc::new(chunker),
+    })
+}
+
+/// A chunk longer than the model's window would be cut or refused.
+fn check_context_window(job: &Job, model: &str, window: Option<u64>) -> Result<(), Failure> {
+    match window {
+        Some(window) if job.chunking.max_tokens as u64 > window => Err(Failure::usage(anyhow::anyhow!(
+            "`chunking.max_tokens` ({}) is larger than model {model}'s context window ({window} tokens)",
+            job.chunking.max_tokens
         ))),
+        _ => Ok(()),
     }
 }
 
@@ -52,14 +83,7 @@ async fn build_api(job: &Job) -> Result<Stages, Failure> {
             };
             Failure::usage(anyhow::Error::from(e).context(context))
         })?;
-    if let Some(window) = listing.context_window {
-        if job.chunking.max_tokens as u64 > window {
-            return Err(Failure::usage(anyhow::anyhow!(
-                "`chunking.max_tokens` ({}) is larger than model {model}'s context window ({window} tokens)",
-                job.chunking.max_tokens
-            )));
-        }
-    }
+    check_context_window(job, &model, listing.context_window)?;
     let settings = ApiSettings {
         model,
         dimensions: b.dimensions,

@@ -315,10 +315,7 @@ fn real_old_runtime_is_refused_even_under_another_name() {
         .map(|dir| dir.join(rel))
         .find(|path| path.is_file())
     else {
-        eprintln!(
-            "NOTE: {rel} is absent; run scripts/setup-old-runtime to test a real old library"
-        );
-        return;
+        panic!("{rel} is missing: run scripts/setup-old-runtime (scripts/test does)");
     };
     let pinned = |path: PathBuf| {
         settings_in(AssetSearch {

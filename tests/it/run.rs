@@ -818,3 +818,95 @@ async fn a_failing_writer_stops_the_run_before_the_rest_is_paid_for() {
         "{sent} requests of {chunks} were sent after the writer failed"
     );
 }
+
+/// The local backend through the binary: no key, no server, 384-dimensional
+/// vectors, and chunks counted with the model's own tokenizer.
+#[tokio::test]
+async fn a_local_job_runs_without_key_or_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = corpus(dir.path(), 4);
+    let job = dir.path().join("local.toml");
+    std::fs::write(
+        &job,
+        format!(
+            "[source]\nkind = \"files\"\npaths = [\"{}\"]\n[chunking]\nmax_tokens = 128\noverlap_tokens = 16\n\
+             [backend]\nkind = \"local\"\n[output]\npath = \"{}\"\n",
+            root.display(),
+            dir.path().join("out/local.parquet").display()
+        ),
+    )
+    .unwrap();
+    let mut command = bin();
+    command
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .arg("run")
+        .arg(&job)
+        .arg("--json");
+    let output = run(command).await;
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    let summary: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(summary["backend"], "local");
+    assert_eq!(summary["dimensions"], 384);
+    assert_eq!(summary["cost"], 0.0);
+    let rows = read_output(&dir.path().join("out/local.parquet"));
+    assert_eq!(rows.ids.len() as u64, summary["chunks"].as_u64().unwrap());
+    assert!(matches!(
+        rows.embedding_type,
+        DataType::FixedSizeList(_, 384)
+    ));
+    for vector in &rows.vectors {
+        let norm: f32 = vector.iter().map(|v| v * v).sum::<f32>().sqrt();
+        assert!(
+            (norm - 1.0).abs() < 1e-3,
+            "normalised vectors, got norm {norm}"
+        );
+    }
+    assert!(rows.token_counts.iter().all(|&t| t <= 128));
+    assert_eq!(rows.metadata["embedjob.backend"], "local");
+}
+
+#[tokio::test]
+async fn a_local_job_without_the_runtime_is_a_clear_setup_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = corpus(dir.path(), 1);
+    let job = dir.path().join("local.toml");
+    std::fs::write(
+        &job,
+        format!(
+            "[source]\nkind = \"files\"\npaths = [\"{}\"]\n[backend]\nkind = \"local\"\n[output]\npath = \"{}\"\n",
+            root.display(),
+            dir.path().join("out/local.parquet").display()
+        ),
+    )
+    .unwrap();
+    let missing = dir.path().join("nowhere/libonnxruntime.so");
+    let mut command = bin();
+    command
+        .env("ORT_DYLIB_PATH", &missing)
+        .arg("run")
+        .arg(&job)
+        .args(["--set", "chunking.max_tokens=200"]);
+    let output = run(command).await;
+    let stderr = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("ONNX Runtime") && stderr.contains("scripts/setup-local"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(!dir.path().join("out").exists());
+
+    // The default 512-token chunks don't fit the model's 256-token window.
+    let mut command = bin();
+    command
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .arg("run")
+        .arg(&job);
+    let output = run(command).await;
+    assert_eq!(output.status.code(), Some(2));
+    assert!(
+        text(&output.stderr).contains("context window"),
+        "{}",
+        text(&output.stderr)
+    );
+}
