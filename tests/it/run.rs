@@ -45,6 +45,11 @@ path = "{out}"
     path
 }
 
+/// The `[source]` lines for a files job over `root`.
+fn files_source(root: &Path) -> String {
+    format!("kind = \"files\"\npaths = [\"{}\"]", root.display())
+}
+
 fn corpus(dir: &Path, documents: usize) -> PathBuf {
     let root = dir.join("docs");
     std::fs::create_dir_all(root.join("nested")).unwrap();
@@ -220,12 +225,7 @@ async fn a_job_survives_a_fault_mix_and_matches_the_ledger() {
         ..SimConfig::default()
     })
     .await;
-    let job = write_job(
-        dir.path(),
-        &sim.base_url(),
-        &format!("kind = \"files\"\npaths = [\"{}\"]", root.display()),
-        "",
-    );
+    let job = write_job(dir.path(), &sim.base_url(), &files_source(&root), "");
     let output = run_job(
         &job,
         &["--json", "--set", "backend.max_inputs_per_request=4"],
@@ -308,12 +308,7 @@ async fn too_large_requests_are_split_and_a_lone_refused_chunk_is_quarantined() 
         ..SimConfig::default()
     })
     .await;
-    let job = write_job(
-        dir.path(),
-        &sim.base_url(),
-        &format!("kind = \"files\"\npaths = [\"{}\"]", root.display()),
-        "",
-    );
+    let job = write_job(dir.path(), &sim.base_url(), &files_source(&root), "");
     let output = run_job(&job, &["--json"]).await;
     let (stdout, stderr) = no_key(&output, KEY);
     assert_eq!(output.status.code(), Some(3), "{stderr}");
@@ -362,8 +357,7 @@ async fn permanent_refusals_stop_before_work_with_no_output() {
         ..SimConfig::default()
     })
     .await;
-    let source = format!("kind = \"files\"\npaths = [\"{}\"]", root.display());
-    let job = write_job(dir.path(), &sim.base_url(), &source, "");
+    let job = write_job(dir.path(), &sim.base_url(), &files_source(&root), "");
 
     // The key cannot see svc-embed-1: an unknown model.
     let output = run_job(&job, &[]).await;
@@ -599,12 +593,7 @@ async fn the_output_reads_in_pyarrow_and_duckdb() {
     let dir = tempfile::tempdir().unwrap();
     let root = corpus(dir.path(), 5);
     let sim = simulator(SimConfig::default()).await;
-    let job = write_job(
-        dir.path(),
-        &sim.base_url(),
-        &format!("kind = \"files\"\npaths = [\"{}\"]", root.display()),
-        "",
-    );
+    let job = write_job(dir.path(), &sim.base_url(), &files_source(&root), "");
     let output = run_job(&job, &["--set", "backend.model=svc-embed-1-l", "--quiet"]).await;
     assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
     assert!(
@@ -646,12 +635,7 @@ async fn a_run_that_starts_too_fast_converges_under_the_limit() {
         ..SimConfig::default()
     })
     .await;
-    let job = write_job(
-        dir.path(),
-        &sim.base_url(),
-        &format!("kind = \"files\"\npaths = [\"{}\"]", root.display()),
-        "",
-    );
+    let job = write_job(dir.path(), &sim.base_url(), &files_source(&root), "");
     let output = run_job(
         &job,
         &[
@@ -694,12 +678,7 @@ async fn requests_per_minute_paces_the_requests() {
     let dir = tempfile::tempdir().unwrap();
     let root = corpus(dir.path(), 6);
     let sim = simulator(SimConfig::default()).await;
-    let job = write_job(
-        dir.path(),
-        &sim.base_url(),
-        &format!("kind = \"files\"\npaths = [\"{}\"]", root.display()),
-        "",
-    );
+    let job = write_job(dir.path(), &sim.base_url(), &files_source(&root), "");
     let started = std::time::Instant::now();
     // 240 a minute is 4 a second with a burst of 4: twelve requests need at least two seconds.
     let output = run_job(
@@ -784,12 +763,7 @@ async fn a_failing_writer_stops_the_run_before_the_rest_is_paid_for() {
     let dir = tempfile::tempdir().unwrap();
     let root = corpus(dir.path(), 40);
     let sim = simulator(SimConfig::default()).await;
-    let job = write_job(
-        dir.path(),
-        &sim.base_url(),
-        &format!("kind = \"files\"\npaths = [\"{}\"]", root.display()),
-        "",
-    );
+    let job = write_job(dir.path(), &sim.base_url(), &files_source(&root), "");
     std::fs::write(
         dir.path().join("blocker"),
         "a file where a directory should be",
