@@ -10,14 +10,13 @@ use anyhow::Context;
 use futures::StreamExt;
 use serde_json::json;
 
+use crate::backend::api::{ApiBackend, ApiSettings};
+use crate::backend::EmbeddingBackend;
 use crate::cli::{ChatArgs, EmbedArgs, ModelsArgs};
-use crate::client::{
-    ApiError, ApiKey, ChatMessage, ChatRequest, Client, ClientConfig, EmbeddingInput, Model,
-};
+use crate::client::{ApiKey, ChatMessage, ChatRequest, Client, ClientConfig, Model};
 use crate::exit::{Exit, Failure};
 use crate::retry::{with_retries, RetryPolicy};
 use crate::simulate::{self, SimulateOptions};
-use crate::validate;
 
 pub const API_KEY_ENV: &str = "EMBEDJOB_API_KEY";
 pub const BASE_URL_ENV: &str = "EMBEDJOB_BASE_URL";
@@ -77,10 +76,6 @@ pub fn client_from_env() -> Result<Client, Failure> {
     }
 }
 
-fn runtime_error(err: ApiError) -> Failure {
-    Failure::failed(err)
-}
-
 fn print_json(value: &serde_json::Value) -> Result<(), Failure> {
     let mut out = std::io::stdout().lock();
     serde_json::to_writer(&mut out, value)
@@ -95,10 +90,10 @@ pub async fn models(args: &ModelsArgs) -> Outcome {
     let models = match &args.id {
         Some(id) => vec![with_retries(&policy, || client.model(id))
             .await
-            .map_err(runtime_error)?],
+            .map_err(Failure::failed)?],
         None => with_retries(&policy, || client.models())
             .await
-            .map_err(runtime_error)?,
+            .map_err(Failure::failed)?,
     };
     if args.json {
         let value = match &args.id {
@@ -156,19 +151,22 @@ pub fn models_table(models: &[Model]) -> String {
 
 pub async fn embed(args: &EmbedArgs) -> Outcome {
     let client = client_from_env()?;
-    let policy = RetryPolicy::with_max_retries(COMMAND_RETRIES);
+    // The job engine's backend: the same retries and the same checks of every response.
+    let backend = ApiBackend::new(
+        client,
+        ApiSettings {
+            model: args.model.clone(),
+            dimensions: None,
+            concurrency: 1,
+            requests_per_minute: 0,
+            tokens_per_minute: 0,
+            max_tokens_per_request: 0,
+            retry: RetryPolicy::with_max_retries(COMMAND_RETRIES),
+        },
+        None,
+    );
     let texts: Vec<&str> = args.texts.iter().map(String::as_str).collect();
-    let expected = validate::known_model_dimensions(&args.model);
-    let vectors = with_retries(&policy, || async {
-        let response = client
-            .embeddings(&args.model, EmbeddingInput::Many(texts.clone()))
-            .await?;
-        validate::check(response, texts.len(), expected).map_err(|e| {
-            ApiError::transient("POST /v1/embeddings", format!("invalid response: {e}"))
-        })
-    })
-    .await
-    .map_err(runtime_error)?;
+    let vectors = backend.embed(&texts, 0).await.map_err(Failure::failed)?;
     if args.json {
         let embeddings: Vec<&[f32]> = vectors.rows().collect();
         print_json(&json!({
@@ -245,14 +243,14 @@ pub async fn chat(args: &ChatArgs) -> Outcome {
     if args.no_stream {
         let reply = with_retries(&policy, || client.chat(&request))
             .await
-            .map_err(runtime_error)?;
+            .map_err(Failure::failed)?;
         writeln!(out, "{reply}").map_err(write_err)?;
         return Ok(Exit::Success);
     }
     // Only opening the stream is retried: once text is on the screen, a retry would repeat it.
     let mut stream = with_retries(&policy, || client.chat_stream(&request))
         .await
-        .map_err(runtime_error)?;
+        .map_err(Failure::failed)?;
     while let Some(fragment) = stream.next().await {
         match fragment {
             Ok(text) => {
@@ -262,7 +260,7 @@ pub async fn chat(args: &ChatArgs) -> Outcome {
             Err(e) => {
                 // End the partial line so the error starts on a line of its own.
                 let _ = writeln!(out);
-                return Err(runtime_error(e));
+                return Err(Failure::failed(e));
             }
         }
     }
@@ -271,10 +269,10 @@ pub async fn chat(args: &ChatArgs) -> Outcome {
 }
 
 pub async fn simulate(options: SimulateOptions) -> Outcome {
-    if let Err(message) = options.to_config() {
-        return Err(Failure::usage(anyhow::anyhow!(message)));
-    }
-    simulate::serve(options).await.map_err(Failure::failed)?;
+    let config = options.to_config().map_err(|problems| {
+        Failure::usage(anyhow::anyhow!("invalid simulator options:\n{problems}"))
+    })?;
+    simulate::serve(config).await.map_err(Failure::failed)?;
     Ok(Exit::Success)
 }
 

@@ -172,12 +172,15 @@ fn default_row_group_bytes() -> u64 {
 pub struct PipelineConfig {
     /// Capacity of each channel between stages, in items (documents, batches or results).
     pub channel_capacity: usize,
+    /// Seconds between progress lines on stderr.
+    pub progress_seconds: f64,
 }
 
 impl Default for PipelineConfig {
     fn default() -> Self {
         PipelineConfig {
             channel_capacity: 64,
+            progress_seconds: 5.0,
         }
     }
 }
@@ -403,6 +406,12 @@ impl Job {
         }
         if self.pipeline.channel_capacity == 0 {
             p.push("`pipeline.channel_capacity` must be at least 1".to_string());
+        }
+        let every = self.pipeline.progress_seconds;
+        if !(every.is_finite() && (0.1..=86_400.0).contains(&every)) {
+            p.push(format!(
+                "`pipeline.progress_seconds` must be between 0.1 and 86400, not {every}"
+            ));
         }
         p
     }

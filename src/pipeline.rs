@@ -74,11 +74,8 @@ pub struct Summary {
     pub exit_code: u8,
 }
 
-/// How often a line of progress goes to stderr.
-const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
-
 /// Runs a job to the end with the given backend and chunker; with
-/// `progress`, a line on stderr every few seconds.
+/// `progress`, a line on stderr every `pipeline.progress_seconds`.
 pub async fn run(
     job: &Job,
     backend: Arc<dyn EmbeddingBackend>,
@@ -128,7 +125,9 @@ pub async fn run(
 
     let mut usage = Usage::default();
     let mut failure = None;
-    let mut ticker = tokio::time::interval(PROGRESS_EVERY);
+    let mut ticker = tokio::time::interval(std::time::Duration::from_secs_f64(
+        job.pipeline.progress_seconds,
+    ));
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     ticker.tick().await;
     let mut embedded = 0u64;

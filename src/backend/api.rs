@@ -122,10 +122,6 @@ impl ApiBackend {
         }
     }
 
-    pub fn throttle(&self) -> &Throttle {
-        &self.throttle
-    }
-
     async fn wait_for_rate_limits(&self, tokens: u64) {
         if let Some(limit) = &self.requests_limit {
             limit.until_ready().await;

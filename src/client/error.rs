@@ -66,10 +66,6 @@ impl ApiError {
         Self::without_status(ErrorKind::Transient, endpoint, message)
     }
 
-    pub fn permanent(endpoint: &str, message: impl Into<String>) -> Self {
-        Self::without_status(ErrorKind::Permanent, endpoint, message)
-    }
-
     fn without_status(kind: ErrorKind, endpoint: &str, message: impl Into<String>) -> Self {
         ApiError {
             kind,
@@ -336,11 +332,9 @@ mod tests {
 
     #[test]
     fn redaction_removes_the_key() {
-        let err = ApiError::permanent(
-            "GET /v1/models",
-            "Incorrect API key provided: sk-secret-123.",
-        )
-        .redact("sk-secret-123");
+        let body = br#"{"error":{"message":"Incorrect API key provided: sk-secret-123.","code":"invalid_api_key"}}"#;
+        let err = ApiError::from_response("GET /v1/models", 401, &HeaderMap::new(), body)
+            .redact("sk-secret-123");
         assert!(!err.to_string().contains("sk-secret-123"));
         assert!(err.to_string().contains("[REDACTED]"));
     }

@@ -14,7 +14,7 @@ use std::fmt;
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
-use reqwest::{header, Method, StatusCode};
+use reqwest::{header, Method};
 use serde::de::DeserializeOwned;
 
 pub use error::{classify, retry_after, server_message, ApiError, ErrorKind};
@@ -248,17 +248,11 @@ impl Client {
         // The error body is read only so far as a message needs; a cut-off
         // error body still yields the status.
         let body = response.bytes().await.unwrap_or_default();
-        Err(error_for(&endpoint, status, &headers, &body).redact(self.key.expose()))
+        Err(
+            ApiError::from_response(&endpoint, status.as_u16(), &headers, &body)
+                .redact(self.key.expose()),
+        )
     }
-}
-
-fn error_for(
-    endpoint: &str,
-    status: StatusCode,
-    headers: &header::HeaderMap,
-    body: &[u8],
-) -> ApiError {
-    ApiError::from_response(endpoint, status.as_u16(), headers, body)
 }
 
 fn unparseable(endpoint: &str, err: &serde_json::Error, body: &[u8]) -> ApiError {

@@ -172,11 +172,8 @@ fn router(shared: Arc<Shared>) -> Router {
 /// stderr, then serves until Ctrl-C or SIGTERM.
 ///
 /// # Errors
-/// Invalid options, or a port that cannot be bound.
-pub async fn serve(options: SimulateOptions) -> anyhow::Result<()> {
-    let config = options
-        .to_config()
-        .map_err(|problems| anyhow::anyhow!("invalid simulator options:\n{problems}"))?;
+/// A port that cannot be bound, or signals that cannot be listened for.
+pub async fn serve(config: SimConfig) -> anyhow::Result<()> {
     let description = describe(&config);
     let port = config.port;
     let sim = Simulator::start(config)

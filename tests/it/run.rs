@@ -661,15 +661,54 @@ async fn a_run_that_starts_too_fast_converges_under_the_limit() {
         "{refused} refusals for {served} requests served: the window did not adapt"
     );
     assert_eq!(summary["throttled"].as_u64(), Some(refused));
-    if summary["elapsed_seconds"].as_f64().unwrap() > 6.0 {
-        assert!(
-            stderr.contains("chunks embedded"),
-            "a progress line every few seconds: {stderr}"
-        );
-    }
     assert_eq!(
         summary["written"].as_u64(),
         Some(expected_chunks(&root).len() as u64)
+    );
+}
+
+#[tokio::test]
+async fn progress_lines_go_to_stderr_unless_quiet() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = corpus(dir.path(), 6);
+    let sim = simulator(SimConfig {
+        latency_ms: 100,
+        ..SimConfig::default()
+    })
+    .await;
+    let job = write_job(dir.path(), &sim.base_url(), &files_source(&root), "");
+    let settings = [
+        "--json",
+        "--set",
+        "pipeline.progress_seconds=0.2",
+        "--set",
+        "backend.concurrency=1",
+        "--set",
+        "backend.max_inputs_per_request=1",
+    ];
+    let output = run_job(&job, &settings).await;
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    let stderr = text(&output.stderr);
+    assert!(
+        stderr
+            .lines()
+            .filter(|l| l.contains("chunks embedded"))
+            .count()
+            >= 2,
+        "{stderr}"
+    );
+    let summary: Value =
+        serde_json::from_slice(&output.stdout).expect("progress never reaches stdout");
+    assert_eq!(summary["exit_code"], 0);
+
+    let mut quiet = settings.to_vec();
+    quiet.push("--quiet");
+    let output = run_job(&job, &quiet).await;
+    assert_eq!(output.status.code(), Some(0));
+    assert!(
+        output.stderr.is_empty(),
+        "--quiet: {}",
+        text(&output.stderr)
     );
 }
 
