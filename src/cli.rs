@@ -95,4 +95,31 @@ pub struct RunArgs {
     /// No progress lines on stderr.
     #[arg(long)]
     pub quiet: bool,
+    /// Discard the checkpoint of an unfinished run and the previous output,
+    /// and embed everything again.
+    #[arg(long)]
+    pub fresh: bool,
+    /// Stop after this long (e.g. 90s, 30m, 2h; a bare number is seconds),
+    /// keeping what was done: exit 4, and the next run resumes.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub max_duration: Option<std::time::Duration>,
+}
+
+/// `90`, `90s`, `30m`, `2h` or `1.5h`.
+pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
+    let text = text.trim();
+    let (number, unit) = match text.char_indices().find(|(_, c)| c.is_ascii_alphabetic()) {
+        Some((at, _)) => (&text[..at], &text[at..]),
+        None => (text, "s"),
+    };
+    let scale = match unit {
+        "s" => 1.0,
+        "m" => 60.0,
+        "h" => 3600.0,
+        _ => return Err(format!("unknown unit {unit:?}: use s, m or h")),
+    };
+    match number.trim().parse::<f64>() {
+        Ok(n) if n.is_finite() && n > 0.0 => Ok(std::time::Duration::from_secs_f64(n * scale)),
+        _ => Err(format!("{text:?} is not a positive duration such as 90s, 30m or 2h")),
+    }
 }

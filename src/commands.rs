@@ -9,12 +9,14 @@ use std::time::Duration;
 use anyhow::Context;
 use futures::StreamExt;
 use serde_json::json;
+use tokio::sync::watch;
 
 use crate::backend::api::{ApiBackend, ApiSettings};
 use crate::backend::EmbeddingBackend;
 use crate::cli::{ChatArgs, EmbedArgs, ModelsArgs};
 use crate::client::{ApiKey, ChatMessage, ChatRequest, Client, ClientConfig, Model};
 use crate::exit::{Exit, Failure};
+use crate::pipeline::{RunOptions, StopRequest};
 use crate::retry::{with_retries, RetryPolicy};
 use crate::simulate::{self, SimulateOptions};
 
@@ -279,7 +281,13 @@ pub async fn simulate(options: SimulateOptions) -> Outcome {
 pub async fn run(args: &crate::cli::RunArgs) -> Outcome {
     let job = crate::job::load(&args.job.job, &args.job.overrides).map_err(Failure::usage)?;
     let stages = crate::run::build(&job).await?;
-    let summary = crate::pipeline::run(&job, stages.backend, stages.chunker, !args.quiet)
+    let options = RunOptions {
+        progress: !args.quiet,
+        fresh: args.fresh,
+        max_duration: args.max_duration,
+        stop: Some(stop_on_signals()),
+    };
+    let summary = crate::pipeline::run(&job, stages.backend, stages.chunker, options)
         .await
         .map_err(|e| Failure {
             exit: e.exit(),
@@ -290,11 +298,48 @@ pub async fn run(args: &crate::cli::RunArgs) -> Outcome {
     } else {
         print!("{}", summary_text(&summary));
     }
-    Ok(if summary.quarantined > 0 {
+    Ok(if summary.stopped.is_some() {
+        Exit::Stopped
+    } else if summary.quarantined > 0 {
         Exit::Quarantined
     } else {
         Exit::Success
     })
+}
+
+/// The first SIGINT or SIGTERM asks the run to stop after the requests in
+/// flight; a second one, at once.
+fn stop_on_signals() -> watch::Receiver<StopRequest> {
+    let (tx, rx) = watch::channel(StopRequest::Running);
+    tokio::spawn(async move {
+        use tokio::signal::unix::{signal, SignalKind};
+        let (Ok(mut interrupt), Ok(mut terminate)) = (
+            signal(SignalKind::interrupt()),
+            signal(SignalKind::terminate()),
+        ) else {
+            return;
+        };
+        let mut received = 0;
+        loop {
+            let name = tokio::select! {
+                _ = interrupt.recv() => "SIGINT",
+                _ = terminate.recv() => "SIGTERM",
+            };
+            received += 1;
+            let request = if received == 1 {
+                eprintln!(
+                    "embedjob: {name}: stopping after the requests in flight (again to stop at once)"
+                );
+                StopRequest::Graceful(format!("stopped by {name}"))
+            } else {
+                StopRequest::Now(format!("stopped by {name}"))
+            };
+            if tx.send(request).is_err() {
+                return;
+            }
+        }
+    });
+    rx
 }
 
 /// The human form of a run's summary.

@@ -18,6 +18,7 @@
 
 pub mod backend;
 pub mod batch;
+pub mod checkpoint;
 pub mod chunk;
 pub mod cli;
 pub mod client;

@@ -2,17 +2,28 @@
 //! `source → chunk → batch` on a reading thread, requests in flight on the
 //! async runtime, and the sink on a writing thread, joined by bounded
 //! channels so that memory does not grow with the input.
+//!
+//! Every vector paid for is committed to the job's checkpoint as soon as it
+//! arrives, and chunks whose vector is already stored (in the previous output
+//! or the checkpoint, see [`crate::checkpoint`]) are not sent again.
 
-use std::path::{Path, PathBuf};
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::task::Poll;
+use std::time::{Duration, Instant};
 
 use futures::{FutureExt, StreamExt};
 use serde::Serialize;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 use crate::backend::{BackendError, BackendStats, EmbeddingBackend};
 use crate::batch::{Batch, Batcher};
+use crate::checkpoint::{
+    self, id_key, Checkpoint, CheckpointError, Fingerprint, JobLock, Location, Origin,
+    PartWriter, Store, FINGERPRINT_KEY,
+};
 use crate::chunk::{Chunk, Chunker};
 use crate::client::Usage;
 use crate::exit::Exit;
@@ -21,6 +32,7 @@ use crate::sink::{
     self, EmbeddedBatch, FailuresFile, OutputMetadata, ParquetSink, Sink, SinkError, SinkReport,
 };
 use crate::source::{self, SourceError, SourceStats};
+use crate::validate::Vectors;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
@@ -35,6 +47,8 @@ pub enum RunError {
     },
     #[error(transparent)]
     Sink(#[from] SinkError),
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
     #[error("{0}")]
     Internal(String),
 }
@@ -43,12 +57,43 @@ impl RunError {
     pub fn exit(&self) -> Exit {
         match self {
             RunError::Source(e) if e.is_found_at_open() => Exit::Usage,
+            RunError::Checkpoint(e) if e.is_found_before_work() => Exit::Usage,
             _ => Exit::Failed,
         }
     }
 }
 
-/// What a finished run did; printed with `--json` and written next to the output.
+/// Asks a running job to stop.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StopRequest {
+    Running,
+    /// Send nothing more, wait for the requests in flight, commit, exit 4.
+    Graceful(String),
+    /// As `Graceful`, without waiting for the requests in flight.
+    Now(String),
+}
+
+/// How a run is driven, besides its job file.
+#[derive(Debug, Default)]
+pub struct RunOptions {
+    /// A progress line on stderr every `pipeline.progress_seconds`.
+    pub progress: bool,
+    /// Discard the checkpoint and the previous output instead of reusing them.
+    pub fresh: bool,
+    /// Stop gracefully after this long.
+    pub max_duration: Option<Duration>,
+    /// Stop requests, from signals.
+    pub stop: Option<watch::Receiver<StopRequest>>,
+}
+
+/// What a run did; printed with `--json` and written next to the output.
+///
+/// `usage`, `requests` and `cost` are what this run was billed. Of the
+/// chunks, `embedded` were sent, `reused` came from the previous output,
+/// `resumed` from the checkpoint of an unfinished run, and `deduplicated`
+/// repeat another chunk's text; compared with the previous output (by chunk
+/// id), chunks are `added`, `changed` or `unchanged` (their vector reused),
+/// and `removed` ones are gone.
 #[derive(Debug, Clone, Serialize)]
 pub struct Summary {
     pub job: String,
@@ -62,54 +107,128 @@ pub struct Summary {
     pub chunks: u64,
     pub written: u64,
     pub quarantined: u64,
+    pub embedded: u64,
+    pub reused: u64,
+    pub resumed: u64,
+    pub deduplicated: u64,
+    pub added: u64,
+    pub changed: u64,
+    pub unchanged: u64,
+    pub removed: u64,
+    /// Local token count of the chunks sent.
     pub estimated_tokens: u64,
+    /// Local token count of the chunks not sent because their vector was at hand.
+    pub tokens_saved: u64,
     pub usage: Usage,
+    /// Billed by earlier, unfinished runs for vectors this run reused.
+    pub resumed_usage: Usage,
     pub requests: u64,
     pub retries: u64,
     pub invalid_responses: u64,
     pub throttled: u64,
     pub cost: Option<f64>,
+    /// Why the run stopped before the end, when it did.
+    pub stopped: Option<String>,
     pub elapsed_seconds: f64,
     pub chunks_per_second: f64,
     pub exit_code: u8,
 }
 
-/// Runs a job to the end with the given backend and chunker; with
-/// `progress`, a line on stderr every `pipeline.progress_seconds`.
+/// Reused vectors are read from the store this many at a time.
+const REUSE_BATCH: usize = 256;
+
+/// Runs a job with the given backend and chunker, to the end or until asked
+/// to stop.
+#[allow(clippy::too_many_lines)]
 pub async fn run(
     job: &Job,
     backend: Arc<dyn EmbeddingBackend>,
     chunker: Arc<dyn Chunker>,
-    progress: bool,
+    options: RunOptions,
 ) -> Result<Summary, RunError> {
     let started = Instant::now();
+    let info = backend.info().clone();
+    let fingerprint = Fingerprint::new(job, &info);
+    let output_path = job.output.path.clone();
+    let lock = JobLock::acquire(&output_path)?;
+    if let (Some(previous), true) = (&lock.taken_over, options.progress) {
+        eprintln!(
+            "embedjob: {}: taking over from a run that is gone ({previous})",
+            lock.path().display()
+        );
+    }
     let source = source::open(&job.source)?;
-    let capacity = job.pipeline.channel_capacity;
-
-    let (batch_tx, mut batch_rx) = mpsc::channel::<Result<Batch, SourceError>>(capacity);
-    let reader = {
-        let chunker = Arc::clone(&chunker);
-        let max_inputs = job.backend.max_inputs_per_request;
-        let max_tokens = job.backend.max_tokens_per_request as u64;
-        tokio::task::spawn_blocking(move || {
-            read_stage(source, chunker.as_ref(), max_inputs, max_tokens, &batch_tx)
+    let checkpoint = Checkpoint::open(&job.name, &output_path, &fingerprint, options.fresh)?;
+    let previous_exists = !options.fresh && output_path.exists();
+    if previous_exists {
+        checkpoint::check_previous_output(&output_path, &fingerprint)?;
+    }
+    let (store, previous_ids) = {
+        let output = output_path.clone();
+        let parts = checkpoint.parts().to_vec();
+        tokio::task::spawn_blocking(move || -> Result<_, CheckpointError> {
+            let mut store = Store::new();
+            let mut ids = HashSet::new();
+            if previous_exists {
+                store.add(&output, Origin::Previous, Some(&mut ids))?;
+            }
+            for part in &parts {
+                store.add(part, Origin::Checkpoint, None)?;
+            }
+            Ok((store, ids))
         })
+        .await
+        .map_err(|e| RunError::Internal(format!("reading the stored vectors stopped unexpectedly: {e}")))??
     };
+    let earlier = store.earlier();
+    let capacity = job.pipeline.channel_capacity;
+    let halt = Arc::new(AtomicBool::new(false));
 
     let (sink_tx, sink_rx) = mpsc::channel::<SinkMessage>(capacity);
-    let writer = {
-        let output = job.output.clone();
-        tokio::task::spawn_blocking(move || {
-            write_stage(
-                sink_rx,
-                &output.path,
-                output.include_text,
-                output.row_group_bytes,
-            )
-        })
+    let (batch_tx, mut batch_rx) = mpsc::channel::<Result<Batch, RunError>>(capacity);
+    let reader = {
+        let chunker = Arc::clone(&chunker);
+        let reading = Reading {
+            store,
+            previous_ids,
+            scheduled: HashSet::new(),
+            batcher: Batcher::new(
+                job.backend.max_inputs_per_request,
+                job.backend.max_tokens_per_request as u64,
+            ),
+            halt: Arc::clone(&halt),
+            batches: batch_tx,
+            sink: sink_tx.clone(),
+            reuse: Vec::new(),
+            report: ReadReport::default(),
+        };
+        tokio::task::spawn_blocking(move || reading.run(source, chunker.as_ref()))
     };
 
-    let batches = futures::stream::poll_fn(move |cx| batch_rx.poll_recv(cx));
+    let writer = {
+        let writing = Writing {
+            output: job.output.clone(),
+            parts: PartWriter::new(
+                checkpoint,
+                &info.model,
+                &info.kind.to_string(),
+                job.output.row_group_bytes,
+            ),
+            fingerprint: fingerprint.to_json(),
+        };
+        tokio::task::spawn_blocking(move || writing.run(sink_rx))
+    };
+
+    let batches = {
+        let halt = Arc::clone(&halt);
+        futures::stream::poll_fn(move |cx| {
+            if halt.load(Ordering::Relaxed) {
+                Poll::Ready(None)
+            } else {
+                batch_rx.poll_recv(cx)
+            }
+        })
+    };
     let backend_for_requests = Arc::clone(&backend);
     let mut results = batches
         .map(move |item| {
@@ -117,7 +236,7 @@ pub async fn run(
             async move {
                 match item {
                     Ok(batch) => embed_or_split(backend.as_ref(), batch).await,
-                    Err(e) => Err(RunError::Source(e)),
+                    Err(e) => Err(e),
                 }
             }
         })
@@ -125,20 +244,75 @@ pub async fn run(
 
     let mut usage = Usage::default();
     let mut failure = None;
-    let mut ticker = tokio::time::interval(std::time::Duration::from_secs_f64(
-        job.pipeline.progress_seconds,
-    ));
+    let mut stopped: Option<String> = None;
+    let mut drain_until: Option<tokio::time::Instant> = None;
+    let deadline = options
+        .max_duration
+        .map(|d| tokio::time::Instant::from_std(started) + d);
+    let mut stop_rx = options.stop;
+    let mut ticker = tokio::time::interval(Duration::from_secs_f64(job.pipeline.progress_seconds));
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     ticker.tick().await;
     let mut embedded = 0u64;
     let mut writer_stopped = false;
     'run: loop {
+        let stop_changed = async {
+            match stop_rx.as_mut() {
+                Some(rx) => {
+                    if rx.changed().await.is_err() {
+                        std::future::pending::<()>().await;
+                    }
+                }
+                None => std::future::pending().await,
+            }
+        };
+        let time_limit = async {
+            match deadline {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        let drained = async {
+            match drain_until {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
         let result = tokio::select! {
             result = results.next() => match result {
                 Some(result) => result,
                 None => break,
             },
-            _ = ticker.tick(), if progress => {
+            () = stop_changed => {
+                let request = stop_rx.as_ref().map(|rx| rx.borrow().clone());
+                match request {
+                    Some(StopRequest::Graceful(reason)) if stopped.is_none() => {
+                        stopped = Some(reason);
+                        halt.store(true, Ordering::Relaxed);
+                        drain_until = Some(tokio::time::Instant::now()
+                            + Duration::from_secs_f64(job.backend.timeout_seconds));
+                    }
+                    Some(StopRequest::Now(reason)) => {
+                        stopped.get_or_insert(reason);
+                        halt.store(true, Ordering::Relaxed);
+                        break;
+                    }
+                    _ => {}
+                }
+                continue;
+            }
+            () = time_limit, if stopped.is_none() => {
+                stopped = Some(format!(
+                    "the time limit of {:.0}s was reached",
+                    options.max_duration.unwrap_or_default().as_secs_f64()
+                ));
+                halt.store(true, Ordering::Relaxed);
+                drain_until = Some(tokio::time::Instant::now()
+                    + Duration::from_secs_f64(job.backend.timeout_seconds));
+                continue;
+            }
+            () = drained => break,
+            _ = ticker.tick(), if options.progress => {
                 let stats = backend.stats();
                 eprintln!(
                     "embedjob: {embedded} chunks embedded, {} requests, {} retries, {:.0}s",
@@ -156,7 +330,7 @@ pub async fn run(
                         Piece::Embedded(batch) => {
                             usage += batch.vectors.usage;
                             embedded += batch.chunks.len() as u64;
-                            SinkMessage::Batch(batch)
+                            SinkMessage::Embedded(batch)
                         }
                         Piece::Quarantined {
                             chunk,
@@ -181,57 +355,71 @@ pub async fn run(
             }
         }
     }
-    // Dropping the stream cancels requests in flight and stops the reader.
+    // Dropping the stream cancels requests still in flight and stops the reader.
+    halt.store(true, Ordering::Relaxed);
     drop(results);
+    let read = reader
+        .await
+        .map_err(|e| RunError::Internal(format!("the reading stage stopped unexpectedly: {e}")));
     if writer_stopped {
         drop(sink_tx);
-        let _ = reader.await;
         return Err(match writer.await {
             Ok(Err(e)) => e,
             Ok(Ok(_)) => RunError::Internal("the writing stage stopped early".to_string()),
             Err(e) => RunError::Internal(format!("the writing stage stopped unexpectedly: {e}")),
         });
     }
-
-    let read = reader
-        .await
-        .map_err(|e| RunError::Internal(format!("the reading stage stopped unexpectedly: {e}")))?;
+    let read = match read {
+        Ok(read) => read,
+        Err(e) => {
+            failure.get_or_insert(e);
+            ReadReport::default()
+        }
+    };
     let failure = failure.or_else(|| {
-        (read.chunks == 0).then(|| {
+        (stopped.is_none() && read.chunks == 0).then(|| {
             RunError::Source(SourceError::Empty {
                 input: source::describe_input(&job.source),
             })
         })
     });
+    let stats: BackendStats = backend.stats();
+    let cost_of = |usage: Usage| {
+        info.input_per_1k
+            .map(|price| usage.prompt_tokens as f64 / 1000.0 * price)
+    };
+    let cost = cost_of(usage);
+    let message = if failure.is_some() || stopped.is_some() {
+        // Keeps what was paid for in the checkpoint; the output is left as it was.
+        SinkMessage::Stop
+    } else {
+        let mut total = usage;
+        total += earlier.usage;
+        SinkMessage::Finish(OutputMetadata {
+            model: info.model.clone(),
+            dimensions: 0,
+            backend: info.kind.to_string(),
+            usage: total,
+            requests: stats.requests + earlier.requests,
+            cost: cost_of(total),
+            extra: Default::default(),
+        })
+    };
+    let _ = sink_tx.send(message).await;
+    drop(sink_tx);
+    let written = writer
+        .await
+        .map_err(|e| RunError::Internal(format!("the writing stage stopped unexpectedly: {e}")));
     if let Some(error) = failure {
-        let _ = sink_tx.send(SinkMessage::Abort).await;
-        drop(sink_tx);
-        let _ = writer.await;
         return Err(error);
     }
-    let info = backend.info().clone();
-    let stats: BackendStats = backend.stats();
-
-    let cost = info
-        .input_per_1k
-        .map(|price| usage.prompt_tokens as f64 / 1000.0 * price);
-    let metadata = OutputMetadata {
-        model: info.model.clone(),
-        dimensions: 0,
-        backend: info.kind.to_string(),
-        usage,
-        requests: stats.requests,
-        cost,
-        extra: Default::default(),
-    };
-    let _ = sink_tx.send(SinkMessage::Finish(metadata)).await;
-    drop(sink_tx);
-    let written = writer.await.map_err(|e| {
-        RunError::Internal(format!("the writing stage stopped unexpectedly: {e}"))
-    })??;
+    let written = written??;
+    drop(lock);
 
     let elapsed = started.elapsed().as_secs_f64();
-    let exit = if written.quarantined > 0 {
+    let exit = if stopped.is_some() {
+        Exit::Stopped
+    } else if written.quarantined > 0 {
         Exit::Quarantined
     } else {
         Exit::Success
@@ -248,13 +436,24 @@ pub async fn run(
         chunks: read.chunks,
         written: written.report.as_ref().map_or(0, |r| r.rows),
         quarantined: written.quarantined,
-        estimated_tokens: read.tokens,
+        embedded,
+        reused: read.reused,
+        resumed: read.resumed,
+        deduplicated: read.deduplicated,
+        added: read.added,
+        changed: read.changed,
+        unchanged: read.unchanged,
+        removed: if stopped.is_none() { read.removed } else { 0 },
+        estimated_tokens: read.sent_tokens,
+        tokens_saved: read.tokens_saved,
         usage,
+        resumed_usage: earlier.usage,
         requests: stats.requests,
         retries: stats.retries,
         invalid_responses: stats.invalid_responses,
         throttled: stats.throttled,
         cost,
+        stopped,
         elapsed_seconds: elapsed,
         chunks_per_second: if elapsed > 0.0 {
             read.chunks as f64 / elapsed
@@ -269,54 +468,136 @@ pub async fn run(
     Ok(summary)
 }
 
+#[derive(Debug, Default)]
 struct ReadReport {
     source: SourceStats,
     chunks: u64,
-    tokens: u64,
+    sent_tokens: u64,
+    reused: u64,
+    resumed: u64,
+    deduplicated: u64,
+    added: u64,
+    changed: u64,
+    unchanged: u64,
+    removed: u64,
+    tokens_saved: u64,
 }
 
-/// Reads, chunks and batches on a blocking thread. A source error is sent
-/// down the channel like a batch, so the run sees it in order.
-fn read_stage(
-    mut source: Box<dyn source::Source>,
-    chunker: &dyn Chunker,
-    max_inputs: usize,
-    max_tokens: u64,
-    out: &mpsc::Sender<Result<Batch, SourceError>>,
-) -> ReadReport {
-    let mut batcher = Batcher::new(max_inputs, max_tokens);
-    let mut report = ReadReport {
-        source: SourceStats::default(),
-        chunks: 0,
-        tokens: 0,
-    };
-    loop {
-        let document = match source.next_document() {
-            Ok(Some(document)) => document,
-            Ok(None) => break,
-            Err(e) => {
-                let _ = out.blocking_send(Err(e));
-                report.source = source.stats();
-                return report;
+/// The reading stage: reads, chunks, and sorts each chunk into one to send,
+/// one whose vector is stored, or a repeat of one already sent.
+struct Reading {
+    store: Store,
+    /// Ids of the previous output's chunks not yet seen in this run.
+    previous_ids: HashSet<u64>,
+    /// Content hashes sent in this run.
+    scheduled: HashSet<u128>,
+    batcher: Batcher,
+    halt: Arc<AtomicBool>,
+    batches: mpsc::Sender<Result<Batch, RunError>>,
+    sink: mpsc::Sender<SinkMessage>,
+    reuse: Vec<(Chunk, Location)>,
+    report: ReadReport,
+}
+
+impl Reading {
+    /// Runs on a blocking thread. An error is sent down the batch channel
+    /// like a batch, so the run sees it in order.
+    fn run(mut self, mut source: Box<dyn source::Source>, chunker: &dyn Chunker) -> ReadReport {
+        let outcome = self.read_all(source.as_mut(), chunker);
+        self.report.source = source.stats();
+        if let Err(e) = outcome {
+            let _ = self.batches.blocking_send(Err(e));
+        }
+        self.report
+    }
+
+    fn read_all(
+        &mut self,
+        source: &mut dyn source::Source,
+        chunker: &dyn Chunker,
+    ) -> Result<(), RunError> {
+        loop {
+            if self.halt.load(Ordering::Relaxed) {
+                return Ok(());
             }
-        };
-        for chunk in chunker.chunk(&document) {
-            report.chunks += 1;
-            report.tokens += u64::from(chunk.token_count);
-            if let Some(batch) = batcher.push(chunk) {
-                if out.blocking_send(Ok(batch)).is_err() {
-                    // The run stopped; nothing more is wanted.
-                    report.source = source.stats();
-                    return report;
+            let Some(document) = source.next_document()? else {
+                break;
+            };
+            for chunk in chunker.chunk(&document) {
+                if !self.sort(chunk)? {
+                    return Ok(());
                 }
             }
         }
+        self.flush_reuse()?;
+        if let Some(batch) = self.batcher.finish() {
+            let _ = self.batches.blocking_send(Ok(batch));
+        }
+        self.report.removed = self.previous_ids.len() as u64;
+        Ok(())
     }
-    if let Some(batch) = batcher.finish() {
-        let _ = out.blocking_send(Ok(batch));
+
+    /// Sends, reuses or defers one chunk; `false` once the run wants nothing more.
+    fn sort(&mut self, chunk: Chunk) -> Result<bool, RunError> {
+        let report = &mut self.report;
+        report.chunks += 1;
+        let tokens = u64::from(chunk.token_count);
+        let known_id = self.previous_ids.remove(&id_key(&chunk.id));
+        let located = self.store.locate(&chunk.content_hash);
+        match located {
+            Some((_, Origin::Previous)) => {
+                report.unchanged += 1;
+                report.reused += 1;
+            }
+            _ if known_id => report.changed += 1,
+            _ => report.added += 1,
+        }
+        if let Some((location, origin)) = located {
+            if origin == Origin::Checkpoint {
+                report.resumed += 1;
+            }
+            report.tokens_saved += tokens;
+            self.reuse.push((chunk, location));
+            if self.reuse.len() >= REUSE_BATCH {
+                return self.flush_reuse();
+            }
+            return Ok(true);
+        }
+        if !self.scheduled.insert(checkpoint::hash_key(&chunk.content_hash)) {
+            report.deduplicated += 1;
+            report.tokens_saved += tokens;
+            return Ok(self.sink.blocking_send(SinkMessage::Duplicate(chunk)).is_ok());
+        }
+        report.sent_tokens += tokens;
+        if let Some(batch) = self.batcher.push(chunk) {
+            // A closed channel means the run stopped; nothing more is wanted.
+            return Ok(self.batches.blocking_send(Ok(batch)).is_ok());
+        }
+        Ok(true)
     }
-    report.source = source.stats();
-    report
+
+    /// Reads the stored vectors of the chunks waiting for them and passes
+    /// them to the writer.
+    fn flush_reuse(&mut self) -> Result<bool, RunError> {
+        if self.reuse.is_empty() {
+            return Ok(true);
+        }
+        let pending = std::mem::take(&mut self.reuse);
+        let wanted: Vec<(Location, [u8; 32])> =
+            pending.iter().map(|(c, l)| (*l, c.content_hash)).collect();
+        let values = self.store.fetch(&wanted)?;
+        let dimensions = self.store.dimensions().unwrap_or(0);
+        let chunks = pending.into_iter().map(|(c, _)| c).collect();
+        let batch = EmbeddedBatch {
+            chunks,
+            vectors: Vectors {
+                dimensions,
+                values,
+                usage: Usage::default(),
+            },
+        };
+        Ok(self.sink.blocking_send(SinkMessage::Reused(batch)).is_ok())
+    }
 }
 
 enum Piece {
@@ -378,86 +659,231 @@ fn embed_or_split(
 }
 
 enum SinkMessage {
-    Batch(EmbeddedBatch),
+    /// Vectors paid for by this run.
+    Embedded(EmbeddedBatch),
+    /// Vectors read back from the store.
+    Reused(EmbeddedBatch),
+    /// A chunk whose text was sent with another chunk of this run.
+    Duplicate(Chunk),
     Quarantine {
         chunk: Chunk,
         reason: String,
         status: Option<u16>,
     },
     Finish(OutputMetadata),
-    Abort,
+    /// Commit what was paid for and leave the output as it was.
+    Stop,
 }
 
+#[derive(Default)]
 struct Written {
     report: Option<SinkReport>,
     dimensions: Option<usize>,
     quarantined: u64,
 }
 
-fn write_stage(
-    mut rx: mpsc::Receiver<SinkMessage>,
-    path: &Path,
-    include_text: bool,
-    row_group_bytes: u64,
-) -> Result<Written, RunError> {
-    let mut parquet: Option<Box<ParquetSink>> = None;
-    let mut failures = FailuresFile::new(path);
-    let mut quarantined = 0;
-    let abort = |parquet: Option<Box<ParquetSink>>, failures: FailuresFile| {
-        if let Some(sink) = parquet {
-            sink.abort();
-        }
-        failures.abort();
-    };
-    while let Some(message) = rx.blocking_recv() {
-        match message {
-            SinkMessage::Batch(batch) => {
-                if parquet.is_none() {
-                    let sink = ParquetSink::create(
-                        path,
-                        batch.vectors.dimensions,
-                        include_text,
-                        row_group_bytes,
-                    )?;
-                    parquet = Some(Box::new(sink));
-                }
-                if let Some(sink) = parquet.as_mut() {
-                    if let Err(e) = sink.write(batch) {
-                        abort(parquet, failures);
-                        return Err(e.into());
-                    }
-                }
+/// The writing stage: the output, the failures file and the checkpoint.
+struct Writing {
+    output: crate::job::OutputConfig,
+    parts: PartWriter,
+    fingerprint: String,
+}
+
+struct Outputs {
+    parquet: Option<Box<ParquetSink>>,
+    failures: FailuresFile,
+    quarantined: u64,
+    /// Reasons for quarantined chunks, by content hash, for their repeats.
+    quarantine_reasons: HashMap<u128, (String, Option<u16>)>,
+    duplicates: Vec<Chunk>,
+}
+
+impl Writing {
+    /// Runs on a blocking thread. Whatever happens, vectors paid for are
+    /// committed to the checkpoint before it returns.
+    fn run(mut self, mut rx: mpsc::Receiver<SinkMessage>) -> Result<Written, RunError> {
+        let mut outputs = Outputs {
+            parquet: None,
+            failures: FailuresFile::new(&self.output.path),
+            quarantined: 0,
+            quarantine_reasons: HashMap::new(),
+            duplicates: Vec::new(),
+        };
+        let result = self.receive(&mut rx, &mut outputs);
+        let committed = self.parts.commit();
+        match result {
+            Ok(Some(metadata)) => {
+                committed?;
+                self.finish(outputs, &metadata)
             }
-            SinkMessage::Quarantine {
-                chunk,
-                reason,
-                status,
-            } => {
-                quarantined += 1;
-                if let Err(e) = failures.record(&chunk, &reason, status) {
-                    abort(parquet, failures);
-                    return Err(e.into());
-                }
+            Ok(None) => {
+                outputs.abort();
+                committed?;
+                Ok(Written::default())
             }
-            SinkMessage::Finish(mut metadata) => {
-                let dimensions = parquet.as_ref().map(|s| s.dimensions());
-                metadata.dimensions = dimensions.unwrap_or(0);
-                let report = match parquet {
-                    Some(sink) => Some(sink.finish(&metadata)?),
-                    None => None,
-                };
-                failures.finish()?;
-                return Ok(Written {
-                    report,
-                    dimensions,
-                    quarantined,
-                });
+            Err(e) => {
+                outputs.abort();
+                Err(e)
             }
-            SinkMessage::Abort => break,
         }
     }
-    abort(parquet, failures);
-    Err(RunError::Internal(
-        "the run stopped before its output was complete".to_string(),
-    ))
+
+    /// Handles messages until `Finish` (its metadata returned) or `Stop`.
+    fn receive(
+        &mut self,
+        rx: &mut mpsc::Receiver<SinkMessage>,
+        outputs: &mut Outputs,
+    ) -> Result<Option<OutputMetadata>, RunError> {
+        loop {
+            let message = match rx.try_recv() {
+                Ok(message) => message,
+                Err(mpsc::error::TryRecvError::Empty) => {
+                    // Nothing else at hand: make what arrived durable before waiting.
+                    self.parts.commit()?;
+                    match rx.blocking_recv() {
+                        Some(message) => message,
+                        None => return Ok(None),
+                    }
+                }
+                Err(mpsc::error::TryRecvError::Disconnected) => return Ok(None),
+            };
+            match message {
+                SinkMessage::Embedded(batch) => {
+                    self.parts.append(&batch)?;
+                    outputs.write(&self.output, &batch)?;
+                }
+                SinkMessage::Reused(batch) => outputs.write(&self.output, &batch)?,
+                SinkMessage::Duplicate(chunk) => outputs.duplicates.push(chunk),
+                SinkMessage::Quarantine {
+                    chunk,
+                    reason,
+                    status,
+                } => {
+                    outputs.quarantine(&chunk, &reason, status)?;
+                    outputs.quarantine_reasons.insert(
+                        checkpoint::hash_key(&chunk.content_hash),
+                        (reason, status),
+                    );
+                }
+                SinkMessage::Finish(metadata) => return Ok(Some(metadata)),
+                SinkMessage::Stop => return Ok(None),
+            }
+        }
+    }
+
+    /// Writes the repeats of chunks sent in this run, completes the output and
+    /// removes the checkpoint it now holds.
+    fn finish(self, mut outputs: Outputs, metadata: &OutputMetadata) -> Result<Written, RunError> {
+        if let Err(e) = self.write_duplicates(&mut outputs) {
+            outputs.abort();
+            return Err(e);
+        }
+        let Outputs {
+            parquet,
+            failures,
+            quarantined,
+            ..
+        } = outputs;
+        let dimensions = parquet.as_ref().map(|s| s.dimensions());
+        let mut metadata = metadata.clone();
+        metadata.dimensions = dimensions.unwrap_or(0);
+        metadata.extra.insert(FINGERPRINT_KEY.to_string(), self.fingerprint.clone());
+        let report = match parquet {
+            Some(sink) => Some(sink.finish(&metadata)?),
+            None => None,
+        };
+        failures.finish()?;
+        self.parts.remove_checkpoint()?;
+        Ok(Written {
+            report,
+            dimensions,
+            quarantined,
+        })
+    }
+
+    /// Repeated chunks take the vector their first copy got, read back from
+    /// this run's parts, or its quarantine.
+    fn write_duplicates(&self, outputs: &mut Outputs) -> Result<(), RunError> {
+        if outputs.duplicates.is_empty() {
+            return Ok(());
+        }
+        let mut store = Store::new();
+        for part in self.parts.committed() {
+            store.add(part, Origin::Checkpoint, None)?;
+        }
+        let duplicates = std::mem::take(&mut outputs.duplicates);
+        let mut found = Vec::new();
+        for chunk in duplicates {
+            if let Some((location, _)) = store.locate(&chunk.content_hash) {
+                found.push((chunk, location));
+            } else if let Some((reason, status)) = outputs
+                .quarantine_reasons
+                .get(&checkpoint::hash_key(&chunk.content_hash))
+                .cloned()
+            {
+                outputs.quarantine(&chunk, &reason, status)?;
+            } else {
+                return Err(RunError::Internal(format!(
+                    "chunk {} repeats a text that was sent but whose vector is not in the checkpoint",
+                    chunk.id
+                )));
+            }
+        }
+        for group in found.chunks(REUSE_BATCH) {
+            let wanted: Vec<(Location, [u8; 32])> =
+                group.iter().map(|(c, l)| (*l, c.content_hash)).collect();
+            let values = store.fetch(&wanted)?;
+            let batch = EmbeddedBatch {
+                chunks: group.iter().map(|(c, _)| c.clone()).collect(),
+                vectors: Vectors {
+                    dimensions: store.dimensions().unwrap_or(0),
+                    values,
+                    usage: Usage::default(),
+                },
+            };
+            outputs.write(&self.output, &batch)?;
+        }
+        Ok(())
+    }
+}
+
+impl Outputs {
+    fn write(
+        &mut self,
+        config: &crate::job::OutputConfig,
+        batch: &EmbeddedBatch,
+    ) -> Result<(), RunError> {
+        if self.parquet.is_none() {
+            let sink = ParquetSink::create(
+                &config.path,
+                batch.vectors.dimensions,
+                config.include_text,
+                config.row_group_bytes,
+            )?;
+            self.parquet = Some(Box::new(sink));
+        }
+        if let Some(sink) = self.parquet.as_mut() {
+            sink.write(batch)?;
+        }
+        Ok(())
+    }
+
+    fn quarantine(
+        &mut self,
+        chunk: &Chunk,
+        reason: &str,
+        status: Option<u16>,
+    ) -> Result<(), RunError> {
+        self.quarantined += 1;
+        self.failures.record(chunk, reason, status)?;
+        Ok(())
+    }
+
+    /// Drops the partial output and failures file.
+    fn abort(self) {
+        if let Some(sink) = self.parquet {
+            sink.abort();
+        }
+        self.failures.abort();
+    }
 }

@@ -24,6 +24,7 @@ use crate::validate::Vectors;
 pub use self::failures::{failures_path, FailuresFile, FailuresReport};
 pub use self::parquet::{output_schema, ParquetSink, SCHEMA_VERSION};
 pub use self::summary::{summary_path, write_json_atomically};
+pub(crate) use self::atomic::{parent_dir, with_suffix};
 
 /// Chunks with the vectors that passed validation, row for row.
 #[derive(Debug, Clone)]
@@ -40,7 +41,7 @@ pub struct EmbeddedBatch {
 pub trait Sink: Send {
     /// Buffers or writes one batch. A batch that does not fit the output
     /// (vector length, row count, non-finite values) is rejected whole.
-    fn write(&mut self, batch: EmbeddedBatch) -> Result<(), SinkError>;
+    fn write(&mut self, batch: &EmbeddedBatch) -> Result<(), SinkError>;
 
     /// Writes what is buffered and the run's metadata, and moves the output
     /// into place.

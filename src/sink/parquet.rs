@@ -67,11 +67,16 @@ fn item_field() -> FieldRef {
     Arc::new(Field::new("item", DataType::Float32, true))
 }
 
-fn writer_properties() -> Result<WriterProperties, parquet::errors::ParquetError> {
+fn writer_properties(compressed: bool) -> Result<WriterProperties, parquet::errors::ParquetError> {
     let dictionary = |name: &str| ColumnPath::from(name);
     let embedding = ColumnPath::new(vec!["embedding".into(), "list".into(), "item".into()]);
+    let compression = if compressed {
+        Compression::ZSTD(ZstdLevel::try_new(ZSTD_LEVEL)?)
+    } else {
+        Compression::UNCOMPRESSED
+    };
     Ok(WriterProperties::builder()
-        .set_compression(Compression::ZSTD(ZstdLevel::try_new(ZSTD_LEVEL)?))
+        .set_compression(compression)
         // Row groups are cut by this sink, by size, not by row count.
         .set_max_row_group_row_count(None)
         .set_max_row_group_bytes(None)
@@ -124,8 +129,8 @@ fn writer_properties() -> Result<WriterProperties, parquet::errors::ParquetError
 /// let vectors = |values: Vec<f32>| Vectors { dimensions: 2, values, usage: Usage::default() };
 ///
 /// let mut sink: Box<dyn Sink> = Box::new(ParquetSink::create(&path, 2, true, 1 << 20)?);
-/// sink.write(EmbeddedBatch { chunks: vec![chunk(0, "hello")], vectors: vectors(vec![1.0, 2.0]) })?;
-/// sink.write(EmbeddedBatch {
+/// sink.write(&EmbeddedBatch { chunks: vec![chunk(0, "hello")], vectors: vectors(vec![1.0, 2.0]) })?;
+/// sink.write(&EmbeddedBatch {
 ///     chunks: vec![chunk(1, "big"), chunk(2, "world")],
 ///     vectors: vectors(vec![3.0, 4.0, 5.0, 6.0]),
 /// })?;
@@ -186,6 +191,19 @@ impl ParquetSink {
         include_text: bool,
         row_group_bytes: u64,
     ) -> Result<Self, SinkError> {
+        Self::create_with(path, dimensions, include_text, row_group_bytes, true)
+    }
+
+    /// [`ParquetSink::create`], with zstd compression only if `compressed`:
+    /// vectors gain little from it, and files written while a run goes are
+    /// written for speed.
+    pub fn create_with(
+        path: &Path,
+        dimensions: usize,
+        include_text: bool,
+        row_group_bytes: u64,
+        compressed: bool,
+    ) -> Result<Self, SinkError> {
         if dimensions == 0 || i32::try_from(dimensions).is_err() {
             return Err(SinkError::UnsupportedDimensions {
                 path: path.to_path_buf(),
@@ -196,7 +214,7 @@ impl ParquetSink {
             path: path.to_path_buf(),
             source,
         };
-        let props = writer_properties().map_err(parquet_error)?;
+        let props = writer_properties(compressed).map_err(parquet_error)?;
         let (temp, file) = TempFile::create(path)?;
         let writer_file = file.try_clone().map_err(|source| SinkError::Io {
             path: temp.temp_path().to_path_buf(),
@@ -329,8 +347,8 @@ impl ParquetSink {
 }
 
 impl Sink for ParquetSink {
-    fn write(&mut self, batch: EmbeddedBatch) -> Result<(), SinkError> {
-        self.check(&batch)?;
+    fn write(&mut self, batch: &EmbeddedBatch) -> Result<(), SinkError> {
+        self.check(batch)?;
         let dimensions = self.dimensions;
         for (chunk, vector) in batch
             .chunks
@@ -544,7 +562,7 @@ mod tests {
     fn write_output(path: &Path, dimensions: usize, docs: &[(&str, u32)]) -> SinkReport {
         let mut sink = Box::new(ParquetSink::create(path, dimensions, true, 1 << 20).unwrap());
         for (doc, len) in docs {
-            sink.write(batch(doc, 0, *len, dimensions)).unwrap();
+            sink.write(&batch(doc, 0, *len, dimensions)).unwrap();
         }
         sink.finish(&metadata(dimensions, None)).unwrap()
     }
@@ -557,9 +575,9 @@ mod tests {
         // A row here counts roughly 150 bytes: a few rows per row group.
         let mut sink: Box<dyn Sink> =
             Box::new(ParquetSink::create(&path, dims, true, 400).unwrap());
-        sink.write(batch("a.md", 0, 2, dims)).unwrap();
-        sink.write(batch("a.md", 2, 3, dims)).unwrap();
-        sink.write(batch("b.md", 0, 4, dims)).unwrap();
+        sink.write(&batch("a.md", 0, 2, dims)).unwrap();
+        sink.write(&batch("a.md", 2, 3, dims)).unwrap();
+        sink.write(&batch("b.md", 0, 4, dims)).unwrap();
         let report = sink.finish(&metadata(dims, Some(0.0125))).unwrap();
 
         assert_eq!(report.rows, 9);
@@ -656,7 +674,7 @@ mod tests {
         let path = dir.path().join("out.parquet");
         let mut sink = Box::new(ParquetSink::create(&path, dims, false, budget).unwrap());
         for first in (0..95).step_by(19) {
-            sink.write(batch("a", first, 19, dims)).unwrap();
+            sink.write(&batch("a", first, 19, dims)).unwrap();
         }
         let report = sink.finish(&metadata(dims, None)).unwrap();
         assert_eq!(report.rows, 95);
@@ -682,7 +700,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("out.parquet");
         let mut sink = Box::new(ParquetSink::create(&path, 2, false, 1 << 20).unwrap());
-        sink.write(batch("a", 0, 3, 2)).unwrap();
+        sink.write(&batch("a", 0, 3, 2)).unwrap();
         sink.finish(&metadata(2, None)).unwrap();
 
         let (rows, _) = read_all(&path);
@@ -719,7 +737,7 @@ mod tests {
         let path = dir.path().join("out.parquet");
         let mut sink = Box::new(ParquetSink::create(&path, 3, true, 1).unwrap());
 
-        let error = sink.write(batch("a", 0, 2, 4)).unwrap_err();
+        let error = sink.write(&batch("a", 0, 2, 4)).unwrap_err();
         assert!(
             matches!(
                 error,
@@ -735,7 +753,7 @@ mod tests {
 
         let mut short = batch("b", 0, 2, 3);
         short.vectors.values.truncate(5);
-        let error = sink.write(short).unwrap_err();
+        let error = sink.write(&short).unwrap_err();
         assert!(
             matches!(
                 error,
@@ -750,7 +768,7 @@ mod tests {
 
         let mut extra = batch("c", 0, 2, 3);
         extra.chunks.pop();
-        let error = sink.write(extra).unwrap_err();
+        let error = sink.write(&extra).unwrap_err();
         assert!(
             matches!(
                 error,
@@ -765,13 +783,13 @@ mod tests {
 
         let mut nan = batch("d", 0, 2, 3);
         nan.vectors.values[4] = f32::NAN;
-        let error = sink.write(nan).unwrap_err();
+        let error = sink.write(&nan).unwrap_err();
         assert!(
             matches!(&error, SinkError::NonFinite { id, position: 1, .. } if id == "d#1"),
             "{error}"
         );
 
-        sink.write(batch("e", 0, 2, 3)).unwrap();
+        sink.write(&batch("e", 0, 2, 3)).unwrap();
         let report = sink.finish(&metadata(3, None)).unwrap();
         assert_eq!(report.rows, 2);
         let (rows, _) = read_all(&path);
@@ -797,7 +815,7 @@ mod tests {
         let path = dir.path().join("out.parquet");
 
         let mut sink = Box::new(ParquetSink::create(&path, 2, true, 1).unwrap());
-        sink.write(batch("a", 0, 3, 2)).unwrap();
+        sink.write(&batch("a", 0, 3, 2)).unwrap();
         assert_eq!(
             names(dir.path()).len(),
             1,
@@ -808,7 +826,7 @@ mod tests {
         assert!(names(dir.path()).is_empty(), "{:?}", names(dir.path()));
 
         let mut sink = ParquetSink::create(&path, 2, true, 1).unwrap();
-        sink.write(batch("a", 0, 3, 2)).unwrap();
+        sink.write(&batch("a", 0, 3, 2)).unwrap();
         drop(sink);
         assert!(names(dir.path()).is_empty(), "{:?}", names(dir.path()));
     }
@@ -818,7 +836,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("out.parquet");
         let mut sink = Box::new(ParquetSink::create(&path, 2, true, 1 << 20).unwrap());
-        sink.write(batch("a", 0, 3, 2)).unwrap();
+        sink.write(&batch("a", 0, 3, 2)).unwrap();
         let error = sink.finish(&metadata(3, None)).unwrap_err();
         assert!(matches!(error, SinkError::Metadata { .. }), "{error}");
         assert!(names(dir.path()).is_empty(), "{:?}", names(dir.path()));
@@ -860,14 +878,14 @@ mod tests {
         let old = std::fs::read(&path).unwrap();
 
         let mut sink = Box::new(ParquetSink::create(&path, 2, true, 1).unwrap());
-        sink.write(batch("new", 0, 6, 2)).unwrap();
+        sink.write(&batch("new", 0, 6, 2)).unwrap();
         assert_eq!(read_all(&path).0.num_rows(), 4, "old output while writing");
         sink.abort();
         assert_eq!(std::fs::read(&path).unwrap(), old);
         assert_eq!(names(dir.path()), ["out.parquet"]);
 
         let mut sink = Box::new(ParquetSink::create(&path, 2, true, 1).unwrap());
-        sink.write(batch("new", 0, 6, 2)).unwrap();
+        sink.write(&batch("new", 0, 6, 2)).unwrap();
         assert_eq!(read_all(&path).0.num_rows(), 4, "old output until finish");
         sink.finish(&metadata(2, None)).unwrap();
         let (rows, _) = read_all(&path);
@@ -903,7 +921,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("out.parquet");
         let mut sink = Box::new(ParquetSink::create(&path, 2, true, 1 << 20).unwrap());
-        sink.write(EmbeddedBatch {
+        sink.write(&EmbeddedBatch {
             chunks: Vec::new(),
             vectors: crate::validate::Vectors {
                 dimensions: 2,

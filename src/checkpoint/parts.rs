@@ -1,0 +1,222 @@
+//! Committing vectors as they are paid for: part files in the checkpoint.
+
+use std::path::{Path, PathBuf};
+
+use super::{Checkpoint, CheckpointError, Earlier, FINGERPRINT_KEY};
+use crate::client::Usage;
+use crate::sink::{EmbeddedBatch, OutputMetadata, ParquetSink, Sink, SinkError};
+
+/// The number of a part file, `part-000042.parquet` → 42.
+pub(super) fn part_number(path: &Path) -> Option<u64> {
+    let name = path.file_name()?.to_str()?;
+    let digits = name.strip_prefix("part-")?.strip_suffix(".parquet")?;
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+struct OpenPart {
+    sink: Box<ParquetSink>,
+    usage: Usage,
+    requests: u64,
+    rows: u64,
+}
+
+/// Writes newly embedded batches to part files in the checkpoint, each part
+/// written under a temporary name, fsynced and renamed into place by
+/// [`PartWriter::commit`]. The pipeline commits whenever it has no further
+/// batch at hand, so a committed part trails the responses by the time it
+/// takes to write them.
+///
+/// A part holds the output's columns without `text`, and records in its
+/// metadata the usage and requests that paid for its vectors.
+pub struct PartWriter {
+    checkpoint: Checkpoint,
+    next_number: u64,
+    row_group_bytes: u64,
+    template: OutputMetadata,
+    open: Option<OpenPart>,
+    committed: Vec<PathBuf>,
+    totals: Earlier,
+}
+
+impl PartWriter {
+    /// A writer of parts numbered after those already in `checkpoint`, for
+    /// vectors of `model` from a `backend` (`api` or `local`).
+    pub fn new(checkpoint: Checkpoint, model: &str, backend: &str, row_group_bytes: u64) -> Self {
+        let next_number = checkpoint
+            .parts()
+            .iter()
+            .filter_map(|p| part_number(p))
+            .max()
+            .unwrap_or(0)
+            + 1;
+        let mut template = OutputMetadata {
+            model: model.to_string(),
+            backend: backend.to_string(),
+            ..OutputMetadata::default()
+        };
+        template.extra.insert(
+            FINGERPRINT_KEY.to_string(),
+            checkpoint.fingerprint().to_json(),
+        );
+        PartWriter {
+            checkpoint,
+            next_number,
+            row_group_bytes,
+            template,
+            open: None,
+            committed: Vec::new(),
+            totals: Earlier::default(),
+        }
+    }
+
+    /// Adds a batch that one successful request paid for.
+    pub fn append(&mut self, batch: &EmbeddedBatch) -> Result<(), SinkError> {
+        if self.open.is_none() {
+            self.checkpoint.create().map_err(|e| match e {
+                CheckpointError::Sink(e) => e,
+                other => SinkError::Metadata {
+                    path: self.checkpoint.dir().to_path_buf(),
+                    message: other.to_string(),
+                },
+            })?;
+            let path = self.checkpoint.dir().join(format!("part-{:06}.parquet", self.next_number));
+            let sink = ParquetSink::create_with(
+                &path,
+                batch.vectors.dimensions,
+                false,
+                self.row_group_bytes,
+                false,
+            )?;
+            self.next_number += 1;
+            self.open = Some(OpenPart {
+                sink: Box::new(sink),
+                usage: Usage::default(),
+                requests: 0,
+                rows: 0,
+            });
+        }
+        if let Some(part) = self.open.as_mut() {
+            part.sink.write(batch)?;
+            part.usage += batch.vectors.usage;
+            part.requests += 1;
+            part.rows += batch.chunks.len() as u64;
+        }
+        Ok(())
+    }
+
+    /// Whether appended rows wait for a commit.
+    pub fn has_pending(&self) -> bool {
+        self.open.is_some()
+    }
+
+    /// Makes everything appended so far durable.
+    pub fn commit(&mut self) -> Result<(), SinkError> {
+        let Some(part) = self.open.take() else {
+            return Ok(());
+        };
+        let mut metadata = self.template.clone();
+        metadata.dimensions = part.sink.dimensions();
+        metadata.usage = part.usage;
+        metadata.requests = part.requests;
+        let report = part.sink.finish(&metadata)?;
+        self.totals.parts += 1;
+        self.totals.rows += part.rows;
+        self.totals.usage += part.usage;
+        self.totals.requests += part.requests;
+        self.committed.push(report.path);
+        Ok(())
+    }
+
+    /// Parts this writer committed.
+    pub fn committed(&self) -> &[PathBuf] {
+        &self.committed
+    }
+
+    /// What this writer committed.
+    pub fn totals(&self) -> Earlier {
+        self.totals
+    }
+
+    /// Removes the checkpoint, once the output holds every vector in it.
+    pub fn remove_checkpoint(self) -> Result<(), CheckpointError> {
+        self.checkpoint.remove()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::checkpoint::{Fingerprint, Origin, Store};
+    use crate::chunk::{content_hash, Chunk};
+    use crate::validate::Vectors;
+
+    #[test]
+    fn part_names_are_numbered() {
+        assert_eq!(part_number(Path::new("x/part-000042.parquet")), Some(42));
+        assert_eq!(part_number(Path::new("x/.part-000042.parquet.tmp-9")), None);
+        assert_eq!(part_number(Path::new("x/part-.parquet")), None);
+        assert_eq!(part_number(Path::new("x/manifest.json")), None);
+    }
+
+    #[test]
+    fn committed_parts_hold_the_vectors_and_what_they_cost() {
+        let dir = tempfile::tempdir().unwrap();
+        let output = dir.path().join("docs.parquet");
+        let fingerprint = Fingerprint::from_json(r#"{"backend.model":"m"}"#).unwrap();
+        let checkpoint = Checkpoint::open("docs", &output, &fingerprint, false).unwrap();
+        let mut parts = PartWriter::new(checkpoint, "m", "api", 1 << 20);
+        let batch = |texts: &[&str], tokens: u64| EmbeddedBatch {
+            chunks: texts
+                .iter()
+                .enumerate()
+                .map(|(i, t)| Chunk {
+                    id: format!("d#{i}"),
+                    doc_id: Arc::from("d"),
+                    source: Arc::from("d"),
+                    chunk_index: i as u32,
+                    byte_start: 0,
+                    byte_end: 1,
+                    text: (*t).to_string(),
+                    content_hash: content_hash(t),
+                    token_count: 1,
+                })
+                .collect(),
+            vectors: Vectors {
+                dimensions: 1,
+                values: (0..texts.len()).map(|i| i as f32 + 1.0).collect(),
+                usage: Usage {
+                    prompt_tokens: tokens,
+                    total_tokens: tokens,
+                },
+            },
+        };
+        parts.append(&batch(&["a", "b"], 5)).unwrap();
+        parts.append(&batch(&["c"], 2)).unwrap();
+        assert!(parts.has_pending());
+        parts.commit().unwrap();
+        parts.commit().unwrap();
+        parts.append(&batch(&["d"], 1)).unwrap();
+        parts.commit().unwrap();
+        assert_eq!(parts.committed().len(), 2);
+        assert_eq!(parts.totals().usage.prompt_tokens, 8);
+
+        let reopened = Checkpoint::open("docs", &output, &fingerprint, false).unwrap();
+        assert_eq!(reopened.parts(), parts.committed());
+        let mut store = Store::new();
+        for part in reopened.parts() {
+            store.add(part, Origin::Checkpoint, None).unwrap();
+        }
+        assert_eq!(store.earlier().usage.prompt_tokens, 8);
+        assert_eq!(store.earlier().requests, 3);
+        assert_eq!(store.earlier().rows, 4);
+        let (loc, _) = store.locate(&content_hash("d")).unwrap();
+        assert_eq!(store.fetch(&[(loc, content_hash("d"))]).unwrap(), [1.0]);
+        let next = PartWriter::new(reopened, "m", "api", 1 << 20);
+        assert_eq!(next.next_number, 3);
+    }
+}
