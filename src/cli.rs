@@ -120,6 +120,8 @@ pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
     };
     match number.trim().parse::<f64>() {
         Ok(n) if n.is_finite() && n > 0.0 => Ok(std::time::Duration::from_secs_f64(n * scale)),
-        _ => Err(format!("{text:?} is not a positive duration such as 90s, 30m or 2h")),
+        _ => Err(format!(
+            "{text:?} is not a positive duration such as 90s, 30m or 2h"
+        )),
     }
 }

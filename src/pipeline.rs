@@ -21,8 +21,8 @@ use tokio::sync::{mpsc, watch};
 use crate::backend::{BackendError, BackendStats, EmbeddingBackend};
 use crate::batch::{Batch, Batcher};
 use crate::checkpoint::{
-    self, id_key, Checkpoint, CheckpointError, Fingerprint, JobLock, Location, Origin,
-    PartWriter, Store, FINGERPRINT_KEY,
+    self, id_key, Checkpoint, CheckpointError, Fingerprint, JobLock, Location, Origin, PartWriter,
+    Store, FINGERPRINT_KEY,
 };
 use crate::chunk::{Chunk, Chunker};
 use crate::client::Usage;
@@ -178,7 +178,11 @@ pub async fn run(
             Ok((store, ids))
         })
         .await
-        .map_err(|e| RunError::Internal(format!("reading the stored vectors stopped unexpectedly: {e}")))??
+        .map_err(|e| {
+            RunError::Internal(format!(
+                "reading the stored vectors stopped unexpectedly: {e}"
+            ))
+        })??
     };
     let earlier = store.earlier();
     let capacity = job.pipeline.channel_capacity;
@@ -563,10 +567,16 @@ impl Reading {
             }
             return Ok(true);
         }
-        if !self.scheduled.insert(checkpoint::hash_key(&chunk.content_hash)) {
+        if !self
+            .scheduled
+            .insert(checkpoint::hash_key(&chunk.content_hash))
+        {
             report.deduplicated += 1;
             report.tokens_saved += tokens;
-            return Ok(self.sink.blocking_send(SinkMessage::Duplicate(chunk)).is_ok());
+            return Ok(self
+                .sink
+                .blocking_send(SinkMessage::Duplicate(chunk))
+                .is_ok());
         }
         report.sent_tokens += tokens;
         if let Some(batch) = self.batcher.push(chunk) {
@@ -760,10 +770,9 @@ impl Writing {
                     status,
                 } => {
                     outputs.quarantine(&chunk, &reason, status)?;
-                    outputs.quarantine_reasons.insert(
-                        checkpoint::hash_key(&chunk.content_hash),
-                        (reason, status),
-                    );
+                    outputs
+                        .quarantine_reasons
+                        .insert(checkpoint::hash_key(&chunk.content_hash), (reason, status));
                 }
                 SinkMessage::Finish(metadata) => return Ok(Some(metadata)),
                 SinkMessage::Stop => return Ok(None),
@@ -787,7 +796,9 @@ impl Writing {
         let dimensions = parquet.as_ref().map(|s| s.dimensions());
         let mut metadata = metadata.clone();
         metadata.dimensions = dimensions.unwrap_or(0);
-        metadata.extra.insert(FINGERPRINT_KEY.to_string(), self.fingerprint.clone());
+        metadata
+            .extra
+            .insert(FINGERPRINT_KEY.to_string(), self.fingerprint.clone());
         let report = match parquet {
             Some(sink) => Some(sink.finish(&metadata)?),
             None => None,

@@ -157,7 +157,10 @@ mod tests {
         let output = dir.path().join("docs.parquet");
         fs::write(lock_path(&output), "pid 999999 since yesterday\n").unwrap();
         let lock = JobLock::acquire(&output).unwrap();
-        assert_eq!(lock.taken_over.as_deref(), Some("pid 999999 since yesterday"));
+        assert_eq!(
+            lock.taken_over.as_deref(),
+            Some("pid 999999 since yesterday")
+        );
         let text = fs::read_to_string(lock_path(&output)).unwrap();
         assert!(text.starts_with(&format!("pid {} since", std::process::id())));
     }

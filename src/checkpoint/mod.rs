@@ -295,7 +295,10 @@ pub fn check_previous_output(
         path: output.to_path_buf(),
         message: e.to_string(),
     })?;
-    let differences = match metadata.get(FINGERPRINT_KEY).map(|t| Fingerprint::from_json(t)) {
+    let differences = match metadata
+        .get(FINGERPRINT_KEY)
+        .map(|t| Fingerprint::from_json(t))
+    {
         Some(Some(earlier)) => fingerprint.differences(&earlier),
         Some(None) => vec![format!("its {FINGERPRINT_KEY} metadata cannot be read")],
         None => vec![format!(
@@ -395,7 +398,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let output = dir.path().join("docs.parquet");
         let first = Checkpoint::open("docs", &output, &fingerprint("svc-embed-1"), false).unwrap();
-        assert!(!first.dir().exists(), "nothing is written before the first part");
+        assert!(
+            !first.dir().exists(),
+            "nothing is written before the first part"
+        );
         first.create().unwrap();
         assert!(first.dir().join(MANIFEST).exists());
         fs::write(first.dir().join("part-000001.parquet"), b"x").unwrap();
@@ -407,8 +413,8 @@ mod tests {
         assert!(!same.dir().join(".part-000002.parquet.tmp-77").exists());
         assert!(!dir.path().join(".docs.parquet.tmp-77").exists());
 
-        let err = Checkpoint::open("docs", &output, &fingerprint("svc-embed-1-l"), false)
-            .unwrap_err();
+        let err =
+            Checkpoint::open("docs", &output, &fingerprint("svc-embed-1-l"), false).unwrap_err();
         assert!(err.is_found_before_work());
         let message = err.to_string();
         assert!(message.contains("svc-embed-1 → svc-embed-1-l"), "{message}");

@@ -82,7 +82,10 @@ impl PartWriter {
                     message: other.to_string(),
                 },
             })?;
-            let path = self.checkpoint.dir().join(format!("part-{:06}.parquet", self.next_number));
+            let path = self
+                .checkpoint
+                .dir()
+                .join(format!("part-{:06}.parquet", self.next_number));
             let sink = ParquetSink::create_with(
                 &path,
                 batch.vectors.dimensions,

@@ -182,8 +182,9 @@ impl Store {
                 None => None,
             };
             for i in 0..batch.num_rows() {
-                let hash = parse_hash(hashes.value(i))
-                    .ok_or_else(|| corrupt(format!("row {}: content_hash is not a SHA-256", row + 1)))?;
+                let hash = parse_hash(hashes.value(i)).ok_or_else(|| {
+                    corrupt(format!("row {}: content_hash is not a SHA-256", row + 1))
+                })?;
                 self.index.entry(hash_key(&hash)).or_insert(Location {
                     file: file_index,
                     row,
@@ -493,7 +494,11 @@ mod tests {
         store.add(&a, Origin::Previous, Some(&mut ids)).unwrap();
         store.add(&b, Origin::Checkpoint, None).unwrap();
         assert_eq!(store.dimensions(), Some(2));
-        assert_eq!(store.len(), 201, "text 5 is indexed once, at its first place");
+        assert_eq!(
+            store.len(),
+            201,
+            "text 5 is indexed once, at its first place"
+        );
         assert!(ids.contains(&id_key("d#199")) && !ids.contains(&id_key("d#200")));
         assert_eq!(store.earlier().parts, 1);
         assert_eq!(store.earlier().rows, 2);

@@ -21,10 +21,10 @@ use crate::chunk::Chunk;
 use crate::client::Usage;
 use crate::validate::Vectors;
 
+pub(crate) use self::atomic::{parent_dir, with_suffix};
 pub use self::failures::{failures_path, FailuresFile, FailuresReport};
 pub use self::parquet::{output_schema, ParquetSink, SCHEMA_VERSION};
 pub use self::summary::{summary_path, write_json_atomically};
-pub(crate) use self::atomic::{parent_dir, with_suffix};
 
 /// Chunks with the vectors that passed validation, row for row.
 #[derive(Debug, Clone)]

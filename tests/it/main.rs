@@ -4,6 +4,7 @@
 mod cli;
 mod client;
 mod local;
+mod resume;
 mod run;
 mod simulator;
 mod support;

@@ -18,7 +18,7 @@ use crate::cli::{bin, no_key, run, text};
 use crate::support::{simulator, KEY};
 
 /// A job file in `dir` against `base_url`, with extra lines appended to sections.
-fn write_job(dir: &Path, base_url: &str, source: &str, backend_extra: &str) -> PathBuf {
+pub(crate) fn write_job(dir: &Path, base_url: &str, source: &str, backend_extra: &str) -> PathBuf {
     let job = format!(
         r#"name = "test"
 [source]
@@ -46,11 +46,11 @@ path = "{out}"
 }
 
 /// The `[source]` lines for a files job over `root`.
-fn files_source(root: &Path) -> String {
+pub(crate) fn files_source(root: &Path) -> String {
     format!("kind = \"files\"\npaths = [\"{}\"]", root.display())
 }
 
-fn corpus(dir: &Path, documents: usize) -> PathBuf {
+pub(crate) fn corpus(dir: &Path, documents: usize) -> PathBuf {
     let root = dir.join("docs");
     std::fs::create_dir_all(root.join("nested")).unwrap();
     for i in 0..documents {
@@ -69,7 +69,7 @@ fn corpus(dir: &Path, documents: usize) -> PathBuf {
 }
 
 /// The chunks a run must produce, computed here with the library's chunker.
-fn expected_chunks(root: &Path) -> BTreeMap<String, String> {
+pub(crate) fn expected_chunks(root: &Path) -> BTreeMap<String, String> {
     let chunker = TokenChunker::cl100k(&ChunkingConfig {
         max_tokens: 64,
         overlap_tokens: 8,
@@ -103,16 +103,16 @@ fn expected_chunks(root: &Path) -> BTreeMap<String, String> {
     expected
 }
 
-struct Rows {
-    ids: Vec<String>,
-    texts: Vec<String>,
-    vectors: Vec<Vec<f32>>,
-    token_counts: Vec<u32>,
-    metadata: HashMap<String, String>,
-    embedding_type: DataType,
+pub(crate) struct Rows {
+    pub ids: Vec<String>,
+    pub texts: Vec<String>,
+    pub vectors: Vec<Vec<f32>>,
+    pub token_counts: Vec<u32>,
+    pub metadata: HashMap<String, String>,
+    pub embedding_type: DataType,
 }
 
-fn read_output(path: &Path) -> Rows {
+pub(crate) fn read_output(path: &Path) -> Rows {
     let file = std::fs::File::open(path).unwrap();
     let builder = ParquetRecordBatchReaderBuilder::try_new(file).unwrap();
     let metadata = builder
@@ -168,7 +168,7 @@ fn read_output(path: &Path) -> Rows {
     rows
 }
 
-async fn run_job(job: &Path, extra: &[&str]) -> Output {
+pub(crate) async fn run_job(job: &Path, extra: &[&str]) -> Output {
     let mut command = bin();
     command
         .env("EMBEDJOB_API_KEY", KEY)
@@ -179,7 +179,7 @@ async fn run_job(job: &Path, extra: &[&str]) -> Output {
 }
 
 /// Every expected chunk is in the output exactly once, with the simulator's vector for its text.
-fn assert_complete(rows: &Rows, expected: &BTreeMap<String, String>, dimensions: usize) {
+pub(crate) fn assert_complete(rows: &Rows, expected: &BTreeMap<String, String>, dimensions: usize) {
     let unique: HashSet<&String> = rows.ids.iter().collect();
     assert_eq!(unique.len(), rows.ids.len(), "ids are unique");
     assert_eq!(rows.ids.len(), expected.len(), "every chunk, once");

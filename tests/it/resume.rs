@@ -1,0 +1,555 @@
+//! Never paying twice: runs killed at random points and resumed, graceful
+//! stops, re-runs over edited inputs, the job lock, and changed configuration.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::Path;
+use std::process::{Child, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use embedjob::chunk::content_hash;
+use embedjob::simulate::{SimConfig, Simulator};
+use rand::{Rng, SeedableRng};
+use serde_json::Value;
+
+use crate::cli::{bin, no_key};
+use crate::run::{
+    assert_complete, corpus, expected_chunks, files_source, read_output, run_job, write_job,
+};
+use crate::support::{simulator, KEY};
+
+fn slow_simulator(latency_ms: u64) -> SimConfig {
+    SimConfig {
+        latency_ms,
+        ..SimConfig::default()
+    }
+}
+
+fn spawn_job(job: &Path, extra: &[&str]) -> Child {
+    bin()
+        .env("EMBEDJOB_API_KEY", KEY)
+        .arg("run")
+        .arg(job)
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the binary starts")
+}
+
+async fn wait(child: Child) -> Output {
+    tokio::task::spawn_blocking(move || child.wait_with_output().unwrap())
+        .await
+        .unwrap()
+}
+
+/// Waits until the simulator has billed `requests` requests in all, or the
+/// child has exited; `true` if the count was reached with the child running.
+async fn wait_for_billed(sim: &Simulator, child: &mut Child, requests: u64) -> bool {
+    let started = Instant::now();
+    loop {
+        if sim.ledger().billed_requests >= requests {
+            return true;
+        }
+        if child.try_wait().unwrap().is_some() {
+            return false;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the job never reached {requests} billed requests"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+fn signal(child: &Child, name: &str) {
+    let status = std::process::Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(child.id().to_string())
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+fn json(output: &Output) -> Value {
+    let (stdout, stderr) = no_key(output, KEY);
+    serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}\n{stderr}"))
+}
+
+fn text_hash(text: &str) -> String {
+    hex::encode(content_hash(text))
+}
+
+#[tokio::test]
+async fn a_job_killed_at_random_points_resumes_without_paying_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = corpus(dir.path(), 60);
+    let expected = expected_chunks(&root);
+    let sim = simulator(slow_simulator(30)).await;
+    let job = write_job(dir.path(), &sim.base_url(), &files_source(&root), "");
+    let (max_inputs, concurrency) = (4u64, 4u64);
+    let settings = [
+        "--quiet",
+        "--set",
+        "backend.max_inputs_per_request=4",
+        "--set",
+        "backend.concurrency=4",
+    ];
+    let distinct: HashSet<&String> = expected.values().collect();
+    let total_requests = (distinct.len() as u64).div_ceil(max_inputs);
+    assert!(total_requests > 40, "{total_requests} requests");
+
+    let seed: u64 = rand::random();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut kills = 0u64;
+    for _ in 0..4 {
+        let billed = sim.ledger().billed_requests;
+        // A point somewhere in the work still to do.
+        let at = billed + rng.random_range(2..=10);
+        let mut child = spawn_job(&job, &settings);
+        if !wait_for_billed(&sim, &mut child, at).await {
+            let output = wait(child).await;
+            assert_eq!(
+                output.status.code(),
+                Some(0),
+                "{}",
+                crate::cli::text(&output.stderr)
+            );
+            break;
+        }
+        child.kill().unwrap();
+        let output = wait(child).await;
+        assert_eq!(
+            output.status.code(),
+            None,
+            "killed by a signal (seed {seed})"
+        );
+        kills += 1;
+        assert!(
+            dir.path().join("out/result.parquet.lock").exists(),
+            "a killed run leaves its lock file behind"
+        );
+    }
+    assert!(
+        kills >= 2,
+        "the job was killed mid-way at least twice (seed {seed})"
+    );
+    let before_resume = sim.ledger().billed_requests;
+
+    let output = run_job(&job, &[&settings[..], &["--json"]].concat()).await;
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "seed {seed}: {}",
+        crate::cli::text(&output.stderr)
+    );
+    let summary = json(&output);
+    assert!(summary["resumed"].as_u64().unwrap() > 0, "{summary}");
+    assert!(
+        sim.ledger().billed_requests - before_resume < total_requests,
+        "the last run did not start over"
+    );
+
+    let rows = read_output(&dir.path().join("out/result.parquet"));
+    assert_complete(&rows, &expected, 1024);
+    assert!(!dir.path().join("out/result.parquet.checkpoint").exists());
+    assert!(!dir.path().join("out/result.parquet.lock").exists());
+
+    let ledger = sim.ledger();
+    let mut billed_twice = 0u64;
+    for text in &distinct {
+        let count = ledger.texts.get(&text_hash(text)).copied().unwrap_or(0);
+        assert!(count >= 1, "every chunk was billed");
+        billed_twice += count - 1;
+    }
+    println!(
+        "seed {seed}: {kills} kills, {billed_twice} of {} chunks billed twice \
+         (at most {} can be in flight at a kill)",
+        distinct.len(),
+        concurrency * max_inputs
+    );
+    assert!(
+        billed_twice <= kills * concurrency * max_inputs,
+        "seed {seed}: {billed_twice} chunks billed twice in {kills} kills"
+    );
+    // What the output says it cost is what was billed for the vectors it kept.
+    let kept: u64 = rows.metadata["embedjob.usage.prompt_tokens"]
+        .parse()
+        .unwrap();
+    assert!(kept <= ledger.prompt_tokens);
+    assert_eq!(
+        kept,
+        rows.token_counts.iter().map(|&t| u64::from(t)).sum::<u64>()
+            - duplicate_tokens(&rows.texts, &rows.token_counts),
+        "usage recorded for each vector paid for, once"
+    );
+}
+
+/// Tokens of rows whose text appears in an earlier row (billed once for all).
+fn duplicate_tokens(texts: &[String], tokens: &[u32]) -> u64 {
+    let mut seen = HashSet::new();
+    texts
+        .iter()
+        .zip(tokens)
+        .filter(|(t, _)| !seen.insert(t.as_str()))
+        .map(|(_, &n)| u64::from(n))
+        .sum()
+}
+
+#[tokio::test]
+async fn a_signal_or_the_time_limit_stops_gracefully_and_the_next_run_completes() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = corpus(dir.path(), 40);
+    let expected = expected_chunks(&root);
+    let sim = simulator(slow_simulator(40)).await;
+    let job = write_job(dir.path(), &sim.base_url(), &files_source(&root), "");
+    let settings = ["--json", "--set", "backend.max_inputs_per_request=2"];
+
+    let mut child = spawn_job(&job, &settings);
+    assert!(wait_for_billed(&sim, &mut child, 5).await);
+    signal(&child, "TERM");
+    let output = wait(child).await;
+    assert_eq!(
+        output.status.code(),
+        Some(4),
+        "{}",
+        crate::cli::text(&output.stderr)
+    );
+    let first = json(&output);
+    assert_eq!(first["stopped"], "stopped by SIGTERM");
+    assert_eq!(first["exit_code"], 4);
+    assert!(crate::cli::text(&output.stderr).contains("SIGTERM"));
+    assert!(
+        !dir.path().join("out/result.parquet").exists(),
+        "no partial output"
+    );
+    assert!(dir
+        .path()
+        .join("out/result.parquet.checkpoint/manifest.json")
+        .exists());
+    // Requests in flight were waited for: everything billed was kept.
+    let billed = sim.ledger();
+    assert_eq!(first["requests"].as_u64(), Some(billed.billed_requests));
+    assert_eq!(
+        first["usage"]["prompt_tokens"].as_u64(),
+        Some(billed.prompt_tokens)
+    );
+
+    let output = run_job(&job, &[&settings[..], &["--max-duration", "0.3s"]].concat()).await;
+    assert_eq!(
+        output.status.code(),
+        Some(4),
+        "{}",
+        crate::cli::text(&output.stderr)
+    );
+    let second = json(&output);
+    assert!(
+        second["stopped"].as_str().unwrap().contains("time limit"),
+        "{second}"
+    );
+    assert_eq!(second["resumed"], first["embedded"]);
+    assert_eq!(second["resumed_usage"], first["usage"]);
+
+    let output = run_job(&job, &settings).await;
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        crate::cli::text(&output.stderr)
+    );
+    let last = json(&output);
+    assert!(last["stopped"].is_null());
+    let rows = read_output(&dir.path().join("out/result.parquet"));
+    assert_complete(&rows, &expected, 1024);
+    let ledger = sim.ledger();
+    assert!(
+        ledger.texts.values().all(|&n| n == 1),
+        "no text was billed twice across the three runs"
+    );
+    let earlier = first["usage"]["prompt_tokens"].as_u64().unwrap()
+        + second["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert_eq!(
+        last["resumed_usage"]["prompt_tokens"].as_u64(),
+        Some(earlier)
+    );
+    assert_eq!(
+        rows.metadata["embedjob.usage.prompt_tokens"],
+        ledger.prompt_tokens.to_string(),
+        "the output's usage covers every run that built it"
+    );
+    assert_eq!(
+        rows.metadata["embedjob.requests"],
+        ledger.billed_requests.to_string()
+    );
+}
+
+#[tokio::test]
+async fn a_rerun_after_edits_sends_only_new_and_changed_chunks() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = corpus(dir.path(), 24);
+    let sim = simulator(SimConfig::default()).await;
+    let job = write_job(dir.path(), &sim.base_url(), &files_source(&root), "");
+    let output = run_job(&job, &["--json"]).await;
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        crate::cli::text(&output.stderr)
+    );
+    let before = expected_chunks(&root);
+    let first_ledger = sim.ledger();
+
+    // Edit one document, add one, delete one.
+    let edited = root.join("doc004.md");
+    let mut text = std::fs::read_to_string(&edited).unwrap();
+    text.push_str("A closing paragraph added since the last run, about cron jobs.\n");
+    std::fs::write(&edited, text).unwrap();
+    std::fs::write(
+        root.join("doc100.md"),
+        "# A new document\n\nIt did not exist at the first run.\n",
+    )
+    .unwrap();
+    std::fs::remove_file(root.join("doc005.md")).unwrap();
+    let after = expected_chunks(&root);
+
+    let old_texts: HashSet<&String> = before.values().collect();
+    let to_send: HashSet<String> = after
+        .values()
+        .filter(|t| !old_texts.contains(t))
+        .map(|t| text_hash(t))
+        .collect();
+    assert!(!to_send.is_empty());
+    let unchanged = after.values().filter(|t| old_texts.contains(t)).count() as u64;
+    let changed = after
+        .iter()
+        .filter(|(id, t)| !old_texts.contains(t) && before.contains_key(*id))
+        .count() as u64;
+    let added = after.len() as u64 - unchanged - changed;
+    let removed = before.keys().filter(|id| !after.contains_key(*id)).count() as u64;
+    assert!(changed > 0 && added > 0 && removed > 0);
+
+    sim.reset_ledger();
+    let output = run_job(&job, &["--json"]).await;
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        crate::cli::text(&output.stderr)
+    );
+    let summary = json(&output);
+    let ledger = sim.ledger();
+    let sent: HashSet<String> = ledger.texts.keys().cloned().collect();
+    assert_eq!(sent, to_send, "exactly the new and changed texts were sent");
+    assert!(ledger.texts.values().all(|&n| n == 1));
+    assert_eq!(summary["unchanged"].as_u64(), Some(unchanged), "{summary}");
+    assert_eq!(summary["changed"].as_u64(), Some(changed), "{summary}");
+    assert_eq!(summary["added"].as_u64(), Some(added), "{summary}");
+    assert_eq!(summary["removed"].as_u64(), Some(removed), "{summary}");
+    assert_eq!(summary["reused"].as_u64(), Some(unchanged));
+    assert_eq!(
+        summary["usage"]["prompt_tokens"].as_u64(),
+        Some(ledger.prompt_tokens)
+    );
+    assert!(
+        summary["tokens_saved"].as_u64().unwrap() > 0
+            && summary["tokens_saved"].as_u64().unwrap() < first_ledger.prompt_tokens + 1
+    );
+
+    // The output equals what a fresh run over the new inputs writes.
+    let incremental = read_output(&dir.path().join("out/result.parquet"));
+    assert_complete(&incremental, &after, 1024);
+    let output = run_job(
+        &job,
+        &[
+            "--quiet",
+            "--set",
+            &format!(
+                "output.path=\"{}\"",
+                dir.path().join("fresh/result.parquet").display()
+            ),
+        ],
+    )
+    .await;
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        crate::cli::text(&output.stderr)
+    );
+    let fresh = read_output(&dir.path().join("fresh/result.parquet"));
+    assert_eq!(rows_by_id(&incremental), rows_by_id(&fresh));
+    for key in [
+        "embedjob.model",
+        "embedjob.dimensions",
+        "embedjob.fingerprint",
+    ] {
+        assert_eq!(incremental.metadata[key], fresh.metadata[key], "{key}");
+    }
+
+    // A third run over unchanged inputs sends nothing.
+    sim.reset_ledger();
+    let output = run_job(&job, &["--json"]).await;
+    assert_eq!(output.status.code(), Some(0));
+    let summary = json(&output);
+    assert_eq!(sim.ledger().embedding_requests, 0);
+    assert_eq!(summary["unchanged"].as_u64(), Some(after.len() as u64));
+    assert_eq!(summary["removed"], 0);
+}
+
+fn rows_by_id(rows: &crate::run::Rows) -> BTreeMap<String, (String, u32, Vec<u32>)> {
+    rows.ids
+        .iter()
+        .zip(&rows.texts)
+        .zip(&rows.token_counts)
+        .zip(&rows.vectors)
+        .map(|(((id, text), &tokens), vector)| {
+            let bits = vector.iter().map(|v| v.to_bits()).collect();
+            (id.clone(), (text.clone(), tokens, bits))
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn identical_chunks_in_one_run_are_embedded_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = corpus(dir.path(), 6);
+    for copy in ["copy-a.md", "copy-b.md"] {
+        std::fs::copy(root.join("doc004.md"), root.join(copy)).unwrap();
+    }
+    let expected = expected_chunks(&root);
+    let sim = simulator(SimConfig::default()).await;
+    let job = write_job(dir.path(), &sim.base_url(), &files_source(&root), "");
+    let output = run_job(
+        &job,
+        &["--json", "--set", "backend.max_inputs_per_request=2"],
+    )
+    .await;
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        crate::cli::text(&output.stderr)
+    );
+    let summary = json(&output);
+    let rows = read_output(&dir.path().join("out/result.parquet"));
+    assert_complete(&rows, &expected, 1024);
+    let ledger = sim.ledger();
+    assert!(ledger.texts.values().all(|&n| n == 1), "{:?}", ledger.texts);
+    let distinct: HashSet<&String> = expected.values().collect();
+    assert_eq!(ledger.texts.len(), distinct.len());
+    assert_eq!(
+        summary["deduplicated"].as_u64(),
+        Some((expected.len() - distinct.len()) as u64)
+    );
+    assert!(summary["deduplicated"].as_u64().unwrap() >= 2);
+}
+
+#[tokio::test]
+async fn overlapping_runs_are_refused_and_a_dead_runs_lock_is_taken_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = corpus(dir.path(), 30);
+    let sim = simulator(slow_simulator(40)).await;
+    let job = write_job(dir.path(), &sim.base_url(), &files_source(&root), "");
+    let settings = ["--set", "backend.max_inputs_per_request=2"];
+
+    let mut first = spawn_job(&job, &settings);
+    assert!(wait_for_billed(&sim, &mut first, 2).await);
+    let second = run_job(&job, &settings).await;
+    let (_, stderr) = no_key(&second, KEY);
+    assert_eq!(second.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("another run of this job"), "{stderr}");
+    assert!(stderr.contains(&format!("pid {}", first.id())), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    let output = wait(first).await;
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        crate::cli::text(&output.stderr)
+    );
+    assert!(!dir.path().join("out/result.parquet.lock").exists());
+
+    // A run killed outright leaves its lock file; the next run takes it over.
+    std::fs::write(
+        root.join("doc999.md"),
+        "Something new to embed.\n".repeat(40),
+    )
+    .unwrap();
+    sim.reset_ledger();
+    let mut killed = spawn_job(&job, &settings);
+    assert!(wait_for_billed(&sim, &mut killed, 1).await);
+    let pid = killed.id();
+    killed.kill().unwrap();
+    wait(killed).await;
+    let lock = std::fs::read_to_string(dir.path().join("out/result.parquet.lock")).unwrap();
+    assert!(lock.contains(&format!("pid {pid}")), "{lock}");
+    let output = run_job(&job, &settings).await;
+    let (_, stderr) = no_key(&output, KEY);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("taking over"), "{stderr}");
+    assert!(!dir.path().join("out/result.parquet.lock").exists());
+}
+
+#[tokio::test]
+async fn a_changed_configuration_is_refused_unless_fresh() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = corpus(dir.path(), 20);
+    let sim = simulator(slow_simulator(30)).await;
+    let job = write_job(dir.path(), &sim.base_url(), &files_source(&root), "");
+    let settings = ["--quiet", "--set", "backend.max_inputs_per_request=2"];
+
+    // An unfinished run leaves a checkpoint made with svc-embed-1.
+    let output = run_job(&job, &[&settings[..], &["--max-duration", "0.2s"]].concat()).await;
+    assert_eq!(
+        output.status.code(),
+        Some(4),
+        "{}",
+        crate::cli::text(&output.stderr)
+    );
+    let checkpoint = dir.path().join("out/result.parquet.checkpoint");
+    assert!(checkpoint.exists());
+
+    sim.reset_ledger();
+    let larger = [&settings[..], &["--set", "backend.model=svc-embed-1-l"]].concat();
+    let output = run_job(&job, &larger).await;
+    let (_, stderr) = no_key(&output, KEY);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("result.parquet.checkpoint"), "{stderr}");
+    assert!(
+        stderr.contains("backend.model: svc-embed-1 → svc-embed-1-l"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("--fresh"), "{stderr}");
+    assert_eq!(
+        sim.ledger().embedding_requests,
+        0,
+        "refused before any work"
+    );
+    assert!(checkpoint.exists(), "the checkpoint is kept");
+
+    let output = run_job(&job, &[&larger[..], &["--fresh", "--json"]].concat()).await;
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        crate::cli::text(&output.stderr)
+    );
+    let summary = json(&output);
+    assert_eq!(summary["resumed"], 0);
+    assert_eq!(summary["dimensions"], 3072);
+    assert!(!checkpoint.exists());
+
+    // A finished output made with other chunking is not mixed with new vectors either.
+    sim.reset_ledger();
+    let rechunked = [&larger[..], &["--set", "chunking.max_tokens=48"]].concat();
+    let output = run_job(&job, &rechunked).await;
+    let (_, stderr) = no_key(&output, KEY);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("chunking.max_tokens: 64 → 48"), "{stderr}");
+    assert_eq!(sim.ledger().embedding_requests, 0);
+    let kept: HashMap<String, String> =
+        read_output(&dir.path().join("out/result.parquet")).metadata;
+    assert_eq!(
+        kept["embedjob.dimensions"], "3072",
+        "the output is untouched"
+    );
+}
