@@ -134,7 +134,7 @@ pub struct Summary {
     pub exit_code: u8,
 }
 
-/// Reused vectors are read from the store this many at a time.
+/// Repeats of chunks sent in this run are read back this many at a time.
 const REUSE_BATCH: usize = 256;
 
 /// Runs a job with the given backend and chunker, to the end or until asked
@@ -204,6 +204,7 @@ pub async fn run(
             batches: batch_tx,
             sink: sink_tx.clone(),
             reuse: Vec::new(),
+            reuse_batch: job.backend.max_inputs_per_request.max(1),
             report: ReadReport::default(),
         };
         tokio::task::spawn_blocking(move || reading.run(source, chunker.as_ref()))
@@ -500,6 +501,7 @@ struct Reading {
     batches: mpsc::Sender<Result<Batch, RunError>>,
     sink: mpsc::Sender<SinkMessage>,
     reuse: Vec<(Chunk, Location)>,
+    reuse_batch: usize,
     report: ReadReport,
 }
 
@@ -562,7 +564,8 @@ impl Reading {
             }
             report.tokens_saved += tokens;
             self.reuse.push((chunk, location));
-            if self.reuse.len() >= REUSE_BATCH {
+            // As many as a request holds, so that the writer's queue holds no more memory than with new vectors.
+            if self.reuse.len() >= self.reuse_batch {
                 return self.flush_reuse();
             }
             return Ok(true);

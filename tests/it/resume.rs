@@ -247,7 +247,10 @@ async fn a_signal_or_the_time_limit_stops_gracefully_and_the_next_run_completes(
         "{second}"
     );
     let resumed = second["resumed"].as_u64().unwrap();
-    assert!(resumed > 0 && resumed <= first["embedded"].as_u64().unwrap(), "{second}");
+    assert!(
+        resumed > 0 && resumed <= first["embedded"].as_u64().unwrap(),
+        "{second}"
+    );
     assert_eq!(second["resumed_usage"], first["usage"]);
 
     let output = run_job(&job, &settings).await;
