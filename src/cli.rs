@@ -103,6 +103,10 @@ pub struct RunArgs {
     /// keeping what was done: exit 4, and the next run resumes.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub max_duration: Option<std::time::Duration>,
+    /// The most this run may be billed (sets `budget.max_cost`): it stops
+    /// before a request would go over, keeping what was done (exit 4).
+    #[arg(long, value_name = "AMOUNT")]
+    pub max_cost: Option<f64>,
 }
 
 /// `90`, `90s`, `30m`, `2h` or `1.5h`.

@@ -279,8 +279,18 @@ pub async fn simulate(options: SimulateOptions) -> Outcome {
 }
 
 pub async fn run(args: &crate::cli::RunArgs) -> Outcome {
-    let job = crate::job::load(&args.job.job, &args.job.overrides).map_err(Failure::usage)?;
+    let mut overrides = args.job.overrides.clone();
+    if let Some(cost) = args.max_cost {
+        overrides.push(format!("budget.max_cost={cost:?}"));
+    }
+    let job = crate::job::load(&args.job.job, &overrides).map_err(Failure::usage)?;
     let stages = crate::run::build(&job).await?;
+    if job.budget.max_cost.is_some() && stages.backend.info().input_per_1k.is_none() {
+        return Err(Failure::usage(anyhow::anyhow!(
+            "`budget.max_cost` is set, but model {} has no price to count it with",
+            stages.backend.info().model
+        )));
+    }
     let options = RunOptions {
         progress: !args.quiet,
         fresh: args.fresh,

@@ -25,6 +25,7 @@ pub struct Job {
     pub backend: BackendConfig,
     pub output: OutputConfig,
     pub pipeline: PipelineConfig,
+    pub budget: BudgetConfig,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -185,6 +186,15 @@ impl Default for PipelineConfig {
     }
 }
 
+/// A cap on what one run may be billed.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct BudgetConfig {
+    /// The most one run may cost, in the currency of the model's
+    /// `pricing.input_per_1k`; unset, no cap.
+    pub max_cost: Option<f64>,
+}
+
 /// Every problem found in a job file, reported together.
 #[derive(Debug, Clone, PartialEq)]
 pub struct JobErrors {
@@ -241,6 +251,7 @@ pub fn parse(text: &str, default_name: &str, overrides: &[String]) -> Result<Job
     let backend: Option<BackendConfig> = sections.take("backend", false, &mut problems);
     let output: Option<OutputConfig> = sections.take("output", true, &mut problems);
     let pipeline: Option<PipelineConfig> = sections.take("pipeline", false, &mut problems);
+    let budget: Option<BudgetConfig> = sections.take("budget", false, &mut problems);
     for key in sections.rest() {
         problems.push(format!("unknown key `{key}`"));
     }
@@ -257,6 +268,7 @@ pub fn parse(text: &str, default_name: &str, overrides: &[String]) -> Result<Job
         backend: backend.unwrap_or_default(),
         output,
         pipeline: pipeline.unwrap_or_default(),
+        budget: budget.unwrap_or_default(),
     };
     // Unknown keys don't stop the checks of the keys that are known.
     problems.extend(job.problems());
@@ -398,6 +410,13 @@ impl Job {
             ));
         }
         self.backend_problems(&mut p);
+        if let Some(cost) = self.budget.max_cost {
+            if !cost.is_finite() || cost <= 0.0 {
+                p.push(format!(
+                    "`budget.max_cost` must be a positive amount, not {cost}"
+                ));
+            }
+        }
         if self.output.path.as_os_str().is_empty() {
             p.push("`output.path` must not be empty".to_string());
         }

@@ -224,13 +224,29 @@ pub async fn run(
         tokio::task::spawn_blocking(move || writing.run(sink_rx))
     };
 
+    let budget = job.budget.max_cost.map(|max_cost| {
+        Arc::new(Budget::new(
+            max_cost,
+            info.input_per_1k.unwrap_or(0.0) / 1000.0,
+        ))
+    });
     let batches = {
         let halt = Arc::clone(&halt);
+        let budget = budget.clone();
         futures::stream::poll_fn(move |cx| {
             if halt.load(Ordering::Relaxed) {
-                Poll::Ready(None)
-            } else {
-                batch_rx.poll_recv(cx)
+                return Poll::Ready(None);
+            }
+            match batch_rx.poll_recv(cx) {
+                Poll::Ready(Some(Ok(batch))) => {
+                    if budget.as_ref().is_some_and(|b| !b.admit(batch.tokens)) {
+                        // The batch is left for a later run.
+                        halt.store(true, Ordering::Relaxed);
+                        return Poll::Ready(None);
+                    }
+                    Poll::Ready(Some(Ok(batch)))
+                }
+                other => other,
             }
         })
     };
@@ -330,6 +346,9 @@ pub async fn run(
         };
         match result {
             Ok(pieces) => {
+                if let Some(budget) = &budget {
+                    budget.settle(&pieces);
+                }
                 for piece in pieces {
                     let message = match piece {
                         Piece::Embedded(batch) => {
@@ -359,6 +378,9 @@ pub async fn run(
                 break;
             }
         }
+    }
+    if stopped.is_none() {
+        stopped = budget.as_ref().and_then(|b| b.exceeded());
     }
     // Dropping the stream cancels requests still in flight and stops the reader.
     halt.store(true, Ordering::Relaxed);
@@ -471,6 +493,81 @@ pub async fn run(
         serde_json::to_value(&summary).map_err(|e| RunError::Internal(e.to_string()))?;
     sink::write_json_atomically(&sink::summary_path(&job.output.path), &summary_value)?;
     Ok(summary)
+}
+
+/// `budget.max_cost`: a request is sent only if what was billed, what is in
+/// flight (by local token count) and the request itself stay within it.
+struct Budget {
+    max_cost: f64,
+    price_per_token: f64,
+    state: std::sync::Mutex<BudgetState>,
+}
+
+#[derive(Default)]
+struct BudgetState {
+    billed_tokens: u64,
+    in_flight_tokens: u64,
+    exceeded: Option<String>,
+}
+
+impl Budget {
+    fn new(max_cost: f64, price_per_token: f64) -> Budget {
+        Budget {
+            max_cost,
+            price_per_token,
+            state: std::sync::Mutex::default(),
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, BudgetState> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Reserves a request of `tokens`, unless it would take the run over budget.
+    fn admit(&self, tokens: u64) -> bool {
+        let mut state = self.state();
+        let spent = state.billed_tokens as f64 * self.price_per_token;
+        let projected =
+            (state.billed_tokens + state.in_flight_tokens + tokens) as f64 * self.price_per_token;
+        if projected > self.max_cost {
+            state.exceeded.get_or_insert_with(|| {
+                format!(
+                    "stopped at the budget of {}: {spent:.6} billed, the next request would bring it to {projected:.6}",
+                    self.max_cost
+                )
+            });
+            return false;
+        }
+        state.in_flight_tokens += tokens;
+        true
+    }
+
+    /// Replaces a finished request's reservation with what it was billed.
+    fn settle(&self, pieces: &[Piece]) {
+        let (mut reserved, mut billed) = (0u64, 0u64);
+        for piece in pieces {
+            match piece {
+                Piece::Embedded(batch) => {
+                    reserved += batch
+                        .chunks
+                        .iter()
+                        .map(|c| u64::from(c.token_count))
+                        .sum::<u64>();
+                    billed += batch.vectors.usage.prompt_tokens;
+                }
+                Piece::Quarantined { chunk, .. } => reserved += u64::from(chunk.token_count),
+            }
+        }
+        let mut state = self.state();
+        state.in_flight_tokens = state.in_flight_tokens.saturating_sub(reserved);
+        state.billed_tokens += billed;
+    }
+
+    fn exceeded(&self) -> Option<String> {
+        self.state().exceeded.clone()
+    }
 }
 
 #[derive(Debug, Default)]

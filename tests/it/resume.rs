@@ -557,3 +557,86 @@ async fn a_changed_configuration_is_refused_unless_fresh() {
         "the output is untouched"
     );
 }
+
+#[tokio::test]
+async fn a_budget_stops_the_run_and_a_larger_one_completes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = corpus(dir.path(), 30);
+    let expected = expected_chunks(&root);
+    let sim = simulator(SimConfig::default()).await;
+    let job = write_job(dir.path(), &sim.base_url(), &files_source(&root), "");
+    let price_per_token = 0.0001 / 1000.0;
+    let distinct: HashSet<&String> = expected.values().collect();
+    let full_tokens: u64 = {
+        let chunker_tokens = read_tokens(&expected);
+        distinct.iter().map(|t| chunker_tokens[*t]).sum()
+    };
+    let budget = full_tokens as f64 * price_per_token * 0.4;
+
+    let output = run_job(
+        &job,
+        &[
+            "--json",
+            "--max-cost",
+            &budget.to_string(),
+            "--set",
+            "backend.max_inputs_per_request=4",
+        ],
+    )
+    .await;
+    assert_eq!(
+        output.status.code(),
+        Some(4),
+        "{}",
+        crate::cli::text(&output.stderr)
+    );
+    let first = json(&output);
+    assert!(
+        first["stopped"].as_str().unwrap().contains("budget"),
+        "{first}"
+    );
+    let billed = sim.ledger().prompt_tokens as f64 * price_per_token;
+    assert!(
+        billed <= budget,
+        "billed {billed} within the budget {budget}"
+    );
+    assert!(
+        billed > budget * 0.5,
+        "the budget was used, not left idle: {billed} of {budget}"
+    );
+    assert!(first["cost"].as_f64().unwrap() <= budget);
+    assert!(!dir.path().join("out/result.parquet").exists());
+
+    let output = run_job(&job, &["--json", "--set", "budget.max_cost=1.0"]).await;
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        crate::cli::text(&output.stderr)
+    );
+    let second = json(&output);
+    assert_eq!(second["resumed_usage"], first["usage"]);
+    assert_complete(
+        &read_output(&dir.path().join("out/result.parquet")),
+        &expected,
+        1024,
+    );
+    assert!(
+        sim.ledger().texts.values().all(|&n| n == 1),
+        "nothing embedded twice"
+    );
+
+    let output = run_job(&job, &["--set", "budget.max_cost=-1"]).await;
+    let (_, stderr) = no_key(&output, KEY);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("budget.max_cost"), "{stderr}");
+}
+
+/// Each chunk text's local token count.
+fn read_tokens(expected: &BTreeMap<String, String>) -> HashMap<String, u64> {
+    let bpe = tiktoken_rs::cl100k_base().unwrap();
+    expected
+        .values()
+        .map(|t| (t.clone(), bpe.encode_ordinary(t).len() as u64))
+        .collect()
+}
