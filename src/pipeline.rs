@@ -159,9 +159,17 @@ pub async fn run(
     }
     let source = source::open(&job.source)?;
     let checkpoint = Checkpoint::open(&job.name, &output_path, &fingerprint, options.fresh)?;
-    let previous_exists = !options.fresh && output_path.exists();
+    let mut previous_exists = !options.fresh && output_path.exists();
     if previous_exists {
-        checkpoint::check_previous_output(&output_path, &fingerprint)?;
+        match checkpoint::check_previous_output(&output_path, &fingerprint) {
+            Ok(()) => {}
+            // A run started with --fresh under this configuration left the
+            // checkpoint: the old output is being replaced, not reused.
+            Err(CheckpointError::Changed { .. }) if checkpoint.is_started() => {
+                previous_exists = false;
+            }
+            Err(e) => return Err(e.into()),
+        }
     }
     let (store, previous_ids) = {
         let output = output_path.clone();

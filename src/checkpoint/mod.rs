@@ -266,6 +266,11 @@ impl Checkpoint {
         &self.fingerprint
     }
 
+    /// Whether an earlier run under this fingerprint committed work here.
+    pub fn is_started(&self) -> bool {
+        self.dir.join(MANIFEST).exists()
+    }
+
     /// Parts committed by earlier runs.
     pub fn parts(&self) -> &[PathBuf] {
         &self.parts

@@ -530,7 +530,23 @@ async fn a_changed_configuration_is_refused_unless_fresh() {
     );
     assert!(checkpoint.exists(), "the checkpoint is kept");
 
-    let output = run_job(&job, &[&larger[..], &["--fresh", "--json"]].concat()).await;
+    let output = run_job(
+        &job,
+        &[&larger[..], &["--fresh", "--max-duration", "0.2s"]].concat(),
+    )
+    .await;
+    assert_eq!(
+        output.status.code(),
+        Some(4),
+        "{}",
+        crate::cli::text(&output.stderr)
+    );
+    assert!(
+        checkpoint.exists(),
+        "a checkpoint under the new configuration"
+    );
+    // Once a fresh start has begun, the next run carries it on without --fresh.
+    let output = run_job(&job, &[&larger[..], &["--json"]].concat()).await;
     assert_eq!(
         output.status.code(),
         Some(0),
@@ -538,7 +554,11 @@ async fn a_changed_configuration_is_refused_unless_fresh() {
         crate::cli::text(&output.stderr)
     );
     let summary = json(&output);
-    assert_eq!(summary["resumed"], 0);
+    assert!(summary["resumed"].as_u64().unwrap() > 0, "{summary}");
+    assert_eq!(
+        summary["reused"], 0,
+        "nothing from the old configuration's output"
+    );
     assert_eq!(summary["dimensions"], 3072);
     assert!(!checkpoint.exists());
 
