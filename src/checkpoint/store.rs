@@ -276,8 +276,32 @@ impl Store {
         if rows.last().is_some_and(|&r| r >= total) {
             return Err(corrupt(format!("has {total} rows, fewer than indexed")));
         }
-        let ranges = rows.iter().map(|&r| r..r + 1);
-        let selection = RowSelection::from_consecutive_ranges(ranges, total);
+        // Only the row groups holding wanted rows are read, and within them
+        // only the pages holding wanted rows (by the offset index).
+        let mut groups = Vec::new();
+        let mut ranges = Vec::with_capacity(rows.len());
+        let (mut group_start, mut read_rows) = (0usize, 0usize);
+        let mut wanted_rows = rows.iter().peekable();
+        for (index, row_group) in metadata.metadata().row_groups().iter().enumerate() {
+            let group_rows = usize::try_from(row_group.num_rows()).unwrap_or(0);
+            let group_end = group_start + group_rows;
+            let mut touched = false;
+            while let Some(&&row) = wanted_rows.peek() {
+                if row >= group_end {
+                    break;
+                }
+                let at = read_rows + (row - group_start);
+                ranges.push(at..at + 1);
+                touched = true;
+                wanted_rows.next();
+            }
+            if touched {
+                groups.push(index);
+                read_rows += group_rows;
+            }
+            group_start = group_end;
+        }
+        let selection = RowSelection::from_consecutive_ranges(ranges.into_iter(), read_rows);
         let mask = ProjectionMask::roots(
             metadata.parquet_schema(),
             [
@@ -287,6 +311,7 @@ impl Store {
         );
         let mut reader = ParquetRecordBatchReaderBuilder::new_with_metadata(open(&path)?, metadata)
             .with_projection(mask)
+            .with_row_groups(groups)
             .with_row_selection(selection)
             .with_batch_size(rows.len().clamp(1, 4096))
             .build()
