@@ -349,14 +349,8 @@ pub async fn run(
             }
             () = drained => break,
             _ = ticker.tick(), if display.is_on() => {
-                let stats = backend.stats();
-                display.update(&Snapshot {
-                    chunks: embedded,
-                    tokens: usage.prompt_tokens,
-                    requests: stats.requests,
-                    retries: stats.retries,
-                    reading_done: reader.is_finished(),
-                });
+                let done = reader.is_finished();
+                display.update(&Snapshot::of(embedded, &usage, &backend.stats(), done));
                 continue;
             }
         };
@@ -401,7 +395,12 @@ pub async fn run(
     // Dropping the stream cancels requests still in flight and stops the reader.
     halt.store(true, Ordering::Relaxed);
     drop(results);
-    display.finish();
+    display.finish(&Snapshot::of(
+        embedded,
+        &usage,
+        &backend.stats(),
+        reader.is_finished(),
+    ));
     let read = reader
         .await
         .map_err(|e| RunError::Internal(format!("the reading stage stopped unexpectedly: {e}")));

@@ -9,7 +9,7 @@
 //! The pipeline drives a [`Progress`]: it wraps the chunker with
 //! [`Progress::counting`] so that chunks are counted as they are read, calls
 //! [`Progress::update`] on every tick of [`Progress::interval`], and
-//! [`Progress::finish`] at the end.
+//! [`Progress::finish`] with the last numbers at the end.
 
 use std::io::IsTerminal;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -18,7 +18,9 @@ use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
+use crate::backend::BackendStats;
 use crate::chunk::{Chunk, Chunker};
+use crate::client::Usage;
 use crate::source::Document;
 
 /// How often the bar is refreshed.
@@ -59,6 +61,20 @@ pub struct Snapshot {
     pub retries: u64,
     /// The input has been read to its end, so every chunk has been counted.
     pub reading_done: bool,
+}
+
+impl Snapshot {
+    /// `chunks` embedded with `usage` billed so far, the backend's counters,
+    /// and whether the input has been read to its end.
+    pub fn of(chunks: u64, usage: &Usage, stats: &BackendStats, reading_done: bool) -> Self {
+        Snapshot {
+            chunks,
+            tokens: usage.prompt_tokens,
+            requests: stats.requests,
+            retries: stats.retries,
+            reading_done,
+        }
+    }
 }
 
 /// The progress display of one run.
@@ -129,20 +145,19 @@ impl Progress {
         };
         match (self.mode, &self.bar) {
             (Mode::Bar, Some(bar)) => {
+                let mut message = format!(
+                    "{tokens_per_second:.0} tokens/s, {} req, {} retries",
+                    now.requests, now.retries
+                );
                 if now.reading_done && !self.bar_has_length {
                     bar.set_length(read);
                     bar.set_style(known_length_style());
                     self.bar_has_length = true;
-                }
-                bar.set_position(now.chunks);
-                let mut message = format!(
-                    "{tokens_per_second:.0} tokens/s, {} requests, {} retries",
-                    now.requests, now.retries
-                );
-                if !now.reading_done {
-                    message.push_str(&format!(", {read} chunks read so far"));
+                } else if !now.reading_done {
+                    message = format!("{read} read, {message}");
                 }
                 bar.set_message(message);
+                bar.set_position(now.chunks);
             }
             (Mode::Lines, _) => {
                 let of = if now.reading_done {
@@ -159,24 +174,24 @@ impl Progress {
         }
     }
 
-    /// Leaves the bar as it last stood.
-    pub fn finish(&mut self) {
+    /// Shows `last` and leaves the bar there, on the screen.
+    pub fn finish(&mut self, last: &Snapshot) {
+        self.update(last);
         if let Some(bar) = self.bar.take() {
-            bar.finish();
+            // Not `finish`, which would fill the bar whether or not every chunk was embedded.
+            bar.abandon();
         }
     }
 }
 
 fn unknown_length_style() -> ProgressStyle {
-    ProgressStyle::with_template("{spinner} [{elapsed_precise}] {pos} chunks embedded, {msg}")
+    ProgressStyle::with_template("{spinner} [{elapsed}] {pos} chunks embedded ({msg})")
         .unwrap_or_else(|_| ProgressStyle::default_spinner())
 }
 
 fn known_length_style() -> ProgressStyle {
-    ProgressStyle::with_template(
-        "[{elapsed_precise}] {wide_bar} {pos}/{len} chunks, ETA {eta}, {msg}",
-    )
-    .unwrap_or_else(|_| ProgressStyle::default_bar())
+    ProgressStyle::with_template("[{elapsed}] {wide_bar} {pos}/{len} chunks, ETA {eta} ({msg})")
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
 }
 
 /// A chunker that counts the chunks it makes.
