@@ -440,8 +440,8 @@ pub async fn inspect(args: &crate::cli::InspectArgs) -> Outcome {
     let n = report.totals.problem_count;
     let first = crate::inspect::first_problem(&report).unwrap_or_default();
     Err(Failure::failed(anyhow::anyhow!(
-        "{}: {n} check{} failed; first: {first}",
-        args.path.display(),
-        if n == 1 { "" } else { "s" }
+        "{n} failed check{} in {}; the first: {first}",
+        if n == 1 { "" } else { "s" },
+        args.path.display()
     )))
 }

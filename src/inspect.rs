@@ -677,6 +677,12 @@ fn verdict(problems: u64) -> String {
 fn file_text(out: &mut String, f: &FileReport) {
     let unknown = || "?".to_string();
     let _ = writeln!(out, "{}", f.path.display());
+    if f.schema_version.is_none() && f.model.is_none() && f.row_groups == 0 {
+        // Nothing could be read: the problems say why.
+        let _ = writeln!(out, "  bytes       {}", f.bytes);
+        problems_text(out, f);
+        return;
+    }
     let _ = writeln!(
         out,
         "  rows        {} ({} row groups, {} bytes)",
@@ -711,6 +717,10 @@ fn file_text(out: &mut String, f: &FileReport) {
     if let Some(cost) = f.cost {
         let _ = writeln!(out, "  cost        {cost:.6}");
     }
+    problems_text(out, f);
+}
+
+fn problems_text(out: &mut String, f: &FileReport) {
     let _ = writeln!(out, "  checks      {}", verdict(f.problem_count));
     for p in &f.problems {
         let mut place = String::new();
@@ -739,11 +749,16 @@ fn file_text(out: &mut String, f: &FileReport) {
 pub fn first_problem(report: &Report) -> Option<String> {
     report.files.iter().find_map(|f| {
         f.problems.first().map(|p| {
-            let mut at = f.path.display().to_string();
-            if let Some(row) = p.row {
-                let _ = write!(at, " row {row}");
+            let file = f.path.display().to_string();
+            // Messages about reading the file already start with its name.
+            let message = p
+                .message
+                .strip_prefix(&format!("{file}: "))
+                .unwrap_or(&p.message);
+            match p.row {
+                Some(row) => format!("{file} row {row}: {}: {message}", p.check.name()),
+                None => format!("{file}: {}: {message}", p.check.name()),
             }
-            format!("{at}: {}: {}", p.check.name(), p.message)
         })
     })
 }

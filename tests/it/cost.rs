@@ -486,7 +486,11 @@ async fn inspect_checks_a_directory_as_one_index() {
     let first = batches[0].slice(0, half);
     let mut second = vec![batches[0].slice(half, batches[0].num_rows() - half)];
     second.extend(batches[1..].iter().cloned());
-    write(&shards.join("a.parquet"), &[first.clone()], &metadata);
+    write(
+        &shards.join("a.parquet"),
+        std::slice::from_ref(&first),
+        &metadata,
+    );
     write(&shards.join("b.parquet"), &second, &metadata);
     std::fs::write(shards.join("notes.txt"), "not an output").unwrap();
 
