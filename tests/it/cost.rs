@@ -622,3 +622,43 @@ async fn a_terminal_gets_a_progress_bar_and_stdout_stays_json() {
         "--quiet shows nothing: {screen}"
     );
 }
+
+#[tokio::test]
+async fn the_local_estimate_needs_no_key_and_costs_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = corpus(dir.path());
+    let job = dir.path().join("local.toml");
+    std::fs::write(
+        &job,
+        format!(
+            "[source]\nkind = \"files\"\npaths = [\"{}\"]\n[chunking]\nmax_tokens = 64\noverlap_tokens = 8\n\
+             [backend]\nkind = \"local\"\nmax_inputs_per_request = 6\n[output]\npath = \"{}\"\n",
+            root.display(),
+            dir.path().join("out/local.parquet").display()
+        ),
+    )
+    .unwrap();
+    let mut command = bin();
+    command.args(["estimate", path_arg(&job), "--json"]);
+    let output = run(command).await;
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    let estimate: Value = serde_json::from_slice(&output.stdout).expect("one JSON object");
+    assert_eq!(estimate["backend"], "local");
+    assert_eq!(estimate["cost"].as_f64(), Some(0.0));
+    assert_eq!(estimate["dimensions"], 384);
+
+    let mut command = bin();
+    command.args(["run", path_arg(&job), "--json", "--quiet"]);
+    let output = run(command).await;
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    let summary: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(estimate["requests"], summary["requests"]);
+    assert_eq!(estimate["chunks"], summary["chunks"]);
+    // Counted with the model's own tokenizer, as the run counts its chunks;
+    // the model's usage adds [CLS] and [SEP] to every chunk.
+    assert_eq!(estimate["tokens"], summary["estimated_tokens"]);
+    assert_eq!(
+        summary["usage"]["prompt_tokens"].as_u64(),
+        Some(estimate["tokens"].as_u64().unwrap() + 2 * estimate["chunks"].as_u64().unwrap())
+    );
+}
