@@ -4,12 +4,14 @@
 //! the chunks with the run's [`Batcher`] and settings, but sends nothing: the
 //! request count it reports is the count a fault-free run makes, and its
 //! token count is the sum of the chunks' local counts, which for the hosted
-//! models use the service's own encoding (cl100k).
+//! models use the service's own encoding (cl100k). Like a run, it sends a
+//! text repeated within the input once.
 //!
 //! A [`ChunkFilter`] decides which chunks would be sent at all, so that a run
 //! that reuses vectors already embedded can be estimated by passing one that
 //! skips them; [`SendAll`] sends every chunk.
 
+use std::collections::HashSet;
 use std::fmt::Write as _;
 
 use serde::Serialize;
@@ -17,6 +19,7 @@ use serde::Serialize;
 use crate::backend::api::RateLimits;
 use crate::backend::BackendInfo;
 use crate::batch::{Batch, Batcher};
+use crate::checkpoint::hash_key;
 use crate::chunk::{Chunk, Chunker};
 use crate::exit::Exit;
 use crate::job::{BackendKind, Job};
@@ -59,6 +62,8 @@ pub struct Estimate {
     pub chunks: u64,
     /// Of those, chunks the filter found already embedded.
     pub unchanged_chunks: u64,
+    /// Of those, chunks whose text an earlier chunk of the input already sends.
+    pub repeated_chunks: u64,
     /// Chunks that would be sent.
     pub chunks_to_send: u64,
     /// Tokens of the chunks that would be sent, counted locally.
@@ -122,11 +127,17 @@ pub fn estimate(
     };
     let mut batcher = Batcher::for_backend(&job.backend);
     let mut count = Counts::default();
+    // As in a run: 16 bytes per distinct text sent.
+    let mut scheduled = HashSet::new();
     while let Some(document) = source.next_document()? {
         for chunk in chunker.chunk(&document) {
             count.chunks += 1;
             if !filter.must_send(&chunk) {
                 count.unchanged += 1;
+                continue;
+            }
+            if !scheduled.insert(hash_key(&chunk.content_hash)) {
+                count.repeated += 1;
                 continue;
             }
             count.to_send += 1;
@@ -152,6 +163,7 @@ pub fn estimate(
         skipped_empty: stats.skipped_empty,
         chunks: count.chunks,
         unchanged_chunks: count.unchanged,
+        repeated_chunks: count.repeated,
         chunks_to_send: count.to_send,
         tokens: count.tokens,
         requests: count.requests,
@@ -173,6 +185,7 @@ pub fn estimate(
 struct Counts {
     chunks: u64,
     unchanged: u64,
+    repeated: u64,
     to_send: u64,
     tokens: u64,
     requests: u64,
@@ -198,6 +211,11 @@ pub fn table(e: &Estimate) -> String {
     ];
     if e.unchanged_chunks > 0 {
         rows.push(("already embedded", e.unchanged_chunks.to_string()));
+    }
+    if e.repeated_chunks > 0 {
+        rows.push(("repeated texts", e.repeated_chunks.to_string()));
+    }
+    if e.chunks_to_send != e.chunks {
         rows.push(("chunks to send", e.chunks_to_send.to_string()));
     }
     rows.push(("tokens", e.tokens.to_string()));
@@ -292,8 +310,14 @@ path = "{out}"
     fn corpus(dir: &std::path::Path) {
         std::fs::create_dir_all(dir.join("docs")).unwrap();
         for i in 0..5 {
-            let body = format!("Document {i} has a few sentences. ").repeat(2 + i * 3);
-            std::fs::write(dir.join(format!("docs/d{i}.txt")), body).unwrap();
+            let body: String = (0..4 + i * 4)
+                .map(|k| format!("Document {i} has sentence {k}. "))
+                .collect();
+            std::fs::write(dir.join(format!("docs/d{i}.txt")), &body).unwrap();
+            if i == 2 {
+                // A copy: its chunks repeat texts already sent.
+                std::fs::write(dir.join("docs/copy.txt"), &body).unwrap();
+            }
         }
     }
 
@@ -302,9 +326,13 @@ path = "{out}"
         let mut source = source::open(&job.source).unwrap();
         let mut batcher = Batcher::new(3, 40);
         let (mut chunks, mut tokens, mut requests) = (0, 0, 0);
+        let mut seen = HashSet::new();
         while let Some(document) = source.next_document().unwrap() {
             for chunk in chunker.chunk(&document) {
                 chunks += 1;
+                if !seen.insert(chunk.text.clone()) {
+                    continue;
+                }
                 tokens += u64::from(chunk.token_count);
                 requests += u64::from(batcher.push(chunk).is_some());
             }
@@ -321,10 +349,11 @@ path = "{out}"
         let chunker = TokenChunker::cl100k(&job.chunking).unwrap();
         let e = estimate(&job, &chunker, &info(Some(0.5)), &SendAll).unwrap();
         let (chunks, tokens, requests) = by_hand(&job, &chunker);
-        assert_eq!(e.documents, 5);
+        assert_eq!(e.documents, 6);
         assert_eq!((e.chunks, e.tokens, e.requests), (chunks, tokens, requests));
         assert!(e.requests > 3, "several requests: {e:?}");
-        assert_eq!(e.chunks_to_send, e.chunks);
+        assert!(e.repeated_chunks > 0, "the corpus repeats itself: {e:?}");
+        assert_eq!(e.chunks_to_send + e.repeated_chunks, e.chunks);
         assert!(e.largest_request_tokens <= 40);
         let cost = e.cost.unwrap();
         assert!((cost - tokens as f64 / 1000.0 * 0.5).abs() < 1e-12);
@@ -343,11 +372,14 @@ path = "{out}"
         let job = job(dir.path(), "");
         let chunker = TokenChunker::cl100k(&job.chunking).unwrap();
         let all = estimate(&job, &chunker, &info(Some(1.0)), &SendAll).unwrap();
-        let skip_d0 = |chunk: &Chunk| !chunk.doc_id.starts_with("d0");
-        let some = estimate(&job, &chunker, &info(Some(1.0)), &skip_d0).unwrap();
+        let skip_d4 = |chunk: &Chunk| !chunk.doc_id.starts_with("d4");
+        let some = estimate(&job, &chunker, &info(Some(1.0)), &skip_d4).unwrap();
         assert!(some.unchanged_chunks > 0);
         assert_eq!(some.chunks, all.chunks);
-        assert_eq!(some.chunks_to_send + some.unchanged_chunks, all.chunks);
+        assert_eq!(
+            some.chunks_to_send + some.unchanged_chunks + some.repeated_chunks,
+            all.chunks
+        );
         assert!(some.tokens < all.tokens);
         let none = estimate(&job, &chunker, &info(Some(1.0)), &|_: &Chunk| false).unwrap();
         assert_eq!((none.requests, none.tokens, none.cost), (0, 0, Some(0.0)));

@@ -19,8 +19,9 @@ use crate::cli::{bin, no_key, run, text};
 use crate::support::{simulator, KEY};
 
 /// A corpus mixing markdown, plain text, code and non-ASCII text, so that
-/// chunk boundaries and token counts are not all alike.
-fn corpus(dir: &Path) -> PathBuf {
+/// chunk boundaries and token counts are not all alike; with `repeats`,
+/// some chunks repeat the text of others.
+fn corpus(dir: &Path, repeats: bool) -> PathBuf {
     let root = dir.join("docs");
     std::fs::create_dir_all(&root).unwrap();
     for i in 0..12 {
@@ -29,7 +30,13 @@ fn corpus(dir: &Path) -> PathBuf {
             body.push_str(&format!(
                 "Paragraph {p}: vector indexes, tokens and batches; café, naïve, 東京, \
                  emoji 🚀 and `code_{i}()`. {}\n\n",
-                "Embedding runs cost money. ".repeat(1 + (i * p) % 9)
+                (0..1 + (i * p) % 9)
+                    .map(|k| if repeats {
+                        "Embedding runs cost money. ".to_string()
+                    } else {
+                        format!("Run {i}.{p}.{k} costs money. ")
+                    })
+                    .collect::<String>()
             ));
         }
         let name = if i % 3 == 0 { "txt" } else { "md" };
@@ -39,7 +46,10 @@ fn corpus(dir: &Path) -> PathBuf {
 }
 
 fn write_job(dir: &Path, base_url: &str, backend_extra: &str) -> PathBuf {
-    let root = corpus(dir);
+    write_job_over(dir, corpus(dir, true), base_url, backend_extra)
+}
+
+fn write_job_over(dir: &Path, root: PathBuf, base_url: &str, backend_extra: &str) -> PathBuf {
     let job = format!(
         r#"name = "cost"
 [source]
@@ -109,6 +119,12 @@ async fn the_estimate_is_what_the_run_sends_and_pays_for() {
     let ledger = sim.ledger();
 
     assert!(estimate["requests"].as_u64().unwrap() > 5, "{estimate}");
+    // Repeated texts are sent once, by the estimate as by the run.
+    assert!(
+        estimate["repeated_chunks"].as_u64().unwrap() > 0,
+        "{estimate}"
+    );
+    assert_eq!(estimate["repeated_chunks"], summary["deduplicated"]);
     assert_eq!(estimate["requests"], summary["requests"]);
     assert_eq!(estimate["requests"].as_u64(), Some(ledger.billed_requests));
     assert_eq!(estimate["chunks"], summary["chunks"]);
@@ -155,7 +171,7 @@ async fn the_estimate_follows_set_overrides_and_rate_limits() {
     assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
     let estimate = json(&output);
     // One chunk a request.
-    assert_eq!(estimate["requests"], estimate["chunks"]);
+    assert_eq!(estimate["requests"], estimate["chunks_to_send"]);
     assert_eq!(estimate["model"], "svc-embed-1-l");
     assert_eq!(estimate["dimensions"], 3072);
     assert_eq!(estimate["input_per_1k"].as_f64(), Some(0.00013));
@@ -572,7 +588,8 @@ async fn a_terminal_gets_a_progress_bar_and_stdout_stays_json() {
         ..SimConfig::default()
     })
     .await;
-    let job = write_job(dir.path(), &sim.base_url(), "");
+    // No repeated texts: every chunk read is sent, so the bar can fill.
+    let job = write_job_over(dir.path(), corpus(dir.path(), false), &sim.base_url(), "");
     // One request at a time and a channel of one batch: reading ends only
     // near the end of the run, so the bar is first shown without a total.
     let args = [
@@ -626,7 +643,7 @@ async fn a_terminal_gets_a_progress_bar_and_stdout_stays_json() {
 #[tokio::test]
 async fn the_local_estimate_needs_no_key_and_costs_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let root = corpus(dir.path());
+    let root = corpus(dir.path(), true);
     let job = dir.path().join("local.toml");
     std::fs::write(
         &job,
@@ -659,6 +676,8 @@ async fn the_local_estimate_needs_no_key_and_costs_nothing() {
     assert_eq!(estimate["tokens"], summary["estimated_tokens"]);
     assert_eq!(
         summary["usage"]["prompt_tokens"].as_u64(),
-        Some(estimate["tokens"].as_u64().unwrap() + 2 * estimate["chunks"].as_u64().unwrap())
+        Some(
+            estimate["tokens"].as_u64().unwrap() + 2 * estimate["chunks_to_send"].as_u64().unwrap()
+        )
     );
 }
