@@ -5,6 +5,7 @@
 //! limits allow and no chunk is lost, duplicated or reordered.
 
 use crate::chunk::Chunk;
+use crate::job::BackendConfig;
 
 /// Chunks sent together in one embedding request.
 #[derive(Debug, Clone, PartialEq)]
@@ -76,6 +77,16 @@ impl Batcher {
             pending: Vec::with_capacity(max_inputs.min(1024)),
             pending_tokens: 0,
         }
+    }
+
+    /// The batcher for a job's `[backend]`: `max_inputs_per_request` and
+    /// `max_tokens_per_request`, as a run packs its requests.
+    #[must_use]
+    pub fn for_backend(config: &BackendConfig) -> Self {
+        Batcher::new(
+            config.max_inputs_per_request,
+            config.max_tokens_per_request as u64,
+        )
     }
 
     /// Adds a chunk. Returns the batch filled so far if this chunk would take

@@ -22,6 +22,8 @@ pub struct Cli {
 pub enum Command {
     /// Run a job: read, chunk, embed, validate and write Parquet.
     Run(RunArgs),
+    /// Count a job's chunks, tokens, requests and cost without embedding anything.
+    Estimate(EstimateArgs),
     /// List the models the key can see, or show one.
     Models(ModelsArgs),
     /// Embed a few texts and print the vectors.
@@ -30,6 +32,8 @@ pub enum Command {
     Chat(ChatArgs),
     /// Serve a simulator of the model service on 127.0.0.1, with optional faults.
     Simulate(SimulateOptions),
+    /// Show an output's metadata and check every vector in it.
+    Inspect(InspectArgs),
 }
 
 #[derive(Debug, Args)]
@@ -128,4 +132,22 @@ pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
             "{text:?} is not a positive duration such as 90s, 30m or 2h"
         )),
     }
+}
+
+#[derive(Debug, Args)]
+pub struct EstimateArgs {
+    #[command(flatten)]
+    pub job: JobArgs,
+    /// Print the estimate as one JSON object on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct InspectArgs {
+    /// An output file, or a directory whose `*.parquet` files are inspected together.
+    pub path: std::path::PathBuf,
+    /// Print the report as one JSON object on stdout.
+    #[arg(long)]
+    pub json: bool,
 }

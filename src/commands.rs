@@ -1,7 +1,8 @@
-//! The commands that need no job file: `models`, `embed`, `chat`, `simulate`.
+//! The commands: `run` and `estimate` take a job file; `models`, `embed`,
+//! `chat`, `simulate` and `inspect` do not.
 //!
-//! They take the key from `EMBEDJOB_API_KEY` and the address from
-//! `EMBEDJOB_BASE_URL`. Results go to stdout; nothing else does.
+//! `models`, `embed` and `chat` take the key from `EMBEDJOB_API_KEY` and the
+//! address from `EMBEDJOB_BASE_URL`. Results go to stdout; nothing else does.
 
 use std::io::Write;
 use std::time::Duration;
@@ -393,4 +394,54 @@ pub fn summary_text(s: &crate::pipeline::Summary) -> String {
         s.elapsed_seconds, s.chunks_per_second
     ));
     out
+}
+
+pub async fn estimate(args: &crate::cli::EstimateArgs) -> Outcome {
+    let job = crate::job::load(&args.job.job, &args.job.overrides).map_err(Failure::usage)?;
+    // The run's own set-up: the same key checks, model listing and chunker.
+    let stages = crate::run::build(&job).await?;
+    let info = stages.backend.info().clone();
+    let chunker = stages.chunker;
+    let estimate = tokio::task::spawn_blocking(move || {
+        crate::estimate::estimate(&job, chunker.as_ref(), &info, &crate::estimate::SendAll)
+    })
+    .await
+    .map_err(|e| Failure::failed(anyhow::anyhow!("the estimate stopped unexpectedly: {e}")))?
+    .map_err(|e| Failure {
+        exit: e.exit(),
+        error: e.into(),
+    })?;
+    if args.json {
+        print_json(&serde_json::to_value(&estimate).map_err(Failure::failed)?)?;
+    } else {
+        print!("{}", crate::estimate::table(&estimate));
+    }
+    Ok(Exit::Success)
+}
+
+/// Prints the report whatever it finds; a failed check makes the exit 1.
+pub async fn inspect(args: &crate::cli::InspectArgs) -> Outcome {
+    let path = args.path.clone();
+    let report = tokio::task::spawn_blocking(move || crate::inspect::inspect(&path))
+        .await
+        .map_err(|e| Failure::failed(anyhow::anyhow!("the inspection stopped unexpectedly: {e}")))?
+        .map_err(|e| Failure {
+            exit: e.exit(),
+            error: e.into(),
+        })?;
+    if args.json {
+        print_json(&serde_json::to_value(&report).map_err(Failure::failed)?)?;
+    } else {
+        print!("{}", crate::inspect::text(&report));
+    }
+    if report.ok {
+        return Ok(Exit::Success);
+    }
+    let n = report.totals.problem_count;
+    let first = crate::inspect::first_problem(&report).unwrap_or_default();
+    Err(Failure::failed(anyhow::anyhow!(
+        "{n} failed check{} in {}; the first: {first}",
+        if n == 1 { "" } else { "s" },
+        args.path.display()
+    )))
 }

@@ -20,10 +20,12 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::Run(args) => commands::run(&args).await,
+            Command::Estimate(args) => commands::estimate(&args).await,
             Command::Models(args) => commands::models(&args).await,
             Command::Embed(args) => commands::embed(&args).await,
             Command::Chat(args) => commands::chat(&args).await,
             Command::Simulate(options) => commands::simulate(options).await,
+            Command::Inspect(args) => commands::inspect(&args).await,
         }
     });
     match result {

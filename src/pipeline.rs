@@ -28,6 +28,7 @@ use crate::chunk::{Chunk, Chunker};
 use crate::client::Usage;
 use crate::exit::Exit;
 use crate::job::Job;
+use crate::progress::{Mode, Progress, Snapshot};
 use crate::sink::{
     self, EmbeddedBatch, FailuresFile, OutputMetadata, ParquetSink, Sink, SinkError, SinkReport,
 };
@@ -76,7 +77,8 @@ pub enum StopRequest {
 /// How a run is driven, besides its job file.
 #[derive(Debug, Default)]
 pub struct RunOptions {
-    /// A progress line on stderr every `pipeline.progress_seconds`.
+    /// Progress on stderr: a bar on a terminal, else a line every
+    /// `pipeline.progress_seconds` (see [`crate::progress`]).
     pub progress: bool,
     /// Discard the checkpoint and the previous output instead of reusing them.
     pub fresh: bool,
@@ -194,6 +196,11 @@ pub async fn run(
     };
     let earlier = store.earlier();
     let capacity = job.pipeline.channel_capacity;
+    let mut display = Progress::new(
+        Mode::for_stderr(options.progress),
+        job.pipeline.progress_seconds,
+    );
+    let chunker = display.counting(chunker);
     let halt = Arc::new(AtomicBool::new(false));
 
     let (sink_tx, sink_rx) = mpsc::channel::<SinkMessage>(capacity);
@@ -279,7 +286,7 @@ pub async fn run(
         .max_duration
         .map(|d| tokio::time::Instant::from_std(started) + d);
     let mut stop_rx = options.stop;
-    let mut ticker = tokio::time::interval(Duration::from_secs_f64(job.pipeline.progress_seconds));
+    let mut ticker = tokio::time::interval(display.interval());
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     ticker.tick().await;
     let mut embedded = 0u64;
@@ -341,14 +348,9 @@ pub async fn run(
                 continue;
             }
             () = drained => break,
-            _ = ticker.tick(), if options.progress => {
-                let stats = backend.stats();
-                eprintln!(
-                    "embedjob: {embedded} chunks embedded, {} requests, {} retries, {:.0}s",
-                    stats.requests,
-                    stats.retries,
-                    started.elapsed().as_secs_f64()
-                );
+            _ = ticker.tick(), if display.is_on() => {
+                let done = reader.is_finished();
+                display.update(&Snapshot::of(embedded, &usage, &backend.stats(), done));
                 continue;
             }
         };
@@ -393,6 +395,12 @@ pub async fn run(
     // Dropping the stream cancels requests still in flight and stops the reader.
     halt.store(true, Ordering::Relaxed);
     drop(results);
+    display.finish(&Snapshot::of(
+        embedded,
+        &usage,
+        &backend.stats(),
+        reader.is_finished(),
+    ));
     let read = reader
         .await
         .map_err(|e| RunError::Internal(format!("the reading stage stopped unexpectedly: {e}")));

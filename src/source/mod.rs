@@ -22,6 +22,8 @@ mod files;
 mod jsonl;
 mod parquet;
 
+pub(crate) use self::parquet::{builder as parquet_reader, guard as parquet_guard};
+
 /// One document to chunk.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Document {
@@ -212,7 +214,7 @@ impl Checked {
     }
 }
 
-fn id_hash(id: &str) -> u128 {
+pub(crate) fn id_hash(id: &str) -> u128 {
     // Two independent SipHash runs; the std hasher is deterministic within a
     // process, which is all a duplicate check needs.
     let half = |salt: u8| {

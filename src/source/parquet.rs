@@ -243,7 +243,11 @@ fn list_files(path: &Path) -> Result<Vec<PathBuf>, SourceError> {
     Ok(files)
 }
 
-fn builder(path: &Path) -> Result<ParquetRecordBatchReaderBuilder<std::fs::File>, SourceError> {
+/// Opens a Parquet file for reading, with the footer checked so that the
+/// decoder cannot panic or overflow on it.
+pub(crate) fn builder(
+    path: &Path,
+) -> Result<ParquetRecordBatchReaderBuilder<std::fs::File>, SourceError> {
     let file = open_file(path)?;
     let file_len = file.metadata().map_err(|e| io_error(path, e))?.len();
     let builder = guard(path, || ParquetRecordBatchReaderBuilder::try_new(file))?
@@ -296,7 +300,7 @@ fn corrupt(path: &Path, error: impl std::fmt::Display) -> SourceError {
 /// Runs a step of the Parquet decoder, turning a panic on malformed input
 /// into an error that names the file. The decoder validates most input, but
 /// a damaged file must never take the whole job down without saying which.
-fn guard<T>(path: &Path, step: impl FnOnce() -> T) -> Result<T, SourceError> {
+pub(crate) fn guard<T>(path: &Path, step: impl FnOnce() -> T) -> Result<T, SourceError> {
     catch_unwind(AssertUnwindSafe(step)).map_err(|panic| {
         let detail = panic
             .downcast_ref::<&str>()

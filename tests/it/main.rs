@@ -3,6 +3,7 @@
 
 mod cli;
 mod client;
+mod cost;
 mod local;
 mod resume;
 mod run;

@@ -1,0 +1,252 @@
+//! How a run shows its progress, always on stderr and never on stdout.
+//!
+//! On a terminal, a bar: chunks embedded, tokens per second, requests,
+//! retries and, once the whole input has been read and the number of chunks
+//! is known, the length of the bar and an ETA. Until then the bar has no
+//! length, since any total would be a guess. Elsewhere (a pipe, a log file),
+//! a line every `pipeline.progress_seconds`. `--quiet` shows neither.
+//!
+//! The pipeline drives a [`Progress`]: it wraps the chunker with
+//! [`Progress::counting`] so that chunks are counted as they are read, calls
+//! [`Progress::update`] on every tick of [`Progress::interval`], and
+//! [`Progress::finish`] with the last numbers at the end.
+
+use std::io::IsTerminal;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+use crate::backend::BackendStats;
+use crate::chunk::{Chunk, Chunker};
+use crate::client::Usage;
+use crate::source::Document;
+
+/// How often the bar is refreshed.
+const BAR_INTERVAL: Duration = Duration::from_millis(200);
+
+/// Where progress goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// An indicatif bar on stderr, a terminal.
+    Bar,
+    /// A line on stderr every so often.
+    Lines,
+    /// Nothing (`--quiet`).
+    Off,
+}
+
+impl Mode {
+    /// `Off` unless `show`; then a bar if stderr is a terminal, else lines.
+    pub fn for_stderr(show: bool) -> Mode {
+        if !show {
+            Mode::Off
+        } else if std::io::stderr().is_terminal() {
+            Mode::Bar
+        } else {
+            Mode::Lines
+        }
+    }
+}
+
+/// Where a run stands.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Snapshot {
+    /// Chunks embedded so far.
+    pub chunks: u64,
+    /// Tokens billed so far.
+    pub tokens: u64,
+    pub requests: u64,
+    pub retries: u64,
+    /// The input has been read to its end, so every chunk has been counted.
+    pub reading_done: bool,
+}
+
+impl Snapshot {
+    /// `chunks` embedded with `usage` billed so far, the backend's counters,
+    /// and whether the input has been read to its end.
+    pub fn of(chunks: u64, usage: &Usage, stats: &BackendStats, reading_done: bool) -> Self {
+        Snapshot {
+            chunks,
+            tokens: usage.prompt_tokens,
+            requests: stats.requests,
+            retries: stats.retries,
+            reading_done,
+        }
+    }
+}
+
+/// The progress display of one run.
+pub struct Progress {
+    mode: Mode,
+    every: Duration,
+    started: Instant,
+    /// Chunks made from the input so far, counted by [`Counting`].
+    read: Arc<AtomicU64>,
+    bar: Option<ProgressBar>,
+    bar_has_length: bool,
+}
+
+impl Progress {
+    /// A display in `mode`; lines come every `every_seconds`.
+    pub fn new(mode: Mode, every_seconds: f64) -> Self {
+        let bar = (mode == Mode::Bar).then(|| {
+            let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
+            bar.set_style(unknown_length_style());
+            bar
+        });
+        Progress {
+            mode,
+            every: Duration::try_from_secs_f64(every_seconds).unwrap_or(Duration::from_secs(5)),
+            started: Instant::now(),
+            read: Arc::new(AtomicU64::new(0)),
+            bar,
+            bar_has_length: false,
+        }
+    }
+
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    pub fn is_on(&self) -> bool {
+        self.mode != Mode::Off
+    }
+
+    /// How often to call [`Progress::update`].
+    pub fn interval(&self) -> Duration {
+        match self.mode {
+            Mode::Bar => BAR_INTERVAL,
+            Mode::Lines | Mode::Off => self.every,
+        }
+    }
+
+    /// `chunker`, counting the chunks it makes for this display.
+    pub fn counting(&self, chunker: Arc<dyn Chunker>) -> Arc<dyn Chunker> {
+        if self.mode == Mode::Off {
+            return chunker;
+        }
+        Arc::new(Counting {
+            inner: chunker,
+            read: Arc::clone(&self.read),
+        })
+    }
+
+    /// Shows `now`.
+    pub fn update(&mut self, now: &Snapshot) {
+        let read = self.read.load(Ordering::Relaxed);
+        let elapsed = self.started.elapsed().as_secs_f64();
+        #[allow(clippy::cast_precision_loss)]
+        let tokens_per_second = if elapsed > 0.0 {
+            now.tokens as f64 / elapsed
+        } else {
+            0.0
+        };
+        match (self.mode, &self.bar) {
+            (Mode::Bar, Some(bar)) => {
+                let mut message = format!(
+                    "{tokens_per_second:.0} tokens/s, {} req, {} retries",
+                    now.requests, now.retries
+                );
+                if now.reading_done && !self.bar_has_length {
+                    bar.set_length(read);
+                    bar.set_style(known_length_style());
+                    self.bar_has_length = true;
+                } else if !now.reading_done {
+                    message = format!("{read} read, {message}");
+                }
+                bar.set_message(message);
+                bar.set_position(now.chunks);
+            }
+            (Mode::Lines, _) => {
+                let of = if now.reading_done {
+                    format!(" of {read}")
+                } else {
+                    String::new()
+                };
+                eprintln!(
+                    "embedjob: {}{of} chunks embedded, {} tokens ({tokens_per_second:.0}/s), {} requests, {} retries, {elapsed:.0}s",
+                    now.chunks, now.tokens, now.requests, now.retries
+                );
+            }
+            _ => {}
+        }
+    }
+
+    /// Shows `last` and leaves the bar there, on the screen.
+    pub fn finish(&mut self, last: &Snapshot) {
+        self.update(last);
+        if let Some(bar) = self.bar.take() {
+            // Not `finish`, which would fill the bar whether or not every chunk was embedded.
+            bar.abandon();
+        }
+    }
+}
+
+fn unknown_length_style() -> ProgressStyle {
+    ProgressStyle::with_template("{spinner} [{elapsed}] {pos} chunks embedded ({msg})")
+        .unwrap_or_else(|_| ProgressStyle::default_spinner())
+}
+
+fn known_length_style() -> ProgressStyle {
+    ProgressStyle::with_template("[{elapsed}] {wide_bar} {pos}/{len} chunks, ETA {eta} ({msg})")
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+}
+
+/// A chunker that counts the chunks it makes.
+struct Counting {
+    inner: Arc<dyn Chunker>,
+    read: Arc<AtomicU64>,
+}
+
+impl Chunker for Counting {
+    fn chunk(&self, document: &Document) -> Vec<Chunk> {
+        let chunks = self.inner.chunk(document);
+        self.read.fetch_add(chunks.len() as u64, Ordering::Relaxed);
+        chunks
+    }
+
+    fn count_tokens(&self, text: &str) -> usize {
+        self.inner.count_tokens(text)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::chunk::TokenChunker;
+    use crate::job::ChunkingConfig;
+
+    #[test]
+    fn quiet_is_off_whatever_stderr_is() {
+        assert_eq!(Mode::for_stderr(false), Mode::Off);
+        let progress = Progress::new(Mode::Off, 5.0);
+        assert!(!progress.is_on());
+    }
+
+    #[test]
+    fn lines_come_every_progress_seconds_and_the_bar_more_often() {
+        assert_eq!(
+            Progress::new(Mode::Lines, 2.5).interval(),
+            Duration::from_millis(2500)
+        );
+        assert_eq!(Progress::new(Mode::Bar, 2.5).interval(), BAR_INTERVAL);
+    }
+
+    #[test]
+    fn the_counting_chunker_counts_what_it_makes() {
+        let progress = Progress::new(Mode::Lines, 5.0);
+        let inner: Arc<dyn Chunker> =
+            Arc::new(TokenChunker::cl100k(&ChunkingConfig::default()).unwrap());
+        let chunker = progress.counting(inner);
+        let document = Document {
+            doc_id: "a".into(),
+            source: Arc::from("a.txt"),
+            text: "One. Two. Three.".into(),
+        };
+        let made = chunker.chunk(&document).len() as u64;
+        assert!(made > 0);
+        assert_eq!(progress.read.load(Ordering::Relaxed), made);
+    }
+}
