@@ -141,6 +141,9 @@ pub struct EstimateArgs {
     /// Print the estimate as one JSON object on stdout.
     #[arg(long)]
     pub json: bool,
+    /// Estimate a run with --fresh: every chunk sent, nothing reused.
+    #[arg(long)]
+    pub fresh: bool,
 }
 
 #[derive(Debug, Args)]

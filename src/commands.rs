@@ -14,6 +14,7 @@ use tokio::sync::watch;
 
 use crate::backend::api::{ApiBackend, ApiSettings};
 use crate::backend::EmbeddingBackend;
+use crate::checkpoint::{Checkpoint, Fingerprint};
 use crate::cli::{ChatArgs, EmbedArgs, ModelsArgs};
 use crate::client::{ApiKey, ChatMessage, ChatRequest, Client, ClientConfig, Model};
 use crate::exit::{Exit, Failure};
@@ -402,21 +403,53 @@ pub async fn estimate(args: &crate::cli::EstimateArgs) -> Outcome {
     let stages = crate::run::build(&job).await?;
     let info = stages.backend.info().clone();
     let chunker = stages.chunker;
+    let fresh = args.fresh;
     let estimate = tokio::task::spawn_blocking(move || {
-        crate::estimate::estimate(&job, chunker.as_ref(), &info, &crate::estimate::SendAll)
+        // What a run would reuse, found as the run finds it, without its lock or clean-up.
+        let store = if fresh {
+            None
+        } else {
+            let fingerprint = Fingerprint::new(&job, &info);
+            let checkpoint = Checkpoint::read(&job.name, &job.output.path, &fingerprint)
+                .map_err(checkpoint_failure)?;
+            let (store, _) = crate::checkpoint::load_store(&job.output.path, &checkpoint, false)
+                .map_err(checkpoint_failure)?;
+            Some(store)
+        };
+        let result = match &store {
+            Some(store) if !store.is_empty() => {
+                let filter =
+                    |chunk: &crate::chunk::Chunk| store.locate(&chunk.content_hash).is_none();
+                crate::estimate::estimate(&job, chunker.as_ref(), &info, &filter)
+            }
+            _ => {
+                crate::estimate::estimate(&job, chunker.as_ref(), &info, &crate::estimate::SendAll)
+            }
+        };
+        result.map_err(|e| Failure {
+            exit: e.exit(),
+            error: e.into(),
+        })
     })
     .await
-    .map_err(|e| Failure::failed(anyhow::anyhow!("the estimate stopped unexpectedly: {e}")))?
-    .map_err(|e| Failure {
-        exit: e.exit(),
-        error: e.into(),
-    })?;
+    .map_err(|e| Failure::failed(anyhow::anyhow!("the estimate stopped unexpectedly: {e}")))??;
     if args.json {
         print_json(&serde_json::to_value(&estimate).map_err(Failure::failed)?)?;
     } else {
         print!("{}", crate::estimate::table(&estimate));
     }
     Ok(Exit::Success)
+}
+
+fn checkpoint_failure(e: crate::checkpoint::CheckpointError) -> Failure {
+    Failure {
+        exit: if e.is_found_before_work() {
+            Exit::Usage
+        } else {
+            Exit::Failed
+        },
+        error: e.into(),
+    }
 }
 
 /// Prints the report whatever it finds; a failed check makes the exit 1.

@@ -9,7 +9,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::Poll;
 use std::time::{Duration, Instant};
@@ -161,31 +161,11 @@ pub async fn run(
     }
     let source = source::open(&job.source)?;
     let checkpoint = Checkpoint::open(&job.name, &output_path, &fingerprint, options.fresh)?;
-    let mut previous_exists = !options.fresh && output_path.exists();
-    if previous_exists {
-        match checkpoint::check_previous_output(&output_path, &fingerprint) {
-            Ok(()) => {}
-            // A run started with --fresh under this configuration left the
-            // checkpoint: the old output is being replaced, not reused.
-            Err(CheckpointError::Changed { .. }) if checkpoint.is_started() => {
-                previous_exists = false;
-            }
-            Err(e) => return Err(e.into()),
-        }
-    }
-    let (store, previous_ids) = {
+    let (store, previous_ids, checkpoint) = {
         let output = output_path.clone();
-        let parts = checkpoint.parts().to_vec();
-        tokio::task::spawn_blocking(move || -> Result<_, CheckpointError> {
-            let mut store = Store::new();
-            let mut ids = HashSet::new();
-            if previous_exists {
-                store.add(&output, Origin::Previous, Some(&mut ids))?;
-            }
-            for part in &parts {
-                store.add(part, Origin::Checkpoint, None)?;
-            }
-            Ok((store, ids))
+        let fresh = options.fresh;
+        tokio::task::spawn_blocking(move || {
+            checkpoint::load_store(&output, &checkpoint, fresh).map(|(s, i)| (s, i, checkpoint))
         })
         .await
         .map_err(|e| {
@@ -202,6 +182,8 @@ pub async fn run(
     );
     let chunker = display.counting(chunker);
     let halt = Arc::new(AtomicBool::new(false));
+    // Chunks done without a request (reused or repeated), for the progress display.
+    let settled = Arc::new(AtomicU64::new(0));
 
     let (sink_tx, sink_rx) = mpsc::channel::<SinkMessage>(capacity);
     let (batch_tx, mut batch_rx) = mpsc::channel::<Result<Batch, RunError>>(capacity);
@@ -211,11 +193,9 @@ pub async fn run(
             store,
             previous_ids,
             scheduled: HashSet::new(),
-            batcher: Batcher::new(
-                job.backend.max_inputs_per_request,
-                job.backend.max_tokens_per_request as u64,
-            ),
+            batcher: Batcher::for_backend(&job.backend),
             halt: Arc::clone(&halt),
+            settled: Arc::clone(&settled),
             batches: batch_tx,
             sink: sink_tx.clone(),
             reuse: Vec::new(),
@@ -350,7 +330,8 @@ pub async fn run(
             () = drained => break,
             _ = ticker.tick(), if display.is_on() => {
                 let done = reader.is_finished();
-                display.update(&Snapshot::of(embedded, &usage, &backend.stats(), done));
+                let chunks = embedded + settled.load(Ordering::Relaxed);
+                display.update(&Snapshot::of(chunks, &usage, &backend.stats(), done));
                 continue;
             }
         };
@@ -396,7 +377,7 @@ pub async fn run(
     halt.store(true, Ordering::Relaxed);
     drop(results);
     display.finish(&Snapshot::of(
-        embedded,
+        embedded + settled.load(Ordering::Relaxed),
         &usage,
         &backend.stats(),
         reader.is_finished(),
@@ -611,6 +592,7 @@ struct Reading {
     scheduled: HashSet<u128>,
     batcher: Batcher,
     halt: Arc<AtomicBool>,
+    settled: Arc<AtomicU64>,
     batches: mpsc::Sender<Result<Batch, RunError>>,
     sink: mpsc::Sender<SinkMessage>,
     reuse: Vec<(Chunk, Location)>,
@@ -676,6 +658,7 @@ impl Reading {
                 report.resumed += 1;
             }
             report.tokens_saved += tokens;
+            self.settled.fetch_add(1, Ordering::Relaxed);
             self.reuse.push((chunk, location));
             // As many as a request holds, so that the writer's queue holds no more memory than with new vectors.
             if self.reuse.len() >= self.reuse_batch {
@@ -689,6 +672,7 @@ impl Reading {
         {
             report.deduplicated += 1;
             report.tokens_saved += tokens;
+            self.settled.fetch_add(1, Ordering::Relaxed);
             return Ok(self
                 .sink
                 .blocking_send(SinkMessage::Duplicate(chunk))

@@ -173,18 +173,28 @@ impl Checkpoint {
         fresh: bool,
     ) -> Result<Checkpoint, CheckpointError> {
         let dir = checkpoint_dir(output);
-        let io = |path: &Path, action: &'static str| {
-            let path = path.to_path_buf();
-            move |source| CheckpointError::Io {
-                path,
-                action,
-                source,
-            }
-        };
         remove_stale_temporaries(output)?;
         if fresh && dir.exists() {
-            fs::remove_dir_all(&dir).map_err(io(&dir, "cannot remove the old checkpoint"))?;
+            fs::remove_dir_all(&dir).map_err(|source| CheckpointError::Io {
+                path: dir.clone(),
+                action: "cannot remove the old checkpoint",
+                source,
+            })?;
         }
+        if dir.exists() {
+            remove_stale_temporaries_in(&dir)?;
+        }
+        Checkpoint::read(job_name, output, fingerprint)
+    }
+
+    /// [`Checkpoint::open`] without changing anything on disk, for a look at
+    /// what a run would find; no lock is needed.
+    pub fn read(
+        job_name: &str,
+        output: &Path,
+        fingerprint: &Fingerprint,
+    ) -> Result<Checkpoint, CheckpointError> {
+        let dir = checkpoint_dir(output);
         let manifest_path = dir.join(MANIFEST);
         match fs::read(&manifest_path) {
             Ok(bytes) => {
@@ -221,7 +231,6 @@ impl Checkpoint {
             }
         }
         let parts = if dir.exists() {
-            remove_stale_temporaries_in(&dir)?;
             list_parts(&dir)?
         } else {
             Vec::new()
@@ -318,6 +327,34 @@ pub fn check_previous_output(
             differences,
         })
     }
+}
+
+/// The vectors a run of `output` under `fingerprint` may reuse: those of the
+/// checkpoint's parts and of the previous output, with the ids of the
+/// previous output's chunks. Reads every stored hash: call it off the async
+/// runtime.
+///
+/// A previous output made under another fingerprint is refused, unless
+/// `fresh` (it is then ignored) or the checkpoint shows a fresh start under
+/// this fingerprint has begun (it is being replaced, not reused).
+pub fn load_store(
+    output: &Path,
+    checkpoint: &Checkpoint,
+    fresh: bool,
+) -> Result<(Store, std::collections::HashSet<u64>), CheckpointError> {
+    let mut store = Store::new();
+    let mut ids = std::collections::HashSet::new();
+    if !fresh && output.exists() {
+        match check_previous_output(output, &checkpoint.fingerprint) {
+            Ok(()) => store.add(output, Origin::Previous, Some(&mut ids))?,
+            Err(CheckpointError::Changed { .. }) if checkpoint.is_started() => {}
+            Err(e) => return Err(e),
+        }
+    }
+    for part in &checkpoint.parts {
+        store.add(part, Origin::Checkpoint, None)?;
+    }
+    Ok((store, ids))
 }
 
 fn list_parts(dir: &Path) -> Result<Vec<PathBuf>, CheckpointError> {

@@ -141,11 +141,16 @@ async fn the_estimate_is_what_the_run_sends_and_pays_for() {
     assert_eq!(estimate["context_window"].as_u64(), Some(8192));
     assert_eq!(estimate["shortest_duration_seconds"], Value::Null);
 
-    // The human form: a table on stdout, nothing on stderr.
+    // The human form: a table on stdout, nothing on stderr. With the output
+    // in place, the next run would send nothing; --fresh estimates starting over.
     let output = embedjob(&["estimate", path_arg(&job)]).await;
     let (stdout, stderr) = no_key(&output, KEY);
     assert_eq!(output.status.code(), Some(0), "{stderr}");
     assert!(stderr.is_empty(), "{stderr}");
+    assert!(stdout.contains("requests             0\n"), "{stdout}");
+    let output = embedjob(&["estimate", path_arg(&job), "--fresh"]).await;
+    let (stdout, stderr) = no_key(&output, KEY);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
     let requests = format!("requests             {}", summary["requests"]);
     assert!(stdout.contains(&requests), "{stdout}");
     assert!(stdout.contains("cost "), "{stdout}");

@@ -331,7 +331,26 @@ async fn a_rerun_after_edits_sends_only_new_and_changed_chunks() {
     let removed = before.keys().filter(|id| !after.contains_key(*id)).count() as u64;
     assert!(changed > 0 && added > 0 && removed > 0);
 
+    // The estimate counts only what the re-run will send.
     sim.reset_ledger();
+    let mut command = bin();
+    command
+        .env("EMBEDJOB_API_KEY", KEY)
+        .arg("estimate")
+        .arg(&job)
+        .arg("--json");
+    let estimate = json(&crate::cli::run(command).await);
+    assert_eq!(
+        sim.ledger().embedding_requests,
+        0,
+        "an estimate embeds nothing"
+    );
+    assert_eq!(
+        estimate["unchanged_chunks"].as_u64(),
+        Some(unchanged),
+        "{estimate}"
+    );
+
     let output = run_job(&job, &["--json"]).await;
     assert_eq!(
         output.status.code(),
@@ -341,6 +360,17 @@ async fn a_rerun_after_edits_sends_only_new_and_changed_chunks() {
     );
     let summary = json(&output);
     let ledger = sim.ledger();
+    assert_eq!(
+        estimate["requests"].as_u64(),
+        Some(ledger.billed_requests),
+        "{estimate}"
+    );
+    assert_eq!(
+        estimate["tokens"].as_u64(),
+        Some(ledger.prompt_tokens),
+        "{estimate}"
+    );
+    assert_eq!(estimate["tokens"], summary["estimated_tokens"]);
     let sent: HashSet<String> = ledger.texts.keys().cloned().collect();
     assert_eq!(sent, to_send, "exactly the new and changed texts were sent");
     assert!(ledger.texts.values().all(|&n| n == 1));
