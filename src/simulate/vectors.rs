@@ -76,6 +76,23 @@ pub(crate) struct Item {
     pub damage: Damage,
 }
 
+/// The body the simulator sends for a fault-free embeddings request of
+/// `texts` to a model of `dimensions` values: the same bytes, so that a
+/// program can decode real response bodies without a server.
+pub fn embeddings_response_body(model: &str, dimensions: usize, texts: &[&str]) -> Vec<u8> {
+    let items: Vec<Item> = texts
+        .iter()
+        .enumerate()
+        .map(|(index, text)| Item {
+            index,
+            digest: text_digest(text),
+            damage: Damage::None,
+        })
+        .collect();
+    let tokens = texts.iter().map(|text| u64::from(count_tokens(text))).sum();
+    embeddings_body(model, dimensions, &items, tokens)
+}
+
 /// Writes an embeddings response body straight into bytes, without building a
 /// JSON tree: this is the simulator's hot path.
 pub(crate) fn embeddings_body(
