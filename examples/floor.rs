@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use embedjob::batch::{Batch, Batcher};
 use embedjob::chunk::{Chunker, TokenChunker};
-use embedjob::client::EmbeddingResponse;
+use embedjob::client::decode_embeddings;
 use embedjob::simulate::embeddings_response_body;
 use embedjob::sink::{EmbeddedBatch, OutputMetadata, ParquetSink, Sink};
 use embedjob::validate::{self, Vectors};
@@ -36,7 +36,10 @@ struct Timings {
 
 fn main() -> anyhow::Result<()> {
     let mut args = std::env::args().skip(1);
-    let job_path = PathBuf::from(args.next().context("usage: floor JOB.toml [--set KEY=VALUE]...")?);
+    let job_path = PathBuf::from(
+        args.next()
+            .context("usage: floor JOB.toml [--set KEY=VALUE]...")?,
+    );
     let mut overrides = Vec::new();
     while let Some(flag) = args.next() {
         match flag.as_str() {
@@ -146,6 +149,6 @@ fn main() -> anyhow::Result<()> {
 
 /// Decodes and checks a response body as the client does.
 fn decode(body: &[u8], inputs: usize, dimensions: usize) -> anyhow::Result<Vectors> {
-    let response: EmbeddingResponse = serde_json::from_slice(body)?;
-    Ok(validate::check(response, inputs, Some(dimensions))?)
+    let response = decode_embeddings(body, inputs * dimensions)?;
+    Ok(validate::check_flat(response, inputs, Some(dimensions))?)
 }

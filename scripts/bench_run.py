@@ -67,13 +67,20 @@ include_text = false
 class Simulator:
     """`embedjob simulate` in its own process, with its CPU time read from /proc."""
 
-    def __init__(self, embedjob, latency_ms):
-        self.process = subprocess.Popen(
-            [embedjob, "simulate", "--port", "0", "--latency-ms", str(latency_ms)],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    def __init__(self, embedjob, work, latency_ms):
+        self.log = os.path.join(work, "simulator.log")
+        with open(self.log, "w") as log:
+            self.process = subprocess.Popen(
+                [embedjob, "simulate", "--port", "0", "--latency-ms", str(latency_ms)],
+                stdout=subprocess.PIPE, stderr=log, text=True)
         self.url = self.process.stdout.readline().strip()
         if not self.url.startswith("http"):
-            raise SystemExit("bench: the simulator did not print its URL")
+            raise SystemExit(f"bench: the simulator did not print its URL (see {self.log})")
+
+    def check_alive(self):
+        if self.process.poll() is not None:
+            raise SystemExit(f"bench: the simulator stopped with status {self.process.returncode} "
+                             f"(see {self.log})")
 
     def cpu_seconds(self):
         with open(f"/proc/{self.process.pid}/stat") as f:
@@ -86,11 +93,13 @@ class Simulator:
         self.process.wait()
 
 
-def timed(command, env=None):
+def timed(command, env=None, sim=None):
     """Runs command under GNU time; returns its stdout and peak RSS in MB."""
     result = subprocess.run(["/usr/bin/time", "-v", *command], capture_output=True, text=True,
                             env={**os.environ, **(env or {})})
-    if result.returncode not in (0,):
+    if sim:
+        sim.check_alive()
+    if result.returncode != 0:
         sys.stderr.write(result.stderr[-3000:])
         raise SystemExit(f"bench: {' '.join(command[:3])} failed ({result.returncode})")
     rss = re.search(r"Maximum resident set size \(kbytes\): (\d+)", result.stderr)
@@ -99,11 +108,11 @@ def timed(command, env=None):
 
 def run_embedjob(args, name, n, dims, concurrency=8, batch=128, latency_ms=0):
     job = job_file(args.work, name, corpus(args.work, n), dims, concurrency, batch)
-    sim = Simulator(args.embedjob, latency_ms)
+    sim = Simulator(args.embedjob, args.work, latency_ms)
     try:
         wall, cpu = time.perf_counter(), sim.cpu_seconds()
         out, rss = timed([args.embedjob, "run", job, "--set", f"backend.base_url={sim.url}",
-                          "--json", "--quiet"], {"EMBEDJOB_API_KEY": "bench"})
+                          "--json", "--quiet"], {"EMBEDJOB_API_KEY": "bench"}, sim)
         wall, cpu = time.perf_counter() - wall, sim.cpu_seconds() - cpu
     finally:
         sim.stop()
@@ -115,13 +124,13 @@ def run_embedjob(args, name, n, dims, concurrency=8, batch=128, latency_ms=0):
 
 
 def run_python(args, name, n, dims, concurrency=8, batch=128):
-    sim = Simulator(args.embedjob, 0)
+    sim = Simulator(args.embedjob, args.work, 0)
     out_path = os.path.join(args.work, "out", name + ".parquet")
     try:
         wall, cpu = time.perf_counter(), sim.cpu_seconds()
         out, rss = timed([args.python, args.baseline, corpus(args.work, n), out_path,
                           MODELS[dims], str(dims), str(concurrency), str(batch)],
-                         {"EMBEDJOB_API_KEY": "bench", "EMBEDJOB_BASE_URL": sim.url})
+                         {"EMBEDJOB_API_KEY": "bench", "EMBEDJOB_BASE_URL": sim.url}, sim)
         wall, cpu = time.perf_counter() - wall, sim.cpu_seconds() - cpu
     finally:
         sim.stop()
