@@ -183,14 +183,18 @@ def main():
         python = case(f"python openai {dims}", run_python(args, f"python-{dims}", min(n, 20_000), dims))
         case(f"embedjob {dims}", run_embedjob(args, f"run-{dims}", n, dims),
              python=python, floor=floor)
-    base = None
-    for concurrency in (1, 4, 16, 64):
-        chunks = concurrency * batch * rounds
-        result = run_embedjob(args, f"latency-c{concurrency}", chunks, 1024,
-                              concurrency=concurrency, latency_ms=args.latency_ms)
-        base = base or result
-        case(f"embedjob 1024 +{args.latency_ms}ms c={concurrency}", result,
-             scaling=(chunks / result["seconds"]) / (concurrency * base["chunks"] / base["seconds"]))
+    # Scaling with latency, in requests of 32 chunks so that up to concurrency
+    # 16 the series is bound by the latency and not by a small machine's CPU;
+    # then the same at the batch size of the other cases, where it is.
+    for size, series in ((32, (1, 4, 16, 64)), (batch, (1, 16))):
+        base = None
+        for concurrency in series:
+            chunks = concurrency * size * rounds
+            result = run_embedjob(args, f"latency-b{size}-c{concurrency}", chunks, 1024,
+                                  concurrency=concurrency, batch=size, latency_ms=args.latency_ms)
+            base = base or result
+            case(f"embedjob 1024 +{args.latency_ms}ms batch {size} c={concurrency}", result,
+                 scaling=(chunks / result["seconds"]) / (concurrency * base["chunks"] / base["seconds"]))
     for size in memory_sizes:
         case(f"embedjob 3072 memory {size:,}", run_embedjob(args, f"memory-{size}", size, 3072))
     print_table(rows)
