@@ -318,17 +318,56 @@ fn has_markdown_extension(source: &str) -> bool {
     extension.eq_ignore_ascii_case("md") || extension.eq_ignore_ascii_case("markdown")
 }
 
-impl Chunker for TokenChunker {
-    fn chunk(&self, document: &Document) -> Vec<Chunk> {
+impl TokenChunker {
+    /// A plain-text document that fits whole is one chunk, its trimmed text:
+    /// what the splitter makes of it, with one count instead of the
+    /// splitter's several and no search for sentence boundaries.
+    fn whole(&self, document: &Document) -> Option<Chunk> {
         let text = document.text.as_str();
-        if text.trim().is_empty() {
-            return Vec::new();
+        let trimmed = text.trim();
+        // Counting a long document only to find it does not fit would be waste:
+        // past 16 bytes a token on average, leave it to the splitter.
+        if self.is_markdown(document) || trimmed.len() / 16 > self.max_tokens {
+            return None;
         }
+        let tokens = self.counter.count(trimmed);
+        if tokens > self.max_tokens {
+            return None;
+        }
+        let offset = trimmed.as_ptr().addr() - text.as_ptr().addr();
+        let doc_id: Arc<str> = Arc::from(document.doc_id.as_str());
+        Some(Chunk {
+            id: format!("{doc_id}#0"),
+            doc_id,
+            source: Arc::clone(&document.source),
+            chunk_index: 0,
+            byte_start: offset as u64,
+            byte_end: (offset + trimmed.len()) as u64,
+            text: trimmed.to_owned(),
+            content_hash: content_hash(trimmed),
+            token_count: u32::try_from(tokens).unwrap_or(u32::MAX),
+        })
+    }
+
+    fn split(&self, document: &Document) -> Vec<Chunk> {
+        let text = document.text.as_str();
         let log = CountLogSession::start();
         if self.is_markdown(document) {
             self.collect(document, self.markdown.chunk_indices(text), &log)
         } else {
             self.collect(document, self.text.chunk_indices(text), &log)
+        }
+    }
+}
+
+impl Chunker for TokenChunker {
+    fn chunk(&self, document: &Document) -> Vec<Chunk> {
+        if document.text.trim().is_empty() {
+            return Vec::new();
+        }
+        match self.whole(document) {
+            Some(chunk) => vec![chunk],
+            None => self.split(document),
         }
     }
 
@@ -625,6 +664,27 @@ mod tests {
             // A second chunker built from the same config agrees.
             let again = TokenChunker::cl100k(&config).unwrap();
             prop_assert_eq!(chunker.chunk(&doc), again.chunk(&doc));
+        }
+
+        #[test]
+        fn a_document_that_fits_is_chunked_as_the_splitter_chunks_it(
+            text in prop_oneof![
+                document_text(),
+                prop::collection::vec(prop::sample::select(FRAGMENTS), 0..12).prop_map(|f| f.concat()),
+            ],
+            config in chunking(),
+            hugging_face in any::<bool>(),
+        ) {
+            let doc = document("doc", "b.txt", &text);
+            let chunker = if hugging_face {
+                TokenChunker::with_tokenizer(&config, word_level_tokenizer()).unwrap()
+            } else {
+                TokenChunker::cl100k(&config).unwrap()
+            };
+            prop_assume!(!text.trim().is_empty());
+            if let Some(whole) = chunker.whole(&doc) {
+                prop_assert_eq!(vec![whole], chunker.split(&doc));
+            }
         }
 
         #[test]

@@ -165,7 +165,7 @@ fn default_true() -> bool {
 }
 
 fn default_row_group_bytes() -> u64 {
-    32 * 1024 * 1024
+    16 * 1024 * 1024
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -180,7 +180,7 @@ pub struct PipelineConfig {
 impl Default for PipelineConfig {
     fn default() -> Self {
         PipelineConfig {
-            channel_capacity: 64,
+            channel_capacity: 16,
             progress_seconds: 5.0,
         }
     }

@@ -4,7 +4,7 @@
 //! the length of every vector and the finiteness of every value are checked,
 //! and the first failure says exactly which check it was.
 
-use crate::client::{EmbeddingResponse, Usage};
+use crate::client::{EmbeddingResponse, FlatEmbeddings, FlatItem, Usage};
 
 /// The vector length of the models the service documents.
 pub fn known_model_dimensions(model: &str) -> Option<usize> {
@@ -72,15 +72,33 @@ pub fn check(
     inputs: usize,
     dimensions: Option<usize>,
 ) -> Result<Vectors, ValidationError> {
-    let got = response.data.len();
+    check_flat(FlatEmbeddings::from(response), inputs, dimensions)
+}
+
+/// [`check`] for a response decoded into one buffer: the same checks in the
+/// same order, so the same failure is reported. A response whose items
+/// arrive in order, as they usually do, is kept without a copy.
+pub fn check_flat(
+    response: FlatEmbeddings,
+    inputs: usize,
+    dimensions: Option<usize>,
+) -> Result<Vectors, ValidationError> {
+    let FlatEmbeddings {
+        items,
+        values,
+        usage,
+        ..
+    } = response;
+    let got = items.len();
     if got != inputs {
         return Err(ValidationError::Count {
             expected: inputs,
             got,
         });
     }
-    let mut placed: Vec<Option<Vec<f32>>> = vec![None; inputs];
-    for item in response.data {
+    // For each index, the item that holds it.
+    let mut placed: Vec<Option<usize>> = vec![None; inputs];
+    for (position, item) in items.iter().enumerate() {
         let index = usize::try_from(item.index)
             .ok()
             .filter(|&i| i < inputs)
@@ -88,28 +106,29 @@ pub fn check(
                 index: item.index,
                 count: inputs,
             })?;
-        if placed[index].replace(item.embedding).is_some() {
+        if placed[index].replace(position).is_some() {
             return Err(ValidationError::DuplicateIndex { index });
         }
     }
     // With the count equal and no duplicates, every index is present.
-    let rows: Vec<Vec<f32>> = placed.into_iter().flatten().collect();
+    let rows: Vec<FlatItem> = placed.into_iter().flatten().map(|p| items[p]).collect();
     let expected = match dimensions {
         Some(d) => d,
-        None => rows.first().map_or(0, Vec::len),
+        None => rows.first().map_or(0, |item| item.len),
     };
     if expected == 0 && inputs > 0 {
         return Err(ValidationError::Empty);
     }
-    let mut values = Vec::with_capacity(expected * inputs);
-    for (index, row) in rows.iter().enumerate() {
-        if row.len() != expected {
+    let mut in_order = true;
+    for (index, item) in rows.iter().enumerate() {
+        if item.len != expected {
             return Err(ValidationError::Dimensions {
                 index,
                 expected,
-                got: row.len(),
+                got: item.len,
             });
         }
+        let row = &values[item.start..item.start + item.len];
         if let Some(position) = row.iter().position(|v| !v.is_finite()) {
             return Err(ValidationError::NonFinite {
                 index,
@@ -117,12 +136,21 @@ pub fn check(
                 value: row[position],
             });
         }
-        values.extend_from_slice(row);
+        in_order &= item.start == index * expected;
     }
+    let values = if in_order && values.len() == inputs * expected {
+        values
+    } else {
+        let mut ordered = Vec::with_capacity(inputs * expected);
+        for item in &rows {
+            ordered.extend_from_slice(&values[item.start..item.start + item.len]);
+        }
+        ordered
+    };
     Ok(Vectors {
         dimensions: expected,
         values,
-        usage: response.usage.unwrap_or_default(),
+        usage: usage.unwrap_or_default(),
     })
 }
 

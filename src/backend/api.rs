@@ -205,9 +205,18 @@ impl ApiBackend {
     async fn attempt(&self, texts: &[&str], tokens: u64) -> Result<Vectors, Attempt> {
         self.wait_for_rate_limits(tokens).await;
         let _permit = self.throttle.acquire().await;
+        let expected = self
+            .info
+            .dimensions
+            .or_else(|| self.learned_dimensions.get().copied());
+        let capacity = texts.len() * expected.unwrap_or(0);
         let response = self
             .client
-            .embeddings(&self.info.model, EmbeddingInput::Many(texts.to_vec()))
+            .embeddings_flat(
+                &self.info.model,
+                EmbeddingInput::Many(texts.to_vec()),
+                capacity,
+            )
             .await
             .map_err(|e| {
                 if e.status == Some(429) {
@@ -215,11 +224,8 @@ impl ApiBackend {
                 }
                 Attempt::Api(e)
             })?;
-        let expected = self
-            .info
-            .dimensions
-            .or_else(|| self.learned_dimensions.get().copied());
-        let vectors = validate::check(response, texts.len(), expected).map_err(Attempt::Invalid)?;
+        let vectors =
+            validate::check_flat(response, texts.len(), expected).map_err(Attempt::Invalid)?;
         let _ = self.learned_dimensions.set(vectors.dimensions);
         self.throttle.on_success();
         self.requests.fetch_add(1, Ordering::Relaxed);

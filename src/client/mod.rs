@@ -7,6 +7,7 @@
 //! scrubbed from every message that comes back.
 
 mod error;
+mod flat;
 mod sse;
 mod wire;
 
@@ -18,6 +19,7 @@ use reqwest::{header, Method};
 use serde::de::DeserializeOwned;
 
 pub use error::{classify, retry_after, server_message, ApiError, ErrorKind};
+pub use flat::{FlatEmbeddings, FlatItem};
 pub use sse::{SseDecoder, SseError};
 pub use wire::{
     ChatMessage, ChatRequest, EmbeddingInput, EmbeddingItem, EmbeddingRequest, EmbeddingResponse,
@@ -145,6 +147,23 @@ impl Client {
         self.call(Method::POST, "/v1/embeddings", Some(&body)).await
     }
 
+    /// `POST /v1/embeddings`, decoded straight into one buffer of values
+    /// (see [`FlatEmbeddings`]), with room for `capacity` values reserved
+    /// (the inputs times the dimensions, when known). Check it with
+    /// `validate::check_flat` before trusting it.
+    pub async fn embeddings_flat(
+        &self,
+        model: &str,
+        input: EmbeddingInput<'_>,
+        capacity: usize,
+    ) -> Result<FlatEmbeddings, ApiError> {
+        let body = EmbeddingRequest { model, input };
+        self.call_with(Method::POST, "/v1/embeddings", Some(&body), |bytes| {
+            decode_embeddings(bytes, capacity)
+        })
+        .await
+    }
+
     /// `GET /v1/models`: the models the key can see.
     pub async fn models(&self) -> Result<Vec<Model>, ApiError> {
         let list: wire::ModelList = self.call(Method::GET, "/v1/models", None::<&()>).await?;
@@ -209,12 +228,27 @@ impl Client {
         body: Option<&impl serde::Serialize>,
     ) -> Result<T, ApiError> {
         let endpoint = format!("{method} {path}");
+        self.call_with(method, path, body, |bytes| {
+            serde_json::from_slice(bytes).map_err(|e| unparseable(&endpoint, &e, bytes))
+        })
+        .await
+    }
+
+    /// Sends a request and decodes a successful response's body with `decode`.
+    async fn call_with<T>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&impl serde::Serialize>,
+        decode: impl FnOnce(&[u8]) -> Result<T, ApiError>,
+    ) -> Result<T, ApiError> {
+        let endpoint = format!("{method} {path}");
         let response = self.send(method, path, body, true).await?;
         let bytes = response
             .bytes()
             .await
             .map_err(|e| ApiError::from_transport(&endpoint, &e).redact(self.key.expose()))?;
-        serde_json::from_slice(&bytes).map_err(|e| unparseable(&endpoint, &e, &bytes))
+        decode(&bytes)
     }
 
     /// Sends a request and returns the response if its status is a success.
@@ -253,6 +287,17 @@ impl Client {
                 .redact(self.key.expose()),
         )
     }
+}
+
+/// Decodes the body of a successful `POST /v1/embeddings` as the client
+/// does: into a [`FlatEmbeddings`] with room for `capacity` values, a body
+/// that is not the expected JSON being a transient fault that says why.
+///
+/// # Errors
+/// A body that `serde_json::from_slice::<EmbeddingResponse>` would reject.
+pub fn decode_embeddings(body: &[u8], capacity: usize) -> Result<FlatEmbeddings, ApiError> {
+    FlatEmbeddings::from_slice(body, capacity)
+        .map_err(|e| unparseable("POST /v1/embeddings", &e, body))
 }
 
 fn unparseable(endpoint: &str, err: &serde_json::Error, body: &[u8]) -> ApiError {

@@ -54,7 +54,7 @@ use tokio::task::JoinHandle;
 pub use config::{Faults, KeySpec, ModelKind, ModelSpec, SimConfig, DEFAULT_MAX_BODY_BYTES};
 pub use ledger::Ledger;
 pub use options::SimulateOptions;
-pub use vectors::{count_tokens, embedding_vector};
+pub use vectors::{count_tokens, embedding_vector, embeddings_response_body};
 
 use handlers::Shared;
 

@@ -76,6 +76,23 @@ pub(crate) struct Item {
     pub damage: Damage,
 }
 
+/// The body the simulator sends for a fault-free embeddings request of
+/// `texts` to a model of `dimensions` values: the same bytes, so that a
+/// program can decode real response bodies without a server.
+pub fn embeddings_response_body(model: &str, dimensions: usize, texts: &[&str]) -> Vec<u8> {
+    let items: Vec<Item> = texts
+        .iter()
+        .enumerate()
+        .map(|(index, text)| Item {
+            index,
+            digest: text_digest(text),
+            damage: Damage::None,
+        })
+        .collect();
+    let tokens = texts.iter().map(|text| u64::from(count_tokens(text))).sum();
+    embeddings_body(model, dimensions, &items, tokens)
+}
+
 /// Writes an embeddings response body straight into bytes, without building a
 /// JSON tree: this is the simulator's hot path.
 pub(crate) fn embeddings_body(
@@ -95,24 +112,23 @@ pub(crate) fn embeddings_body(
         body.extend_from_slice(item.index.to_string().as_bytes());
         body.extend_from_slice(br#","embedding":"#);
         let vector = vector_from_digest(dimensions, &item.digest);
-        match item.damage {
-            Damage::None => write_json(&mut body, &vector),
-            Damage::Short => write_json(&mut body, &vector[..vector.len().saturating_sub(1)]),
-            Damage::Nan(at) => {
-                body.push(b'[');
-                for (i, value) in vector.iter().enumerate() {
-                    if i > 0 {
-                        body.push(b',');
-                    }
-                    if i == at {
-                        body.extend_from_slice(b"NaN");
-                    } else {
-                        write_json(&mut body, value);
-                    }
-                }
-                body.push(b']');
+        let (values, nan_at) = match item.damage {
+            Damage::None => (&vector[..], None),
+            Damage::Short => (&vector[..vector.len().saturating_sub(1)], None),
+            Damage::Nan(at) => (&vector[..], Some(at)),
+        };
+        body.push(b'[');
+        for (i, &value) in values.iter().enumerate() {
+            if i > 0 {
+                body.push(b',');
+            }
+            if nan_at == Some(i) {
+                body.extend_from_slice(b"NaN");
+            } else {
+                write_value(&mut body, value);
             }
         }
+        body.push(b']');
         body.push(b'}');
     }
     body.extend_from_slice(br#"],"model":"#);
@@ -125,7 +141,75 @@ pub(crate) fn embeddings_body(
     body
 }
 
+/// Writes a vector value as `serde_json` would. Every value the simulator
+/// makes is k/65536 for k in -65536..=65536, so their texts are formatted
+/// once and copied: formatting floats was most of the simulator's work.
+fn write_value(body: &mut Vec<u8>, value: f32) {
+    static TEXTS: std::sync::OnceLock<(Vec<u8>, Vec<usize>)> = std::sync::OnceLock::new();
+    let (texts, ends) = TEXTS.get_or_init(|| {
+        let mut texts = Vec::with_capacity(2 * 65536 * 12);
+        let mut ends = vec![0];
+        for k in -65536..=65536 {
+            write_json(&mut texts, &(k as f32 / 65536.0));
+            ends.push(texts.len());
+        }
+        (texts, ends)
+    });
+    // Saturates far outside the table, and is checked below.
+    #[allow(clippy::cast_possible_truncation)]
+    let k = (value * 65536.0) as i32;
+    let at = usize::try_from(i64::from(k) + 65536).unwrap_or(usize::MAX);
+    if at < ends.len() - 1 && (k as f32 / 65536.0).to_bits() == value.to_bits() {
+        body.extend_from_slice(&texts[ends[at]..ends[at + 1]]);
+    } else {
+        // -0.0, or a value of some other making.
+        write_json(body, &value);
+    }
+}
+
 fn write_json<T: serde::Serialize + ?Sized>(body: &mut Vec<u8>, value: &T) {
     // Writing finite floats and strings into a Vec cannot fail.
     serde_json::to_writer(body, value).expect("serialising into memory");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_are_written_as_serde_json_writes_them() {
+        let mut values: Vec<f32> = (0..64)
+            .flat_map(|i| embedding_vector(256, &i.to_string()))
+            .collect();
+        values.extend([
+            0.0,
+            -0.0,
+            1.0,
+            -1.0,
+            1.0 / 65536.0,
+            -1.0 / 65536.0,
+            0.1,
+            1e-7,
+            3.5e9,
+        ]);
+        for value in values {
+            let mut ours = Vec::new();
+            write_value(&mut ours, value);
+            assert_eq!(ours, serde_json::to_vec(&value).unwrap(), "{value:?}");
+        }
+    }
+
+    #[test]
+    fn bodies_are_the_json_of_the_vectors() {
+        let texts = ["a", "b"];
+        let body = embeddings_response_body("svc-embed-1", 64, &texts);
+        let value: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        for (i, text) in texts.iter().enumerate() {
+            let written = serde_json::to_string(&value["data"][i]["embedding"]).unwrap();
+            assert_eq!(
+                written,
+                serde_json::to_string(&embedding_vector(64, text)).unwrap()
+            );
+        }
+    }
 }

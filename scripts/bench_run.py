@@ -1,0 +1,242 @@
+"""Runs the cases of scripts/bench and prints the table. Started by scripts/bench,
+which builds the programs and the virtualenv this needs.
+
+Every figure is a ratio against a baseline measured in the same invocation:
+embedjob's chunks/s against the Python baseline's, embedjob's time against
+the floor's, and throughput with latency against concurrency 1 times the
+concurrency.
+"""
+
+import argparse
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import time
+
+WORDS = ("vector index token batch embedding service parquet chunk document "
+         "model request retry").split()
+MODELS = {1024: "svc-embed-1", 3072: "svc-embed-1-l"}
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def log(message):
+    print(f"bench: {message}", file=sys.stderr, flush=True)
+
+
+def corpus(work, n):
+    """The first n records of one seeded corpus: about 40 tokens a record, one chunk each."""
+    path = os.path.join(work, f"corpus-{n}.jsonl")
+    if not os.path.exists(path):
+        rng = random.Random(42)
+        with open(path + ".tmp", "w") as f:
+            for i in range(n):
+                text = " ".join(rng.choice(WORDS) for _ in range(36))
+                f.write('{"id": "r%d", "text": "%s record %d"}\n' % (i, text, i))
+        os.rename(path + ".tmp", path)
+    return path
+
+
+def job_file(work, name, corpus_path, dims, concurrency, batch):
+    path = os.path.join(work, f"job-{name}.toml")
+    with open(path, "w") as f:
+        f.write(f"""name = "bench-{name}"
+[source]
+kind = "jsonl"
+path = "{corpus_path}"
+text_field = "text"
+id_field = "id"
+[chunking]
+max_tokens = 256
+overlap_tokens = 0
+[backend]
+kind = "api"
+base_url = "http://127.0.0.1:1"
+model = "{MODELS[dims]}"
+concurrency = {concurrency}
+max_inputs_per_request = {batch}
+[output]
+path = "{os.path.join(work, 'out', name + '.parquet')}"
+include_text = false
+""")
+    return path
+
+
+class Simulator:
+    """`embedjob simulate` in its own process, with its CPU time read from /proc."""
+
+    def __init__(self, embedjob, work, latency_ms):
+        self.log = os.path.join(work, "simulator.log")
+        with open(self.log, "w") as log:
+            self.process = subprocess.Popen(
+                [embedjob, "simulate", "--port", "0", "--latency-ms", str(latency_ms)],
+                stdout=subprocess.PIPE, stderr=log, text=True)
+        self.url = self.process.stdout.readline().strip()
+        if not self.url.startswith("http"):
+            raise SystemExit(f"bench: the simulator did not print its URL (see {self.log})")
+
+    def check_alive(self):
+        if self.process.poll() is not None:
+            raise SystemExit(f"bench: the simulator stopped with status {self.process.returncode} "
+                             f"(see {self.log})")
+
+    def cpu_seconds(self):
+        with open(f"/proc/{self.process.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        # utime and stime are fields 14 and 15; fields[0] here is field 3.
+        return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+    def stop(self):
+        self.process.terminate()
+        self.process.wait()
+
+
+def timed(command, env=None, sim=None):
+    """Runs command under GNU time; returns its stdout and peak RSS in MB."""
+    result = subprocess.run(["/usr/bin/time", "-v", *command], capture_output=True, text=True,
+                            env={**os.environ, **(env or {})})
+    if sim:
+        sim.check_alive()
+    if result.returncode != 0:
+        sys.stderr.write(result.stderr[-3000:])
+        raise SystemExit(f"bench: {' '.join(command[:3])} failed ({result.returncode})")
+    rss = re.search(r"Maximum resident set size \(kbytes\): (\d+)", result.stderr)
+    return result.stdout, int(rss.group(1)) / 1024
+
+
+def run_embedjob(args, name, n, dims, concurrency=8, batch=128, latency_ms=0):
+    job = job_file(args.work, name, corpus(args.work, n), dims, concurrency, batch)
+    sim = Simulator(args.embedjob, args.work, latency_ms)
+    try:
+        wall, cpu = time.perf_counter(), sim.cpu_seconds()
+        out, rss = timed([args.embedjob, "run", job, "--set", f"backend.base_url={sim.url}",
+                          "--json", "--quiet"], {"EMBEDJOB_API_KEY": "bench"}, sim)
+        wall, cpu = time.perf_counter() - wall, sim.cpu_seconds() - cpu
+    finally:
+        sim.stop()
+    summary = json.loads(out)
+    if summary["written"] != n:
+        raise SystemExit(f"bench: {name} wrote {summary['written']} of {n} chunks")
+    os.remove(os.path.join(args.work, "out", name + ".parquet"))
+    return {"chunks": n, "seconds": summary["elapsed_seconds"], "rss": rss, "sim": cpu / wall}
+
+
+def run_python(args, name, n, dims, concurrency=8, batch=128):
+    sim = Simulator(args.embedjob, args.work, 0)
+    out_path = os.path.join(args.work, "out", name + ".parquet")
+    try:
+        wall, cpu = time.perf_counter(), sim.cpu_seconds()
+        out, rss = timed([args.python, args.baseline, corpus(args.work, n), out_path,
+                          MODELS[dims], str(dims), str(concurrency), str(batch)],
+                         {"EMBEDJOB_API_KEY": "bench", "EMBEDJOB_BASE_URL": sim.url}, sim)
+        wall, cpu = time.perf_counter() - wall, sim.cpu_seconds() - cpu
+    finally:
+        sim.stop()
+    result = json.loads(out)
+    os.remove(out_path)
+    return {"chunks": result["chunks"], "seconds": result["seconds"], "rss": rss, "sim": cpu / wall}
+
+
+def run_floor(args, name, n, dims, batch=128):
+    job = job_file(args.work, name, corpus(args.work, n), dims, 1, batch)
+    out, rss = timed([args.floor, job], {"EMBEDJOB_API_KEY": "bench"})
+    result = json.loads(out)
+    os.remove(os.path.join(args.work, "out", name + ".parquet"))
+    steps = ", ".join(f"{k[:-8]} {result[k]:.2f}s" for k in ("chunk_seconds", "decode_seconds", "write_seconds"))
+    return {"chunks": result["chunks"], "seconds": result["seconds"], "rss": rss, "sim": None,
+            "note": steps}
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--embedjob", required=True)
+    parser.add_argument("--floor", required=True)
+    parser.add_argument("--python", required=True)
+    parser.add_argument("--work", required=True)
+    parser.add_argument("--quick", action="store_true", help="the smaller set")
+    parser.add_argument("--latency-ms", type=int, default=200)
+    args = parser.parse_args()
+    args.baseline = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_openai.py")
+    os.makedirs(os.path.join(args.work, "out"), exist_ok=True)
+
+    n = 20_000 if args.quick else 100_000
+    memory_sizes = (20_000, 100_000) if args.quick else (100_000, 1_000_000)
+    rounds = 8 if args.quick else 20
+    batch = 128
+    rows = []
+
+    def case(label, result, **extra):
+        result.update(extra)
+        rows.append((label, result))
+        log(f"{label}: {result['chunks'] / result['seconds']:,.0f} chunks/s, "
+            f"{result['seconds']:.2f}s, {result['rss']:.0f} MB")
+        return result
+
+    started = time.perf_counter()
+    for dims in (1024, 3072):
+        log(f"corpus of {n} chunks, {dims} dimensions")
+        floor = case(f"floor {dims}", run_floor(args, f"floor-{dims}", n, dims))
+        # The baseline takes minutes for what embedjob does in seconds: it runs
+        # on the first chunks of the same corpus, and is compared by chunks/s.
+        python = case(f"python openai {dims}", run_python(args, f"python-{dims}", min(n, 20_000), dims))
+        case(f"embedjob {dims}", run_embedjob(args, f"run-{dims}", n, dims),
+             python=python, floor=floor)
+    # Scaling with latency, in requests of 32 chunks so that up to concurrency
+    # 16 the series is bound by the latency and not by a small machine's CPU;
+    # then the same at the batch size of the other cases, where it is.
+    for size, series in ((32, (1, 4, 16, 64)), (batch, (1, 16))):
+        base = None
+        for concurrency in series:
+            chunks = concurrency * size * rounds
+            result = run_embedjob(args, f"latency-b{size}-c{concurrency}", chunks, 1024,
+                                  concurrency=concurrency, batch=size, latency_ms=args.latency_ms)
+            base = base or result
+            case(f"embedjob 1024 +{args.latency_ms}ms batch {size} c={concurrency}", result,
+                 scaling=(chunks / result["seconds"]) / (concurrency * base["chunks"] / base["seconds"]))
+    for size in memory_sizes:
+        case(f"embedjob 3072 memory {size:,}", run_embedjob(args, f"memory-{size}", size, 3072))
+    print_table(rows)
+    log(f"done in {time.perf_counter() - started:.0f}s")
+
+
+def print_table(rows):
+    header = ("case", "chunks", "seconds", "chunks/s", "vs python", "vs floor", "scaling",
+              "peak RSS", "sim CPU")
+    lines = []
+    for label, r in rows:
+        rate = r["chunks"] / r["seconds"]
+        python = r.get("python")
+        floor = r.get("floor")
+        lines.append((
+            label,
+            f"{r['chunks']:,}",
+            f"{r['seconds']:.2f}",
+            f"{rate:,.0f}",
+            f"{rate / (python['chunks'] / python['seconds']):.2f}x" if python else "",
+            f"{r['seconds'] / floor['seconds']:.2f}x" if floor else "",
+            f"{r['scaling']:.0%}" if "scaling" in r else "",
+            f"{r['rss']:.0f} MB",
+            f"{r['sim']:.0%}" if r["sim"] is not None else "",
+        ))
+    widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(header)]
+
+    def fmt(cells):
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+
+    print(fmt(header))
+    print(fmt(["-" * w for w in widths]))
+    for line in lines:
+        print(fmt(line))
+    notes = [f"{label}: {r['note']}" for label, r in rows if r.get("note")]
+    print()
+    print("vs python: chunks/s over the Python baseline's; vs floor: seconds over the floor's;")
+    print("scaling: chunks/s over concurrency x chunks/s at concurrency 1; sim CPU: the")
+    print("simulator's CPU time over the case's wall time (1 core = 100%).")
+    for note in notes:
+        print(note)
+
+
+if __name__ == "__main__":
+    main()

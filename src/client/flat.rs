@@ -1,0 +1,1080 @@
+//! The embeddings response decoded straight into one flat buffer of `f32`.
+//!
+//! Decoding into [`EmbeddingResponse`] builds a `Vec<f32>` per item, which
+//! `validate` then copies row by row into the buffer the sink takes.
+//! [`FlatEmbeddings`] instead appends every value, in the order the items
+//! arrive, to one buffer sized ahead, and keeps each item's `index` and
+//! length beside it. It accepts exactly the JSON that [`EmbeddingResponse`]
+//! accepts (the same fields, the same leniency, the same errors), and
+//! [`validate::check_flat`](crate::validate::check_flat) runs the same
+//! checks on it; a response in order needs no copy at all.
+
+use std::fmt;
+
+use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+
+use super::wire::{EmbeddingResponse, Usage};
+
+/// An embeddings response whose vectors sit one after another in `values`,
+/// in the order the service sent them. Nothing in it is checked yet.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct FlatEmbeddings {
+    /// One per item of `data`, in the order sent.
+    pub items: Vec<FlatItem>,
+    /// Every item's vector, in the order sent.
+    pub values: Vec<f32>,
+    pub usage: Option<Usage>,
+    pub model: Option<String>,
+}
+
+/// Where one item's vector sits in [`FlatEmbeddings::values`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FlatItem {
+    /// As sent; signed so that a negative index is reported as such.
+    pub index: i64,
+    pub start: usize,
+    pub len: usize,
+}
+
+impl FlatEmbeddings {
+    /// Decodes a response body; `capacity` values are reserved up front (the
+    /// inputs times the dimensions, when known).
+    ///
+    /// # Errors
+    /// Whatever `serde_json::from_slice::<EmbeddingResponse>` would reject.
+    pub fn from_slice(body: &[u8], capacity: usize) -> serde_json::Result<Self> {
+        if let Some(flat) = fast::scan(body, capacity) {
+            return Ok(flat);
+        }
+        Self::from_slice_with_serde(body, capacity)
+    }
+
+    /// The general path, through `serde_json`'s deserializer.
+    fn from_slice_with_serde(body: &[u8], capacity: usize) -> serde_json::Result<Self> {
+        let mut deserializer = serde_json::Deserializer::from_slice(body);
+        let flat = ResponseSeed { capacity }.deserialize(&mut deserializer)?;
+        deserializer.end()?;
+        Ok(flat)
+    }
+
+    /// Item `i`'s vector.
+    pub fn vector(&self, i: usize) -> &[f32] {
+        let item = self.items[i];
+        &self.values[item.start..item.start + item.len]
+    }
+}
+
+impl From<EmbeddingResponse> for FlatEmbeddings {
+    fn from(response: EmbeddingResponse) -> Self {
+        let total = response.data.iter().map(|item| item.embedding.len()).sum();
+        let mut values = Vec::with_capacity(total);
+        let items = response
+            .data
+            .into_iter()
+            .map(|item| {
+                let start = values.len();
+                values.extend_from_slice(&item.embedding);
+                FlatItem {
+                    index: item.index,
+                    start,
+                    len: item.embedding.len(),
+                }
+            })
+            .collect();
+        FlatEmbeddings {
+            items,
+            values,
+            usage: response.usage,
+            model: response.model,
+        }
+    }
+}
+
+/// The fast path: a scanner for the shape services send, which parses
+/// numbers as `serde_json` does (to the bit) without its per-element
+/// machinery. It gives up, and leaves the body to the general path, on
+/// anything else: escapes, non-ASCII text, unknown or repeated keys, numbers
+/// it would have to take a slow road for. So it never accepts what the
+/// general path refuses, and what it accepts decodes the same.
+mod fast {
+    use super::{FlatEmbeddings, FlatItem, Usage};
+
+    pub(super) fn scan(body: &[u8], capacity: usize) -> Option<FlatEmbeddings> {
+        let mut scan = Scanner { bytes: body, at: 0 };
+        let flat = scan.response(capacity)?;
+        scan.whitespace();
+        (scan.at == body.len()).then_some(flat)
+    }
+
+    pub(super) struct Scanner<'a> {
+        pub(super) bytes: &'a [u8],
+        pub(super) at: usize,
+    }
+
+    /// A number as `serde_json` hands it to a visitor.
+    #[derive(Debug, Clone, Copy, PartialEq)]
+    pub(super) enum Parsed {
+        U64(u64),
+        I64(i64),
+        F64(f64),
+    }
+
+    /// Powers of ten that are exact in an `f64`, the start of `serde_json`'s table.
+    const POW10: [f64; 23] = [
+        1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15, 1e16,
+        1e17, 1e18, 1e19, 1e20, 1e21, 1e22,
+    ];
+
+    impl<'a> Scanner<'a> {
+        fn peek(&self) -> Option<u8> {
+            self.bytes.get(self.at).copied()
+        }
+
+        pub(super) fn whitespace(&mut self) {
+            while let Some(b' ' | b'\n' | b'\t' | b'\r') = self.peek() {
+                self.at += 1;
+            }
+        }
+
+        /// The next non-blank byte, consumed.
+        fn token(&mut self) -> Option<u8> {
+            self.whitespace();
+            let byte = self.peek()?;
+            self.at += 1;
+            Some(byte)
+        }
+
+        fn expect(&mut self, byte: u8) -> Option<()> {
+            (self.token()? == byte).then_some(())
+        }
+
+        /// A string of printable ASCII without escapes.
+        fn string(&mut self) -> Option<&'a [u8]> {
+            self.expect(b'"')?;
+            let start = self.at;
+            loop {
+                match self.peek()? {
+                    b'"' => break,
+                    b'\\' | 0..=0x1f | 0x80.. => return None,
+                    _ => self.at += 1,
+                }
+            }
+            let text = &self.bytes[start..self.at];
+            self.at += 1;
+            Some(text)
+        }
+
+        /// `{ "key": value, ... }`, calling `field` on each key with the
+        /// scanner placed at its value.
+        fn object(&mut self, mut field: impl FnMut(&mut Self, &[u8]) -> Option<()>) -> Option<()> {
+            self.expect(b'{')?;
+            self.whitespace();
+            if self.peek()? == b'}' {
+                self.at += 1;
+                return Some(());
+            }
+            loop {
+                let key = self.string()?;
+                self.expect(b':')?;
+                field(self, key)?;
+                match self.token()? {
+                    b',' => {}
+                    b'}' => return Some(()),
+                    _ => return None,
+                }
+            }
+        }
+
+        /// `[ value, ... ]`, calling `element` with the scanner at each value.
+        fn array(&mut self, mut element: impl FnMut(&mut Self) -> Option<()>) -> Option<()> {
+            self.expect(b'[')?;
+            self.whitespace();
+            if self.peek()? == b']' {
+                self.at += 1;
+                return Some(());
+            }
+            loop {
+                element(self)?;
+                match self.token()? {
+                    b',' => {}
+                    b']' => return Some(()),
+                    _ => return None,
+                }
+            }
+        }
+
+        fn response(&mut self, capacity: usize) -> Option<FlatEmbeddings> {
+            let mut data = None;
+            let mut usage = None;
+            let mut model = None;
+            let mut object = false;
+            self.object(|scan, key| match key {
+                b"data" if data.is_none() => {
+                    data = Some(scan.data(capacity)?);
+                    Some(())
+                }
+                b"usage" if usage.is_none() => {
+                    usage = Some(scan.usage()?);
+                    Some(())
+                }
+                b"model" if model.is_none() => {
+                    model = Some(scan.optional_string()?);
+                    Some(())
+                }
+                b"object" if !object => {
+                    object = true;
+                    scan.string().map(drop)
+                }
+                _ => None,
+            })?;
+            let (items, values) = data?;
+            Some(FlatEmbeddings {
+                items,
+                values,
+                usage: usage.flatten(),
+                model: model.flatten(),
+            })
+        }
+
+        fn optional_string(&mut self) -> Option<Option<String>> {
+            self.whitespace();
+            if self.bytes[self.at..].starts_with(b"null") {
+                self.at += 4;
+                return Some(None);
+            }
+            let text = self.string()?;
+            Some(Some(String::from_utf8(text.to_vec()).ok()?))
+        }
+
+        fn usage(&mut self) -> Option<Option<Usage>> {
+            self.whitespace();
+            if self.bytes[self.at..].starts_with(b"null") {
+                self.at += 4;
+                return Some(None);
+            }
+            let mut prompt = None;
+            let mut total = None;
+            self.object(|scan, key| match key {
+                b"prompt_tokens" if prompt.is_none() => {
+                    prompt = Some(scan.unsigned()?);
+                    Some(())
+                }
+                b"total_tokens" if total.is_none() => {
+                    total = Some(scan.unsigned()?);
+                    Some(())
+                }
+                _ => None,
+            })?;
+            Some(Some(Usage {
+                prompt_tokens: prompt.unwrap_or_default(),
+                total_tokens: total.unwrap_or_default(),
+            }))
+        }
+
+        fn data(&mut self, capacity: usize) -> Option<(Vec<FlatItem>, Vec<f32>)> {
+            let mut items = Vec::new();
+            let mut values = Vec::with_capacity(capacity);
+            self.array(|scan| {
+                items.push(scan.item(&mut values)?);
+                Some(())
+            })?;
+            Some((items, values))
+        }
+
+        fn item(&mut self, values: &mut Vec<f32>) -> Option<FlatItem> {
+            let mut index = None;
+            let mut vector = None;
+            let mut object = false;
+            self.object(|scan, key| match key {
+                b"index" if index.is_none() => {
+                    index = Some(scan.signed()?);
+                    Some(())
+                }
+                b"embedding" if vector.is_none() => {
+                    let start = values.len();
+                    scan.array(|scan| {
+                        values.push(scan.number()?);
+                        Some(())
+                    })?;
+                    vector = Some((start, values.len() - start));
+                    Some(())
+                }
+                b"object" if !object => {
+                    object = true;
+                    scan.string().map(drop)
+                }
+                _ => None,
+            })?;
+            let (start, len) = vector?;
+            Some(FlatItem {
+                index: index?,
+                start,
+                len,
+            })
+        }
+
+        /// The digits of an integer as `serde_json` reads them: one leading
+        /// zero at most, and no more than fit a `u64`.
+        fn digits(&mut self) -> Option<u64> {
+            let first = self.peek()?;
+            self.at += 1;
+            match first {
+                b'0' => match self.peek() {
+                    Some(b'0'..=b'9') => None,
+                    _ => Some(0),
+                },
+                b'1'..=b'9' => {
+                    let mut significand = u64::from(first - b'0');
+                    while let Some(c @ b'0'..=b'9') = self.peek() {
+                        significand = significand
+                            .checked_mul(10)?
+                            .checked_add(u64::from(c - b'0'))?;
+                        self.at += 1;
+                    }
+                    Some(significand)
+                }
+                _ => None,
+            }
+        }
+
+        /// An integer that is neither a fraction nor has an exponent.
+        fn is_integer_end(&self) -> bool {
+            !matches!(self.peek(), Some(b'.' | b'e' | b'E'))
+        }
+
+        fn unsigned(&mut self) -> Option<u64> {
+            self.whitespace();
+            let value = self.digits()?;
+            self.is_integer_end().then_some(value)
+        }
+
+        fn signed(&mut self) -> Option<i64> {
+            self.whitespace();
+            let negative = self.peek()? == b'-';
+            if negative {
+                self.at += 1;
+            }
+            let significand = self.digits()?;
+            if !self.is_integer_end() {
+                return None;
+            }
+            if negative {
+                // serde_json makes `-0` a float, which an integer field refuses.
+                #[allow(clippy::cast_possible_wrap)]
+                let value = (significand as i64).wrapping_neg();
+                (value < 0).then_some(value)
+            } else {
+                i64::try_from(significand).ok()
+            }
+        }
+
+        /// A number read into an `f32` exactly as `serde_json` does it for a
+        /// `Vec<f32>` without `float_roundtrip`: the integer it reads as such
+        /// or the `f64` it computes, converted.
+        #[allow(clippy::cast_possible_truncation, clippy::cast_precision_loss)]
+        fn number(&mut self) -> Option<f32> {
+            Some(match self.parsed_number()? {
+                Parsed::U64(v) => v as f32,
+                Parsed::I64(v) => v as f32,
+                Parsed::F64(v) => v as f32,
+            })
+        }
+
+        /// A number as `serde_json` parses it: an integer as a `u64` or a
+        /// negative `i64`, anything else as an `f64` from the significand and
+        /// the decimal exponent. Exponents beyond the exact powers of ten, and
+        /// significands beyond a `u64`, are left to it.
+        #[allow(clippy::cast_precision_loss)]
+        pub(super) fn parsed_number(&mut self) -> Option<Parsed> {
+            self.whitespace();
+            let positive = self.peek()? != b'-';
+            if !positive {
+                self.at += 1;
+            }
+            let mut significand = self.digits()?;
+            let mut exponent: i32 = 0;
+            match self.peek() {
+                Some(b'.') => {
+                    self.at += 1;
+                    while let Some(c @ b'0'..=b'9') = self.peek() {
+                        significand = significand
+                            .checked_mul(10)?
+                            .checked_add(u64::from(c - b'0'))?;
+                        exponent -= 1;
+                        self.at += 1;
+                    }
+                    if exponent == 0 {
+                        return None;
+                    }
+                    if let Some(b'e' | b'E') = self.peek() {
+                        exponent = exponent.checked_add(self.exponent()?)?;
+                    }
+                }
+                Some(b'e' | b'E') => exponent = self.exponent()?,
+                _ if positive => return Some(Parsed::U64(significand)),
+                _ => {
+                    #[allow(clippy::cast_possible_wrap)]
+                    let negative = (significand as i64).wrapping_neg();
+                    // `-0`, and what does not fit an `i64`, become floats.
+                    return Some(if negative >= 0 {
+                        Parsed::F64(-(significand as f64))
+                    } else {
+                        Parsed::I64(negative)
+                    });
+                }
+            }
+            let power = *POW10.get(usize::try_from(exponent.unsigned_abs()).ok()?)?;
+            let mut value = significand as f64;
+            if exponent >= 0 {
+                value *= power;
+                if value.is_infinite() {
+                    return None;
+                }
+            } else {
+                value /= power;
+            }
+            Some(Parsed::F64(if positive { value } else { -value }))
+        }
+
+        /// `e`, an optional sign and at least one digit.
+        fn exponent(&mut self) -> Option<i32> {
+            self.at += 1;
+            let positive = match self.peek()? {
+                b'+' => {
+                    self.at += 1;
+                    true
+                }
+                b'-' => {
+                    self.at += 1;
+                    false
+                }
+                _ => true,
+            };
+            let mut exponent: i32 = 0;
+            let start = self.at;
+            while let Some(c @ b'0'..=b'9') = self.peek() {
+                exponent = exponent.checked_mul(10)?.checked_add(i32::from(c - b'0'))?;
+                self.at += 1;
+            }
+            if self.at == start {
+                return None;
+            }
+            Some(if positive { exponent } else { -exponent })
+        }
+    }
+}
+
+// The visitors below mirror what `#[derive(Deserialize)]` generates for
+// `EmbeddingResponse` and `EmbeddingItem` (maps or sequences, unknown keys
+// ignored, duplicate and missing fields refused), with the vectors written
+// into the shared buffer instead of a `Vec` each.
+
+const RESPONSE_FIELDS: &[&str] = &["data", "usage", "model"];
+const ITEM_FIELDS: &[&str] = &["index", "embedding"];
+
+struct ResponseSeed {
+    capacity: usize,
+}
+
+impl<'de> DeserializeSeed<'de> for ResponseSeed {
+    type Value = FlatEmbeddings;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_struct("EmbeddingResponse", RESPONSE_FIELDS, self)
+    }
+}
+
+enum ResponseField {
+    Data,
+    Usage,
+    Model,
+    Other,
+}
+
+impl<'de> de::Deserialize<'de> for ResponseField {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_identifier(FieldVisitor(|name: &str| match name {
+            "data" => ResponseField::Data,
+            "usage" => ResponseField::Usage,
+            "model" => ResponseField::Model,
+            _ => ResponseField::Other,
+        }))
+    }
+}
+
+enum ItemField {
+    Index,
+    Embedding,
+    Other,
+}
+
+impl<'de> de::Deserialize<'de> for ItemField {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_identifier(FieldVisitor(|name: &str| match name {
+            "index" => ItemField::Index,
+            "embedding" => ItemField::Embedding,
+            _ => ItemField::Other,
+        }))
+    }
+}
+
+/// A field name, as text or bytes, as the derived field visitors take it.
+struct FieldVisitor<F>(F);
+
+impl<'de, T, F: FnOnce(&str) -> T> Visitor<'de> for FieldVisitor<F> {
+    type Value = T;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("field identifier")
+    }
+
+    fn visit_str<E: de::Error>(self, name: &str) -> Result<T, E> {
+        Ok((self.0)(name))
+    }
+
+    fn visit_bytes<E: de::Error>(self, name: &[u8]) -> Result<T, E> {
+        // A name that is not UTF-8 matches no field, and is ignored.
+        Ok((self.0)(std::str::from_utf8(name).unwrap_or("")))
+    }
+}
+
+impl<'de> Visitor<'de> for ResponseSeed {
+    type Value = FlatEmbeddings;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("struct EmbeddingResponse")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut data = None;
+        let mut usage: Option<Option<Usage>> = None;
+        let mut model: Option<Option<String>> = None;
+        while let Some(field) = map.next_key::<ResponseField>()? {
+            match field {
+                ResponseField::Data => {
+                    if data.is_some() {
+                        return Err(de::Error::duplicate_field("data"));
+                    }
+                    data = Some(map.next_value_seed(DataSeed {
+                        capacity: self.capacity,
+                    })?);
+                }
+                ResponseField::Usage => {
+                    if usage.is_some() {
+                        return Err(de::Error::duplicate_field("usage"));
+                    }
+                    usage = Some(map.next_value()?);
+                }
+                ResponseField::Model => {
+                    if model.is_some() {
+                        return Err(de::Error::duplicate_field("model"));
+                    }
+                    model = Some(map.next_value()?);
+                }
+                ResponseField::Other => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        let (items, values) = data.ok_or_else(|| de::Error::missing_field("data"))?;
+        Ok(FlatEmbeddings {
+            items,
+            values,
+            usage: usage.unwrap_or_default(),
+            model: model.unwrap_or_default(),
+        })
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let expected = "struct EmbeddingResponse with 3 elements";
+        let (items, values) = seq
+            .next_element_seed(DataSeed {
+                capacity: self.capacity,
+            })?
+            .ok_or_else(|| de::Error::invalid_length(0, &expected))?;
+        let usage = seq.next_element()?.unwrap_or_default();
+        let model = seq.next_element()?.unwrap_or_default();
+        Ok(FlatEmbeddings {
+            items,
+            values,
+            usage,
+            model,
+        })
+    }
+}
+
+/// The `data` array.
+struct DataSeed {
+    capacity: usize,
+}
+
+impl<'de> DeserializeSeed<'de> for DataSeed {
+    type Value = (Vec<FlatItem>, Vec<f32>);
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for DataSeed {
+    type Value = (Vec<FlatItem>, Vec<f32>);
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a sequence")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut items = Vec::new();
+        let mut values = Vec::with_capacity(self.capacity);
+        while let Some(item) = seq.next_element_seed(ItemSeed {
+            values: &mut values,
+        })? {
+            items.push(item);
+        }
+        Ok((items, values))
+    }
+}
+
+/// One item of `data`; its vector goes to the end of `values`.
+struct ItemSeed<'a> {
+    values: &'a mut Vec<f32>,
+}
+
+impl<'de> DeserializeSeed<'de> for ItemSeed<'_> {
+    type Value = FlatItem;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_struct("EmbeddingItem", ITEM_FIELDS, self)
+    }
+}
+
+impl<'de> Visitor<'de> for ItemSeed<'_> {
+    type Value = FlatItem;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("struct EmbeddingItem")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut index = None;
+        let mut vector = None;
+        while let Some(field) = map.next_key::<ItemField>()? {
+            match field {
+                ItemField::Index => {
+                    if index.is_some() {
+                        return Err(de::Error::duplicate_field("index"));
+                    }
+                    index = Some(map.next_value::<i64>()?);
+                }
+                ItemField::Embedding => {
+                    if vector.is_some() {
+                        return Err(de::Error::duplicate_field("embedding"));
+                    }
+                    let start = self.values.len();
+                    map.next_value_seed(VectorSeed {
+                        values: &mut *self.values,
+                    })?;
+                    vector = Some((start, self.values.len() - start));
+                }
+                ItemField::Other => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        let index = index.ok_or_else(|| de::Error::missing_field("index"))?;
+        let (start, len) = vector.ok_or_else(|| de::Error::missing_field("embedding"))?;
+        Ok(FlatItem { index, start, len })
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let expected = "struct EmbeddingItem with 2 elements";
+        let index = seq
+            .next_element::<i64>()?
+            .ok_or_else(|| de::Error::invalid_length(0, &expected))?;
+        let start = self.values.len();
+        seq.next_element_seed(VectorSeed {
+            values: &mut *self.values,
+        })?
+        .ok_or_else(|| de::Error::invalid_length(1, &expected))?;
+        let len = self.values.len() - start;
+        Ok(FlatItem { index, start, len })
+    }
+}
+
+/// One `embedding` array, appended to `values`.
+struct VectorSeed<'a> {
+    values: &'a mut Vec<f32>,
+}
+
+impl<'de> DeserializeSeed<'de> for VectorSeed<'_> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        deserializer.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for VectorSeed<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a sequence")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        while let Some(value) = seq.next_element::<f32>()? {
+            self.values.push(value);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::client::decode_embeddings;
+    use crate::validate::{self, ValidationError, Vectors};
+
+    /// What the decoder this one replaces made of a body: the parse error's
+    /// text, or the checked vectors.
+    fn old_way(
+        body: &[u8],
+        inputs: usize,
+        dims: Option<usize>,
+    ) -> Result<Result<Vectors, ValidationError>, String> {
+        serde_json::from_slice::<EmbeddingResponse>(body)
+            .map(|response| validate::check(response, inputs, dims))
+            .map_err(|e| e.to_string())
+    }
+
+    fn new_way(
+        body: &[u8],
+        inputs: usize,
+        dims: Option<usize>,
+    ) -> Result<Result<Vectors, ValidationError>, String> {
+        FlatEmbeddings::from_slice(body, inputs * dims.unwrap_or(0))
+            .map(|flat| validate::check_flat(flat, inputs, dims))
+            .map_err(|e| e.to_string())
+    }
+
+    fn bits(result: &Result<Result<Vectors, ValidationError>, String>) -> Option<Vec<u32>> {
+        match result {
+            Ok(Ok(v)) => Some(v.values.iter().map(|x| x.to_bits()).collect()),
+            _ => None,
+        }
+    }
+
+    fn assert_same(body: &[u8], inputs: usize, dims: Option<usize>) {
+        let old = old_way(body, inputs, dims);
+        let new = new_way(body, inputs, dims);
+        let text = String::from_utf8_lossy(body);
+        assert_eq!(old, new, "{text}");
+        // PartialEq on f32 says nothing of -0.0 against 0.0: compare the bits.
+        assert_eq!(bits(&old), bits(&new), "{text}");
+    }
+
+    fn body(items: &[(i64, &[f32])]) -> String {
+        let data: Vec<String> = items
+            .iter()
+            .map(|(index, values)| {
+                let values: Vec<String> = values.iter().map(|v| format!("{v:?}")).collect();
+                format!(
+                    r#"{{"object":"embedding","index":{index},"embedding":[{}]}}"#,
+                    values.join(",")
+                )
+            })
+            .collect();
+        format!(
+            r#"{{"object":"list","data":[{}],"model":"m","usage":{{"prompt_tokens":4,"total_tokens":4}}}}"#,
+            data.join(",")
+        )
+    }
+
+    #[test]
+    fn an_ordered_response_is_kept_without_a_copy() {
+        let text = body(&[(0, &[0.5, -1.0]), (1, &[0.25, 2.0])]);
+        let flat = FlatEmbeddings::from_slice(text.as_bytes(), 4).unwrap();
+        let at = flat.values.as_ptr();
+        let vectors = validate::check_flat(flat, 2, Some(2)).unwrap();
+        assert_eq!(vectors.values, [0.5, -1.0, 0.25, 2.0]);
+        assert_eq!(vectors.values.as_ptr(), at);
+        assert_eq!(vectors.usage.prompt_tokens, 4);
+    }
+
+    #[test]
+    fn shuffled_items_are_placed_by_index() {
+        let text = body(&[(2, &[2.0]), (0, &[0.0]), (1, &[1.0])]);
+        let vectors =
+            validate::check_flat(decode_embeddings(text.as_bytes(), 3).unwrap(), 3, Some(1))
+                .unwrap();
+        assert_eq!(vectors.values, [0.0, 1.0, 2.0]);
+        assert_same(text.as_bytes(), 3, Some(1));
+        assert_same(text.as_bytes(), 3, None);
+    }
+
+    #[test]
+    fn each_fault_is_reported_as_before() {
+        let cases: [(String, usize, Option<usize>, &str); 8] = [
+            (
+                body(&[(0, &[1.0]), (0, &[2.0])]),
+                2,
+                Some(1),
+                "index uniqueness",
+            ),
+            (body(&[(0, &[1.0])]), 2, Some(1), "item count"),
+            (body(&[(0, &[1.0]), (2, &[2.0])]), 2, Some(1), "index range"),
+            (body(&[(-1, &[1.0])]), 1, Some(1), "index range"),
+            (
+                body(&[(0, &[1.0]), (1, &[2.0, 3.0])]),
+                2,
+                None,
+                "vector length",
+            ),
+            (body(&[(0, &[1.0, 2.0])]), 1, Some(3), "vector length"),
+            (body(&[(0, &[])]), 1, None, "vector length"),
+            (
+                r#"{"data":[{"index":0,"embedding":[1.0,1e39]}]}"#.to_string(),
+                1,
+                Some(2),
+                "finite values",
+            ),
+        ];
+        for (text, inputs, dims, check) in cases {
+            let flat = decode_embeddings(text.as_bytes(), 0).unwrap();
+            let err = validate::check_flat(flat, inputs, dims).unwrap_err();
+            assert!(
+                err.to_string().starts_with(check),
+                "{err} should name {check}"
+            );
+            assert_same(text.as_bytes(), inputs, dims);
+        }
+    }
+
+    #[test]
+    fn a_bare_nan_is_reported_as_a_non_finite_value() {
+        let text = r#"{"data":[{"index":0,"embedding":[0.5,NaN]}]}"#;
+        let err = decode_embeddings(text.as_bytes(), 2).unwrap_err();
+        assert!(err.is_transient(), "{err}");
+        assert!(err.message.contains("non-finite value"), "{err}");
+    }
+
+    #[test]
+    fn a_truncated_body_is_reported_as_cut_off() {
+        let text = body(&[(0, &[0.5, 0.25]), (1, &[1.0, 2.0])]);
+        for end in 1..text.len() {
+            let err = decode_embeddings(&text.as_bytes()[..end], 4).unwrap_err();
+            assert!(err.is_transient());
+            assert!(err.message.contains("cut off"), "{end}: {err}");
+            assert_same(&text.as_bytes()[..end], 2, Some(2));
+        }
+    }
+
+    #[test]
+    fn lenient_shapes_are_accepted_as_before() {
+        let bodies = [
+            // Keys in any order, unknown keys, no usage, a null usage.
+            r#"{"data":[{"embedding":[1,2],"x":{"y":[1]},"index":0}],"usage":null}"#,
+            r#"{"model":"m","data":[{"index":0,"embedding":[1.5,-2e-3]}]}"#,
+            // Structs written as arrays, as serde accepts them.
+            r#"[[[0,[1.0,2.0]]],{"prompt_tokens":3}]"#,
+            r#"{"data":[[0,[1.0,2.0]]]}"#,
+            // Refused: a missing, repeated or wrongly typed field; trailing text.
+            r#"{"usage":{}}"#,
+            r#"{"data":[],"data":[]}"#,
+            r#"{"data":[{"index":0,"index":0,"embedding":[1]}]}"#,
+            r#"{"data":[{"index":0,"embedding":[1],"embedding":[1]}]}"#,
+            r#"{"data":[{"embedding":[1]}]}"#,
+            r#"{"data":[{"index":0}]}"#,
+            r#"{"data":[{"index":"0","embedding":[1]}]}"#,
+            r#"{"data":[{"index":0,"embedding":[true]}]}"#,
+            r#"{"data":[{"index":0,"embedding":null}]}"#,
+            r#"{"data":[],"model":7}"#,
+            r#"{"data":[]} x"#,
+            r#"[[[0]]]"#,
+            r#"[]"#,
+            r#"null"#,
+        ];
+        for text in bodies {
+            assert_same(text.as_bytes(), 1, Some(2));
+            assert_same(text.as_bytes(), 1, None);
+        }
+    }
+
+    /// One number as a service might write it.
+    fn number() -> impl Strategy<Value = String> {
+        prop_oneof![
+            6 => any::<f32>().prop_filter("finite", |v| v.is_finite()).prop_map(|v| format!("{v:?}")),
+            2 => (-65536i32..=65536).prop_map(|k| format!("{}", f64::from(k) / 65536.0)),
+            1 => any::<i64>().prop_map(|v| v.to_string()),
+            1 => (1u8..60, any::<bool>()).prop_map(|(e, neg)| format!("{}1.5e{}", if neg { "-" } else { "" }, e)),
+            1 => prop::sample::select(vec!["-0.0", "-0", "0", "0e0", "1E+2", "2.5e-3", "-7e1"])
+                .prop_map(String::from),
+            2 => (any::<i32>(), 0i32..12, -25i32..25)
+                .prop_map(|(m, d, e)| format!("{}e{e}", f64::from(m) / 10f64.powi(d))),
+        ]
+    }
+
+    /// A number the fast path reads itself: at most 19 significant digits
+    /// and a decimal exponent within the exact powers of ten.
+    fn plain_number() -> impl Strategy<Value = String> {
+        prop_oneof![
+            4 => (-65536i32..=65536).prop_map(|k| format!("{}", f64::from(k) / 65536.0)),
+            1 => any::<i64>().prop_map(|v| v.to_string()),
+            2 => (any::<i32>(), 0i32..4, -5i32..=5, any::<bool>())
+                .prop_map(|(m, d, e, big)| format!("{}{}{e}", f64::from(m) / 10f64.powi(d), if big { "E" } else { "e" })),
+            1 => prop::sample::select(vec!["-0.0", "-0", "0", "0e0", "1E+2", "2.5e-3", "-7e1", "0.5"])
+                .prop_map(String::from),
+        ]
+    }
+
+    /// An item: its index, its values, and how it is written.
+    fn item() -> impl Strategy<Value = String> {
+        (-1i64..5, prop::collection::vec(number(), 0..6), 0u8..4).prop_map(
+            |(index, values, shape)| {
+                let embedding = format!("[{}]", values.join(","));
+                match shape {
+                    0 => format!(r#"{{"index":{index},"embedding":{embedding}}}"#),
+                    1 => format!(
+                        r#"{{"embedding":{embedding},"object":"embedding","index":{index}}}"#
+                    ),
+                    2 => format!(r#"[{index},{embedding}]"#),
+                    _ => format!(
+                        r#"{{"index":{index}, "embedding" : {embedding} , "extra":[{{}}]}}"#
+                    ),
+                }
+            },
+        )
+    }
+
+    fn response() -> impl Strategy<Value = String> {
+        (prop::collection::vec(item(), 0..5), 0u8..4).prop_map(|(items, shape)| {
+            let data = format!("[{}]", items.join(","));
+            match shape {
+                0 => format!(r#"{{"data":{data},"usage":{{"prompt_tokens":1,"total_tokens":2}}}}"#),
+                1 => format!(r#"{{"object":"list","model":"m","data":{data}}}"#),
+                2 => format!(r#"[{data},null,"m"]"#),
+                _ => format!(r#"{{"usage":null,"data":{data},"model":null}}"#),
+            }
+        })
+    }
+
+    /// The fast path's answer, checked against the general path's whenever it gives one.
+    fn assert_fast_agrees(body: &[u8]) -> bool {
+        let Some(fast) = fast::scan(body, 0) else {
+            return false;
+        };
+        let general = FlatEmbeddings::from_slice_with_serde(body, 0)
+            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(body)));
+        assert_eq!(fast, general, "{}", String::from_utf8_lossy(body));
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&fast.values), bits(&general.values));
+        true
+    }
+
+    #[test]
+    fn the_simulators_bodies_take_the_fast_path() {
+        let texts = ["one", "two", "three"];
+        for dims in [8, 1024] {
+            let body = crate::simulate::embeddings_response_body("svc-embed-1", dims, &texts);
+            assert!(assert_fast_agrees(&body));
+            let flat = FlatEmbeddings::from_slice(&body, 0).unwrap();
+            let vectors = validate::check_flat(flat, 3, Some(dims)).unwrap();
+            for (row, text) in vectors.rows().zip(texts) {
+                assert_eq!(row, crate::simulate::embedding_vector(dims, text));
+            }
+        }
+    }
+
+    #[test]
+    fn the_fast_path_leaves_what_it_does_not_know_to_serde() {
+        for text in [
+            r#"{"data":[{"index":0,"embedding":[1e400]}]}"#,
+            r#"{"data":[{"index":0,"embedding":[1e-30]}]}"#,
+            r#"{"data":[{"index":0,"embedding":[123456789012345678901234]}]}"#,
+            r#"{"data":[{"index":0,"embedding":[0.1234567890123456789012]}]}"#,
+            r#"{"data":[{"index":0,"embedding":[1]}],"extra":1}"#,
+            r#"{"d\u0061ta":[]}"#,
+            "{\"data\":[],\"model\":\"caf\u{e9}\"}",
+            r#"{"data":[{"index":-0,"embedding":[1]}]}"#,
+            r#"{"data":[{"index":0,"embedding":[01]}]}"#,
+        ] {
+            assert!(fast::scan(text.as_bytes(), 0).is_none(), "{text}");
+            assert_same(text.as_bytes(), 1, None);
+        }
+    }
+
+    /// The fast path's reading of one number, against `serde_json`'s.
+    fn assert_number_agrees(text: &str) {
+        let mut scan = fast::Scanner {
+            bytes: text.as_bytes(),
+            at: 0,
+        };
+        let Some(parsed) = scan.parsed_number().filter(|_| scan.at == text.len()) else {
+            return;
+        };
+        let number: serde_json::Number = serde_json::from_str(text).unwrap();
+        let expected = if let Some(v) = number.as_u64() {
+            fast::Parsed::U64(v)
+        } else if let Some(v) = number.as_i64() {
+            fast::Parsed::I64(v)
+        } else {
+            fast::Parsed::F64(number.as_f64().unwrap())
+        };
+        match (parsed, expected) {
+            (fast::Parsed::F64(a), fast::Parsed::F64(b)) => {
+                assert_eq!(a.to_bits(), b.to_bits(), "{text}");
+            }
+            _ => assert_eq!(parsed, expected, "{text}"),
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn the_fast_path_reads_numbers_as_serde_json_does(
+            text in prop_oneof![number(), plain_number(), "-?[0-9]{1,22}(\\.[0-9]{1,22})?([eE][+-]?[0-9]{1,3})?"],
+        ) {
+            assert_number_agrees(&text);
+        }
+
+        #[test]
+        fn the_fast_path_decodes_to_the_bit(
+            items in prop::collection::vec((-2i64..4, prop::collection::vec(plain_number(), 0..8)), 0..4),
+            spaced in any::<bool>(),
+        ) {
+            let data: Vec<String> = items.iter().map(|(index, values)| {
+                format!(r#"{{"object":"embedding","index":{index},"embedding":[{}]}}"#, values.join(","))
+            }).collect();
+            let mut text = format!(
+                r#"{{"object":"list","data":[{}],"model":"m","usage":{{"prompt_tokens":1,"total_tokens":1}}}}"#,
+                data.join(",")
+            );
+            if spaced {
+                text = text.replace(',', " ,\n ").replace(':', ": ");
+            }
+            prop_assert!(assert_fast_agrees(text.as_bytes()), "the fast path gave up on {}", text);
+        }
+
+        #[test]
+        fn decodes_exactly_as_the_derived_response_does(
+            text in response(),
+            inputs in 0usize..5,
+            dims in prop::option::of(0usize..6),
+        ) {
+            assert_same(text.as_bytes(), inputs, dims);
+        }
+
+        #[test]
+        fn damaged_bodies_fail_exactly_as_before(
+            text in response(),
+            cut in any::<prop::sample::Index>(),
+            damage in prop::sample::select(vec!["", "NaN", "]", "}", ",", "\"", "1e400"]),
+        ) {
+            let at = cut.index(text.len() + 1);
+            let damaged = format!("{}{damage}{}", &text[..at], if damage.is_empty() { "" } else { &text[at..] });
+            assert_same(damaged.as_bytes(), 2, Some(2));
+            assert_same(damaged.as_bytes(), 2, None);
+        }
+    }
+}
