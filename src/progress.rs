@@ -1,10 +1,11 @@
 //! How a run shows its progress, always on stderr and never on stdout.
 //!
-//! On a terminal, a bar: chunks embedded, tokens per second, requests,
-//! retries and, once the whole input has been read and the number of chunks
-//! is known, the length of the bar and an ETA. Until then the bar has no
-//! length, since any total would be a guess. Elsewhere (a pipe, a log file),
-//! a line every `pipeline.progress_seconds`. `--quiet` shows neither.
+//! On a terminal, a bar: chunks done (embedded, or reused without a
+//! request), tokens per second, requests, retries and, once the whole input
+//! has been read and the number of chunks is known, the length of the bar
+//! and an ETA. Until then the bar has no length, since any total would be a
+//! guess. Elsewhere (a pipe, a log file), a line every
+//! `pipeline.progress_seconds`. `--quiet` shows neither.
 //!
 //! The pipeline drives a [`Progress`]: it wraps the chunker with
 //! [`Progress::counting`] so that chunks are counted as they are read, calls
@@ -166,7 +167,7 @@ impl Progress {
                     String::new()
                 };
                 eprintln!(
-                    "embedjob: {}{of} chunks embedded, {} tokens ({tokens_per_second:.0}/s), {} requests, {} retries, {elapsed:.0}s",
+                    "embedjob: {}{of} chunks done, {} tokens ({tokens_per_second:.0}/s), {} requests, {} retries, {elapsed:.0}s",
                     now.chunks, now.tokens, now.requests, now.retries
                 );
             }
@@ -185,7 +186,7 @@ impl Progress {
 }
 
 fn unknown_length_style() -> ProgressStyle {
-    ProgressStyle::with_template("{spinner} [{elapsed}] {pos} chunks embedded ({msg})")
+    ProgressStyle::with_template("{spinner} [{elapsed}] {pos} chunks done ({msg})")
         .unwrap_or_else(|_| ProgressStyle::default_spinner())
 }
 

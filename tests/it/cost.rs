@@ -621,7 +621,7 @@ async fn a_terminal_gets_a_progress_bar_and_stdout_stays_json() {
     assert!(screen.contains("retries"), "{screen}");
     assert!(screen.contains("ETA"), "{screen}");
     assert!(
-        screen.contains("chunks embedded ("),
+        screen.contains("chunks done ("),
         "before the total is known: {screen}"
     );
     assert!(
@@ -630,7 +630,7 @@ async fn a_terminal_gets_a_progress_bar_and_stdout_stays_json() {
     );
     assert!(screen.contains(&format!("{requests} req")), "{screen}");
     assert!(
-        !screen.contains("chunks embedded, "),
+        !screen.contains("chunks done, "),
         "no progress lines on a terminal: {screen}"
     );
     assert!(screen.contains('█'), "the bar is drawn: {screen}");

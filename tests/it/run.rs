@@ -690,11 +690,7 @@ async fn progress_lines_go_to_stderr_unless_quiet() {
     assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
     let stderr = text(&output.stderr);
     assert!(
-        stderr
-            .lines()
-            .filter(|l| l.contains("chunks embedded"))
-            .count()
-            >= 2,
+        stderr.lines().filter(|l| l.contains("chunks done")).count() >= 2,
         "{stderr}"
     );
     let summary: Value =
