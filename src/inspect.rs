@@ -272,14 +272,7 @@ fn inspect_file(path: &Path, index: usize, files: &[PathBuf], ids: &mut Ids) -> 
     };
     let footer_rows = u64::try_from(builder.metadata().file_metadata().num_rows()).unwrap_or(0);
     report.row_groups = builder.metadata().num_row_groups() as u64;
-    let key_values: BTreeMap<String, String> = builder
-        .metadata()
-        .file_metadata()
-        .key_value_metadata()
-        .into_iter()
-        .flatten()
-        .map(|kv| (kv.key.clone(), kv.value.clone().unwrap_or_default()))
-        .collect();
+    let key_values = crate::sink::key_values(builder.metadata());
     read_metadata(&mut report, &key_values);
     let schema = builder.schema().clone();
     let length = check_schema(&mut report, &schema);

@@ -8,7 +8,6 @@
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::hash::{Hash, Hasher};
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 
 use arrow::array::{Array, AsArray, RecordBatch};
@@ -134,7 +133,7 @@ impl Store {
             }
             _ => self.dimensions = Some(dimensions),
         }
-        let key_values = key_values(&metadata);
+        let key_values = crate::sink::key_values(metadata.metadata());
         if let Some(declared) = key_values.get("embedjob.dimensions") {
             if declared.parse::<usize>().ok() != Some(dimensions) {
                 return Err(corrupt(format!(
@@ -385,17 +384,6 @@ fn load_metadata(path: &Path) -> Result<ArrowReaderMetadata, CheckpointError> {
     })
 }
 
-fn key_values(metadata: &ArrowReaderMetadata) -> HashMap<String, String> {
-    metadata
-        .metadata()
-        .file_metadata()
-        .key_value_metadata()
-        .into_iter()
-        .flatten()
-        .map(|kv| (kv.key.clone(), kv.value.clone().unwrap_or_default()))
-        .collect()
-}
-
 fn column(metadata: &ArrowReaderMetadata, name: &str) -> Result<usize, String> {
     metadata
         .schema()
@@ -444,16 +432,9 @@ fn parse_hash(hex_text: &str) -> Option<[u8; 32]> {
 /// Runs a step of the Parquet decoder, turning a panic on a damaged file into
 /// an error that names it.
 fn guard<T>(path: &Path, step: impl FnOnce() -> T) -> Result<T, CheckpointError> {
-    catch_unwind(AssertUnwindSafe(step)).map_err(|panic| {
-        let detail = panic
-            .downcast_ref::<&str>()
-            .map(|s| (*s).to_string())
-            .or_else(|| panic.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "the decoder failed".to_string());
-        CheckpointError::Corrupt {
-            path: path.to_path_buf(),
-            message: format!("malformed data ({detail})"),
-        }
+    crate::source::catch_decoder_panic(step).map_err(|message| CheckpointError::Corrupt {
+        path: path.to_path_buf(),
+        message,
     })
 }
 

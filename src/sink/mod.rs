@@ -151,12 +151,20 @@ pub fn read_metadata(path: &Path) -> Result<BTreeMap<String, String>, SinkError>
             source,
         }
     })?;
-    let metadata = ::parquet::file::reader::FileReader::metadata(&reader);
-    Ok(metadata
+    Ok(key_values(::parquet::file::reader::FileReader::metadata(
+        &reader,
+    )))
+}
+
+/// A Parquet file's key-value metadata; a key without a value maps to `""`.
+pub fn key_values(
+    metadata: &::parquet::file::metadata::ParquetMetaData,
+) -> BTreeMap<String, String> {
+    metadata
         .file_metadata()
         .key_value_metadata()
         .into_iter()
         .flatten()
         .map(|kv| (kv.key.clone(), kv.value.clone().unwrap_or_default()))
-        .collect())
+        .collect()
 }

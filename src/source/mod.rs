@@ -22,7 +22,9 @@ mod files;
 mod jsonl;
 mod parquet;
 
-pub(crate) use self::parquet::{builder as parquet_reader, guard as parquet_guard};
+pub(crate) use self::parquet::{
+    builder as parquet_reader, catch_decoder_panic, guard as parquet_guard,
+};
 
 /// One document to chunk.
 #[derive(Debug, Clone, PartialEq)]

@@ -301,13 +301,18 @@ fn corrupt(path: &Path, error: impl std::fmt::Display) -> SourceError {
 /// into an error that names the file. The decoder validates most input, but
 /// a damaged file must never take the whole job down without saying which.
 pub(crate) fn guard<T>(path: &Path, step: impl FnOnce() -> T) -> Result<T, SourceError> {
+    catch_decoder_panic(step).map_err(|detail| corrupt(path, detail))
+}
+
+/// Runs a step of the Parquet decoder; a panic becomes `malformed data (…)`.
+pub(crate) fn catch_decoder_panic<T>(step: impl FnOnce() -> T) -> Result<T, String> {
     catch_unwind(AssertUnwindSafe(step)).map_err(|panic| {
         let detail = panic
             .downcast_ref::<&str>()
             .map(|s| (*s).to_string())
             .or_else(|| panic.downcast_ref::<String>().cloned())
             .unwrap_or_else(|| "the decoder failed".to_string());
-        corrupt(path, format!("malformed data ({detail})"))
+        format!("malformed data ({detail})")
     })
 }
 
