@@ -377,6 +377,24 @@ pub fn summary_text(s: &crate::pipeline::Summary) -> String {
     if let Some(cost) = s.cost {
         out.push_str(&format!("  cost: {cost:.6}\n"));
     }
+    out.push_str(&format!(
+        "  chunks: {} embedded, {} reused from the last output, {} resumed, {} repeats; \
+         {} added, {} changed, {} unchanged, {} removed; {} tokens saved\n",
+        s.embedded,
+        s.reused,
+        s.resumed,
+        s.deduplicated,
+        s.added,
+        s.changed,
+        s.unchanged,
+        s.removed,
+        s.tokens_saved
+    ));
+    if let Some(reason) = &s.stopped {
+        out.push_str(&format!(
+            "  {reason}: what was done is kept; run the job again to carry on\n"
+        ));
+    }
     if s.skipped_null + s.skipped_empty > 0 {
         out.push_str(&format!(
             "  skipped: {} null, {} empty texts\n",
