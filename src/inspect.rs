@@ -22,7 +22,7 @@ use serde::Serialize;
 
 use crate::exit::Exit;
 use crate::sink::{self, SCHEMA_VERSION};
-use crate::source::{id_hash, parquet_guard, parquet_reader, SourceError};
+use crate::source::{id_hash128, parquet_guard, parquet_reader, SourceError};
 use crate::validate::known_model_dimensions;
 
 /// Rows decoded at a time.
@@ -590,7 +590,7 @@ fn check_id(
         );
         return;
     };
-    match ids.seen.entry(id_hash(id)) {
+    match ids.seen.entry(id_hash128(id)) {
         Entry::Vacant(slot) => {
             slot.insert(file_index);
         }

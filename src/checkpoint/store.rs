@@ -7,7 +7,6 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
-use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 
 use arrow::array::{Array, AsArray, RecordBatch};
@@ -79,9 +78,7 @@ pub fn hash_key(hash: &[u8; 32]) -> u128 {
 
 /// A compact, in-process hash of a chunk id.
 pub fn id_key(id: &str) -> u64 {
-    let mut hasher = std::hash::DefaultHasher::new();
-    id.hash(&mut hasher);
-    hasher.finish()
+    crate::source::id_hash(id)
 }
 
 impl Store {

@@ -10,7 +10,7 @@
 //! for JSON Lines, the data row (the header not counted) for CSV, and the row
 //! within the file for Parquet.
 
-use std::collections::HashMap;
+use std::collections::HashSet;
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -121,7 +121,12 @@ pub trait Source: Send {
 /// ([`SourceError::DuplicateId`]) and an input that ends without a single
 /// document ([`SourceError::Empty`]).
 pub fn open(config: &SourceConfig) -> Result<Box<dyn Source>, SourceError> {
-    let inner: Box<dyn Source> = match config.kind {
+    let inner = open_unchecked(config)?;
+    Ok(Box::new(Checked::new(inner, config.clone())))
+}
+
+fn open_unchecked(config: &SourceConfig) -> Result<Box<dyn Source>, SourceError> {
+    Ok(match config.kind {
         SourceKind::Files => Box::new(files::FilesSource::open(&config.paths)?),
         SourceKind::Jsonl => Box::new(jsonl::JsonlSource::open(
             required_path(config)?,
@@ -138,8 +143,7 @@ pub fn open(config: &SourceConfig) -> Result<Box<dyn Source>, SourceError> {
             required_text_field(config)?,
             config.id_field.as_deref(),
         )?),
-    };
-    Ok(Box::new(Checked::new(inner, describe_input(config))))
+    })
 }
 
 /// The job validates these; a config built by hand may still lack them.
@@ -194,29 +198,48 @@ pub(crate) fn io_error(path: &Path, error: std::io::Error) -> SourceError {
 /// Wraps a source with the checks that span all of it: unique ids and a
 /// non-empty result.
 ///
-/// Ids are remembered as 128-bit hashes (a false match is out of reach in
-/// practice) with where they were first seen: about 50 bytes per document,
-/// plus the path text of each file, which the files kind has one of per
-/// document. The ids themselves are not kept.
+/// Ids are remembered as 64-bit hashes, about 9 bytes a document. A hash
+/// seen before sends the check back to the start of the input, to find the
+/// document that had the same id and where it was; when none had (two ids
+/// with the same hash), the document is let through.
 struct Checked {
     inner: Box<dyn Source>,
-    input: String,
-    seen: HashMap<u128, (Arc<str>, Option<u64>)>,
+    config: SourceConfig,
+    seen: HashSet<u64>,
+    /// Documents returned so far.
+    returned: u64,
     finished: bool,
 }
 
 impl Checked {
-    fn new(inner: Box<dyn Source>, input: String) -> Self {
+    fn new(inner: Box<dyn Source>, config: SourceConfig) -> Self {
         Checked {
             inner,
-            input,
-            seen: HashMap::new(),
+            config,
+            seen: HashSet::new(),
+            returned: 0,
             finished: false,
         }
     }
+
+    /// The place of the document, among the first `self.returned`, whose id
+    /// is `id`, read again from the input.
+    fn first_place(&self, id: &str) -> Result<Option<String>, SourceError> {
+        let mut again = open_unchecked(&self.config)?;
+        for _ in 0..self.returned {
+            let Some(document) = again.next_document()? else {
+                break;
+            };
+            if document.doc_id == id {
+                return Ok(Some(location(&document.source, again.last_row())));
+            }
+        }
+        Ok(None)
+    }
 }
 
-pub(crate) fn id_hash(id: &str) -> u128 {
+/// A 128-bit hash of a document id, for checks that must not mistake two ids.
+pub(crate) fn id_hash128(id: &str) -> u128 {
     // Two independent SipHash runs; the std hasher is deterministic within a
     // process, which is all a duplicate check needs.
     let half = |salt: u8| {
@@ -226,6 +249,14 @@ pub(crate) fn id_hash(id: &str) -> u128 {
         hasher.finish()
     };
     (u128::from(half(0)) << 64) | u128::from(half(1))
+}
+
+pub(crate) fn id_hash(id: &str) -> u64 {
+    // The std hasher is deterministic within a process, which is all a
+    // duplicate check needs.
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    id.hash(&mut hasher);
+    hasher.finish()
 }
 
 fn location(source: &str, row: Option<u64>) -> String {
@@ -244,26 +275,22 @@ impl Source for Checked {
             self.finished = true;
             if self.inner.stats().documents == 0 {
                 return Err(SourceError::Empty {
-                    input: self.input.clone(),
+                    input: describe_input(&self.config),
                 });
             }
             return Ok(None);
         };
-        let row = self.inner.last_row();
-        match self.seen.entry(id_hash(&document.doc_id)) {
-            std::collections::hash_map::Entry::Occupied(first) => {
-                let (first_source, first_row) = first.get();
-                Err(SourceError::DuplicateId {
+        if !self.seen.insert(id_hash(&document.doc_id)) {
+            if let Some(first) = self.first_place(&document.doc_id)? {
+                return Err(SourceError::DuplicateId {
                     id: document.doc_id.clone(),
-                    first: location(first_source, *first_row),
-                    second: location(&document.source, row),
-                })
-            }
-            std::collections::hash_map::Entry::Vacant(slot) => {
-                slot.insert((Arc::clone(&document.source), row));
-                Ok(Some(document))
+                    first,
+                    second: location(&document.source, self.inner.last_row()),
+                });
             }
         }
+        self.returned += 1;
+        Ok(Some(document))
     }
 
     fn stats(&self) -> SourceStats {
@@ -335,6 +362,23 @@ mod tests {
         assert!(message.contains("\"a\""), "{message}");
         assert!(message.contains("in.jsonl row 1"), "{message}");
         assert!(message.contains("in.jsonl row 3"), "{message}");
+    }
+
+    #[test]
+    fn two_ids_with_the_same_hash_are_both_let_through() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("in.jsonl");
+        std::fs::write(
+            &path,
+            "{\"id\": \"a\", \"text\": \"one\"}\n{\"id\": \"b\", \"text\": \"two\"}\n",
+        )
+        .unwrap();
+        let config = config(SourceKind::Jsonl, &path, "text", Some("id"));
+        let mut source = Checked::new(open_unchecked(&config).unwrap(), config);
+        // As if "b" hashed as "a" does, or as some earlier id.
+        source.seen.insert(id_hash("b"));
+        let documents = read_all(&mut source).unwrap();
+        assert_eq!(ids(&documents), ["a", "b"]);
     }
 
     #[test]
