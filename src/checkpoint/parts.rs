@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{Checkpoint, CheckpointError, Earlier, FINGERPRINT_KEY};
+use super::{Checkpoint, CheckpointError, FINGERPRINT_KEY};
 use crate::client::Usage;
 use crate::sink::{EmbeddedBatch, OutputMetadata, ParquetSink, Sink, SinkError};
 
@@ -20,7 +20,6 @@ struct OpenPart {
     sink: Box<ParquetSink>,
     usage: Usage,
     requests: u64,
-    rows: u64,
 }
 
 /// Writes newly embedded batches to part files in the checkpoint, each part
@@ -38,7 +37,6 @@ pub struct PartWriter {
     template: OutputMetadata,
     open: Option<OpenPart>,
     committed: Vec<PathBuf>,
-    totals: Earlier,
 }
 
 impl PartWriter {
@@ -68,7 +66,6 @@ impl PartWriter {
             template,
             open: None,
             committed: Vec::new(),
-            totals: Earlier::default(),
         }
     }
 
@@ -98,21 +95,14 @@ impl PartWriter {
                 sink: Box::new(sink),
                 usage: Usage::default(),
                 requests: 0,
-                rows: 0,
             });
         }
         if let Some(part) = self.open.as_mut() {
             part.sink.write(batch)?;
             part.usage += batch.vectors.usage;
             part.requests += 1;
-            part.rows += batch.chunks.len() as u64;
         }
         Ok(())
-    }
-
-    /// Whether appended rows wait for a commit.
-    pub fn has_pending(&self) -> bool {
-        self.open.is_some()
     }
 
     /// Makes everything appended so far durable.
@@ -125,10 +115,6 @@ impl PartWriter {
         metadata.usage = part.usage;
         metadata.requests = part.requests;
         let report = part.sink.finish(&metadata)?;
-        self.totals.parts += 1;
-        self.totals.rows += part.rows;
-        self.totals.usage += part.usage;
-        self.totals.requests += part.requests;
         self.committed.push(report.path);
         Ok(())
     }
@@ -136,11 +122,6 @@ impl PartWriter {
     /// Parts this writer committed.
     pub fn committed(&self) -> &[PathBuf] {
         &self.committed
-    }
-
-    /// What this writer committed.
-    pub fn totals(&self) -> Earlier {
-        self.totals
     }
 
     /// Removes the checkpoint, once the output holds every vector in it.
@@ -200,13 +181,11 @@ mod tests {
         };
         parts.append(&batch(&["a", "b"], 5)).unwrap();
         parts.append(&batch(&["c"], 2)).unwrap();
-        assert!(parts.has_pending());
         parts.commit().unwrap();
         parts.commit().unwrap();
         parts.append(&batch(&["d"], 1)).unwrap();
         parts.commit().unwrap();
         assert_eq!(parts.committed().len(), 2);
-        assert_eq!(parts.totals().usage.prompt_tokens, 8);
 
         let reopened = Checkpoint::open("docs", &output, &fingerprint, false).unwrap();
         assert_eq!(reopened.parts(), parts.committed());
