@@ -20,7 +20,14 @@ struct OpenPart {
     sink: Box<ParquetSink>,
     usage: Usage,
     requests: u64,
+    /// Vector bytes written to the part.
+    bytes: u64,
 }
+
+/// A part is committed once it holds this many bytes of vectors, even with
+/// more batches waiting: it bounds both the memory a part takes to write and
+/// what a kill can lose.
+const MAX_PART_BYTES: u64 = 4 << 20;
 
 /// Writes newly embedded batches to part files in the checkpoint, each part
 /// written under a temporary name, fsynced and renamed into place by
@@ -33,7 +40,8 @@ struct OpenPart {
 pub struct PartWriter {
     checkpoint: Checkpoint,
     next_number: u64,
-    row_group_bytes: u64,
+    /// Vector bytes at which a part is committed (and its row group size).
+    part_bytes: u64,
     template: OutputMetadata,
     open: Option<OpenPart>,
     committed: Vec<PathBuf>,
@@ -41,7 +49,8 @@ pub struct PartWriter {
 
 impl PartWriter {
     /// A writer of parts numbered after those already in `checkpoint`, for
-    /// vectors of `model` from a `backend` (`api` or `local`).
+    /// vectors of `model` from a `backend` (`api` or `local`), each part at
+    /// most `row_group_bytes` (and 4 MiB) of vectors.
     pub fn new(checkpoint: Checkpoint, model: &str, backend: &str, row_group_bytes: u64) -> Self {
         let next_number = checkpoint
             .parts()
@@ -62,7 +71,7 @@ impl PartWriter {
         PartWriter {
             checkpoint,
             next_number,
-            row_group_bytes,
+            part_bytes: row_group_bytes.clamp(1, MAX_PART_BYTES),
             template,
             open: None,
             committed: Vec::new(),
@@ -87,7 +96,7 @@ impl PartWriter {
                 &path,
                 batch.vectors.dimensions,
                 false,
-                self.row_group_bytes,
+                self.part_bytes,
                 false,
             )?;
             self.next_number += 1;
@@ -95,12 +104,17 @@ impl PartWriter {
                 sink: Box::new(sink),
                 usage: Usage::default(),
                 requests: 0,
+                bytes: 0,
             });
         }
         if let Some(part) = self.open.as_mut() {
             part.sink.write(batch)?;
             part.usage += batch.vectors.usage;
             part.requests += 1;
+            part.bytes += 4 * batch.vectors.values.len() as u64;
+            if part.bytes >= self.part_bytes {
+                return self.commit();
+            }
         }
         Ok(())
     }
@@ -181,6 +195,10 @@ mod tests {
         };
         parts.append(&batch(&["a", "b"], 5)).unwrap();
         parts.append(&batch(&["c"], 2)).unwrap();
+        assert!(
+            parts.committed().is_empty(),
+            "small parts wait for a commit"
+        );
         parts.commit().unwrap();
         parts.commit().unwrap();
         parts.append(&batch(&["d"], 1)).unwrap();
@@ -198,7 +216,13 @@ mod tests {
         assert_eq!(store.earlier().rows, 4);
         let (loc, _) = store.locate(&content_hash("d")).unwrap();
         assert_eq!(store.fetch(&[(loc, content_hash("d"))]).unwrap(), [1.0]);
-        let next = PartWriter::new(reopened, "m", "api", 1 << 20);
+        let mut next = PartWriter::new(reopened, "m", "api", 8);
         assert_eq!(next.next_number, 3);
+        next.append(&batch(&["e", "f"], 1)).unwrap();
+        assert_eq!(
+            next.committed().len(),
+            1,
+            "a full part is committed at once"
+        );
     }
 }
