@@ -75,6 +75,16 @@ fn json(output: &Output) -> Value {
     serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}\n{stderr}"))
 }
 
+/// Asserts the exit code, showing stderr when it is not the one expected.
+fn expect_exit(output: &Output, code: i32) {
+    assert_eq!(
+        output.status.code(),
+        Some(code),
+        "{}",
+        crate::cli::text(&output.stderr)
+    );
+}
+
 fn text_hash(text: &str) -> String {
     hex::encode(content_hash(text))
 }
@@ -108,12 +118,7 @@ async fn a_job_killed_at_random_points_resumes_without_paying_twice() {
         let mut child = spawn_job(&job, &settings);
         if !wait_for_billed(&sim, &mut child, at).await {
             let output = wait(child).await;
-            assert_eq!(
-                output.status.code(),
-                Some(0),
-                "{}",
-                crate::cli::text(&output.stderr)
-            );
+            expect_exit(&output, 0);
             break;
         }
         child.kill().unwrap();
@@ -208,12 +213,7 @@ async fn a_signal_or_the_time_limit_stops_gracefully_and_the_next_run_completes(
     assert!(wait_for_billed(&sim, &mut child, 5).await);
     signal(&child, "TERM");
     let output = wait(child).await;
-    assert_eq!(
-        output.status.code(),
-        Some(4),
-        "{}",
-        crate::cli::text(&output.stderr)
-    );
+    expect_exit(&output, 4);
     let first = json(&output);
     assert_eq!(first["stopped"], "stopped by SIGTERM");
     assert_eq!(first["exit_code"], 4);
@@ -235,12 +235,7 @@ async fn a_signal_or_the_time_limit_stops_gracefully_and_the_next_run_completes(
     );
 
     let output = run_job(&job, &[&settings[..], &["--max-duration", "0.3s"]].concat()).await;
-    assert_eq!(
-        output.status.code(),
-        Some(4),
-        "{}",
-        crate::cli::text(&output.stderr)
-    );
+    expect_exit(&output, 4);
     let second = json(&output);
     assert!(
         second["stopped"].as_str().unwrap().contains("time limit"),
@@ -254,12 +249,7 @@ async fn a_signal_or_the_time_limit_stops_gracefully_and_the_next_run_completes(
     assert_eq!(second["resumed_usage"], first["usage"]);
 
     let output = run_job(&job, &settings).await;
-    assert_eq!(
-        output.status.code(),
-        Some(0),
-        "{}",
-        crate::cli::text(&output.stderr)
-    );
+    expect_exit(&output, 0);
     let last = json(&output);
     assert!(last["stopped"].is_null());
     let rows = read_output(&dir.path().join("out/result.parquet"));
@@ -293,12 +283,7 @@ async fn a_rerun_after_edits_sends_only_new_and_changed_chunks() {
     let sim = simulator(SimConfig::default()).await;
     let job = write_job(dir.path(), &sim.base_url(), &files_source(&root), "");
     let output = run_job(&job, &["--json"]).await;
-    assert_eq!(
-        output.status.code(),
-        Some(0),
-        "{}",
-        crate::cli::text(&output.stderr)
-    );
+    expect_exit(&output, 0);
     let before = expected_chunks(&root);
     let first_ledger = sim.ledger();
 
@@ -352,12 +337,7 @@ async fn a_rerun_after_edits_sends_only_new_and_changed_chunks() {
     );
 
     let output = run_job(&job, &["--json"]).await;
-    assert_eq!(
-        output.status.code(),
-        Some(0),
-        "{}",
-        crate::cli::text(&output.stderr)
-    );
+    expect_exit(&output, 0);
     let summary = json(&output);
     let ledger = sim.ledger();
     assert_eq!(
@@ -403,12 +383,7 @@ async fn a_rerun_after_edits_sends_only_new_and_changed_chunks() {
         ],
     )
     .await;
-    assert_eq!(
-        output.status.code(),
-        Some(0),
-        "{}",
-        crate::cli::text(&output.stderr)
-    );
+    expect_exit(&output, 0);
     let fresh = read_output(&dir.path().join("fresh/result.parquet"));
     assert_eq!(rows_by_id(&incremental), rows_by_id(&fresh));
     for key in [
@@ -457,12 +432,7 @@ async fn identical_chunks_in_one_run_are_embedded_once() {
         &["--json", "--set", "backend.max_inputs_per_request=2"],
     )
     .await;
-    assert_eq!(
-        output.status.code(),
-        Some(0),
-        "{}",
-        crate::cli::text(&output.stderr)
-    );
+    expect_exit(&output, 0);
     let summary = json(&output);
     let rows = read_output(&dir.path().join("out/result.parquet"));
     assert_complete(&rows, &expected, 1024);
@@ -494,12 +464,7 @@ async fn overlapping_runs_are_refused_and_a_dead_runs_lock_is_taken_over() {
     assert!(stderr.contains(&format!("pid {}", first.id())), "{stderr}");
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     let output = wait(first).await;
-    assert_eq!(
-        output.status.code(),
-        Some(0),
-        "{}",
-        crate::cli::text(&output.stderr)
-    );
+    expect_exit(&output, 0);
     assert!(!dir.path().join("out/result.parquet.lock").exists());
 
     // A run killed outright leaves its lock file; the next run takes it over.
@@ -533,12 +498,7 @@ async fn a_changed_configuration_is_refused_unless_fresh() {
 
     // An unfinished run leaves a checkpoint made with svc-embed-1.
     let output = run_job(&job, &[&settings[..], &["--max-duration", "0.2s"]].concat()).await;
-    assert_eq!(
-        output.status.code(),
-        Some(4),
-        "{}",
-        crate::cli::text(&output.stderr)
-    );
+    expect_exit(&output, 4);
     let checkpoint = dir.path().join("out/result.parquet.checkpoint");
     assert!(checkpoint.exists());
 
@@ -565,24 +525,14 @@ async fn a_changed_configuration_is_refused_unless_fresh() {
         &[&larger[..], &["--fresh", "--max-duration", "0.2s"]].concat(),
     )
     .await;
-    assert_eq!(
-        output.status.code(),
-        Some(4),
-        "{}",
-        crate::cli::text(&output.stderr)
-    );
+    expect_exit(&output, 4);
     assert!(
         checkpoint.exists(),
         "a checkpoint under the new configuration"
     );
     // Once a fresh start has begun, the next run carries it on without --fresh.
     let output = run_job(&job, &[&larger[..], &["--json"]].concat()).await;
-    assert_eq!(
-        output.status.code(),
-        Some(0),
-        "{}",
-        crate::cli::text(&output.stderr)
-    );
+    expect_exit(&output, 0);
     let summary = json(&output);
     assert!(summary["resumed"].as_u64().unwrap() > 0, "{summary}");
     assert_eq!(
@@ -634,12 +584,7 @@ async fn a_budget_stops_the_run_and_a_larger_one_completes_it() {
         ],
     )
     .await;
-    assert_eq!(
-        output.status.code(),
-        Some(4),
-        "{}",
-        crate::cli::text(&output.stderr)
-    );
+    expect_exit(&output, 4);
     let first = json(&output);
     assert!(
         first["stopped"].as_str().unwrap().contains("budget"),
@@ -658,12 +603,7 @@ async fn a_budget_stops_the_run_and_a_larger_one_completes_it() {
     assert!(!dir.path().join("out/result.parquet").exists());
 
     let output = run_job(&job, &["--json", "--set", "budget.max_cost=1.0"]).await;
-    assert_eq!(
-        output.status.code(),
-        Some(0),
-        "{}",
-        crate::cli::text(&output.stderr)
-    );
+    expect_exit(&output, 0);
     let second = json(&output);
     assert_eq!(second["resumed_usage"], first["usage"]);
     assert_complete(
@@ -689,4 +629,41 @@ fn read_tokens(expected: &BTreeMap<String, String>) -> HashMap<String, u64> {
         .values()
         .map(|t| (t.clone(), bpe.encode_ordinary(t).len() as u64))
         .collect()
+}
+
+#[tokio::test]
+async fn a_second_signal_stops_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = corpus(dir.path(), 10);
+    // Responses take far longer than the test waits.
+    let sim = simulator(slow_simulator(20_000)).await;
+    let job = write_job(dir.path(), &sim.base_url(), &files_source(&root), "");
+    let mut child = spawn_job(&job, &["--json", "--set", "backend.timeout_seconds=60"]);
+    let started = Instant::now();
+    while sim.ledger().embedding_requests == 0 {
+        assert!(child.try_wait().unwrap().is_none());
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "no request was sent"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    signal(&child, "TERM");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the first signal waits for the requests in flight"
+    );
+    let second = Instant::now();
+    signal(&child, "TERM");
+    let output = wait(child).await;
+    expect_exit(&output, 4);
+    assert!(
+        second.elapsed() < Duration::from_secs(10),
+        "the second signal did not wait for the responses: {:?}",
+        second.elapsed()
+    );
+    assert!(crate::cli::text(&output.stderr).contains("again to stop at once"));
+    assert_eq!(json(&output)["stopped"], "stopped by SIGTERM");
+    assert_eq!(sim.ledger().billed_requests, 0);
 }
