@@ -22,8 +22,8 @@ use embedjob::batch::{Batch, Batcher};
 use embedjob::chunk::{Chunker, TokenChunker};
 use embedjob::client::decode_embeddings;
 use embedjob::simulate::embeddings_response_body;
-use embedjob::sink::{EmbeddedBatch, OutputMetadata, ParquetSink, Sink};
-use embedjob::validate::{self, Vectors};
+use embedjob::types::{EmbeddedBatch, OutputMetadata, Vectors};
+use embedjob::validate;
 use serde_json::json;
 
 #[derive(Default)]
@@ -48,9 +48,10 @@ fn main() -> anyhow::Result<()> {
         }
     }
     let job = embedjob::job::load(&job_path, &overrides)?;
-    let model = job.backend.model.clone().unwrap_or_default();
+    let model = job.backend.shared.model.clone().unwrap_or_default();
     let Some(dimensions) = job
         .backend
+        .shared
         .dimensions
         .or_else(|| validate::known_model_dimensions(&model))
     else {
@@ -61,20 +62,12 @@ fn main() -> anyhow::Result<()> {
     let started = Instant::now();
     let mut source = embedjob::source::open(&job.source)?;
     let chunker = TokenChunker::cl100k(&job.chunking)?;
-    let mut batcher = Batcher::new(
-        job.backend.max_inputs_per_request,
-        job.backend.max_tokens_per_request as u64,
-    );
-    let mut sink = ParquetSink::create(
-        &job.output.path,
-        dimensions,
-        job.output.include_text,
-        job.output.row_group_bytes,
-    )?;
+    let mut batcher = Batcher::for_backend(&job.backend);
+    let mut sink = embedjob::sink::open(&job.output);
     times.chunk += started.elapsed();
 
     let mut chunks = 0u64;
-    let mut usage = embedjob::client::Usage::default();
+    let mut usage = embedjob::types::Usage::default();
     let mut requests = 0u64;
     let mut embed = |batch: Batch, times: &mut Timings| -> anyhow::Result<()> {
         let t = Instant::now();
@@ -128,7 +121,7 @@ fn main() -> anyhow::Result<()> {
         requests,
         ..OutputMetadata::default()
     };
-    let report = Box::new(sink).finish(&metadata)?;
+    let report = sink.finish(&metadata)?;
     times.write += t.elapsed();
 
     let seconds = times.chunk + times.decode + times.write;
@@ -150,5 +143,5 @@ fn main() -> anyhow::Result<()> {
 /// Decodes and checks a response body as the client does.
 fn decode(body: &[u8], inputs: usize, dimensions: usize) -> anyhow::Result<Vectors> {
     let response = decode_embeddings(body, inputs * dimensions)?;
-    Ok(validate::check_flat(response, inputs, Some(dimensions))?)
+    Ok(validate::check(response, inputs, Some(dimensions))?)
 }

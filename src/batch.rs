@@ -4,8 +4,8 @@
 //! inputs and tokens per request, so that every request is as large as the
 //! limits allow and no chunk is lost, duplicated or reordered.
 
-use crate::chunk::Chunk;
 use crate::job::BackendConfig;
+use crate::types::Chunk;
 
 /// Chunks sent together in one embedding request.
 #[derive(Debug, Clone, PartialEq)]
@@ -84,8 +84,8 @@ impl Batcher {
     #[must_use]
     pub fn for_backend(config: &BackendConfig) -> Self {
         Batcher::new(
-            config.max_inputs_per_request,
-            config.max_tokens_per_request as u64,
+            config.shared.max_inputs_per_request,
+            config.shared.max_tokens_per_request as u64,
         )
     }
 
@@ -140,7 +140,7 @@ mod tests {
             chunk_index: u32::try_from(index).unwrap(),
             byte_start: 0,
             byte_end: text.len() as u64,
-            content_hash: crate::chunk::content_hash(&text),
+            content_hash: crate::types::content_hash(&text),
             text,
             token_count,
         }

@@ -11,47 +11,16 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, OnceLock};
 
-use sha2::{Digest, Sha256};
 use text_splitter::{ChunkConfig, ChunkSizer, MarkdownSplitter, TextSplitter};
 use tiktoken_rs::CoreBPE;
 
 use crate::job::ChunkingConfig;
-use crate::source::Document;
-
-/// A piece of a document, the unit that is embedded and written.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Chunk {
-    /// `{doc_id}#{chunk_index}`.
-    pub id: String,
-    pub doc_id: Arc<str>,
-    pub source: Arc<str>,
-    pub chunk_index: u32,
-    /// `text == document[byte_start..byte_end]`.
-    pub byte_start: u64,
-    pub byte_end: u64,
-    pub text: String,
-    /// SHA-256 of `text`.
-    pub content_hash: [u8; 32],
-    /// Tokens in `text`, counted locally.
-    pub token_count: u32,
-}
-
-impl Chunk {
-    pub fn content_hash_hex(&self) -> String {
-        hex::encode(self.content_hash)
-    }
-}
+use crate::types::{content_hash, Chunk, Document};
 
 /// Splits documents into chunks.
 pub trait Chunker: Send + Sync {
     fn chunk(&self, document: &Document) -> Vec<Chunk>;
     fn count_tokens(&self, text: &str) -> usize;
-}
-
-/// SHA-256 of a chunk's text, the `content_hash` of [`Chunk`].
-#[must_use]
-pub fn content_hash(text: &str) -> [u8; 32] {
-    Sha256::digest(text.as_bytes()).into()
 }
 
 /// A chunker that cannot be built from its config.

@@ -7,11 +7,11 @@
 //! models use the service's own encoding (cl100k). Like a run, it sends a
 //! text repeated within the input once.
 //!
-//! A [`ChunkFilter`] decides which chunks would be sent at all, so that a run
-//! that reuses vectors already embedded can be estimated by passing one that
-//! skips them; [`SendAll`] sends every chunk.
+//! Chunks are sorted by the run's own [`Classifier`]: given one over the
+//! vectors a run would find (what the sink holds and the checkpoint), the
+//! estimate counts only what that run would send; [`Classifier::fresh`]
+//! counts a run that sends everything.
 
-use std::collections::HashSet;
 use std::fmt::Write as _;
 
 use serde::Serialize;
@@ -19,32 +19,11 @@ use serde::Serialize;
 use crate::backend::api::RateLimits;
 use crate::backend::BackendInfo;
 use crate::batch::{Batch, Batcher};
-use crate::checkpoint::hash_key;
-use crate::chunk::{Chunk, Chunker};
+use crate::chunk::Chunker;
 use crate::exit::Exit;
 use crate::job::{BackendKind, Job};
+use crate::pipeline::{Class, Classifier};
 use crate::source::{self, SourceError, SourceStats};
-
-/// Decides whether a chunk must be embedded, or is already.
-pub trait ChunkFilter: Sync {
-    fn must_send(&self, chunk: &Chunk) -> bool;
-}
-
-/// Every chunk must be sent: a run with no earlier output.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct SendAll;
-
-impl ChunkFilter for SendAll {
-    fn must_send(&self, _chunk: &Chunk) -> bool {
-        true
-    }
-}
-
-impl<F: Fn(&Chunk) -> bool + Sync> ChunkFilter for F {
-    fn must_send(&self, chunk: &Chunk) -> bool {
-        self(chunk)
-    }
-}
 
 /// What a run of the job would send and what it would cost.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -60,7 +39,7 @@ pub struct Estimate {
     pub skipped_empty: u64,
     /// Chunks the input makes.
     pub chunks: u64,
-    /// Of those, chunks the filter found already embedded.
+    /// Of those, chunks whose vector is already stored.
     pub unchanged_chunks: u64,
     /// Of those, chunks whose text an earlier chunk of the input already sends.
     pub repeated_chunks: u64,
@@ -103,9 +82,9 @@ impl EstimateError {
     }
 }
 
-/// Reads and chunks the job's input with `chunker` and packs the chunks
-/// that `filter` says must be sent into requests, as a run would, for the
-/// backend `info` describes. Reading blocks: call it off the async runtime.
+/// Reads and chunks the job's input with `chunker`, sorts the chunks with
+/// `classifier` and packs those to send into requests, as a run would, for
+/// the backend `info` describes. Reading blocks: call it off the async runtime.
 ///
 /// # Errors
 ///
@@ -114,34 +93,26 @@ pub fn estimate(
     job: &Job,
     chunker: &dyn Chunker,
     info: &BackendInfo,
-    filter: &dyn ChunkFilter,
+    mut classifier: Classifier,
 ) -> Result<Estimate, EstimateError> {
     let mut source = source::open(&job.source)?;
-    let limits = match info.kind {
-        BackendKind::Api => RateLimits::new(
-            job.backend.requests_per_minute,
-            job.backend.tokens_per_minute,
-            job.backend.max_tokens_per_request as u64,
+    let b = &job.backend;
+    let api = b.api().filter(|_| info.kind == BackendKind::Api);
+    let limits = match api {
+        Some(api) => RateLimits::new(
+            api.requests_per_minute,
+            api.tokens_per_minute,
+            b.shared.max_tokens_per_request as u64,
         ),
-        BackendKind::Local => RateLimits::default(),
+        None => RateLimits::default(),
     };
-    let mut batcher = Batcher::for_backend(&job.backend);
+    let mut batcher = Batcher::for_backend(b);
     let mut count = Counts::default();
-    // As in a run: 16 bytes per distinct text sent.
-    let mut scheduled = HashSet::new();
     while let Some(document) = source.next_document()? {
         for chunk in chunker.chunk(&document) {
-            count.chunks += 1;
-            if !filter.must_send(&chunk) {
-                count.unchanged += 1;
+            if classifier.classify(&chunk) != Class::Send {
                 continue;
             }
-            if !scheduled.insert(hash_key(&chunk.content_hash)) {
-                count.repeated += 1;
-                continue;
-            }
-            count.to_send += 1;
-            count.tokens += u64::from(chunk.token_count);
             if let Some(batch) = batcher.push(chunk) {
                 count.request(&batch, &limits);
             }
@@ -151,8 +122,12 @@ pub fn estimate(
         count.request(&batch, &limits);
     }
     let stats: SourceStats = source.stats();
-    let b = &job.backend;
-    let api = info.kind == BackendKind::Api;
+    let sorted = classifier.counts();
+    count.chunks = sorted.chunks;
+    count.unchanged = sorted.reused + sorted.resumed;
+    count.repeated = sorted.deduplicated;
+    count.to_send = sorted.to_send;
+    count.tokens = sorted.sent_tokens;
     Ok(Estimate {
         job: job.name.clone(),
         backend: info.kind.to_string(),
@@ -173,8 +148,8 @@ pub fn estimate(
         cost: info
             .input_per_1k
             .map(|price| count.tokens as f64 / 1000.0 * price),
-        requests_per_minute: (api && b.requests_per_minute > 0).then_some(b.requests_per_minute),
-        tokens_per_minute: (api && b.tokens_per_minute > 0).then_some(b.tokens_per_minute),
+        requests_per_minute: api.map(|a| a.requests_per_minute).filter(|&rpm| rpm > 0),
+        tokens_per_minute: api.map(|a| a.tokens_per_minute).filter(|&tpm| tpm > 0),
         shortest_duration_seconds: limits
             .shortest_duration(count.requests, count.token_cells)
             .map(|d| d.as_secs_f64()),
@@ -270,8 +245,11 @@ fn duration_text(seconds: f64) -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashSet;
+
     use super::*;
     use crate::chunk::TokenChunker;
+    use crate::types::Chunk;
 
     /// A job whose backend settings apply; the backend itself is described by `info`.
     fn job(dir: &std::path::Path, extra_backend: &str) -> Job {
@@ -284,7 +262,10 @@ paths = ["{root}"]
 max_tokens = 16
 overlap_tokens = 0
 [backend]
-kind = "local"
+kind = "api"
+base_url = "http://127.0.0.1:9"
+model = "svc-embed-1"
+api_key_env = "PATH"
 max_inputs_per_request = 3
 max_tokens_per_request = 40
 {extra_backend}
@@ -321,6 +302,51 @@ path = "{out}"
         }
     }
 
+    /// A classifier that finds stored the vectors of the chunks `pick` picks,
+    /// as a previous output would hold them.
+    fn stored(
+        dir: &std::path::Path,
+        job: &Job,
+        chunker: &TokenChunker,
+        pick: impl Fn(&Chunk) -> bool,
+    ) -> Classifier {
+        use crate::parquet_io::{Compression, FileOptions, ParquetRows, VectorFile};
+        use crate::store::{HeldIds, Origin, Store};
+        use crate::types::{EmbeddedBatch, OutputMetadata, Usage, Vectors};
+        let mut source = source::open(&job.source).unwrap();
+        let mut chunks = Vec::new();
+        while let Some(document) = source.next_document().unwrap() {
+            chunks.extend(chunker.chunk(&document).into_iter().filter(|c| pick(c)));
+        }
+        let path = dir.join(format!("stored-{}.parquet", chunks.len()));
+        let options = FileOptions {
+            include_text: false,
+            row_group_bytes: 1 << 20,
+            compression: Compression::None,
+        };
+        let mut file = VectorFile::create(&path, 1, options).unwrap();
+        let values = vec![1.0; chunks.len()];
+        file.write(&EmbeddedBatch {
+            chunks,
+            vectors: Vectors {
+                dimensions: 1,
+                values,
+                usage: Usage::default(),
+            },
+        })
+        .unwrap();
+        file.finish(&OutputMetadata {
+            dimensions: 1,
+            ..OutputMetadata::default()
+        })
+        .unwrap();
+        let mut store = Store::new();
+        let mut ids = HeldIds::new();
+        let rows = Box::new(ParquetRows::open(&path).unwrap());
+        store.add(rows, Origin::Previous, Some(&mut ids)).unwrap();
+        Classifier::new(store, ids, false)
+    }
+
     /// The chunks and requests, computed the long way.
     fn by_hand(job: &Job, chunker: &TokenChunker) -> (u64, u64, u64) {
         let mut source = source::open(&job.source).unwrap();
@@ -347,7 +373,7 @@ path = "{out}"
         corpus(dir.path());
         let job = job(dir.path(), "");
         let chunker = TokenChunker::cl100k(&job.chunking).unwrap();
-        let e = estimate(&job, &chunker, &info(Some(0.5)), &SendAll).unwrap();
+        let e = estimate(&job, &chunker, &info(Some(0.5)), Classifier::fresh()).unwrap();
         let (chunks, tokens, requests) = by_hand(&job, &chunker);
         assert_eq!(e.documents, 6);
         assert_eq!((e.chunks, e.tokens, e.requests), (chunks, tokens, requests));
@@ -360,7 +386,7 @@ path = "{out}"
         assert_eq!(e.shortest_duration_seconds, None);
         assert!(table(&e).contains("requests"));
 
-        let unpriced = estimate(&job, &chunker, &info(None), &SendAll).unwrap();
+        let unpriced = estimate(&job, &chunker, &info(None), Classifier::fresh()).unwrap();
         assert_eq!(unpriced.cost, None);
         assert!(table(&unpriced).contains("unknown"));
     }
@@ -371,9 +397,11 @@ path = "{out}"
         corpus(dir.path());
         let job = job(dir.path(), "");
         let chunker = TokenChunker::cl100k(&job.chunking).unwrap();
-        let all = estimate(&job, &chunker, &info(Some(1.0)), &SendAll).unwrap();
-        let skip_d4 = |chunk: &Chunk| !chunk.doc_id.starts_with("d4");
-        let some = estimate(&job, &chunker, &info(Some(1.0)), &skip_d4).unwrap();
+        let all = estimate(&job, &chunker, &info(Some(1.0)), Classifier::fresh()).unwrap();
+        let skip_d4 = stored(dir.path(), &job, &chunker, |chunk| {
+            chunk.doc_id.starts_with("d4")
+        });
+        let some = estimate(&job, &chunker, &info(Some(1.0)), skip_d4).unwrap();
         assert!(some.unchanged_chunks > 0);
         assert_eq!(some.chunks, all.chunks);
         assert_eq!(
@@ -381,7 +409,8 @@ path = "{out}"
             all.chunks
         );
         assert!(some.tokens < all.tokens);
-        let none = estimate(&job, &chunker, &info(Some(1.0)), &|_: &Chunk| false).unwrap();
+        let everything = stored(dir.path(), &job, &chunker, |_| true);
+        let none = estimate(&job, &chunker, &info(Some(1.0)), everything).unwrap();
         assert_eq!((none.requests, none.tokens, none.cost), (0, 0, Some(0.0)));
     }
 
@@ -391,7 +420,7 @@ path = "{out}"
         corpus(dir.path());
         let job = job(dir.path(), "requests_per_minute = 60");
         let chunker = TokenChunker::cl100k(&job.chunking).unwrap();
-        let e = estimate(&job, &chunker, &info(None), &SendAll).unwrap();
+        let e = estimate(&job, &chunker, &info(None), Classifier::fresh()).unwrap();
         // One a second after a burst of one.
         assert_eq!(e.shortest_duration_seconds, Some((e.requests - 1) as f64));
         assert_eq!(e.requests_per_minute, Some(60));
@@ -403,7 +432,7 @@ path = "{out}"
         let dir = tempfile::tempdir().unwrap();
         let job = job(dir.path(), "");
         let chunker = TokenChunker::cl100k(&job.chunking).unwrap();
-        let error = estimate(&job, &chunker, &info(None), &SendAll).unwrap_err();
+        let error = estimate(&job, &chunker, &info(None), Classifier::fresh()).unwrap_err();
         assert_eq!(error.exit(), Exit::Usage);
         assert!(error.to_string().contains("docs"), "{error}");
     }

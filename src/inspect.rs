@@ -21,8 +21,12 @@ use parquet::arrow::ProjectionMask;
 use serde::Serialize;
 
 use crate::exit::Exit;
-use crate::sink::{self, SCHEMA_VERSION};
-use crate::source::{id_hash128, parquet_guard, parquet_reader, SourceError};
+use crate::parquet_io::{
+    guard as parquet_guard, key_values, list_parquet_files, open_reader as parquet_reader,
+    output_schema, FileError, SCHEMA_VERSION,
+};
+use crate::state::StateLocation;
+use crate::types::id_key128;
 use crate::validate::known_model_dimensions;
 
 /// Rows decoded at a time.
@@ -44,13 +48,15 @@ pub enum InspectError {
     },
     #[error("{path}: the directory holds no *.parquet files")]
     NoFiles { path: PathBuf },
+    #[error(transparent)]
+    File(#[from] FileError),
 }
 
 impl InspectError {
     pub fn exit(&self) -> Exit {
         match self {
             InspectError::NotFound { .. } | InspectError::NoFiles { .. } => Exit::Usage,
-            InspectError::Io { .. } => Exit::Failed,
+            InspectError::Io { .. } | InspectError::File(_) => Exit::Failed,
         }
     }
 }
@@ -225,26 +231,12 @@ fn list_files(path: &Path) -> Result<Vec<PathBuf>, InspectError> {
     if !metadata.is_dir() {
         return Ok(vec![path.to_path_buf()]);
     }
-    let io = |source| InspectError::Io {
-        path: path.to_path_buf(),
-        source,
-    };
-    let mut files = Vec::new();
-    for entry in std::fs::read_dir(path).map_err(io)? {
-        let file = entry.map_err(io)?.path();
-        let parquet = file
-            .extension()
-            .is_some_and(|e| e.eq_ignore_ascii_case("parquet"));
-        if parquet && file.is_file() {
-            files.push(file);
-        }
-    }
+    let files = list_parquet_files(path)?;
     if files.is_empty() {
         return Err(InspectError::NoFiles {
             path: path.to_path_buf(),
         });
     }
-    files.sort();
     Ok(files)
 }
 
@@ -260,7 +252,7 @@ fn inspect_file(path: &Path, index: usize, files: &[PathBuf], ids: &mut Ids) -> 
         bytes: std::fs::metadata(path).map_or(0, |m| m.len()),
         ..FileReport::default()
     };
-    let unreadable = |report: &mut FileReport, error: SourceError| {
+    let unreadable = |report: &mut FileReport, error: FileError| {
         report.problem(Check::Readable, None, None, error.to_string());
     };
     let builder = match parquet_reader(path) {
@@ -272,7 +264,7 @@ fn inspect_file(path: &Path, index: usize, files: &[PathBuf], ids: &mut Ids) -> 
     };
     let footer_rows = u64::try_from(builder.metadata().file_metadata().num_rows()).unwrap_or(0);
     report.row_groups = builder.metadata().num_row_groups() as u64;
-    let key_values = crate::sink::key_values(builder.metadata());
+    let key_values = key_values(builder.metadata());
     read_metadata(&mut report, &key_values);
     let schema = builder.schema().clone();
     let length = check_schema(&mut report, &schema);
@@ -443,7 +435,7 @@ fn check_schema(report: &mut FileReport, schema: &Schema) -> Option<usize> {
             None
         }
     };
-    let expected = sink::output_schema(length.unwrap_or(1), report.include_text);
+    let expected = output_schema(length.unwrap_or(1), report.include_text);
     for field in expected.fields() {
         if field.name() == "embedding" {
             continue;
@@ -590,7 +582,7 @@ fn check_id(
         );
         return;
     };
-    match ids.seen.entry(id_hash128(id)) {
+    match ids.seen.entry(id_key128(id)) {
         Entry::Vacant(slot) => {
             slot.insert(file_index);
         }
@@ -616,7 +608,7 @@ fn check_id(
 /// The run's summary next to the output, when there is one, must count the
 /// same rows.
 fn check_summary(report: &mut FileReport, path: &Path, rows: u64) {
-    let summary = sink::summary_path(path);
+    let summary = StateLocation::beside(path).summary();
     let Ok(text) = std::fs::read_to_string(&summary) else {
         return;
     };

@@ -1,9 +1,13 @@
 //! embedjob: a batch job runner that turns text into vector indexes.
 //!
 //! The crate follows the data's way through a job:
-//! `source → chunk → batch → backend → validate → sink`, with
-//! [`client`] speaking to the model service and [`simulate`] standing in for
-//! it in tests and users' pipelines.
+//! [`source`] → [`chunk`] → [`batch`] → [`backend`] → [`validate`] →
+//! [`sink`]. [`pipeline`] wires the built stages together with bounded
+//! channels, [`stages`] builds them from a [`job`] file, and [`state`] keeps
+//! what a job remembers between runs (lock, checkpoint, failures, summary).
+//! The data the stages pass on is in [`types`]; [`client`] speaks to the
+//! model service and [`simulate`] stands in for it in tests and users'
+//! pipelines.
 //!
 //! ```no_run
 //! use embedjob::client::{ApiKey, Client, ClientConfig, EmbeddingInput};
@@ -18,20 +22,26 @@
 
 pub mod backend;
 pub mod batch;
-pub mod checkpoint;
 pub mod chunk;
 pub mod cli;
 pub mod client;
 pub mod commands;
 pub mod estimate;
 pub mod exit;
+pub mod fsio;
 pub mod inspect;
 pub mod job;
+pub mod parquet_io;
 pub mod pipeline;
 pub mod progress;
 pub mod retry;
-pub mod run;
 pub mod simulate;
 pub mod sink;
 pub mod source;
+pub mod stages;
+pub mod state;
+pub mod store;
+#[cfg(test)]
+mod testing;
+pub mod types;
 pub mod validate;

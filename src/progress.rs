@@ -20,9 +20,10 @@ use std::time::{Duration, Instant};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::backend::BackendStats;
-use crate::chunk::{Chunk, Chunker};
-use crate::client::Usage;
-use crate::source::Document;
+use crate::chunk::Chunker;
+use crate::types::Chunk;
+use crate::types::Document;
+use crate::types::Usage;
 
 /// How often the bar is refreshed.
 const BAR_INTERVAL: Duration = Duration::from_millis(200);

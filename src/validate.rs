@@ -4,7 +4,7 @@
 //! the length of every vector and the finiteness of every value are checked,
 //! and the first failure says exactly which check it was.
 
-use crate::client::{EmbeddingResponse, FlatEmbeddings, FlatItem, Usage};
+use crate::types::{RawItem, RawVectors, Vectors};
 
 /// The vector length of the models the service documents.
 pub fn known_model_dimensions(model: &str) -> Option<usize> {
@@ -39,56 +39,21 @@ pub enum ValidationError {
     Empty,
 }
 
-/// Vectors that passed every check, in input order, stored row after row.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Vectors {
-    pub dimensions: usize,
-    pub values: Vec<f32>,
-    pub usage: Usage,
-}
-
-impl Vectors {
-    pub fn len(&self) -> usize {
-        self.values.len().checked_div(self.dimensions).unwrap_or(0)
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.values.is_empty()
-    }
-
-    pub fn row(&self, i: usize) -> &[f32] {
-        &self.values[i * self.dimensions..(i + 1) * self.dimensions]
-    }
-
-    pub fn rows(&self) -> std::slice::ChunksExact<'_, f32> {
-        self.values.chunks_exact(self.dimensions.max(1))
-    }
-}
-
-/// Checks a response to a request of `inputs` texts. `dimensions` is the
-/// length every vector must have, or `None` to take the first vector's.
+/// Checks an answer to a request of `inputs` texts, from any backend.
+/// `dimensions` is the length every vector must have, or `None` to take the
+/// first vector's. An answer whose items arrive in order, as they usually
+/// do, is kept without a copy.
 pub fn check(
-    response: EmbeddingResponse,
+    raw: impl Into<RawVectors>,
     inputs: usize,
     dimensions: Option<usize>,
 ) -> Result<Vectors, ValidationError> {
-    check_flat(FlatEmbeddings::from(response), inputs, dimensions)
-}
-
-/// [`check`] for a response decoded into one buffer: the same checks in the
-/// same order, so the same failure is reported. A response whose items
-/// arrive in order, as they usually do, is kept without a copy.
-pub fn check_flat(
-    response: FlatEmbeddings,
-    inputs: usize,
-    dimensions: Option<usize>,
-) -> Result<Vectors, ValidationError> {
-    let FlatEmbeddings {
+    let RawVectors {
         items,
         values,
         usage,
         ..
-    } = response;
+    } = raw.into();
     let got = items.len();
     if got != inputs {
         return Err(ValidationError::Count {
@@ -111,7 +76,7 @@ pub fn check_flat(
         }
     }
     // With the count equal and no duplicates, every index is present.
-    let rows: Vec<FlatItem> = placed.into_iter().flatten().map(|p| items[p]).collect();
+    let rows: Vec<RawItem> = placed.into_iter().flatten().map(|p| items[p]).collect();
     let expected = match dimensions {
         Some(d) => d,
         None => rows.first().map_or(0, |item| item.len),
@@ -157,7 +122,8 @@ pub fn check_flat(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::client::EmbeddingItem;
+    use crate::client::{EmbeddingItem, EmbeddingResponse};
+    use crate::types::Usage;
 
     fn response(items: &[(i64, Vec<f32>)]) -> EmbeddingResponse {
         EmbeddingResponse {

@@ -15,7 +15,8 @@ use super::{BackendError, BackendInfo, BackendStats, EmbeddingBackend};
 use crate::client::{ApiError, Client, EmbeddingInput, ErrorKind};
 use crate::job::BackendKind;
 use crate::retry::{with_retries_notify, RetryPolicy, Retryable};
-use crate::validate::{self, ValidationError, Vectors};
+use crate::types::Vectors;
+use crate::validate::{self, ValidationError};
 
 #[derive(Debug, Clone)]
 pub struct ApiSettings {
@@ -224,8 +225,7 @@ impl ApiBackend {
                 }
                 Attempt::Api(e)
             })?;
-        let vectors =
-            validate::check_flat(response, texts.len(), expected).map_err(Attempt::Invalid)?;
+        let vectors = validate::check(response, texts.len(), expected).map_err(Attempt::Invalid)?;
         let _ = self.learned_dimensions.set(vectors.dimensions);
         self.throttle.on_success();
         self.requests.fetch_add(1, Ordering::Relaxed);

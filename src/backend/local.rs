@@ -34,9 +34,9 @@ use tokenizers::Tokenizer;
 use tokio::sync::{mpsc, oneshot};
 
 use super::{BackendError, BackendInfo, BackendStats, EmbeddingBackend};
-use crate::client::{EmbeddingItem, EmbeddingResponse, Usage};
 use crate::job::{BackendConfig, BackendKind};
-use crate::validate::{self, Vectors};
+use crate::types::{RawVectors, Usage, Vectors};
+use crate::validate;
 
 /// The model used when `backend.model` is not set.
 pub const DEFAULT_MODEL: &str = "all-MiniLM-L6-v2";
@@ -442,17 +442,19 @@ impl LocalSettings {
 
     /// The settings of a job's `[backend]`, finding the assets as a run does.
     pub fn from_config(config: &BackendConfig) -> LocalSettings {
+        let shared = &config.shared;
+        let local = config.local().cloned().unwrap_or_default();
         LocalSettings {
-            model: config
+            model: shared
                 .model
                 .clone()
                 .filter(|m| !m.is_empty())
                 .unwrap_or_else(|| DEFAULT_MODEL.to_string()),
-            model_dir: config.model_dir.clone(),
-            dimensions: config.dimensions,
-            threads: config.threads,
-            batch_size: config.batch_size.unwrap_or(DEFAULT_BATCH_SIZE),
-            queue_capacity: config.concurrency.max(1),
+            model_dir: local.model_dir,
+            dimensions: shared.dimensions,
+            threads: local.threads,
+            batch_size: local.batch_size.unwrap_or(DEFAULT_BATCH_SIZE),
+            queue_capacity: shared.concurrency.max(1),
             search: AssetSearch::from_env(),
         }
     }
@@ -706,7 +708,7 @@ impl Model {
     }
 }
 
-/// Checks one request's share of the vectors like any backend's response.
+/// Checks one request's share of the vectors as any backend's answer is checked.
 fn answer(
     inputs: usize,
     vectors: Vec<Vec<f32>>,
@@ -714,22 +716,16 @@ fn answer(
     dimensions: usize,
 ) -> Result<Vectors, String> {
     let tokens = lengths.iter().sum::<usize>() as u64;
-    let response = EmbeddingResponse {
-        data: vectors
-            .into_iter()
-            .enumerate()
-            .map(|(index, embedding)| EmbeddingItem {
-                index: index as i64,
-                embedding,
-            })
-            .collect(),
-        usage: Some(Usage {
-            prompt_tokens: tokens,
-            total_tokens: tokens,
-        }),
-        model: None,
+    let usage = Usage {
+        prompt_tokens: tokens,
+        total_tokens: tokens,
     };
-    validate::check(response, inputs, Some(dimensions)).map_err(|e| e.to_string())
+    validate::check(
+        RawVectors::in_order(vectors, usage),
+        inputs,
+        Some(dimensions),
+    )
+    .map_err(|e| e.to_string())
 }
 
 struct Request {

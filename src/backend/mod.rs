@@ -10,7 +10,7 @@ use futures::future::BoxFuture;
 use serde::Serialize;
 
 use crate::job::BackendKind;
-use crate::validate::Vectors;
+use crate::types::Vectors;
 
 /// What a backend embeds with.
 #[derive(Debug, Clone, PartialEq, Serialize)]

@@ -2,69 +2,41 @@
 //!
 //! Decoding into [`EmbeddingResponse`] builds a `Vec<f32>` per item, which
 //! `validate` then copies row by row into the buffer the sink takes.
-//! [`FlatEmbeddings`] instead appends every value, in the order the items
+//! [`RawVectors`] instead appends every value, in the order the items
 //! arrive, to one buffer sized ahead, and keeps each item's `index` and
 //! length beside it. It accepts exactly the JSON that [`EmbeddingResponse`]
 //! accepts (the same fields, the same leniency, the same errors), and
-//! [`validate::check_flat`](crate::validate::check_flat) runs the same
+//! [`validate::check`](crate::validate::check_flat) runs the same
 //! checks on it; a response in order needs no copy at all.
 
 use std::fmt;
 
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
-use super::wire::{EmbeddingResponse, Usage};
+use super::wire::EmbeddingResponse;
+use crate::types::{RawItem, RawVectors, Usage};
 
-/// An embeddings response whose vectors sit one after another in `values`,
-/// in the order the service sent them. Nothing in it is checked yet.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct FlatEmbeddings {
-    /// One per item of `data`, in the order sent.
-    pub items: Vec<FlatItem>,
-    /// Every item's vector, in the order sent.
-    pub values: Vec<f32>,
-    pub usage: Option<Usage>,
-    pub model: Option<String>,
+/// Decodes an embeddings body; `capacity` values are reserved up front (the
+/// inputs times the dimensions, when known).
+///
+/// # Errors
+/// Whatever `serde_json::from_slice::<EmbeddingResponse>` would reject.
+pub fn decode(body: &[u8], capacity: usize) -> serde_json::Result<RawVectors> {
+    if let Some(flat) = fast::scan(body, capacity) {
+        return Ok(flat);
+    }
+    decode_with_serde(body, capacity)
 }
 
-/// Where one item's vector sits in [`FlatEmbeddings::values`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FlatItem {
-    /// As sent; signed so that a negative index is reported as such.
-    pub index: i64,
-    pub start: usize,
-    pub len: usize,
+/// The general path, through `serde_json`'s deserializer.
+fn decode_with_serde(body: &[u8], capacity: usize) -> serde_json::Result<RawVectors> {
+    let mut deserializer = serde_json::Deserializer::from_slice(body);
+    let flat = ResponseSeed { capacity }.deserialize(&mut deserializer)?;
+    deserializer.end()?;
+    Ok(flat)
 }
 
-impl FlatEmbeddings {
-    /// Decodes a response body; `capacity` values are reserved up front (the
-    /// inputs times the dimensions, when known).
-    ///
-    /// # Errors
-    /// Whatever `serde_json::from_slice::<EmbeddingResponse>` would reject.
-    pub fn from_slice(body: &[u8], capacity: usize) -> serde_json::Result<Self> {
-        if let Some(flat) = fast::scan(body, capacity) {
-            return Ok(flat);
-        }
-        Self::from_slice_with_serde(body, capacity)
-    }
-
-    /// The general path, through `serde_json`'s deserializer.
-    fn from_slice_with_serde(body: &[u8], capacity: usize) -> serde_json::Result<Self> {
-        let mut deserializer = serde_json::Deserializer::from_slice(body);
-        let flat = ResponseSeed { capacity }.deserialize(&mut deserializer)?;
-        deserializer.end()?;
-        Ok(flat)
-    }
-
-    /// Item `i`'s vector.
-    pub fn vector(&self, i: usize) -> &[f32] {
-        let item = self.items[i];
-        &self.values[item.start..item.start + item.len]
-    }
-}
-
-impl From<EmbeddingResponse> for FlatEmbeddings {
+impl From<EmbeddingResponse> for RawVectors {
     fn from(response: EmbeddingResponse) -> Self {
         let total = response.data.iter().map(|item| item.embedding.len()).sum();
         let mut values = Vec::with_capacity(total);
@@ -74,14 +46,14 @@ impl From<EmbeddingResponse> for FlatEmbeddings {
             .map(|item| {
                 let start = values.len();
                 values.extend_from_slice(&item.embedding);
-                FlatItem {
+                RawItem {
                     index: item.index,
                     start,
                     len: item.embedding.len(),
                 }
             })
             .collect();
-        FlatEmbeddings {
+        RawVectors {
             items,
             values,
             usage: response.usage,
@@ -97,9 +69,9 @@ impl From<EmbeddingResponse> for FlatEmbeddings {
 /// it would have to take a slow road for. So it never accepts what the
 /// general path refuses, and what it accepts decodes the same.
 mod fast {
-    use super::{FlatEmbeddings, FlatItem, Usage};
+    use super::{RawItem, RawVectors, Usage};
 
-    pub(super) fn scan(body: &[u8], capacity: usize) -> Option<FlatEmbeddings> {
+    pub(super) fn scan(body: &[u8], capacity: usize) -> Option<RawVectors> {
         let mut scan = Scanner { bytes: body, at: 0 };
         let flat = scan.response(capacity)?;
         scan.whitespace();
@@ -203,7 +175,7 @@ mod fast {
             }
         }
 
-        fn response(&mut self, capacity: usize) -> Option<FlatEmbeddings> {
+        fn response(&mut self, capacity: usize) -> Option<RawVectors> {
             let mut data = None;
             let mut usage = None;
             let mut model = None;
@@ -228,7 +200,7 @@ mod fast {
                 _ => None,
             })?;
             let (items, values) = data?;
-            Some(FlatEmbeddings {
+            Some(RawVectors {
                 items,
                 values,
                 usage: usage.flatten(),
@@ -271,7 +243,7 @@ mod fast {
             }))
         }
 
-        fn data(&mut self, capacity: usize) -> Option<(Vec<FlatItem>, Vec<f32>)> {
+        fn data(&mut self, capacity: usize) -> Option<(Vec<RawItem>, Vec<f32>)> {
             let mut items = Vec::new();
             let mut values = Vec::with_capacity(capacity);
             self.array(|scan| {
@@ -281,7 +253,7 @@ mod fast {
             Some((items, values))
         }
 
-        fn item(&mut self, values: &mut Vec<f32>) -> Option<FlatItem> {
+        fn item(&mut self, values: &mut Vec<f32>) -> Option<RawItem> {
             let mut index = None;
             let mut vector = None;
             let mut object = false;
@@ -306,7 +278,7 @@ mod fast {
                 _ => None,
             })?;
             let (start, len) = vector?;
-            Some(FlatItem {
+            Some(RawItem {
                 index: index?,
                 start,
                 len,
@@ -477,7 +449,7 @@ struct ResponseSeed {
 }
 
 impl<'de> DeserializeSeed<'de> for ResponseSeed {
-    type Value = FlatEmbeddings;
+    type Value = RawVectors;
 
     fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
         deserializer.deserialize_struct("EmbeddingResponse", RESPONSE_FIELDS, self)
@@ -539,7 +511,7 @@ impl<'de, T, F: FnOnce(&str) -> T> Visitor<'de> for FieldVisitor<F> {
 }
 
 impl<'de> Visitor<'de> for ResponseSeed {
-    type Value = FlatEmbeddings;
+    type Value = RawVectors;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("struct EmbeddingResponse")
@@ -577,7 +549,7 @@ impl<'de> Visitor<'de> for ResponseSeed {
             }
         }
         let (items, values) = data.ok_or_else(|| de::Error::missing_field("data"))?;
-        Ok(FlatEmbeddings {
+        Ok(RawVectors {
             items,
             values,
             usage: usage.unwrap_or_default(),
@@ -594,7 +566,7 @@ impl<'de> Visitor<'de> for ResponseSeed {
             .ok_or_else(|| de::Error::invalid_length(0, &expected))?;
         let usage = seq.next_element()?.unwrap_or_default();
         let model = seq.next_element()?.unwrap_or_default();
-        Ok(FlatEmbeddings {
+        Ok(RawVectors {
             items,
             values,
             usage,
@@ -609,7 +581,7 @@ struct DataSeed {
 }
 
 impl<'de> DeserializeSeed<'de> for DataSeed {
-    type Value = (Vec<FlatItem>, Vec<f32>);
+    type Value = (Vec<RawItem>, Vec<f32>);
 
     fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
         deserializer.deserialize_seq(self)
@@ -617,7 +589,7 @@ impl<'de> DeserializeSeed<'de> for DataSeed {
 }
 
 impl<'de> Visitor<'de> for DataSeed {
-    type Value = (Vec<FlatItem>, Vec<f32>);
+    type Value = (Vec<RawItem>, Vec<f32>);
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("a sequence")
@@ -641,7 +613,7 @@ struct ItemSeed<'a> {
 }
 
 impl<'de> DeserializeSeed<'de> for ItemSeed<'_> {
-    type Value = FlatItem;
+    type Value = RawItem;
 
     fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
         deserializer.deserialize_struct("EmbeddingItem", ITEM_FIELDS, self)
@@ -649,7 +621,7 @@ impl<'de> DeserializeSeed<'de> for ItemSeed<'_> {
 }
 
 impl<'de> Visitor<'de> for ItemSeed<'_> {
-    type Value = FlatItem;
+    type Value = RawItem;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("struct EmbeddingItem")
@@ -683,7 +655,7 @@ impl<'de> Visitor<'de> for ItemSeed<'_> {
         }
         let index = index.ok_or_else(|| de::Error::missing_field("index"))?;
         let (start, len) = vector.ok_or_else(|| de::Error::missing_field("embedding"))?;
-        Ok(FlatItem { index, start, len })
+        Ok(RawItem { index, start, len })
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
@@ -697,7 +669,7 @@ impl<'de> Visitor<'de> for ItemSeed<'_> {
         })?
         .ok_or_else(|| de::Error::invalid_length(1, &expected))?;
         let len = self.values.len() - start;
-        Ok(FlatItem { index, start, len })
+        Ok(RawItem { index, start, len })
     }
 }
 
@@ -735,7 +707,8 @@ mod tests {
 
     use super::*;
     use crate::client::decode_embeddings;
-    use crate::validate::{self, ValidationError, Vectors};
+    use crate::types::Vectors;
+    use crate::validate::{self, ValidationError};
 
     /// What the decoder this one replaces made of a body: the parse error's
     /// text, or the checked vectors.
@@ -754,8 +727,8 @@ mod tests {
         inputs: usize,
         dims: Option<usize>,
     ) -> Result<Result<Vectors, ValidationError>, String> {
-        FlatEmbeddings::from_slice(body, inputs * dims.unwrap_or(0))
-            .map(|flat| validate::check_flat(flat, inputs, dims))
+        decode(body, inputs * dims.unwrap_or(0))
+            .map(|flat| validate::check(flat, inputs, dims))
             .map_err(|e| e.to_string())
     }
 
@@ -795,9 +768,9 @@ mod tests {
     #[test]
     fn an_ordered_response_is_kept_without_a_copy() {
         let text = body(&[(0, &[0.5, -1.0]), (1, &[0.25, 2.0])]);
-        let flat = FlatEmbeddings::from_slice(text.as_bytes(), 4).unwrap();
+        let flat = decode(text.as_bytes(), 4).unwrap();
         let at = flat.values.as_ptr();
-        let vectors = validate::check_flat(flat, 2, Some(2)).unwrap();
+        let vectors = validate::check(flat, 2, Some(2)).unwrap();
         assert_eq!(vectors.values, [0.5, -1.0, 0.25, 2.0]);
         assert_eq!(vectors.values.as_ptr(), at);
         assert_eq!(vectors.usage.prompt_tokens, 4);
@@ -807,8 +780,7 @@ mod tests {
     fn shuffled_items_are_placed_by_index() {
         let text = body(&[(2, &[2.0]), (0, &[0.0]), (1, &[1.0])]);
         let vectors =
-            validate::check_flat(decode_embeddings(text.as_bytes(), 3).unwrap(), 3, Some(1))
-                .unwrap();
+            validate::check(decode_embeddings(text.as_bytes(), 3).unwrap(), 3, Some(1)).unwrap();
         assert_eq!(vectors.values, [0.0, 1.0, 2.0]);
         assert_same(text.as_bytes(), 3, Some(1));
         assert_same(text.as_bytes(), 3, None);
@@ -843,7 +815,7 @@ mod tests {
         ];
         for (text, inputs, dims, check) in cases {
             let flat = decode_embeddings(text.as_bytes(), 0).unwrap();
-            let err = validate::check_flat(flat, inputs, dims).unwrap_err();
+            let err = validate::check(flat, inputs, dims).unwrap_err();
             assert!(
                 err.to_string().starts_with(check),
                 "{err} should name {check}"
@@ -965,7 +937,7 @@ mod tests {
         let Some(fast) = fast::scan(body, 0) else {
             return false;
         };
-        let general = FlatEmbeddings::from_slice_with_serde(body, 0)
+        let general = decode_with_serde(body, 0)
             .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(body)));
         assert_eq!(fast, general, "{}", String::from_utf8_lossy(body));
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
@@ -979,8 +951,8 @@ mod tests {
         for dims in [8, 1024] {
             let body = crate::simulate::embeddings_response_body("svc-embed-1", dims, &texts);
             assert!(assert_fast_agrees(&body));
-            let flat = FlatEmbeddings::from_slice(&body, 0).unwrap();
-            let vectors = validate::check_flat(flat, 3, Some(dims)).unwrap();
+            let flat = decode(&body, 0).unwrap();
+            let vectors = validate::check(flat, 3, Some(dims)).unwrap();
             for (row, text) in vectors.rows().zip(texts) {
                 assert_eq!(row, crate::simulate::embedding_vector(dims, text));
             }

@@ -19,11 +19,10 @@ use reqwest::{header, Method};
 use serde::de::DeserializeOwned;
 
 pub use error::{classify, retry_after, server_message, ApiError, ErrorKind};
-pub use flat::{FlatEmbeddings, FlatItem};
 pub use sse::{SseDecoder, SseError};
 pub use wire::{
     ChatMessage, ChatRequest, EmbeddingInput, EmbeddingItem, EmbeddingRequest, EmbeddingResponse,
-    Model, Pricing, Usage,
+    Model, Pricing,
 };
 
 /// An API key. Its `Debug` and `Display` never show it.
@@ -148,15 +147,15 @@ impl Client {
     }
 
     /// `POST /v1/embeddings`, decoded straight into one buffer of values
-    /// (see [`FlatEmbeddings`]), with room for `capacity` values reserved
+    /// (see [`RawVectors`](crate::types::RawVectors)), with room for `capacity` values reserved
     /// (the inputs times the dimensions, when known). Check it with
-    /// `validate::check_flat` before trusting it.
+    /// `validate::check` before trusting it.
     pub async fn embeddings_flat(
         &self,
         model: &str,
         input: EmbeddingInput<'_>,
         capacity: usize,
-    ) -> Result<FlatEmbeddings, ApiError> {
+    ) -> Result<crate::types::RawVectors, ApiError> {
         let body = EmbeddingRequest { model, input };
         self.call_with(Method::POST, "/v1/embeddings", Some(&body), |bytes| {
             decode_embeddings(bytes, capacity)
@@ -290,14 +289,16 @@ impl Client {
 }
 
 /// Decodes the body of a successful `POST /v1/embeddings` as the client
-/// does: into a [`FlatEmbeddings`] with room for `capacity` values, a body
+/// does: into a [`RawVectors`](crate::types::RawVectors) with room for `capacity` values, a body
 /// that is not the expected JSON being a transient fault that says why.
 ///
 /// # Errors
 /// A body that `serde_json::from_slice::<EmbeddingResponse>` would reject.
-pub fn decode_embeddings(body: &[u8], capacity: usize) -> Result<FlatEmbeddings, ApiError> {
-    FlatEmbeddings::from_slice(body, capacity)
-        .map_err(|e| unparseable("POST /v1/embeddings", &e, body))
+pub fn decode_embeddings(
+    body: &[u8],
+    capacity: usize,
+) -> Result<crate::types::RawVectors, ApiError> {
+    flat::decode(body, capacity).map_err(|e| unparseable("POST /v1/embeddings", &e, body))
 }
 
 fn unparseable(endpoint: &str, err: &serde_json::Error, body: &[u8]) -> ApiError {

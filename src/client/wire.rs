@@ -6,6 +6,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::types::Usage;
+
 /// `input` of an embeddings request: one text or a list of texts.
 #[derive(Debug, Clone, Serialize)]
 #[serde(untagged)]
@@ -47,21 +49,6 @@ pub struct EmbeddingItem {
     /// Kept signed so that a negative index is reported as such, not as a parse error.
     pub index: i64,
     pub embedding: Vec<f32>,
-}
-
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Usage {
-    #[serde(default)]
-    pub prompt_tokens: u64,
-    #[serde(default)]
-    pub total_tokens: u64,
-}
-
-impl std::ops::AddAssign for Usage {
-    fn add_assign(&mut self, other: Usage) {
-        self.prompt_tokens += other.prompt_tokens;
-        self.total_tokens += other.total_tokens;
-    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -11,30 +11,16 @@
 //! within the file for Parquet.
 
 use std::collections::HashSet;
-use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
-use crate::job::{SourceConfig, SourceKind};
+use crate::job::SourceConfig;
+use crate::parquet_io::FileError;
+use crate::types::{id_key, Document};
 
 mod csv;
 mod files;
 mod jsonl;
 mod parquet;
-
-pub(crate) use self::parquet::{
-    builder as parquet_reader, catch_decoder_panic, guard as parquet_guard,
-};
-
-/// One document to chunk.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Document {
-    /// A file's path relative to its root, or the record's id (or row number).
-    pub doc_id: String,
-    /// The input file, as the job names it.
-    pub source: Arc<str>,
-    pub text: String,
-}
 
 /// What a source read and what it passed over.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
@@ -86,6 +72,23 @@ pub enum SourceError {
     Empty { input: String },
 }
 
+impl From<FileError> for SourceError {
+    fn from(error: FileError) -> Self {
+        match error {
+            FileError::NotFound { path } => SourceError::NotFound { path },
+            FileError::Fs(crate::fsio::FsError::Io { path, source, .. }) => SourceError::Io {
+                path,
+                error: source,
+            },
+            FileError::Corrupt { path, message } => SourceError::Corrupt { path, message },
+            other => SourceError::Corrupt {
+                path: PathBuf::new(),
+                message: other.to_string(),
+            },
+        }
+    }
+}
+
 impl SourceError {
     /// Problems found when opening the input, before any work starts: a
     /// missing file, a glob that matches nothing or is malformed, a missing
@@ -126,50 +129,24 @@ pub fn open(config: &SourceConfig) -> Result<Box<dyn Source>, SourceError> {
 }
 
 fn open_unchecked(config: &SourceConfig) -> Result<Box<dyn Source>, SourceError> {
-    Ok(match config.kind {
-        SourceKind::Files => Box::new(files::FilesSource::open(&config.paths)?),
-        SourceKind::Jsonl => Box::new(jsonl::JsonlSource::open(
-            required_path(config)?,
-            required_text_field(config)?,
-            config.id_field.as_deref(),
+    Ok(match config {
+        SourceConfig::Files(files) => Box::new(files::FilesSource::open(&files.paths)?),
+        SourceConfig::Jsonl(r) => Box::new(jsonl::JsonlSource::open(
+            &r.path,
+            &r.text_field,
+            r.id_field.as_deref(),
         )?),
-        SourceKind::Csv => Box::new(csv::CsvSource::open(
-            required_path(config)?,
-            required_text_field(config)?,
-            config.id_field.as_deref(),
+        SourceConfig::Csv(r) => Box::new(csv::CsvSource::open(
+            &r.path,
+            &r.text_field,
+            r.id_field.as_deref(),
         )?),
-        SourceKind::Parquet => Box::new(parquet::ParquetSource::open(
-            required_path(config)?,
-            required_text_field(config)?,
-            config.id_field.as_deref(),
+        SourceConfig::Parquet(r) => Box::new(parquet::ParquetSource::open(
+            &r.path,
+            &r.text_field,
+            r.id_field.as_deref(),
         )?),
     })
-}
-
-/// The job validates these; a config built by hand may still lack them.
-fn required_path(config: &SourceConfig) -> Result<&Path, SourceError> {
-    config.path.as_deref().ok_or_else(|| SourceError::NoMatch {
-        pattern: format!("(no `source.path` given for kind \"{}\")", config.kind),
-    })
-}
-
-fn required_text_field(config: &SourceConfig) -> Result<&str, SourceError> {
-    match config.text_field.as_deref() {
-        Some(field) if !field.is_empty() => Ok(field),
-        _ => Err(SourceError::Column {
-            path: config.path.clone().unwrap_or_default(),
-            column: String::new(),
-            message: format!("no `source.text_field` given for kind \"{}\"", config.kind),
-        }),
-    }
-}
-
-/// The input a job names, for messages: its path, or its list of globs.
-pub fn describe_input(config: &SourceConfig) -> String {
-    match (&config.kind, &config.path) {
-        (SourceKind::Files, _) | (_, None) => config.paths.join(", "),
-        (_, Some(path)) => path.display().to_string(),
-    }
 }
 
 /// A path for messages and for [`Document::source`].
@@ -238,27 +215,6 @@ impl Checked {
     }
 }
 
-/// A 128-bit hash of a document id, for checks that must not mistake two ids.
-pub(crate) fn id_hash128(id: &str) -> u128 {
-    // Two independent SipHash runs; the std hasher is deterministic within a
-    // process, which is all a duplicate check needs.
-    let half = |salt: u8| {
-        let mut hasher = std::collections::hash_map::DefaultHasher::new();
-        salt.hash(&mut hasher);
-        id.hash(&mut hasher);
-        hasher.finish()
-    };
-    (u128::from(half(0)) << 64) | u128::from(half(1))
-}
-
-pub(crate) fn id_hash(id: &str) -> u64 {
-    // The std hasher is deterministic within a process, which is all a
-    // duplicate check needs.
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    id.hash(&mut hasher);
-    hasher.finish()
-}
-
 fn location(source: &str, row: Option<u64>) -> String {
     match row {
         Some(row) => format!("{source} row {row}"),
@@ -275,12 +231,12 @@ impl Source for Checked {
             self.finished = true;
             if self.inner.stats().documents == 0 {
                 return Err(SourceError::Empty {
-                    input: describe_input(&self.config),
+                    input: self.config.describe(),
                 });
             }
             return Ok(None);
         };
-        if !self.seen.insert(id_hash(&document.doc_id)) {
+        if !self.seen.insert(id_key(&document.doc_id)) {
             if let Some(first) = self.first_place(&document.doc_id)? {
                 return Err(SourceError::DuplicateId {
                     id: document.doc_id.clone(),
@@ -305,6 +261,7 @@ impl Source for Checked {
 #[cfg(test)]
 pub(crate) mod testing {
     use super::*;
+    pub use crate::job::{FilesSource, RecordsSource, SourceKind};
 
     /// Reads a source to its end, or to its first error.
     pub fn read_all(source: &mut dyn Source) -> Result<Vec<Document>, SourceError> {
@@ -327,12 +284,15 @@ pub(crate) mod testing {
     }
 
     pub fn config(kind: SourceKind, path: &Path, text: &str, id: Option<&str>) -> SourceConfig {
-        SourceConfig {
-            kind,
-            paths: Vec::new(),
-            path: Some(path.to_path_buf()),
-            text_field: Some(text.to_string()),
+        let records = RecordsSource {
+            path: path.to_path_buf(),
+            text_field: text.to_string(),
             id_field: id.map(str::to_string),
+        };
+        match kind {
+            SourceKind::Jsonl => SourceConfig::Jsonl(records),
+            SourceKind::Csv => SourceConfig::Csv(records),
+            SourceKind::Parquet | SourceKind::Files => SourceConfig::Parquet(records),
         }
     }
 
@@ -376,7 +336,7 @@ mod tests {
         let config = config(SourceKind::Jsonl, &path, "text", Some("id"));
         let mut source = Checked::new(open_unchecked(&config).unwrap(), config);
         // As if "b" hashed as "a" does, or as some earlier id.
-        source.seen.insert(id_hash("b"));
+        source.seen.insert(id_key("b"));
         let documents = read_all(&mut source).unwrap();
         assert_eq!(ids(&documents), ["a", "b"]);
     }
@@ -405,16 +365,12 @@ mod tests {
             std::fs::create_dir(dir.path().join(sub)).unwrap();
             std::fs::write(dir.path().join(sub).join("a.md"), "# A").unwrap();
         }
-        let config = SourceConfig {
-            kind: SourceKind::Files,
+        let config = SourceConfig::Files(FilesSource {
             paths: vec![
                 path_text(&dir.path().join("one")),
                 path_text(&dir.path().join("two")),
             ],
-            path: None,
-            text_field: None,
-            id_field: None,
-        };
+        });
         let mut source = open(&config).unwrap();
         let error = first_error(source.as_mut());
         let message = error.to_string();

@@ -3,7 +3,6 @@
 //! Only the text (and id) columns are decoded, a record batch at a time, so
 //! memory is bounded by one batch whatever the file's size.
 
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -14,9 +13,9 @@ use arrow::buffer::NullBuffer;
 use arrow::datatypes::{DataType, Schema};
 use parquet::arrow::arrow_reader::{ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder};
 use parquet::arrow::ProjectionMask;
-use parquet::file::metadata::ParquetMetaData;
 
-use super::{io_error, open_file, path_text, Document, Source, SourceError, SourceStats};
+use super::{io_error, path_text, Document, Source, SourceError, SourceStats};
+use crate::parquet_io::{list_parquet_files, open_reader};
 
 /// Rows decoded at a time: enough to amortise decoding, small enough that a
 /// batch of long documents stays modest.
@@ -223,71 +222,21 @@ fn list_files(path: &Path) -> Result<Vec<PathBuf>, SourceError> {
     if !metadata.is_dir() {
         return Ok(vec![path.to_path_buf()]);
     }
-    let mut files = Vec::new();
-    for item in std::fs::read_dir(path).map_err(|e| io_error(path, e))? {
-        let item = item.map_err(|e| io_error(path, e))?;
-        let file = item.path();
-        let is_parquet = file
-            .extension()
-            .is_some_and(|ext| ext.eq_ignore_ascii_case("parquet"));
-        if is_parquet && file.is_file() {
-            files.push(file);
-        }
-    }
+    let files = list_parquet_files(path)?;
     if files.is_empty() {
         return Err(SourceError::NoMatch {
             pattern: path_text(&path.join("*.parquet")),
         });
     }
-    files.sort();
     Ok(files)
 }
 
-/// Opens a Parquet file for reading, with the footer checked so that the
-/// decoder cannot panic or overflow on it.
-pub(crate) fn builder(
-    path: &Path,
-) -> Result<ParquetRecordBatchReaderBuilder<std::fs::File>, SourceError> {
-    let file = open_file(path)?;
-    let file_len = file.metadata().map_err(|e| io_error(path, e))?.len();
-    let builder = guard(path, || ParquetRecordBatchReaderBuilder::try_new(file))?
-        .map_err(|e| corrupt(path, e))?;
-    check_layout(path, builder.metadata(), file_len)?;
-    Ok(builder)
+fn builder(path: &Path) -> Result<ParquetRecordBatchReaderBuilder<std::fs::File>, SourceError> {
+    Ok(open_reader(path)?)
 }
 
-/// Checks the footer's row counts and column chunk ranges, which the decoder
-/// trusts: a negative or out-of-file value there makes it panic or overflow
-/// instead of returning an error.
-fn check_layout(path: &Path, metadata: &ParquetMetaData, file_len: u64) -> Result<(), SourceError> {
-    let mut rows: u64 = 0;
-    for (group_index, group) in metadata.row_groups().iter().enumerate() {
-        let bad = |what: String| corrupt(path, format!("row group {group_index}: {what}"));
-        let group_rows = u64::try_from(group.num_rows())
-            .map_err(|_| bad(format!("row count {} is negative", group.num_rows())))?;
-        rows = rows
-            .checked_add(group_rows)
-            .filter(|&total| usize::try_from(total).is_ok())
-            .ok_or_else(|| bad("row counts overflow".to_string()))?;
-        for column in group.columns() {
-            let start = column
-                .dictionary_page_offset()
-                .unwrap_or_else(|| column.data_page_offset());
-            let len = column.compressed_size();
-            let in_file = u64::try_from(start)
-                .ok()
-                .zip(u64::try_from(len).ok())
-                .and_then(|(start, len)| start.checked_add(len))
-                .is_some_and(|end| end <= file_len);
-            if !in_file {
-                return Err(bad(format!(
-                    "column {}: bytes {start}..{start}+{len} lie outside the file ({file_len} bytes)",
-                    column.column_path()
-                )));
-            }
-        }
-    }
-    Ok(())
+fn guard<T>(path: &Path, step: impl FnOnce() -> T) -> Result<T, SourceError> {
+    Ok(crate::parquet_io::guard(path, step)?)
 }
 
 fn corrupt(path: &Path, error: impl std::fmt::Display) -> SourceError {
@@ -295,25 +244,6 @@ fn corrupt(path: &Path, error: impl std::fmt::Display) -> SourceError {
         path: path.to_path_buf(),
         message: error.to_string(),
     }
-}
-
-/// Runs a step of the Parquet decoder, turning a panic on malformed input
-/// into an error that names the file. The decoder validates most input, but
-/// a damaged file must never take the whole job down without saying which.
-pub(crate) fn guard<T>(path: &Path, step: impl FnOnce() -> T) -> Result<T, SourceError> {
-    catch_decoder_panic(step).map_err(|detail| corrupt(path, detail))
-}
-
-/// Runs a step of the Parquet decoder; a panic becomes `malformed data (…)`.
-pub(crate) fn catch_decoder_panic<T>(step: impl FnOnce() -> T) -> Result<T, String> {
-    catch_unwind(AssertUnwindSafe(step)).map_err(|panic| {
-        let detail = panic
-            .downcast_ref::<&str>()
-            .map(|s| (*s).to_string())
-            .or_else(|| panic.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "the decoder failed".to_string());
-        format!("malformed data ({detail})")
-    })
 }
 
 fn column_index(path: &Path, schema: &Schema, name: &str) -> Result<usize, SourceError> {

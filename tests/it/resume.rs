@@ -6,8 +6,8 @@ use std::path::Path;
 use std::process::{Child, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use embedjob::chunk::content_hash;
 use embedjob::simulate::{SimConfig, Simulator};
+use embedjob::types::content_hash;
 use rand::{Rng, SeedableRng};
 use serde_json::Value;
 

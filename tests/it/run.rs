@@ -10,7 +10,7 @@ use arrow::datatypes::{DataType, Float32Type, UInt32Type, UInt64Type};
 use embedjob::chunk::{Chunker, TokenChunker};
 use embedjob::job::ChunkingConfig;
 use embedjob::simulate::{self, Faults, KeySpec, SimConfig, Simulator};
-use embedjob::source::Document;
+use embedjob::types::Document;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use serde_json::Value;
 
@@ -278,7 +278,7 @@ async fn a_job_survives_a_fault_mix_and_matches_the_ledger() {
     );
     // Every chunk was billed; only identical texts may be billed together.
     for text in expected.values() {
-        let hash = hex::encode(embedjob::chunk::content_hash(text));
+        let hash = hex::encode(embedjob::types::content_hash(text));
         assert!(ledger.texts.get(&hash).copied().unwrap_or(0) >= 1);
     }
     let summary_file: Value = serde_json::from_str(

@@ -2,9 +2,9 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{Checkpoint, CheckpointError, FINGERPRINT_KEY};
-use crate::client::Usage;
-use crate::sink::{EmbeddedBatch, OutputMetadata, ParquetSink, Sink, SinkError};
+use super::{Checkpoint, StateError};
+use crate::parquet_io::{Compression, FileOptions, VectorFile, FINGERPRINT_KEY};
+use crate::types::{EmbeddedBatch, OutputMetadata, Usage};
 
 /// The number of a part file, `part-000042.parquet` → 42.
 pub(super) fn part_number(path: &Path) -> Option<u64> {
@@ -17,7 +17,7 @@ pub(super) fn part_number(path: &Path) -> Option<u64> {
 }
 
 struct OpenPart {
-    sink: Box<ParquetSink>,
+    file: VectorFile,
     usage: Usage,
     requests: u64,
     /// Vector bytes written to the part.
@@ -79,36 +79,29 @@ impl PartWriter {
     }
 
     /// Adds a batch that one successful request paid for.
-    pub fn append(&mut self, batch: &EmbeddedBatch) -> Result<(), SinkError> {
+    pub fn append(&mut self, batch: &EmbeddedBatch) -> Result<(), StateError> {
         if self.open.is_none() {
-            self.checkpoint.create().map_err(|e| match e {
-                CheckpointError::Sink(e) => e,
-                other => SinkError::Metadata {
-                    path: self.checkpoint.dir().to_path_buf(),
-                    message: other.to_string(),
-                },
-            })?;
+            self.checkpoint.create()?;
             let path = self
                 .checkpoint
                 .dir()
                 .join(format!("part-{:06}.parquet", self.next_number));
-            let sink = ParquetSink::create_with(
-                &path,
-                batch.vectors.dimensions,
-                false,
-                self.part_bytes,
-                false,
-            )?;
+            let options = FileOptions {
+                include_text: false,
+                row_group_bytes: self.part_bytes,
+                compression: Compression::None,
+            };
+            let file = VectorFile::create(&path, batch.vectors.dimensions, options)?;
             self.next_number += 1;
             self.open = Some(OpenPart {
-                sink: Box::new(sink),
+                file,
                 usage: Usage::default(),
                 requests: 0,
                 bytes: 0,
             });
         }
         if let Some(part) = self.open.as_mut() {
-            part.sink.write(batch)?;
+            part.file.write(batch)?;
             part.usage += batch.vectors.usage;
             part.requests += 1;
             part.bytes += 4 * batch.vectors.values.len() as u64;
@@ -120,15 +113,15 @@ impl PartWriter {
     }
 
     /// Makes everything appended so far durable.
-    pub fn commit(&mut self) -> Result<(), SinkError> {
+    pub fn commit(&mut self) -> Result<(), StateError> {
         let Some(part) = self.open.take() else {
             return Ok(());
         };
         let mut metadata = self.template.clone();
-        metadata.dimensions = part.sink.dimensions();
+        metadata.dimensions = part.file.dimensions();
         metadata.usage = part.usage;
         metadata.requests = part.requests;
-        let report = part.sink.finish(&metadata)?;
+        let report = part.file.finish(&metadata)?;
         self.committed.push(report.path);
         Ok(())
     }
@@ -139,7 +132,7 @@ impl PartWriter {
     }
 
     /// Removes the checkpoint, once the output holds every vector in it.
-    pub fn remove_checkpoint(self) -> Result<(), CheckpointError> {
+    pub fn remove_checkpoint(self) -> Result<(), StateError> {
         self.checkpoint.remove()
     }
 }
@@ -149,9 +142,10 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::checkpoint::{Fingerprint, Origin, Store};
-    use crate::chunk::{content_hash, Chunk};
-    use crate::validate::Vectors;
+    use crate::parquet_io::ParquetRows;
+    use crate::state::{Fingerprint, StateLocation};
+    use crate::store::{Origin, Store};
+    use crate::types::{content_hash, Chunk, Vectors};
 
     #[test]
     fn part_names_are_numbered() {
@@ -164,7 +158,7 @@ mod tests {
     #[test]
     fn committed_parts_hold_the_vectors_and_what_they_cost() {
         let dir = tempfile::tempdir().unwrap();
-        let output = dir.path().join("docs.parquet");
+        let output = StateLocation::beside(&dir.path().join("docs.parquet"));
         let fingerprint = Fingerprint::from_json(r#"{"backend.model":"m"}"#).unwrap();
         let checkpoint = Checkpoint::open("docs", &output, &fingerprint, false).unwrap();
         let mut parts = PartWriter::new(checkpoint, "m", "api", 1 << 20);
@@ -209,7 +203,8 @@ mod tests {
         assert_eq!(reopened.parts(), parts.committed());
         let mut store = Store::new();
         for part in reopened.parts() {
-            store.add(part, Origin::Checkpoint, None).unwrap();
+            let rows = ParquetRows::open(part).unwrap();
+            store.add(Box::new(rows), Origin::Checkpoint, None).unwrap();
         }
         assert_eq!(store.earlier().usage.prompt_tokens, 8);
         assert_eq!(store.earlier().requests, 3);

@@ -3,8 +3,11 @@
 //!
 //! Keys are snake_case with unit suffixes. Unknown keys are errors: they are
 //! collected by `serde_ignored` rather than `deny_unknown_fields`, which would
-//! stop at the first one. Relative paths are taken from the directory the
-//! command runs in.
+//! stop at the first one. `[source]`, `[backend]` and `[output]` hold one
+//! kind's parameters each (see [`params`]). Relative paths are taken from the
+//! directory the command runs in.
+
+mod params;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -15,9 +18,14 @@ use serde::{Deserialize, Serialize};
 
 use crate::validate::known_model_dimensions;
 
-pub const DEFAULT_API_KEY_ENV: &str = "EMBEDJOB_API_KEY";
+use self::params::{one_line, Parsed};
+pub use self::params::{
+    ApiParams, BackendConfig, BackendKind, BackendParams, BackendShared, FilesSource, LocalParams,
+    OutputConfig, OutputKind, OutputParams, ParquetOutput, RecordsSource, SourceConfig, SourceKind,
+    DEFAULT_API_KEY_ENV,
+};
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Job {
     pub name: String,
     pub source: SourceConfig,
@@ -26,41 +34,6 @@ pub struct Job {
     pub output: OutputConfig,
     pub pipeline: PipelineConfig,
     pub budget: BudgetConfig,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum SourceKind {
-    Files,
-    Jsonl,
-    Csv,
-    Parquet,
-}
-
-impl fmt::Display for SourceKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            SourceKind::Files => "files",
-            SourceKind::Jsonl => "jsonl",
-            SourceKind::Csv => "csv",
-            SourceKind::Parquet => "parquet",
-        })
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct SourceConfig {
-    pub kind: SourceKind,
-    /// `files`: globs or directories.
-    #[serde(default)]
-    pub paths: Vec<String>,
-    /// `jsonl`, `csv`, `parquet`: a file (or, for parquet, a directory of files).
-    #[serde(default)]
-    pub path: Option<PathBuf>,
-    #[serde(default)]
-    pub text_field: Option<String>,
-    #[serde(default)]
-    pub id_field: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -81,91 +54,6 @@ impl Default for ChunkingConfig {
             markdown: None,
         }
     }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum BackendKind {
-    Api,
-    Local,
-}
-
-impl fmt::Display for BackendKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            BackendKind::Api => "api",
-            BackendKind::Local => "local",
-        })
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct BackendConfig {
-    pub kind: BackendKind,
-    pub base_url: Option<String>,
-    /// The environment variable that holds the API key (never the key itself).
-    pub api_key_env: String,
-    pub model: Option<String>,
-    pub dimensions: Option<usize>,
-    pub max_inputs_per_request: usize,
-    pub max_tokens_per_request: usize,
-    pub concurrency: usize,
-    /// 0 = no client-side limit.
-    pub requests_per_minute: u32,
-    /// 0 = no client-side limit.
-    pub tokens_per_minute: u64,
-    pub timeout_seconds: f64,
-    pub max_retries: usize,
-    /// `local`: the directory holding `model.onnx` and the tokenizer files.
-    /// Absent: `EMBEDJOB_MODEL_DIR`, else `models/<model>` in the cache that
-    /// `scripts/setup-local` fills.
-    pub model_dir: Option<PathBuf>,
-    /// `local`: ONNX Runtime intra-op threads. Absent: every available core.
-    pub threads: Option<usize>,
-    /// `local`: texts per inference call, grouped by similar length.
-    /// Absent: 32.
-    pub batch_size: Option<usize>,
-}
-
-impl Default for BackendConfig {
-    fn default() -> Self {
-        BackendConfig {
-            kind: BackendKind::Api,
-            base_url: None,
-            api_key_env: DEFAULT_API_KEY_ENV.to_string(),
-            model: None,
-            dimensions: None,
-            max_inputs_per_request: 128,
-            max_tokens_per_request: 32_000,
-            concurrency: 8,
-            requests_per_minute: 0,
-            tokens_per_minute: 0,
-            timeout_seconds: 60.0,
-            max_retries: 8,
-            model_dir: None,
-            threads: None,
-            batch_size: None,
-        }
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct OutputConfig {
-    pub path: PathBuf,
-    #[serde(default = "default_true")]
-    pub include_text: bool,
-    /// A row group is flushed once its buffered vectors and text reach this size.
-    #[serde(default = "default_row_group_bytes")]
-    pub row_group_bytes: u64,
-}
-
-fn default_true() -> bool {
-    true
-}
-
-fn default_row_group_bytes() -> u64 {
-    16 * 1024 * 1024
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -246,36 +134,51 @@ pub fn parse(text: &str, default_name: &str, overrides: &[String]) -> Result<Job
     }
     let mut sections = Sections::new(table);
     let name: Option<String> = sections.take("name", false, &mut problems);
-    let source: Option<SourceConfig> = sections.take("source", true, &mut problems);
+    let source = sections.take_kinded("source", true, SourceConfig::parse, &mut problems);
     let chunking: Option<ChunkingConfig> = sections.take("chunking", false, &mut problems);
-    let backend: Option<BackendConfig> = sections.take("backend", false, &mut problems);
-    let output: Option<OutputConfig> = sections.take("output", true, &mut problems);
+    let backend = sections.take_kinded("backend", false, BackendConfig::parse, &mut problems);
+    let output = sections.take_kinded("output", true, OutputConfig::parse, &mut problems);
     let pipeline: Option<PipelineConfig> = sections.take("pipeline", false, &mut problems);
     let budget: Option<BudgetConfig> = sections.take("budget", false, &mut problems);
     for key in sections.rest() {
         problems.push(format!("unknown key `{key}`"));
     }
-    let (Some(source), Some(output)) = (source, output) else {
-        return Err(problems);
-    };
-    if sections.broken {
-        return Err(problems);
+    // A section that failed doesn't stop the checks of the sections that didn't.
+    let chunking = (!sections.failed("chunking")).then(|| chunking.unwrap_or_default());
+    let backend = (!sections.failed("backend")).then(|| backend.unwrap_or_default());
+    let pipeline = pipeline.unwrap_or_default();
+    let budget = budget.unwrap_or_default();
+    let name = name.unwrap_or_else(|| default_name.to_string());
+    let mut p = Vec::new();
+    name_problems(&name, &mut p);
+    if let Some(source) = &source {
+        source.problems(&mut p);
     }
-    let job = Job {
-        name: name.unwrap_or_else(|| default_name.to_string()),
-        source,
-        chunking: chunking.unwrap_or_default(),
-        backend: backend.unwrap_or_default(),
-        output,
-        pipeline: pipeline.unwrap_or_default(),
-        budget: budget.unwrap_or_default(),
-    };
-    // Unknown keys don't stop the checks of the keys that are known.
-    problems.extend(job.problems());
-    if problems.is_empty() {
-        Ok(job)
-    } else {
-        Err(problems)
+    if let Some(chunking) = &chunking {
+        chunking_problems(chunking, &mut p);
+    }
+    if let Some(backend) = &backend {
+        backend_problems(backend, chunking.as_ref(), &mut p);
+    }
+    budget_problems(&budget, &mut p);
+    if let Some(output) = &output {
+        output.problems(&mut p);
+    }
+    pipeline_problems(&pipeline, &mut p);
+    problems.extend(p);
+    match (source, chunking, backend, output) {
+        (Some(source), Some(chunking), Some(backend), Some(output)) if problems.is_empty() => {
+            Ok(Job {
+                name,
+                source,
+                chunking,
+                backend,
+                output,
+                pipeline,
+                budget,
+            })
+        }
+        _ => Err(problems),
     }
 }
 
@@ -283,15 +186,15 @@ pub fn parse(text: &str, default_name: &str, overrides: &[String]) -> Result<Job
 /// section's problems are collected, not only the first.
 struct Sections {
     table: toml::Table,
-    /// A section failed to deserialize, so the job cannot be checked as a whole.
-    broken: bool,
+    /// The sections that failed to deserialize.
+    failed: Vec<String>,
 }
 
 impl Sections {
     fn new(table: toml::Table) -> Self {
         Sections {
             table,
-            broken: false,
+            failed: Vec::new(),
         }
     }
 
@@ -325,19 +228,49 @@ impl Sections {
                     format!("{key}.{at}")
                 };
                 problems.push(format!("`{location}`: {}", one_line(&inner)));
-                self.broken = true;
+                self.failed.push(key.to_string());
                 None
             }
         }
     }
 
+    /// Takes a section that has a `kind`, parsed by `parse`.
+    fn take_kinded<T>(
+        &mut self,
+        key: &str,
+        required: bool,
+        parse: fn(toml::Table) -> Parsed<T>,
+        problems: &mut Vec<String>,
+    ) -> Option<T> {
+        let Some(value) = self.table.remove(key) else {
+            if required {
+                problems.push(format!("missing `[{key}]`"));
+            }
+            return None;
+        };
+        let toml::Value::Table(table) = value else {
+            problems.push(format!(
+                "`{key}`: expected a table, found {}",
+                value.type_str()
+            ));
+            self.failed.push(key.to_string());
+            return None;
+        };
+        let parsed = parse(table);
+        if parsed.value.is_none() {
+            self.failed.push(key.to_string());
+        }
+        problems.extend(parsed.problems);
+        parsed.value
+    }
+
+    fn failed(&self, key: &str) -> bool {
+        self.failed.iter().any(|k| k == key)
+    }
+
     fn rest(&mut self) -> Vec<String> {
         std::mem::take(&mut self.table).keys().cloned().collect()
     }
-}
-
-fn one_line(text: &str) -> String {
-    text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 fn toml_error(e: &toml::de::Error) -> String {
@@ -391,188 +324,105 @@ fn parse_value(raw: &str) -> toml::Value {
     }
 }
 
-impl Job {
-    /// Every semantic problem of a well-typed job.
-    pub fn problems(&self) -> Vec<String> {
-        let mut p = Vec::new();
-        if self.name.trim().is_empty() {
-            p.push("`name` must not be empty".to_string());
-        }
-        self.source_problems(&mut p);
-        let c = &self.chunking;
-        if c.max_tokens == 0 {
-            p.push("`chunking.max_tokens` must be at least 1".to_string());
-        }
-        if c.overlap_tokens >= c.max_tokens.max(1) {
+fn name_problems(name: &str, p: &mut Vec<String>) {
+    if name.trim().is_empty() {
+        p.push("`name` must not be empty".to_string());
+    }
+}
+
+fn chunking_problems(c: &ChunkingConfig, p: &mut Vec<String>) {
+    if c.max_tokens == 0 {
+        p.push("`chunking.max_tokens` must be at least 1".to_string());
+    }
+    if c.overlap_tokens >= c.max_tokens.max(1) {
+        p.push(format!(
+            "`chunking.overlap_tokens` ({}) must be less than `chunking.max_tokens` ({})",
+            c.overlap_tokens, c.max_tokens
+        ));
+    }
+}
+
+fn budget_problems(budget: &BudgetConfig, p: &mut Vec<String>) {
+    if let Some(cost) = budget.max_cost {
+        if !cost.is_finite() || cost <= 0.0 {
             p.push(format!(
-                "`chunking.overlap_tokens` ({}) must be less than `chunking.max_tokens` ({})",
-                c.overlap_tokens, c.max_tokens
+                "`budget.max_cost` must be a positive amount, not {cost}"
             ));
         }
-        self.backend_problems(&mut p);
-        if let Some(cost) = self.budget.max_cost {
-            if !cost.is_finite() || cost <= 0.0 {
+    }
+}
+
+fn pipeline_problems(pipeline: &PipelineConfig, p: &mut Vec<String>) {
+    if pipeline.channel_capacity == 0 {
+        p.push("`pipeline.channel_capacity` must be at least 1".to_string());
+    }
+    let every = pipeline.progress_seconds;
+    if !(every.is_finite() && (0.1..=86_400.0).contains(&every)) {
+        p.push(format!(
+            "`pipeline.progress_seconds` must be between 0.1 and 86400, not {every}"
+        ));
+    }
+}
+
+fn backend_problems(
+    backend: &BackendConfig,
+    chunking: Option<&ChunkingConfig>,
+    p: &mut Vec<String>,
+) {
+    let b = &backend.shared;
+    if b.max_inputs_per_request == 0 {
+        p.push("`backend.max_inputs_per_request` must be at least 1".to_string());
+    }
+    if let Some(c) = chunking.filter(|c| b.max_tokens_per_request < c.max_tokens) {
+        p.push(format!(
+            "`backend.max_tokens_per_request` ({}) must be at least `chunking.max_tokens` ({}), or a chunk could never be sent",
+            b.max_tokens_per_request, c.max_tokens
+        ));
+    }
+    if !(1..=1024).contains(&b.concurrency) {
+        p.push(format!(
+            "`backend.concurrency` must be between 1 and 1024, not {}",
+            b.concurrency
+        ));
+    }
+    if !(b.timeout_seconds.is_finite() && b.timeout_seconds > 0.0) {
+        p.push(format!(
+            "`backend.timeout_seconds` must be a positive number, not {}",
+            b.timeout_seconds
+        ));
+    }
+    if b.dimensions == Some(0) {
+        p.push("`backend.dimensions` must be at least 1".to_string());
+    }
+    if let (Some(model), Some(declared)) = (&b.model, b.dimensions) {
+        if let Some(known) = known_model_dimensions(model) {
+            if known != declared {
                 p.push(format!(
-                    "`budget.max_cost` must be a positive amount, not {cost}"
+                    "`backend.dimensions` is {declared} but model {model} returns vectors of length {known}"
                 ));
             }
         }
-        if self.output.path.as_os_str().is_empty() {
-            p.push("`output.path` must not be empty".to_string());
-        }
-        if self.output.row_group_bytes < 1024 {
-            p.push("`output.row_group_bytes` must be at least 1024".to_string());
-        }
-        if self.pipeline.channel_capacity == 0 {
-            p.push("`pipeline.channel_capacity` must be at least 1".to_string());
-        }
-        let every = self.pipeline.progress_seconds;
-        if !(every.is_finite() && (0.1..=86_400.0).contains(&every)) {
-            p.push(format!(
-                "`pipeline.progress_seconds` must be between 0.1 and 86400, not {every}"
-            ));
-        }
-        p
     }
-
-    fn source_problems(&self, p: &mut Vec<String>) {
-        let s = &self.source;
-        match s.kind {
-            SourceKind::Files => {
-                if s.paths.is_empty() {
-                    p.push("`source.paths` must list at least one glob or directory for kind \"files\"".to_string());
-                }
-                for key in [
-                    ("path", s.path.is_some()),
-                    ("text_field", s.text_field.is_some()),
-                    ("id_field", s.id_field.is_some()),
-                ] {
-                    if key.1 {
-                        p.push(format!(
-                            "`source.{}` does not apply to kind \"files\" (use `source.paths`)",
-                            key.0
-                        ));
-                    }
-                }
-            }
-            kind => {
-                if s.path.is_none() {
-                    p.push(format!("`source.path` is required for kind \"{kind}\""));
-                }
-                if s.text_field.as_deref().is_none_or(|f| f.is_empty()) {
-                    p.push(format!(
-                        "`source.text_field` is required for kind \"{kind}\""
-                    ));
-                }
-                if !s.paths.is_empty() {
-                    p.push(format!(
-                        "`source.paths` does not apply to kind \"{kind}\" (use `source.path`)"
-                    ));
-                }
-            }
-        }
+    match &backend.params {
+        BackendParams::Api(api) => api_problems(b, api, p),
+        BackendParams::Local(local) => local_problems(local, p),
     }
+}
 
-    fn backend_problems(&self, p: &mut Vec<String>) {
-        let b = &self.backend;
-        if b.max_inputs_per_request == 0 {
-            p.push("`backend.max_inputs_per_request` must be at least 1".to_string());
-        }
-        if b.max_tokens_per_request < self.chunking.max_tokens {
-            p.push(format!(
-                "`backend.max_tokens_per_request` ({}) must be at least `chunking.max_tokens` ({}), or a chunk could never be sent",
-                b.max_tokens_per_request, self.chunking.max_tokens
-            ));
-        }
-        if !(1..=1024).contains(&b.concurrency) {
-            p.push(format!(
-                "`backend.concurrency` must be between 1 and 1024, not {}",
-                b.concurrency
-            ));
-        }
-        if !(b.timeout_seconds.is_finite() && b.timeout_seconds > 0.0) {
-            p.push(format!(
-                "`backend.timeout_seconds` must be a positive number, not {}",
-                b.timeout_seconds
-            ));
-        }
-        if b.dimensions == Some(0) {
-            p.push("`backend.dimensions` must be at least 1".to_string());
-        }
-        if let (Some(model), Some(declared)) = (&b.model, b.dimensions) {
-            if let Some(known) = known_model_dimensions(model) {
-                if known != declared {
-                    p.push(format!(
-                        "`backend.dimensions` is {declared} but model {model} returns vectors of length {known}"
-                    ));
-                }
-            }
-        }
-        match b.kind {
-            BackendKind::Api => {
-                match &b.base_url {
-                    None => p.push("`backend.base_url` is required for kind \"api\"".to_string()),
-                    Some(url) => {
-                        if let Err(e) = reqwest::Url::parse(url) {
-                            p.push(format!("`backend.base_url` {url:?} is not a URL: {e}"));
-                        }
-                    }
-                }
-                if b.model.as_deref().is_none_or(str::is_empty) {
-                    p.push("`backend.model` is required for kind \"api\"".to_string());
-                }
-                if b.api_key_env.is_empty() {
-                    p.push("`backend.api_key_env` must name an environment variable".to_string());
-                } else if std::env::var(&b.api_key_env).map_or(true, |k| k.trim().is_empty()) {
-                    p.push(format!(
-                        "the API key is missing: set the environment variable {} (named by `backend.api_key_env`)",
-                        b.api_key_env
-                    ));
-                }
-                for (key, set) in [
-                    ("model_dir", b.model_dir.is_some()),
-                    ("threads", b.threads.is_some()),
-                    ("batch_size", b.batch_size.is_some()),
-                ] {
-                    if set {
-                        p.push(format!("`backend.{key}` does not apply to kind \"api\""));
-                    }
-                }
-            }
-            BackendKind::Local => {
-                if b.base_url.is_some() {
-                    p.push("`backend.base_url` does not apply to kind \"local\"".to_string());
-                }
-                if let Some(threads) = b.threads {
-                    if !(1..=1024).contains(&threads) {
-                        p.push(format!(
-                            "`backend.threads` must be between 1 and 1024, not {threads}"
-                        ));
-                    }
-                }
-                if let Some(size) = b.batch_size {
-                    if !(1..=4096).contains(&size) {
-                        p.push(format!(
-                            "`backend.batch_size` must be between 1 and 4096, not {size}"
-                        ));
-                    }
-                }
-            }
-        }
-    }
-
+impl Job {
     /// The settings that decide what a chunk's vector is; a change to any of
     /// them invalidates vectors made before.
     pub fn fingerprint_fields(&self) -> BTreeMap<&'static str, String> {
         let mut f = BTreeMap::new();
-        f.insert("backend.kind", self.backend.kind.to_string());
+        f.insert("backend.kind", self.backend.kind().to_string());
         f.insert(
             "backend.model",
-            self.backend.model.clone().unwrap_or_default(),
+            self.backend.shared.model.clone().unwrap_or_default(),
         );
         f.insert(
             "backend.dimensions",
             self.backend
+                .shared
                 .dimensions
                 .map(|d| d.to_string())
                 .unwrap_or_default(),
@@ -587,9 +437,54 @@ impl Job {
     }
 }
 
+fn api_problems(b: &BackendShared, api: &ApiParams, p: &mut Vec<String>) {
+    match &api.base_url {
+        None => p.push("`backend.base_url` is required for kind \"api\"".to_string()),
+        Some(url) => {
+            if let Err(e) = reqwest::Url::parse(url) {
+                p.push(format!("`backend.base_url` {url:?} is not a URL: {e}"));
+            }
+        }
+    }
+    if b.model.as_deref().is_none_or(str::is_empty) {
+        p.push("`backend.model` is required for kind \"api\"".to_string());
+    }
+    if api.api_key_env.is_empty() {
+        p.push("`backend.api_key_env` must name an environment variable".to_string());
+    } else if std::env::var(&api.api_key_env).map_or(true, |k| k.trim().is_empty()) {
+        p.push(format!(
+            "the API key is missing: set the environment variable {} (named by `backend.api_key_env`)",
+            api.api_key_env
+        ));
+    }
+}
+
+fn local_problems(local: &LocalParams, p: &mut Vec<String>) {
+    if let Some(threads) = local.threads {
+        if !(1..=1024).contains(&threads) {
+            p.push(format!(
+                "`backend.threads` must be between 1 and 1024, not {threads}"
+            ));
+        }
+    }
+    if let Some(size) = local.batch_size {
+        if !(1..=4096).contains(&size) {
+            p.push(format!(
+                "`backend.batch_size` must be between 1 and 4096, not {size}"
+            ));
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn parquet(job: &Job) -> &ParquetOutput {
+        match &job.output.params {
+            OutputParams::Parquet(p) => p,
+        }
+    }
 
     const MINIMAL: &str = r#"
         [source]
@@ -606,8 +501,8 @@ mod tests {
         let job = parse(MINIMAL, "docs", &[]).unwrap();
         assert_eq!(job.name, "docs");
         assert_eq!(job.chunking, ChunkingConfig::default());
-        assert_eq!(job.backend.concurrency, 8);
-        assert!(job.output.include_text);
+        assert_eq!(job.backend.shared.concurrency, 8);
+        assert!(parquet(&job).include_text);
     }
 
     #[test]
@@ -625,9 +520,14 @@ mod tests {
         )
         .unwrap();
         assert_eq!(job.chunking.max_tokens, 128);
-        assert!(!job.output.include_text);
-        assert_eq!(job.backend.model.as_deref(), Some("my-model"));
-        assert_eq!(job.source.paths, vec!["a", "b"]);
+        assert!(!parquet(&job).include_text);
+        assert_eq!(job.backend.shared.model.as_deref(), Some("my-model"));
+        assert_eq!(
+            job.source,
+            SourceConfig::Files(FilesSource {
+                paths: vec!["a".into(), "b".into()]
+            })
+        );
     }
 
     #[test]
@@ -686,13 +586,12 @@ mod tests {
             &["backend.threads=2".into(), "backend.batch_size=16".into()],
         )
         .unwrap();
-        assert_eq!(job.backend.threads, Some(2));
-        assert_eq!(job.backend.batch_size, Some(16));
+        let local = job.backend.local().unwrap();
+        assert_eq!(local.threads, Some(2));
+        assert_eq!(local.batch_size, Some(16));
         let defaults = parse(MINIMAL, "docs", &[]).unwrap();
-        assert_eq!(
-            (defaults.backend.threads, defaults.backend.batch_size),
-            (None, None)
-        );
+        let local = defaults.backend.local().unwrap();
+        assert_eq!((local.threads, local.batch_size), (None, None));
 
         let problems = parse(
             MINIMAL,

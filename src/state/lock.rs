@@ -1,4 +1,4 @@
-//! One run of a job at a time: an advisory lock on `<output>.lock`.
+//! One run of a job at a time: an advisory lock on `<stem>.lock`.
 //!
 //! The lock is the operating system's (`flock`), held through an open file,
 //! so the kernel releases it when the process dies however it dies. A lock
@@ -10,13 +10,8 @@ use std::fs::{self, File, OpenOptions, TryLockError};
 use std::io::{Read, Seek, Write};
 use std::path::{Path, PathBuf};
 
-use super::CheckpointError;
-use crate::sink::with_suffix;
-
-/// `<output>.lock`.
-pub fn lock_path(output: &Path) -> PathBuf {
-    with_suffix(output, ".lock")
-}
+use super::StateError;
+use crate::fsio::FsError;
 
 /// The lock of one job's output, released (and its file removed) on drop.
 #[derive(Debug)]
@@ -29,24 +24,17 @@ pub struct JobLock {
 }
 
 impl JobLock {
-    /// Takes the lock of `output`, or fails at once with
-    /// [`CheckpointError::Locked`] naming the holder.
-    pub fn acquire(output: &Path) -> Result<JobLock, CheckpointError> {
-        let path = lock_path(output);
+    /// Takes the lock held through the file `path`, or fails at once with
+    /// [`StateError::Locked`] naming the holder.
+    pub fn acquire(path: &Path) -> Result<JobLock, StateError> {
+        let path = path.to_path_buf();
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            fs::create_dir_all(dir).map_err(|source| CheckpointError::Io {
-                path: dir.to_path_buf(),
-                action: "cannot create the output directory",
-                source,
-            })?;
+            fs::create_dir_all(dir)
+                .map_err(FsError::io(dir, "cannot create the output directory"))?;
         }
         let io = |action: &'static str| {
-            let path = path.clone();
-            move |source| CheckpointError::Io {
-                path,
-                action,
-                source,
-            }
+            let io = FsError::io(&path, action);
+            move |source| StateError::from(io(source))
         };
         loop {
             let mut file = OpenOptions::new()
@@ -61,7 +49,7 @@ impl JobLock {
                 Err(TryLockError::WouldBlock) => {
                     let mut holder = String::new();
                     let _ = file.read_to_string(&mut holder);
-                    return Err(CheckpointError::Locked {
+                    return Err(StateError::Locked {
                         path,
                         holder: holder.trim().to_string(),
                     });
@@ -128,15 +116,20 @@ fn same_file(_file: &File, path: &Path) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::state::StateLocation;
+
+    fn lock_path(output: &Path) -> PathBuf {
+        StateLocation::beside(output).lock()
+    }
 
     #[test]
     fn a_second_lock_is_refused_and_names_the_holder() {
         let dir = tempfile::tempdir().unwrap();
         let output = dir.path().join("out/docs.parquet");
-        let first = JobLock::acquire(&output).unwrap();
+        let first = JobLock::acquire(&lock_path(&output)).unwrap();
         assert_eq!(first.path(), dir.path().join("out/docs.parquet.lock"));
-        match JobLock::acquire(&output) {
-            Err(CheckpointError::Locked { path, holder }) => {
+        match JobLock::acquire(&lock_path(&output)) {
+            Err(StateError::Locked { path, holder }) => {
                 assert_eq!(path, lock_path(&output));
                 assert!(
                     holder.contains(&format!("pid {}", std::process::id())),
@@ -147,7 +140,7 @@ mod tests {
         }
         drop(first);
         assert!(!lock_path(&output).exists(), "released locks leave no file");
-        let again = JobLock::acquire(&output).unwrap();
+        let again = JobLock::acquire(&lock_path(&output)).unwrap();
         assert!(again.taken_over.is_none());
     }
 
@@ -156,7 +149,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let output = dir.path().join("docs.parquet");
         fs::write(lock_path(&output), "pid 999999 since yesterday\n").unwrap();
-        let lock = JobLock::acquire(&output).unwrap();
+        let lock = JobLock::acquire(&lock_path(&output)).unwrap();
         assert_eq!(
             lock.taken_over.as_deref(),
             Some("pid 999999 since yesterday")

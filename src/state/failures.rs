@@ -1,4 +1,4 @@
-//! The failures file: one JSON line per quarantined chunk, next to the output.
+//! The failures file: one JSON line per quarantined chunk, `<stem>.failures.jsonl`.
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -6,14 +6,8 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use super::atomic::{remove_if_exists, with_suffix, TempFile};
-use super::SinkError;
-use crate::chunk::Chunk;
-
-/// `<output>.failures.jsonl`.
-pub fn failures_path(output: &Path) -> PathBuf {
-    with_suffix(output, ".failures.jsonl")
-}
+use crate::fsio::{remove_if_exists, FsError, TempFile};
+use crate::types::Chunk;
 
 /// One line of the failures file. The chunk's text is left out: the offsets
 /// and the hash locate it in the input.
@@ -37,7 +31,7 @@ struct Open {
     temp: TempFile,
 }
 
-/// Quarantined chunks of a run, written to `<output>.failures.jsonl`.
+/// Quarantined chunks of a run, written to the job's failures file.
 ///
 /// The file is created on the first failure, under a temporary name, and
 /// renamed into place by [`FailuresFile::finish`]. A run that quarantined
@@ -69,10 +63,10 @@ impl std::fmt::Debug for FailuresFile {
 }
 
 impl FailuresFile {
-    /// The failures file for the output `output`. Nothing is created yet.
-    pub fn new(output: &Path) -> Self {
+    /// The failures file at `path`. Nothing is created yet.
+    pub fn new(path: PathBuf) -> Self {
         FailuresFile {
-            path: failures_path(output),
+            path,
             open: None,
             count: 0,
         }
@@ -95,7 +89,7 @@ impl FailuresFile {
         chunk: &Chunk,
         reason: &str,
         status: Option<u16>,
-    ) -> Result<(), SinkError> {
+    ) -> Result<(), FsError> {
         let hash = chunk.content_hash_hex();
         let line = FailureLine {
             id: &chunk.id,
@@ -119,12 +113,8 @@ impl FailuresFile {
                 })
             }
         };
-        let io_error = |source| SinkError::Io {
-            path: open.temp.temp_path().to_path_buf(),
-            action: "cannot write",
-            source,
-        };
-        serde_json::to_writer(&mut open.writer, &line).map_err(|source| SinkError::Json {
+        let io_error = FsError::io(open.temp.temp_path(), "cannot write");
+        serde_json::to_writer(&mut open.writer, &line).map_err(|source| FsError::Json {
             path: open.temp.temp_path().to_path_buf(),
             source,
         })?;
@@ -135,17 +125,15 @@ impl FailuresFile {
 
     /// Moves the failures file into place, or, when nothing was recorded,
     /// removes a failures file left by an earlier run.
-    pub fn finish(self) -> Result<FailuresReport, SinkError> {
+    pub fn finish(self) -> Result<FailuresReport, FsError> {
         let FailuresFile { path, open, count } = self;
         let Some(Open { writer, temp }) = open else {
             remove_if_exists(&path)?;
             return Ok(FailuresReport { count, path: None });
         };
-        let file = writer.into_inner().map_err(|e| SinkError::Io {
-            path: temp.temp_path().to_path_buf(),
-            action: "cannot write",
-            source: e.into_error(),
-        })?;
+        let file = writer
+            .into_inner()
+            .map_err(|e| FsError::io(temp.temp_path(), "cannot write")(e.into_error()))?;
         temp.commit(file)?;
         Ok(FailuresReport {
             count,
@@ -162,13 +150,18 @@ impl FailuresFile {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sink::testing::{chunk, names};
+    use crate::state::StateLocation;
+    use crate::testing::{chunk, names};
+
+    fn failures_of(output: &Path) -> FailuresFile {
+        FailuresFile::new(StateLocation::beside(output).failures())
+    }
 
     #[test]
     fn a_run_without_failures_leaves_no_failures_file() {
         let dir = tempfile::tempdir().unwrap();
         let output = dir.path().join("out.parquet");
-        let failures = FailuresFile::new(&output);
+        let failures = failures_of(&output);
         assert_eq!(
             failures.path(),
             dir.path().join("out.parquet.failures.jsonl")
@@ -188,7 +181,7 @@ mod tests {
     fn failures_are_written_one_json_line_each_on_finish() {
         let dir = tempfile::tempdir().unwrap();
         let output = dir.path().join("sub/out.parquet");
-        let mut failures = FailuresFile::new(&output);
+        let mut failures = failures_of(&output);
         let first = chunk("a.md", 3);
         failures
             .record(&first, "input too large: 9000 tokens", Some(413))
@@ -242,14 +235,14 @@ mod tests {
     fn a_later_run_without_failures_removes_the_old_failures_file() {
         let dir = tempfile::tempdir().unwrap();
         let output = dir.path().join("out.parquet");
-        let mut failures = FailuresFile::new(&output);
+        let mut failures = failures_of(&output);
         failures
             .record(&chunk("a.md", 0), "rejected", Some(400))
             .unwrap();
         failures.finish().unwrap();
         assert_eq!(names(dir.path()), ["out.parquet.failures.jsonl"]);
 
-        FailuresFile::new(&output).finish().unwrap();
+        failures_of(&output).finish().unwrap();
         assert!(names(dir.path()).is_empty(), "{:?}", names(dir.path()));
     }
 
@@ -257,7 +250,7 @@ mod tests {
     fn a_later_run_with_failures_replaces_the_old_failures_file() {
         let dir = tempfile::tempdir().unwrap();
         let output = dir.path().join("out.parquet");
-        let mut failures = FailuresFile::new(&output);
+        let mut failures = failures_of(&output);
         failures
             .record(&chunk("old.md", 0), "rejected", Some(400))
             .unwrap();
@@ -266,7 +259,7 @@ mod tests {
             .unwrap();
         failures.finish().unwrap();
 
-        let mut failures = FailuresFile::new(&output);
+        let mut failures = failures_of(&output);
         failures
             .record(&chunk("new.md", 0), "rejected", Some(413))
             .unwrap();
@@ -280,14 +273,14 @@ mod tests {
     fn abort_leaves_the_earlier_failures_file_as_it_was() {
         let dir = tempfile::tempdir().unwrap();
         let output = dir.path().join("out.parquet");
-        let mut failures = FailuresFile::new(&output);
+        let mut failures = failures_of(&output);
         failures
             .record(&chunk("old.md", 0), "rejected", Some(400))
             .unwrap();
         let path = failures.finish().unwrap().path.unwrap();
         let before = std::fs::read(&path).unwrap();
 
-        let mut failures = FailuresFile::new(&output);
+        let mut failures = failures_of(&output);
         failures
             .record(&chunk("new.md", 0), "rejected", Some(413))
             .unwrap();
@@ -295,7 +288,7 @@ mod tests {
         assert_eq!(std::fs::read(&path).unwrap(), before);
         assert_eq!(names(dir.path()), ["out.parquet.failures.jsonl"]);
 
-        let mut failures = FailuresFile::new(&output);
+        let mut failures = failures_of(&output);
         failures
             .record(&chunk("new.md", 0), "rejected", Some(413))
             .unwrap();

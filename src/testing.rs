@@ -1,14 +1,11 @@
-//! Fixtures for the sink tests.
+//! Fixtures for the unit tests of the stages that write and read vectors.
 
 use std::path::Path;
 use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
-use super::EmbeddedBatch;
-use crate::chunk::Chunk;
-use crate::client::Usage;
-use crate::validate::Vectors;
+use crate::types::{Chunk, EmbeddedBatch, Usage, Vectors};
 
 pub(crate) fn chunk(doc: &str, index: u32) -> Chunk {
     let text = format!("text of {doc}, part {index} \u{e9}");

@@ -1,0 +1,137 @@
+//! The commands that take a job file: `run` and `estimate`.
+
+use tokio::sync::watch;
+
+use super::{print_json, Outcome};
+use crate::cli::{EstimateArgs, RunArgs};
+use crate::exit::{Exit, Failure};
+use crate::pipeline::{Classifier, RunOptions, StopRequest};
+use crate::stages::Embedding;
+use crate::state::{Fingerprint, JobState, StateError, StateLocation};
+
+pub async fn run(args: &RunArgs) -> Outcome {
+    let mut overrides = args.job.overrides.clone();
+    if let Some(cost) = args.max_cost {
+        overrides.push(format!("budget.max_cost={cost:?}"));
+    }
+    let job = crate::job::load(&args.job.job, &overrides).map_err(Failure::usage)?;
+    let stages = crate::stages::build(&job).await?;
+    if job.budget.max_cost.is_some() && stages.backend.info().input_per_1k.is_none() {
+        return Err(Failure::usage(anyhow::anyhow!(
+            "`budget.max_cost` is set, but model {} has no price to count it with",
+            stages.backend.info().model
+        )));
+    }
+    let options = RunOptions {
+        progress: !args.quiet,
+        fresh: args.fresh,
+        max_duration: args.max_duration,
+        stop: Some(stop_on_signals()),
+    };
+    let fingerprint = Fingerprint::new(&job, stages.backend.info());
+    let state = JobState::open(
+        &job.name,
+        StateLocation::for_job(&job),
+        &fingerprint,
+        args.fresh,
+    )
+    .map_err(state_failure)?;
+    if let (Some(previous), true) = (state.taken_over(), options.progress) {
+        eprintln!(
+            "embedjob: {}: taking over from a run that is gone ({previous})",
+            state.location().lock().display()
+        );
+    }
+    let summary = crate::pipeline::run(&job, stages, state, options)
+        .await
+        .map_err(|e| Failure {
+            exit: e.exit(),
+            error: e.into(),
+        })?;
+    if args.json {
+        print_json(&serde_json::to_value(&summary).map_err(Failure::failed)?)?;
+    } else {
+        print!("{}", summary.text());
+    }
+    Ok(summary.exit())
+}
+
+/// The first SIGINT or SIGTERM asks the run to stop after the requests in
+/// flight; a second one, at once.
+fn stop_on_signals() -> watch::Receiver<StopRequest> {
+    let (tx, rx) = watch::channel(StopRequest::Running);
+    tokio::spawn(async move {
+        use tokio::signal::unix::{signal, SignalKind};
+        let (Ok(mut interrupt), Ok(mut terminate)) = (
+            signal(SignalKind::interrupt()),
+            signal(SignalKind::terminate()),
+        ) else {
+            return;
+        };
+        let mut received = 0;
+        loop {
+            let name = tokio::select! {
+                _ = interrupt.recv() => "SIGINT",
+                _ = terminate.recv() => "SIGTERM",
+            };
+            received += 1;
+            let request = if received == 1 {
+                eprintln!(
+                    "embedjob: {name}: stopping after the requests in flight (again to stop at once)"
+                );
+                StopRequest::Graceful(format!("stopped by {name}"))
+            } else {
+                StopRequest::Now(format!("stopped by {name}"))
+            };
+            if tx.send(request).is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+pub async fn estimate(args: &EstimateArgs) -> Outcome {
+    let job = crate::job::load(&args.job.job, &args.job.overrides).map_err(Failure::usage)?;
+    // The run's own set-up: the same key checks, model listing and chunker.
+    let Embedding { backend, chunker } = crate::stages::build_embedding(&job).await?;
+    let info = backend.info().clone();
+    let fresh = args.fresh;
+    let estimate = tokio::task::spawn_blocking(move || {
+        // What a run would reuse, found as the run finds it, without its lock or clean-up.
+        let sink = crate::sink::open(&job.output);
+        let held = if fresh {
+            None
+        } else {
+            sink.held().map_err(Failure::failed)?
+        };
+        let fingerprint = Fingerprint::new(&job, &info);
+        let location = StateLocation::for_job(&job);
+        let reuse = crate::state::peek(&job.name, &location, &fingerprint, held, fresh)
+            .map_err(state_failure)?;
+        let classifier = Classifier::new(reuse.store, reuse.held_ids, sink.keeps_rows());
+        crate::estimate::estimate(&job, chunker.as_ref(), &info, classifier).map_err(|e| Failure {
+            exit: e.exit(),
+            error: e.into(),
+        })
+    })
+    .await
+    .map_err(|e| Failure::failed(anyhow::anyhow!("the estimate stopped unexpectedly: {e}")))??;
+    if args.json {
+        print_json(&serde_json::to_value(&estimate).map_err(Failure::failed)?)?;
+    } else {
+        print!("{}", crate::estimate::table(&estimate));
+    }
+    Ok(Exit::Success)
+}
+
+fn state_failure(e: StateError) -> Failure {
+    Failure {
+        exit: if e.is_found_before_work() {
+            Exit::Usage
+        } else {
+            Exit::Failed
+        },
+        error: e.into(),
+    }
+}

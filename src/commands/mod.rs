@@ -1,0 +1,117 @@
+//! The commands: `run` and `estimate` take a job file ([`job`]); `models`,
+//! `embed` and `chat` talk to the service ([`service`]); `simulate` and
+//! `inspect` need neither. Results go to stdout; nothing else does.
+
+mod job;
+mod service;
+
+use std::io::Write;
+use std::time::Duration;
+
+use crate::client::{ApiKey, Client, ClientConfig};
+use crate::exit::{Exit, Failure};
+use crate::simulate::{self, SimulateOptions};
+
+pub use self::job::{estimate, run};
+pub use self::service::{chat, embed, models, models_table};
+
+pub const API_KEY_ENV: &str = "EMBEDJOB_API_KEY";
+pub const BASE_URL_ENV: &str = "EMBEDJOB_BASE_URL";
+pub const TIMEOUT_ENV: &str = "EMBEDJOB_TIMEOUT_SECONDS";
+
+/// The commands retry transient faults a few times, honouring Retry-After.
+pub(crate) const COMMAND_RETRIES: usize = 3;
+
+pub(crate) type Outcome = Result<Exit, Failure>;
+
+/// Builds a client from the environment; every problem is a usage error.
+pub fn client_from_env() -> Result<Client, Failure> {
+    let mut problems = Vec::new();
+    let key = match std::env::var(API_KEY_ENV) {
+        Ok(key) if !key.trim().is_empty() => Some(key),
+        Ok(_) => {
+            problems.push(format!(
+                "{API_KEY_ENV} is empty: set it to the service's API key"
+            ));
+            None
+        }
+        Err(_) => {
+            problems.push(format!(
+                "{API_KEY_ENV} is not set: set it to the service's API key"
+            ));
+            None
+        }
+    };
+    let base = match std::env::var(BASE_URL_ENV) {
+        Ok(url) if !url.trim().is_empty() => Some(url),
+        _ => {
+            problems.push(format!(
+                "{BASE_URL_ENV} is not set: set it to the service's address, e.g. http://127.0.0.1:9000"
+            ));
+            None
+        }
+    };
+    let timeout = match std::env::var(TIMEOUT_ENV) {
+        Err(_) => Duration::from_secs(60),
+        Ok(text) => match text.trim().parse::<f64>() {
+            Ok(s) if s.is_finite() && s > 0.0 => Duration::from_secs_f64(s),
+            _ => {
+                problems.push(format!(
+                    "{TIMEOUT_ENV} must be a positive number of seconds, not {text:?}"
+                ));
+                Duration::from_secs(60)
+            }
+        },
+    };
+    match (key, base) {
+        (Some(key), Some(base)) if problems.is_empty() => {
+            let mut config = ClientConfig::new(base, ApiKey::new(key));
+            config.timeout = timeout;
+            Client::new(config).map_err(Failure::usage)
+        }
+        _ => Err(Failure::usage(anyhow::anyhow!(problems.join("; ")))),
+    }
+}
+
+pub(crate) fn print_json(value: &serde_json::Value) -> Result<(), Failure> {
+    let mut out = std::io::stdout().lock();
+    serde_json::to_writer(&mut out, value)
+        .map_err(anyhow::Error::from)
+        .and_then(|()| writeln!(out).map_err(anyhow::Error::from))
+        .map_err(Failure::failed)
+}
+
+pub async fn simulate(options: SimulateOptions) -> Outcome {
+    let config = options.to_config().map_err(|problems| {
+        Failure::usage(anyhow::anyhow!("invalid simulator options:\n{problems}"))
+    })?;
+    simulate::serve(config).await.map_err(Failure::failed)?;
+    Ok(Exit::Success)
+}
+
+/// Prints the report whatever it finds; a failed check makes the exit 1.
+pub async fn inspect(args: &crate::cli::InspectArgs) -> Outcome {
+    let path = args.path.clone();
+    let report = tokio::task::spawn_blocking(move || crate::inspect::inspect(&path))
+        .await
+        .map_err(|e| Failure::failed(anyhow::anyhow!("the inspection stopped unexpectedly: {e}")))?
+        .map_err(|e| Failure {
+            exit: e.exit(),
+            error: e.into(),
+        })?;
+    if args.json {
+        print_json(&serde_json::to_value(&report).map_err(Failure::failed)?)?;
+    } else {
+        print!("{}", crate::inspect::text(&report));
+    }
+    if report.ok {
+        return Ok(Exit::Success);
+    }
+    let n = report.totals.problem_count;
+    let first = crate::inspect::first_problem(&report).unwrap_or_default();
+    Err(Failure::failed(anyhow::anyhow!(
+        "{n} failed check{} in {}; the first: {first}",
+        if n == 1 { "" } else { "s" },
+        args.path.display()
+    )))
+}

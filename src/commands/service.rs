@@ -1,0 +1,201 @@
+//! The commands that talk to the service without a job file: `models`,
+//! `embed` and `chat`. They take the key from `EMBEDJOB_API_KEY` and the
+//! address from `EMBEDJOB_BASE_URL`.
+
+use std::io::Write;
+
+use anyhow::Context;
+use futures::StreamExt;
+use serde_json::json;
+
+use super::{client_from_env, print_json, Outcome, COMMAND_RETRIES};
+use crate::backend::api::{ApiBackend, ApiSettings};
+use crate::backend::EmbeddingBackend;
+use crate::cli::{ChatArgs, EmbedArgs, ModelsArgs};
+use crate::client::{ChatMessage, ChatRequest, Model};
+use crate::exit::{Exit, Failure};
+use crate::retry::{with_retries, RetryPolicy};
+
+pub async fn models(args: &ModelsArgs) -> Outcome {
+    let client = client_from_env()?;
+    let policy = RetryPolicy::with_max_retries(COMMAND_RETRIES);
+    let models = match &args.id {
+        Some(id) => vec![with_retries(&policy, || client.model(id))
+            .await
+            .map_err(Failure::failed)?],
+        None => with_retries(&policy, || client.models())
+            .await
+            .map_err(Failure::failed)?,
+    };
+    if args.json {
+        let value = match &args.id {
+            Some(_) => serde_json::to_value(&models[0]),
+            None => serde_json::to_value(&models).map(|m| json!({ "models": m })),
+        }
+        .map_err(Failure::failed)?;
+        print_json(&value)?;
+    } else {
+        print!("{}", models_table(&models));
+    }
+    Ok(Exit::Success)
+}
+
+/// The human listing of models: one row each, aligned.
+pub fn models_table(models: &[Model]) -> String {
+    let mut rows = vec![[
+        "ID".to_string(),
+        "CONTEXT".to_string(),
+        "MODALITIES".to_string(),
+        "INPUT/1K".to_string(),
+        "OUTPUT/1K".to_string(),
+    ]];
+    let price = |p: Option<f64>| p.map_or_else(|| "-".to_string(), |v| format!("{v}"));
+    for model in models {
+        rows.push([
+            model.id.clone(),
+            model
+                .context_window
+                .map_or_else(|| "-".to_string(), |c| c.to_string()),
+            if model.modalities.is_empty() {
+                "-".to_string()
+            } else {
+                model.modalities.join(",")
+            },
+            price(model.pricing.and_then(|p| p.input_per_1k)),
+            price(model.pricing.and_then(|p| p.output_per_1k)),
+        ]);
+    }
+    let widths: Vec<usize> = (0..5)
+        .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
+        .collect();
+    let mut out = String::new();
+    for row in rows {
+        let line: Vec<String> = row
+            .iter()
+            .zip(&widths)
+            .map(|(cell, width)| format!("{cell:<width$}"))
+            .collect();
+        out.push_str(line.join("  ").trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+pub async fn embed(args: &EmbedArgs) -> Outcome {
+    let client = client_from_env()?;
+    // The job engine's backend: the same retries and the same checks of every response.
+    let backend = ApiBackend::new(
+        client,
+        ApiSettings {
+            model: args.model.clone(),
+            dimensions: None,
+            concurrency: 1,
+            requests_per_minute: 0,
+            tokens_per_minute: 0,
+            max_tokens_per_request: 0,
+            retry: RetryPolicy::with_max_retries(COMMAND_RETRIES),
+        },
+        None,
+    );
+    let texts: Vec<&str> = args.texts.iter().map(String::as_str).collect();
+    let vectors = backend.embed(&texts, 0).await.map_err(Failure::failed)?;
+    if args.json {
+        let embeddings: Vec<&[f32]> = vectors.rows().collect();
+        print_json(&json!({
+            "model": args.model,
+            "dimensions": vectors.dimensions,
+            "embeddings": embeddings,
+            "usage": vectors.usage,
+        }))?;
+    } else {
+        let mut out = std::io::stdout().lock();
+        for (i, (row, text)) in vectors.rows().zip(&texts).enumerate() {
+            let head: Vec<String> = row.iter().take(4).map(|v| format!("{v:.6}")).collect();
+            writeln!(
+                out,
+                "{i}\t{}\t[{}, …]\t{}",
+                vectors.dimensions,
+                head.join(", "),
+                preview(text, 60)
+            )
+            .context("writing to stdout")
+            .map_err(Failure::failed)?;
+        }
+        eprintln!(
+            "{} vectors of {} dimensions, {} prompt tokens",
+            vectors.len(),
+            vectors.dimensions,
+            vectors.usage.prompt_tokens
+        );
+    }
+    Ok(Exit::Success)
+}
+
+fn preview(text: &str, max_chars: usize) -> String {
+    let one_line: String = text
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    match one_line.char_indices().nth(max_chars) {
+        Some((cut, _)) => format!("{}…", &one_line[..cut]),
+        None => one_line,
+    }
+}
+
+pub async fn chat(args: &ChatArgs) -> Outcome {
+    if let Some(t) = args.temperature {
+        if !(0.0..=2.0).contains(&t) {
+            return Err(Failure::usage(anyhow::anyhow!(
+                "--temperature must be between 0.0 and 2.0, not {t}"
+            )));
+        }
+    }
+    if args.max_tokens == Some(0) {
+        return Err(Failure::usage(anyhow::anyhow!(
+            "--max-tokens must be at least 1"
+        )));
+    }
+    let client = client_from_env()?;
+    let mut messages = Vec::new();
+    if let Some(system) = &args.system {
+        messages.push(ChatMessage::new("system", system));
+    }
+    messages.push(ChatMessage::new("user", &args.prompt));
+    let request = ChatRequest {
+        model: args.model.clone(),
+        messages,
+        temperature: args.temperature,
+        max_tokens: args.max_tokens,
+        stream: !args.no_stream,
+    };
+    let policy = RetryPolicy::with_max_retries(COMMAND_RETRIES);
+    let mut out = std::io::stdout().lock();
+    let write_err =
+        |e: std::io::Error| Failure::failed(anyhow::Error::from(e).context("writing to stdout"));
+    if args.no_stream {
+        let reply = with_retries(&policy, || client.chat(&request))
+            .await
+            .map_err(Failure::failed)?;
+        writeln!(out, "{reply}").map_err(write_err)?;
+        return Ok(Exit::Success);
+    }
+    // Only opening the stream is retried: once text is on the screen, a retry would repeat it.
+    let mut stream = with_retries(&policy, || client.chat_stream(&request))
+        .await
+        .map_err(Failure::failed)?;
+    while let Some(fragment) = stream.next().await {
+        match fragment {
+            Ok(text) => {
+                out.write_all(text.as_bytes()).map_err(write_err)?;
+                out.flush().map_err(write_err)?;
+            }
+            Err(e) => {
+                // End the partial line so the error starts on a line of its own.
+                let _ = writeln!(out);
+                return Err(Failure::failed(e));
+            }
+        }
+    }
+    writeln!(out).map_err(write_err)?;
+    Ok(Exit::Success)
+}

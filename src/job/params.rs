@@ -1,0 +1,537 @@
+//! Per-kind parameters of `[source]`, `[backend]` and `[output]`.
+//!
+//! A section's `kind` is read first; then the rest of the section is
+//! deserialized into that kind's own parameters (and, for the backend, into
+//! the keys every kind shares). A key that belongs to another kind is
+//! reported as not applying to this one, and any other unknown key as
+//! unknown. `#[serde(tag = "kind")]` is not used: through it `serde_ignored`
+//! would not see the unknown keys inside.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+pub const DEFAULT_API_KEY_ENV: &str = "EMBEDJOB_API_KEY";
+
+/// A section's parameters, as deserialized, with the problems found.
+pub(super) struct Parsed<T> {
+    pub value: Option<T>,
+    pub problems: Vec<String>,
+}
+
+/// Deserializes `table` (the section `section`) into `T`, collecting the
+/// keys `T` does not know and a type error, if any.
+fn deserialize<T: DeserializeOwned>(
+    section: &str,
+    table: &toml::Table,
+) -> (Option<T>, Vec<String>, Option<String>) {
+    let mut unknown = Vec::new();
+    let mut note_unknown = |path: serde_ignored::Path| unknown.push(path.to_string());
+    let value = toml::Value::Table(table.clone());
+    let deserializer = serde_ignored::Deserializer::new(value, &mut note_unknown);
+    match serde_path_to_error::deserialize::<_, T>(deserializer) {
+        Ok(value) => (Some(value), unknown, None),
+        Err(e) => {
+            let inner = one_line(&e.inner().to_string());
+            let at = e.path().to_string();
+            let problem = match missing_field(&inner) {
+                Some(field) if at == "." => format!("`{section}.{field}` is required"),
+                _ if at == "." => format!("`{section}`: {inner}"),
+                _ => format!("`{section}.{at}`: {inner}"),
+            };
+            (None, unknown, Some(problem))
+        }
+    }
+}
+
+fn missing_field(message: &str) -> Option<&str> {
+    message
+        .strip_prefix("missing field `")
+        .and_then(|rest| rest.split('`').next())
+}
+
+pub(super) fn one_line(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// Takes `kind` out of a section, defaulting to `default` when absent.
+fn take_kind<K: DeserializeOwned>(
+    section: &str,
+    table: &mut toml::Table,
+    default: Option<K>,
+    problems: &mut Vec<String>,
+) -> Option<K> {
+    match table.remove("kind") {
+        None => {
+            if default.is_none() {
+                problems.push(format!("`{section}.kind` is required"));
+            }
+            default
+        }
+        Some(value) => match K::deserialize(value) {
+            Ok(kind) => Some(kind),
+            Err(e) => {
+                problems.push(format!("`{section}.kind`: {}", one_line(&e.to_string())));
+                None
+            }
+        },
+    }
+}
+
+/// Reports each key no part of a section knew: as belonging to another kind
+/// when one of `others` (kind name, its keys) has it, else as unknown.
+fn report_unknown(
+    section: &str,
+    kind: &str,
+    unknown: impl IntoIterator<Item = String>,
+    others: &[(&str, &[&str])],
+    problems: &mut Vec<String>,
+) {
+    for key in unknown {
+        let elsewhere = others
+            .iter()
+            .any(|(other, keys)| *other != kind && keys.contains(&key.as_str()));
+        if elsewhere {
+            problems.push(format!(
+                "`{section}.{key}` does not apply to kind \"{kind}\""
+            ));
+        } else {
+            problems.push(format!("unknown key `{section}.{key}`"));
+        }
+    }
+}
+
+// ---------------------------------------------------------------- source
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SourceKind {
+    Files,
+    Jsonl,
+    Csv,
+    Parquet,
+}
+
+impl fmt::Display for SourceKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            SourceKind::Files => "files",
+            SourceKind::Jsonl => "jsonl",
+            SourceKind::Csv => "csv",
+            SourceKind::Parquet => "parquet",
+        })
+    }
+}
+
+/// `[source]`: one kind's parameters.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SourceConfig {
+    Files(FilesSource),
+    Jsonl(RecordsSource),
+    Csv(RecordsSource),
+    Parquet(RecordsSource),
+}
+
+/// `kind = "files"`: text files found by globs, directories or names.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct FilesSource {
+    /// Globs, directories or files.
+    #[serde(default)]
+    pub paths: Vec<String>,
+}
+
+/// `kind = "jsonl" | "csv" | "parquet"`: records with a text field.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RecordsSource {
+    /// A file (or, for parquet, a directory of files).
+    pub path: PathBuf,
+    pub text_field: String,
+    pub id_field: Option<String>,
+}
+
+/// Records as written, before the required keys are checked.
+#[derive(Debug, Clone, Deserialize)]
+struct RawRecords {
+    path: Option<PathBuf>,
+    text_field: Option<String>,
+    id_field: Option<String>,
+}
+
+const FILES_KEYS: &[&str] = &["paths"];
+const RECORDS_KEYS: &[&str] = &["path", "text_field", "id_field"];
+const SOURCE_KINDS: &[(&str, &[&str])] = &[
+    ("files", FILES_KEYS),
+    ("jsonl", RECORDS_KEYS),
+    ("csv", RECORDS_KEYS),
+    ("parquet", RECORDS_KEYS),
+];
+
+impl SourceConfig {
+    pub fn kind(&self) -> SourceKind {
+        match self {
+            SourceConfig::Files(_) => SourceKind::Files,
+            SourceConfig::Jsonl(_) => SourceKind::Jsonl,
+            SourceConfig::Csv(_) => SourceKind::Csv,
+            SourceConfig::Parquet(_) => SourceKind::Parquet,
+        }
+    }
+
+    /// The records' parameters, for the kinds that read records.
+    pub fn records(&self) -> Option<&RecordsSource> {
+        match self {
+            SourceConfig::Files(_) => None,
+            SourceConfig::Jsonl(r) | SourceConfig::Csv(r) | SourceConfig::Parquet(r) => Some(r),
+        }
+    }
+
+    /// The input, for messages: its path, or its list of globs.
+    pub fn describe(&self) -> String {
+        match self {
+            SourceConfig::Files(files) => files.paths.join(", "),
+            SourceConfig::Jsonl(r) | SourceConfig::Csv(r) | SourceConfig::Parquet(r) => {
+                r.path.display().to_string()
+            }
+        }
+    }
+
+    pub(super) fn parse(mut table: toml::Table) -> Parsed<SourceConfig> {
+        let mut problems = Vec::new();
+        let Some(kind) = take_kind::<SourceKind>("source", &mut table, None, &mut problems) else {
+            return Parsed {
+                value: None,
+                problems,
+            };
+        };
+        let name = kind.to_string();
+        let value = if kind == SourceKind::Files {
+            let (value, unknown, error) = deserialize::<FilesSource>("source", &table);
+            report_unknown("source", &name, unknown, SOURCE_KINDS, &mut problems);
+            problems.extend(error);
+            value.map(SourceConfig::Files)
+        } else {
+            let (raw, unknown, error) = deserialize::<RawRecords>("source", &table);
+            report_unknown("source", &name, unknown, SOURCE_KINDS, &mut problems);
+            problems.extend(error);
+            raw.and_then(|raw| records(kind, raw, &mut problems))
+        };
+        Parsed { value, problems }
+    }
+
+    pub(super) fn problems(&self, p: &mut Vec<String>) {
+        if let SourceConfig::Files(files) = self {
+            if files.paths.is_empty() {
+                p.push(
+                    "`source.paths` must list at least one glob or directory for kind \"files\""
+                        .to_string(),
+                );
+            }
+        }
+    }
+}
+
+fn records(kind: SourceKind, raw: RawRecords, problems: &mut Vec<String>) -> Option<SourceConfig> {
+    let path = raw.path.filter(|p| !p.as_os_str().is_empty());
+    if path.is_none() {
+        problems.push(format!("`source.path` is required for kind \"{kind}\""));
+    }
+    let text_field = raw.text_field.filter(|f| !f.is_empty());
+    if text_field.is_none() {
+        problems.push(format!(
+            "`source.text_field` is required for kind \"{kind}\""
+        ));
+    }
+    let records = RecordsSource {
+        path: path?,
+        text_field: text_field?,
+        id_field: raw.id_field,
+    };
+    Some(match kind {
+        SourceKind::Jsonl => SourceConfig::Jsonl(records),
+        SourceKind::Csv => SourceConfig::Csv(records),
+        SourceKind::Parquet | SourceKind::Files => SourceConfig::Parquet(records),
+    })
+}
+
+// ---------------------------------------------------------------- backend
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BackendKind {
+    Api,
+    Local,
+}
+
+impl fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            BackendKind::Api => "api",
+            BackendKind::Local => "local",
+        })
+    }
+}
+
+/// `[backend]`: the keys every kind shares, and one kind's own.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BackendConfig {
+    pub shared: BackendShared,
+    pub params: BackendParams,
+}
+
+/// The keys of `[backend]` that every kind takes.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct BackendShared {
+    pub model: Option<String>,
+    pub dimensions: Option<usize>,
+    pub max_inputs_per_request: usize,
+    pub max_tokens_per_request: usize,
+    /// Requests in flight (api), or requests waiting for the model (local).
+    pub concurrency: usize,
+    /// How long a request may take; also how long a stopping run waits for
+    /// the requests in flight.
+    pub timeout_seconds: f64,
+}
+
+impl Default for BackendShared {
+    fn default() -> Self {
+        BackendShared {
+            model: None,
+            dimensions: None,
+            max_inputs_per_request: 128,
+            max_tokens_per_request: 32_000,
+            concurrency: 8,
+            timeout_seconds: 60.0,
+        }
+    }
+}
+
+/// One backend kind's own keys.
+#[derive(Debug, Clone, PartialEq)]
+pub enum BackendParams {
+    Api(ApiParams),
+    Local(LocalParams),
+}
+
+/// `kind = "api"`: an OpenAI-style service.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct ApiParams {
+    pub base_url: Option<String>,
+    /// The environment variable that holds the API key (never the key itself).
+    pub api_key_env: String,
+    /// 0 = no client-side limit.
+    pub requests_per_minute: u32,
+    /// 0 = no client-side limit.
+    pub tokens_per_minute: u64,
+    pub max_retries: usize,
+}
+
+impl Default for ApiParams {
+    fn default() -> Self {
+        ApiParams {
+            base_url: None,
+            api_key_env: DEFAULT_API_KEY_ENV.to_string(),
+            requests_per_minute: 0,
+            tokens_per_minute: 0,
+            max_retries: 8,
+        }
+    }
+}
+
+/// `kind = "local"`: the embedded fastembed model.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct LocalParams {
+    /// The directory holding `model.onnx` and the tokenizer files. Absent:
+    /// `EMBEDJOB_MODEL_DIR`, else `models/<model>` in the cache that
+    /// `scripts/setup-local` fills.
+    pub model_dir: Option<PathBuf>,
+    /// ONNX Runtime intra-op threads. Absent: every available core.
+    pub threads: Option<usize>,
+    /// Texts per inference call, grouped by similar length. Absent: 32.
+    pub batch_size: Option<usize>,
+}
+
+const API_KEYS: &[&str] = &[
+    "base_url",
+    "api_key_env",
+    "requests_per_minute",
+    "tokens_per_minute",
+    "max_retries",
+];
+const LOCAL_KEYS: &[&str] = &["model_dir", "threads", "batch_size"];
+const BACKEND_KINDS: &[(&str, &[&str])] = &[("api", API_KEYS), ("local", LOCAL_KEYS)];
+
+impl Default for BackendConfig {
+    fn default() -> Self {
+        BackendConfig {
+            shared: BackendShared::default(),
+            params: BackendParams::Api(ApiParams::default()),
+        }
+    }
+}
+
+impl BackendConfig {
+    pub fn kind(&self) -> BackendKind {
+        match self.params {
+            BackendParams::Api(_) => BackendKind::Api,
+            BackendParams::Local(_) => BackendKind::Local,
+        }
+    }
+
+    /// The api kind's own keys, when the kind is api.
+    pub fn api(&self) -> Option<&ApiParams> {
+        match &self.params {
+            BackendParams::Api(api) => Some(api),
+            BackendParams::Local(_) => None,
+        }
+    }
+
+    /// The local kind's own keys, when the kind is local.
+    pub fn local(&self) -> Option<&LocalParams> {
+        match &self.params {
+            BackendParams::Local(local) => Some(local),
+            BackendParams::Api(_) => None,
+        }
+    }
+
+    pub(super) fn parse(mut table: toml::Table) -> Parsed<BackendConfig> {
+        let mut problems = Vec::new();
+        let kind = take_kind("backend", &mut table, Some(BackendKind::Api), &mut problems);
+        let (shared, unknown_shared, error) = deserialize::<BackendShared>("backend", &table);
+        problems.extend(error);
+        let Some(kind) = kind else {
+            return Parsed {
+                value: None,
+                problems,
+            };
+        };
+        let (params, unknown_own, error) = match kind {
+            BackendKind::Api => {
+                let (p, u, e) = deserialize::<ApiParams>("backend", &table);
+                (p.map(BackendParams::Api), u, e)
+            }
+            BackendKind::Local => {
+                let (p, u, e) = deserialize::<LocalParams>("backend", &table);
+                (p.map(BackendParams::Local), u, e)
+            }
+        };
+        problems.extend(error);
+        // Unknown to both the shared keys and this kind's own.
+        let unknown = unknown_own
+            .into_iter()
+            .filter(|key| unknown_shared.contains(key));
+        report_unknown(
+            "backend",
+            &kind.to_string(),
+            unknown,
+            BACKEND_KINDS,
+            &mut problems,
+        );
+        let value = shared
+            .zip(params)
+            .map(|(shared, params)| BackendConfig { shared, params });
+        Parsed { value, problems }
+    }
+}
+
+// ---------------------------------------------------------------- output
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OutputKind {
+    Parquet,
+}
+
+impl fmt::Display for OutputKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            OutputKind::Parquet => "parquet",
+        })
+    }
+}
+
+/// `[output]`: one sink kind's parameters.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OutputConfig {
+    pub params: OutputParams,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum OutputParams {
+    Parquet(ParquetOutput),
+}
+
+/// `kind = "parquet"` (the default): one Parquet file.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct ParquetOutput {
+    pub path: PathBuf,
+    #[serde(default = "default_true")]
+    pub include_text: bool,
+    /// A row group is flushed once its buffered vectors and text reach this size.
+    #[serde(default = "default_row_group_bytes")]
+    pub row_group_bytes: u64,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+fn default_row_group_bytes() -> u64 {
+    16 * 1024 * 1024
+}
+
+const PARQUET_OUTPUT_KEYS: &[&str] = &["path", "include_text", "row_group_bytes"];
+const OUTPUT_KINDS: &[(&str, &[&str])] = &[("parquet", PARQUET_OUTPUT_KEYS)];
+
+impl OutputConfig {
+    pub fn kind(&self) -> OutputKind {
+        match self.params {
+            OutputParams::Parquet(_) => OutputKind::Parquet,
+        }
+    }
+
+    /// The path the job's state is named after (see `crate::state`).
+    pub fn state_stem(&self) -> &Path {
+        match &self.params {
+            OutputParams::Parquet(parquet) => &parquet.path,
+        }
+    }
+
+    pub(super) fn parse(mut table: toml::Table) -> Parsed<OutputConfig> {
+        let mut problems = Vec::new();
+        let kind = take_kind(
+            "output",
+            &mut table,
+            Some(OutputKind::Parquet),
+            &mut problems,
+        );
+        let value = match kind {
+            Some(OutputKind::Parquet) => {
+                let (value, unknown, error) = deserialize::<ParquetOutput>("output", &table);
+                report_unknown("output", "parquet", unknown, OUTPUT_KINDS, &mut problems);
+                problems.extend(error);
+                value.map(|p| OutputConfig {
+                    params: OutputParams::Parquet(p),
+                })
+            }
+            None => None,
+        };
+        Parsed { value, problems }
+    }
+
+    pub(super) fn problems(&self, p: &mut Vec<String>) {
+        match &self.params {
+            OutputParams::Parquet(parquet) => {
+                if parquet.path.as_os_str().is_empty() {
+                    p.push("`output.path` must not be empty".to_string());
+                }
+                if parquet.row_group_bytes < 1024 {
+                    p.push("`output.row_group_bytes` must be at least 1024".to_string());
+                }
+            }
+        }
+    }
+}

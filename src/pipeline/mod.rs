@@ -1,0 +1,283 @@
+//! Wires a job's built stages together:
+//! `source → chunk → classify → batch` on a reading thread ([`read`]),
+//! requests in flight on the async runtime ([`dispatch`]), and the sink and
+//! checkpoint on a writing thread ([`write`]), joined by bounded channels so
+//! that memory does not grow with the input.
+//!
+//! Every vector paid for is committed to the job's checkpoint as soon as it
+//! arrives, and chunks whose vector is already stored (held by the sink, or
+//! in the checkpoint, see [`crate::state`]) are not sent again.
+
+mod classify;
+mod dispatch;
+mod read;
+mod stop;
+mod summary;
+mod write;
+
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::{mpsc, watch};
+
+use crate::backend::{BackendError, EmbeddingBackend};
+use crate::batch::{Batch, Batcher};
+use crate::chunk::Chunker;
+use crate::exit::Exit;
+use crate::fsio::FsError;
+use crate::job::Job;
+use crate::parquet_io::FINGERPRINT_KEY;
+use crate::progress::{Mode, Progress};
+use crate::sink::{Sink, SinkError};
+use crate::source::{Source, SourceError};
+use crate::state::{Fingerprint, JobState, Reuse, StateError};
+use crate::store::StoreError;
+use crate::types::OutputMetadata;
+
+pub use self::classify::{Class, Classifier, Counts};
+pub use self::stop::StopRequest;
+pub use self::summary::Summary;
+
+use self::dispatch::{Dispatch, Dispatched};
+use self::read::{ReadReport, Reading};
+use self::stop::{Budget, Stops};
+use self::write::{SinkMessage, Writing, Written};
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error(transparent)]
+    Source(#[from] SourceError),
+    #[error("request for chunks {first}..{last} failed: {error}")]
+    Backend {
+        first: String,
+        last: String,
+        #[source]
+        error: BackendError,
+    },
+    #[error(transparent)]
+    Sink(#[from] SinkError),
+    #[error(transparent)]
+    State(#[from] StateError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Fs(#[from] FsError),
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl RunError {
+    pub fn exit(&self) -> Exit {
+        match self {
+            RunError::Source(e) if e.is_found_at_open() => Exit::Usage,
+            RunError::State(e) if e.is_found_before_work() => Exit::Usage,
+            _ => Exit::Failed,
+        }
+    }
+
+    fn stage_stopped(stage: &str, e: &tokio::task::JoinError) -> RunError {
+        RunError::Internal(format!("the {stage} stage stopped unexpectedly: {e}"))
+    }
+}
+
+/// A job's stages, built: the pipeline only wires them.
+pub struct Stages {
+    pub source: Box<dyn Source>,
+    pub chunker: Arc<dyn Chunker>,
+    pub backend: Arc<dyn EmbeddingBackend>,
+    pub sink: Box<dyn Sink>,
+}
+
+/// How a run is driven, besides its job file.
+#[derive(Debug, Default)]
+pub struct RunOptions {
+    /// Progress on stderr: a bar on a terminal, else a line every
+    /// `pipeline.progress_seconds` (see [`crate::progress`]).
+    pub progress: bool,
+    /// Discard the checkpoint and what the sink holds instead of reusing them.
+    pub fresh: bool,
+    /// Stop gracefully after this long.
+    pub max_duration: Option<Duration>,
+    /// Stop requests, from signals.
+    pub stop: Option<watch::Receiver<StopRequest>>,
+}
+
+/// Runs a job's built stages, with its state opened (and locked), to the
+/// end or until asked to stop.
+pub async fn run(
+    job: &Job,
+    stages: Stages,
+    state: JobState,
+    options: RunOptions,
+) -> Result<Summary, RunError> {
+    let started = Instant::now();
+    let Stages {
+        source,
+        chunker,
+        backend,
+        sink,
+    } = stages;
+    let info = backend.info().clone();
+    let fingerprint = Fingerprint::new(job, &info);
+    let keeps_rows = sink.keeps_rows();
+    let (reuse, sink, state) = load_reuse(sink, state, options.fresh).await?;
+    let earlier = reuse.store.earlier();
+    let capacity = job.pipeline.channel_capacity;
+    let mut display = Progress::new(
+        Mode::for_stderr(options.progress),
+        job.pipeline.progress_seconds,
+    );
+    let chunker = display.counting(chunker);
+    let halt = Arc::new(AtomicBool::new(false));
+    let settled = Arc::new(AtomicU64::new(0));
+
+    let (sink_tx, sink_rx) = mpsc::channel::<SinkMessage>(capacity);
+    let (batch_tx, batch_rx) = mpsc::channel::<Result<Batch, RunError>>(capacity);
+    let reading = Reading {
+        classifier: Classifier::new(reuse.store, reuse.held_ids, keeps_rows),
+        batcher: Batcher::for_backend(&job.backend),
+        removes_rows: keeps_rows,
+        halt: Arc::clone(&halt),
+        settled: Arc::clone(&settled),
+        batches: batch_tx,
+        sink: sink_tx.clone(),
+        reuse_batch: job.backend.shared.max_inputs_per_request.max(1),
+    };
+    let reader = tokio::task::spawn_blocking(move || reading.run(source, chunker.as_ref()));
+    let writing = Writing::new(
+        sink,
+        state.part_writer(
+            &info.model,
+            &info.kind.to_string(),
+            output_row_group_bytes(job),
+        ),
+        state.failures(),
+    );
+    let writer = tokio::task::spawn_blocking(move || writing.run(sink_rx));
+
+    let dispatch = Dispatch {
+        backend: Arc::clone(&backend),
+        concurrency: job.backend.shared.concurrency,
+        budget: job.budget.max_cost.map(|max_cost| {
+            Arc::new(Budget::new(
+                max_cost,
+                info.input_per_1k.unwrap_or(0.0) / 1000.0,
+            ))
+        }),
+        halt,
+        drain: Duration::from_secs_f64(job.backend.shared.timeout_seconds),
+        settled,
+    };
+    let stops = Stops::new(options.stop, started, options.max_duration);
+    let dispatched = dispatch
+        .run(batch_rx, &sink_tx, stops, &mut display, &|| {
+            reader.is_finished()
+        })
+        .await;
+    let read = reader
+        .await
+        .map_err(|e| RunError::stage_stopped("reading", &e));
+    let (read, mut dispatched) = settle(read, dispatched);
+    let ending = if dispatched.failure.is_some() || dispatched.stopped.is_some() {
+        // Keeps what was paid for in the checkpoint; the output is left as it was.
+        SinkMessage::Stop
+    } else {
+        let mut usage = dispatched.usage;
+        usage += earlier.usage;
+        SinkMessage::Finish(OutputMetadata {
+            model: info.model.clone(),
+            dimensions: 0,
+            backend: info.kind.to_string(),
+            usage,
+            requests: backend.stats().requests + earlier.requests,
+            cost: summary::cost(&info, usage),
+            extra: [(FINGERPRINT_KEY.to_string(), fingerprint.to_json())].into(),
+        })
+    };
+    let written = finish_writing(ending, &mut dispatched, sink_tx, writer).await?;
+    state.close();
+    let summary = Summary::new(&summary::Outcome {
+        job: &job.name,
+        output: job.output.state_stem().display().to_string(),
+        info: &info,
+        read: &read,
+        dispatched: &dispatched,
+        written: &written,
+        stats: backend.stats(),
+        earlier,
+        elapsed_seconds: started.elapsed().as_secs_f64(),
+    });
+    let value = serde_json::to_value(&summary).map_err(|e| RunError::Internal(e.to_string()))?;
+    crate::state::write_summary(&crate::state::StateLocation::for_job(job), &value)?;
+    Ok(summary)
+}
+
+fn output_row_group_bytes(job: &Job) -> u64 {
+    match &job.output.params {
+        crate::job::OutputParams::Parquet(p) => p.row_group_bytes,
+    }
+}
+
+/// What the sink holds and the checkpoint's parts, indexed off the runtime.
+async fn load_reuse(
+    sink: Box<dyn Sink>,
+    state: JobState,
+    fresh: bool,
+) -> Result<(Reuse, Box<dyn Sink>, JobState), RunError> {
+    tokio::task::spawn_blocking(move || {
+        let held = if fresh { None } else { sink.held()? };
+        let reuse = state.reuse(held, fresh)?;
+        Ok((reuse, sink, state))
+    })
+    .await
+    .map_err(|e| {
+        RunError::Internal(format!(
+            "reading the stored vectors stopped unexpectedly: {e}"
+        ))
+    })?
+}
+
+/// The reading stage's report; a reading stage that failed to finish makes
+/// the run fail.
+fn settle(
+    read: Result<ReadReport, RunError>,
+    mut dispatched: Dispatched,
+) -> (ReadReport, Dispatched) {
+    match read {
+        Ok(read) => (read, dispatched),
+        Err(e) => {
+            dispatched.failure.get_or_insert(e);
+            (ReadReport::default(), dispatched)
+        }
+    }
+}
+
+/// Tells the writer how the run ended and waits for it: on `Finish` it
+/// completes the output, on `Stop` it keeps what was paid for in the
+/// checkpoint and leaves the output as it was.
+async fn finish_writing(
+    ending: SinkMessage,
+    dispatched: &mut Dispatched,
+    sink_tx: mpsc::Sender<SinkMessage>,
+    writer: tokio::task::JoinHandle<Result<Written, RunError>>,
+) -> Result<Written, RunError> {
+    if !dispatched.writer_stopped {
+        let _ = sink_tx.send(ending).await;
+    }
+    drop(sink_tx);
+    let written = writer
+        .await
+        .map_err(|e| RunError::stage_stopped("writing", &e));
+    if dispatched.writer_stopped {
+        return Err(match written {
+            Ok(Err(e)) => e,
+            Ok(Ok(_)) => RunError::Internal("the writing stage stopped early".to_string()),
+            Err(e) => e,
+        });
+    }
+    if let Some(error) = dispatched.failure.take() {
+        return Err(error);
+    }
+    written?
+}

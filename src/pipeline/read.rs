@@ -1,0 +1,153 @@
+//! The reading stage, on a blocking thread: reads documents, chunks them,
+//! classifies each chunk, packs the chunks to send into requests and passes
+//! the others straight to the writer.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+
+use super::classify::{Class, Classifier, Counts};
+use super::write::SinkMessage;
+use super::RunError;
+use crate::batch::{Batch, Batcher};
+use crate::chunk::Chunker;
+use crate::source::{Source, SourceStats};
+use crate::store::{Location, Origin};
+use crate::types::{Chunk, EmbeddedBatch, Usage, Vectors};
+
+/// What the reading stage read and how it sorted it.
+#[derive(Debug, Default)]
+pub(super) struct ReadReport {
+    pub source: SourceStats,
+    pub counts: Counts,
+    /// Chunks a sink that keeps rows already held unchanged.
+    pub kept: u64,
+}
+
+pub(super) struct Reading {
+    pub classifier: Classifier,
+    pub batcher: Batcher,
+    /// Whether the sink is to be told which held rows are gone.
+    pub removes_rows: bool,
+    /// Set when the run wants nothing more.
+    pub halt: Arc<AtomicBool>,
+    /// Chunks done without a request (reused or repeated), for progress.
+    pub settled: Arc<AtomicU64>,
+    pub batches: mpsc::Sender<Result<Batch, RunError>>,
+    pub sink: mpsc::Sender<SinkMessage>,
+    /// Stored vectors are read back this many at a time.
+    pub reuse_batch: usize,
+}
+
+impl Reading {
+    /// Runs on a blocking thread. An error is sent down the batch channel
+    /// like a batch, so the run sees it in order.
+    pub(super) fn run(mut self, mut source: Box<dyn Source>, chunker: &dyn Chunker) -> ReadReport {
+        let mut reuse = Vec::new();
+        let mut kept = 0;
+        let outcome = self.read_all(source.as_mut(), chunker, &mut reuse, &mut kept);
+        let report = ReadReport {
+            source: source.stats(),
+            counts: self.classifier.counts(),
+            kept,
+        };
+        if let Err(e) = outcome {
+            let _ = self.batches.blocking_send(Err(e));
+        }
+        report
+    }
+
+    fn read_all(
+        &mut self,
+        source: &mut dyn Source,
+        chunker: &dyn Chunker,
+        reuse: &mut Vec<(Chunk, Location)>,
+        kept: &mut u64,
+    ) -> Result<(), RunError> {
+        loop {
+            if self.halt.load(Ordering::Relaxed) {
+                return Ok(());
+            }
+            let Some(document) = source.next_document()? else {
+                break;
+            };
+            for chunk in chunker.chunk(&document) {
+                if !self.route(chunk, reuse, kept)? {
+                    return Ok(());
+                }
+            }
+        }
+        self.flush_reuse(reuse)?;
+        if let Some(batch) = self.batcher.finish() {
+            let _ = self.batches.blocking_send(Ok(batch));
+        }
+        let gone = self.classifier.finish();
+        if self.removes_rows && !gone.is_empty() {
+            let ids = self.classifier.store().ids_of(Origin::Previous, &gone)?;
+            let _ = self.sink.blocking_send(SinkMessage::Remove(ids));
+        }
+        Ok(())
+    }
+
+    /// Sends, reuses or defers one chunk; `false` once the run wants nothing more.
+    fn route(
+        &mut self,
+        chunk: Chunk,
+        reuse: &mut Vec<(Chunk, Location)>,
+        kept: &mut u64,
+    ) -> Result<bool, RunError> {
+        match self.classifier.classify(&chunk) {
+            Class::Kept => {
+                *kept += 1;
+                self.settled.fetch_add(1, Ordering::Relaxed);
+                Ok(true)
+            }
+            Class::Stored(location) => {
+                self.settled.fetch_add(1, Ordering::Relaxed);
+                reuse.push((chunk, location));
+                // As many as a request holds, so that the writer's queue holds
+                // no more memory than with new vectors.
+                if reuse.len() >= self.reuse_batch {
+                    return self.flush_reuse(reuse);
+                }
+                Ok(true)
+            }
+            Class::Repeat => {
+                self.settled.fetch_add(1, Ordering::Relaxed);
+                Ok(self
+                    .sink
+                    .blocking_send(SinkMessage::Duplicate(chunk))
+                    .is_ok())
+            }
+            Class::Send => match self.batcher.push(chunk) {
+                // A closed channel means the run stopped; nothing more is wanted.
+                Some(batch) => Ok(self.batches.blocking_send(Ok(batch)).is_ok()),
+                None => Ok(true),
+            },
+        }
+    }
+
+    /// Reads the stored vectors of the chunks waiting for them and passes
+    /// them to the writer.
+    fn flush_reuse(&mut self, reuse: &mut Vec<(Chunk, Location)>) -> Result<bool, RunError> {
+        if reuse.is_empty() {
+            return Ok(true);
+        }
+        let pending = std::mem::take(reuse);
+        let wanted: Vec<(Location, [u8; 32])> =
+            pending.iter().map(|(c, l)| (*l, c.content_hash)).collect();
+        let store = self.classifier.store();
+        let values = store.fetch(&wanted)?;
+        let dimensions = store.dimensions().unwrap_or(0);
+        let batch = EmbeddedBatch {
+            chunks: pending.into_iter().map(|(c, _)| c).collect(),
+            vectors: Vectors {
+                dimensions,
+                values,
+                usage: Usage::default(),
+            },
+        };
+        Ok(self.sink.blocking_send(SinkMessage::Reused(batch)).is_ok())
+    }
+}

@@ -1,0 +1,261 @@
+//! The checkpoint: every vector a job pays for, committed as it arrives.
+//!
+//! ```text
+//! <stem>.checkpoint/
+//!     manifest.json                  the fingerprint the parts were made under
+//!     part-000001.parquet            vectors paid for and committed, in the output's
+//!     part-000002.parquet            columns without `text`; usage in the metadata
+//! ```
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::{parts, Fingerprint, StateError, StateLocation};
+use crate::fsio::{self, FsError};
+
+#[derive(Serialize, Deserialize)]
+struct Manifest {
+    /// The layout of the checkpoint directory.
+    checkpoint_version: u32,
+    job: String,
+    fingerprint: Fingerprint,
+}
+
+const CHECKPOINT_VERSION: u32 = 1;
+const MANIFEST: &str = "manifest.json";
+
+/// The checkpoint directory of one job, opened by a run holding its lock.
+#[derive(Debug, Clone)]
+pub struct Checkpoint {
+    dir: PathBuf,
+    job: String,
+    fingerprint: Fingerprint,
+    /// Parts committed before this run, in order.
+    parts: Vec<PathBuf>,
+}
+
+impl Checkpoint {
+    /// Opens (or creates) the checkpoint of `output` for a run under
+    /// `fingerprint`, removing what killed runs left half-written.
+    ///
+    /// A checkpoint made under another fingerprint is refused, unless
+    /// `fresh`, which discards it.
+    pub fn open(
+        job_name: &str,
+        location: &StateLocation,
+        fingerprint: &Fingerprint,
+        fresh: bool,
+    ) -> Result<Checkpoint, StateError> {
+        let dir = location.checkpoint();
+        location.remove_stale_temporaries()?;
+        if fresh && dir.exists() {
+            fs::remove_dir_all(&dir).map_err(|source| {
+                StateError::from(FsError::Io {
+                    path: dir.clone(),
+                    action: "cannot remove the old checkpoint",
+                    source,
+                })
+            })?;
+        }
+        if dir.exists() {
+            remove_stale_temporaries_in(&dir)?;
+        }
+        Checkpoint::read(job_name, location, fingerprint)
+    }
+
+    /// [`Checkpoint::open`] without changing anything on disk, for a look at
+    /// what a run would find; no lock is needed.
+    pub fn read(
+        job_name: &str,
+        location: &StateLocation,
+        fingerprint: &Fingerprint,
+    ) -> Result<Checkpoint, StateError> {
+        let dir = location.checkpoint();
+        let manifest_path = dir.join(MANIFEST);
+        match fs::read(&manifest_path) {
+            Ok(bytes) => {
+                let manifest: Manifest =
+                    serde_json::from_slice(&bytes).map_err(|e| StateError::Corrupt {
+                        path: manifest_path.clone(),
+                        message: e.to_string(),
+                    })?;
+                if manifest.checkpoint_version != CHECKPOINT_VERSION {
+                    return Err(StateError::Changed {
+                        what: dir.display().to_string(),
+                        differences: vec![format!(
+                            "checkpoint layout {} → {CHECKPOINT_VERSION}",
+                            manifest.checkpoint_version
+                        )],
+                    });
+                }
+                let differences = fingerprint.differences(&manifest.fingerprint);
+                if !differences.is_empty() {
+                    return Err(StateError::Changed {
+                        what: dir.display().to_string(),
+                        differences,
+                    });
+                }
+            }
+            // Created with the first part, so that a run that pays for nothing leaves nothing.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(source) => {
+                return Err(StateError::from(FsError::Io {
+                    path: manifest_path,
+                    action: "cannot read",
+                    source,
+                }))
+            }
+        }
+        let parts = if dir.exists() {
+            list_parts(&dir)?
+        } else {
+            Vec::new()
+        };
+        Ok(Checkpoint {
+            dir,
+            job: job_name.to_string(),
+            fingerprint: fingerprint.clone(),
+            parts,
+        })
+    }
+
+    /// Creates the directory and its manifest, if missing.
+    pub(super) fn create(&self) -> Result<(), StateError> {
+        let manifest_path = self.dir.join(MANIFEST);
+        if manifest_path.exists() {
+            return Ok(());
+        }
+        fs::create_dir_all(&self.dir).map_err(|source| {
+            StateError::from(FsError::Io {
+                path: self.dir.clone(),
+                action: "cannot create the checkpoint",
+                source,
+            })
+        })?;
+        let manifest = Manifest {
+            checkpoint_version: CHECKPOINT_VERSION,
+            job: self.job.clone(),
+            fingerprint: self.fingerprint.clone(),
+        };
+        let value = serde_json::to_value(&manifest).map_err(|e| StateError::Corrupt {
+            path: manifest_path.clone(),
+            message: e.to_string(),
+        })?;
+        fsio::write_json_atomically(&manifest_path, &value)?;
+        Ok(())
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn fingerprint(&self) -> &Fingerprint {
+        &self.fingerprint
+    }
+
+    /// Whether an earlier run under this fingerprint committed work here.
+    pub fn is_started(&self) -> bool {
+        self.dir.join(MANIFEST).exists()
+    }
+
+    /// Parts committed by earlier runs.
+    pub fn parts(&self) -> &[PathBuf] {
+        &self.parts
+    }
+
+    /// Removes the checkpoint once the output holds everything in it.
+    pub fn remove(self) -> Result<(), StateError> {
+        match fs::remove_dir_all(&self.dir) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(source) => Err(StateError::from(FsError::Io {
+                path: self.dir,
+                action: "cannot remove the checkpoint",
+                source,
+            })),
+        }
+    }
+}
+
+fn list_parts(dir: &Path) -> Result<Vec<PathBuf>, StateError> {
+    let entries = fs::read_dir(dir).map_err(|source| {
+        StateError::from(FsError::Io {
+            path: dir.to_path_buf(),
+            action: "cannot list",
+            source,
+        })
+    })?;
+    let mut parts: Vec<PathBuf> = entries
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| parts::part_number(p).is_some())
+        .collect();
+    parts.sort();
+    Ok(parts)
+}
+
+fn remove_stale_temporaries_in(dir: &Path) -> Result<(), StateError> {
+    remove_matching(dir, |file| file.starts_with('.') && file.contains(".tmp-"))
+}
+
+pub(super) fn remove_matching(dir: &Path, stale: impl Fn(&str) -> bool) -> Result<(), StateError> {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return Ok(());
+    };
+    for entry in entries.filter_map(Result::ok) {
+        let name = entry.file_name();
+        if name.to_str().is_some_and(&stale) {
+            let path = entry.path();
+            fs::remove_file(&path)
+                .map_err(FsError::io(&path, "cannot remove a stale temporary file"))?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fingerprint(model: &str) -> Fingerprint {
+        Fingerprint::from_json(&format!(
+            r#"{{"backend.model":"{model}","chunking.max_tokens":"512"}}"#
+        ))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_checkpoint_of_another_configuration_is_refused_unless_fresh() {
+        let dir = tempfile::tempdir().unwrap();
+        let output = StateLocation::beside(&dir.path().join("docs.parquet"));
+        let first = Checkpoint::open("docs", &output, &fingerprint("svc-embed-1"), false).unwrap();
+        assert!(
+            !first.dir().exists(),
+            "nothing is written before the first part"
+        );
+        first.create().unwrap();
+        assert!(first.dir().join(MANIFEST).exists());
+        fs::write(first.dir().join("part-000001.parquet"), b"x").unwrap();
+        fs::write(first.dir().join(".part-000002.parquet.tmp-77"), b"x").unwrap();
+        fs::write(dir.path().join(".docs.parquet.tmp-77"), b"x").unwrap();
+
+        let same = Checkpoint::open("docs", &output, &fingerprint("svc-embed-1"), false).unwrap();
+        assert_eq!(same.parts(), [same.dir().join("part-000001.parquet")]);
+        assert!(!same.dir().join(".part-000002.parquet.tmp-77").exists());
+        assert!(!dir.path().join(".docs.parquet.tmp-77").exists());
+
+        let err =
+            Checkpoint::open("docs", &output, &fingerprint("svc-embed-1-l"), false).unwrap_err();
+        assert!(err.is_found_before_work());
+        let message = err.to_string();
+        assert!(message.contains("svc-embed-1 → svc-embed-1-l"), "{message}");
+        assert!(message.contains("--fresh"), "{message}");
+
+        let fresh = Checkpoint::open("docs", &output, &fingerprint("svc-embed-1-l"), true).unwrap();
+        assert!(fresh.parts().is_empty());
+        fresh.remove().unwrap();
+        assert!(!output.checkpoint().exists());
+    }
+}

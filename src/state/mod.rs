@@ -1,0 +1,294 @@
+//! Job state: everything a job keeps besides its output, owned here and
+//! kept in one place.
+//!
+//! - the **lock** that lets one run of the job work at a time;
+//! - the **checkpoint**: every vector paid for, committed as it arrives, so
+//!   that a run that is killed, stopped or fails loses at most the requests
+//!   in flight, and the next run sends only what is in neither the
+//!   checkpoint nor the output;
+//! - the **failures file** of quarantined chunks;
+//! - the **summary** of the last run.
+//!
+//! Their names all derive from one [`StateLocation`], the job's *stem*: for
+//! a Parquet output, the output's own path.
+//!
+//! ```text
+//! out/docs.parquet                   the output (the sink's; the stem)
+//! out/docs.parquet.lock              held while a run works on this job
+//! out/docs.parquet.checkpoint/       manifest.json and part-NNNNNN.parquet
+//! out/docs.parquet.failures.jsonl    quarantined chunks, when there are some
+//! out/docs.parquet.summary.json      what the last run did
+//! ```
+//!
+//! Vectors are only reused under the same [`Fingerprint`] (backend, model,
+//! dimensions, chunking): a checkpoint or an output made under another one
+//! is refused rather than mixed in, unless the run is told to start afresh.
+
+mod checkpoint;
+mod failures;
+mod fingerprint;
+mod lock;
+mod parts;
+
+use std::path::{Path, PathBuf};
+
+use crate::fsio::{self, FsError};
+use crate::job::Job;
+use crate::parquet_io::{FileError, ParquetRows, FINGERPRINT_KEY};
+use crate::store::{HeldIds, Origin, Store, StoreError, StoredRows};
+
+pub use self::checkpoint::Checkpoint;
+pub use self::failures::{FailuresFile, FailuresReport};
+pub use self::fingerprint::Fingerprint;
+pub use self::lock::JobLock;
+pub use self::parts::PartWriter;
+
+/// Where a job's state lives: every file named after one stem.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StateLocation {
+    stem: PathBuf,
+}
+
+impl StateLocation {
+    /// The state of `job`, beside its output.
+    pub fn for_job(job: &Job) -> StateLocation {
+        StateLocation::beside(job.output.state_stem())
+    }
+
+    /// The state of a job whose output is `output`.
+    pub fn beside(output: &Path) -> StateLocation {
+        StateLocation {
+            stem: output.to_path_buf(),
+        }
+    }
+
+    pub fn stem(&self) -> &Path {
+        &self.stem
+    }
+
+    /// `<stem>.lock`.
+    pub fn lock(&self) -> PathBuf {
+        fsio::with_suffix(&self.stem, ".lock")
+    }
+
+    /// `<stem>.checkpoint`.
+    pub fn checkpoint(&self) -> PathBuf {
+        fsio::with_suffix(&self.stem, ".checkpoint")
+    }
+
+    /// `<stem>.summary.json`.
+    pub fn summary(&self) -> PathBuf {
+        fsio::with_suffix(&self.stem, ".summary.json")
+    }
+
+    /// `<stem>.failures.jsonl`.
+    pub fn failures(&self) -> PathBuf {
+        fsio::with_suffix(&self.stem, ".failures.jsonl")
+    }
+
+    /// Removes the temporary files runs killed mid-write left beside the
+    /// stem (`.docs.parquet.tmp-1234`, `.docs.parquet.summary.json.tmp-1234`,
+    /// …). Only the holder of the job's lock may call this: no other run of
+    /// the job is writing.
+    fn remove_stale_temporaries(&self) -> Result<(), StateError> {
+        let Some(name) = self.stem.file_name().and_then(|n| n.to_str()) else {
+            return Ok(());
+        };
+        let prefix = format!(".{name}.");
+        checkpoint::remove_matching(fsio::parent_dir(&self.stem), |file| {
+            file.starts_with(&prefix) && file.contains(".tmp-")
+        })
+    }
+}
+
+/// A problem with the saved state of a job. Every variant names the file.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    #[error(
+        "{path}: another run of this job is working on its output ({holder}); \
+         wait for it to finish or stop it"
+    )]
+    Locked { path: PathBuf, holder: String },
+    #[error(
+        "{what} was made with a different configuration ({}); run with --fresh to \
+         discard it and embed everything again, or restore the configuration",
+        .differences.join("; ")
+    )]
+    Changed {
+        what: String,
+        differences: Vec<String>,
+    },
+    #[error("{path}: not a readable checkpoint: {message}")]
+    Corrupt { path: PathBuf, message: String },
+    #[error(transparent)]
+    Fs(#[from] FsError),
+    #[error(transparent)]
+    File(#[from] FileError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl StateError {
+    /// A changed configuration is found before any work starts.
+    pub fn is_found_before_work(&self) -> bool {
+        matches!(self, StateError::Changed { .. })
+    }
+}
+
+/// The vectors a run may reuse, and the ids of the rows its sink held.
+#[derive(Debug, Default)]
+pub struct Reuse {
+    pub store: Store,
+    /// The sink's rows from the last finished run, by id key, each with its
+    /// content hash's first 64 bits.
+    pub held_ids: HeldIds,
+}
+
+/// The state of a job, opened by the run that holds its lock.
+#[derive(Debug)]
+pub struct JobState {
+    location: StateLocation,
+    lock: JobLock,
+    checkpoint: Checkpoint,
+}
+
+impl JobState {
+    /// Takes the job's lock (or fails at once, naming its holder), removes
+    /// what killed runs left half-written, and opens the checkpoint under
+    /// `fingerprint`: one made under another is refused unless `fresh`,
+    /// which discards it.
+    pub fn open(
+        job_name: &str,
+        location: StateLocation,
+        fingerprint: &Fingerprint,
+        fresh: bool,
+    ) -> Result<JobState, StateError> {
+        let lock = JobLock::acquire(&location.lock())?;
+        let checkpoint = Checkpoint::open(job_name, &location, fingerprint, fresh)?;
+        Ok(JobState {
+            location,
+            lock,
+            checkpoint,
+        })
+    }
+
+    pub fn location(&self) -> &StateLocation {
+        &self.location
+    }
+
+    /// What the lock file said when it was taken over from a run that is gone.
+    pub fn taken_over(&self) -> Option<&str> {
+        self.lock.taken_over.as_deref()
+    }
+
+    /// The vectors this run may reuse: the rows its sink `held` (when made
+    /// under the same fingerprint) and the checkpoint's parts. Reads every
+    /// stored hash: call it off the async runtime.
+    pub fn reuse(
+        &self,
+        held: Option<Box<dyn StoredRows>>,
+        fresh: bool,
+    ) -> Result<Reuse, StateError> {
+        reuse(&self.checkpoint, held, fresh)
+    }
+
+    /// The writer of this run's checkpoint parts.
+    pub fn part_writer(&self, model: &str, backend: &str, row_group_bytes: u64) -> PartWriter {
+        PartWriter::new(self.checkpoint.clone(), model, backend, row_group_bytes)
+    }
+
+    /// The failures file of this run.
+    pub fn failures(&self) -> FailuresFile {
+        FailuresFile::new(self.location.failures())
+    }
+
+    /// Releases the lock.
+    pub fn close(self) {
+        drop(self.lock);
+    }
+}
+
+/// [`JobState::reuse`] without the lock or any change on disk, for a look at
+/// what a run would find (`estimate`).
+pub fn peek(
+    job_name: &str,
+    location: &StateLocation,
+    fingerprint: &Fingerprint,
+    held: Option<Box<dyn StoredRows>>,
+    fresh: bool,
+) -> Result<Reuse, StateError> {
+    if fresh {
+        return Ok(Reuse::default());
+    }
+    let checkpoint = Checkpoint::read(job_name, location, fingerprint)?;
+    reuse(&checkpoint, held, fresh)
+}
+
+/// A previous output made under another fingerprint is refused, unless
+/// `fresh` (it is then ignored) or the checkpoint shows a fresh start under
+/// this fingerprint has begun (it is being replaced, not reused).
+fn reuse(
+    checkpoint: &Checkpoint,
+    held: Option<Box<dyn StoredRows>>,
+    fresh: bool,
+) -> Result<Reuse, StateError> {
+    let mut reuse = Reuse::default();
+    if let (false, Some(held)) = (fresh, held) {
+        let differences = match held.metadata().get(FINGERPRINT_KEY) {
+            Some(text) => match Fingerprint::from_json(text) {
+                Some(earlier) => checkpoint.fingerprint().differences(&earlier),
+                None => vec![format!("its {} metadata cannot be read", FINGERPRINT_KEY)],
+            },
+            None => vec![format!(
+                "it has no {} metadata, so its vectors cannot be matched to this job",
+                FINGERPRINT_KEY
+            )],
+        };
+        if differences.is_empty() {
+            reuse
+                .store
+                .add(held, Origin::Previous, Some(&mut reuse.held_ids))?;
+        } else if !checkpoint.is_started() {
+            return Err(StateError::Changed {
+                what: held.name(),
+                differences,
+            });
+        }
+    }
+    for part in checkpoint.parts() {
+        let rows = ParquetRows::open(part)?;
+        reuse.store.add(Box::new(rows), Origin::Checkpoint, None)?;
+    }
+    Ok(reuse)
+}
+
+/// Writes `value` as the job's summary, whole or not at all.
+pub fn write_summary(
+    location: &StateLocation,
+    value: &serde_json::Value,
+) -> Result<(), StateError> {
+    Ok(fsio::write_json_atomically(&location.summary(), value)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_file_of_a_job_is_named_after_its_stem() {
+        let location = StateLocation::beside(Path::new("out/docs.parquet"));
+        assert_eq!(location.lock(), Path::new("out/docs.parquet.lock"));
+        assert_eq!(
+            location.checkpoint(),
+            Path::new("out/docs.parquet.checkpoint")
+        );
+        assert_eq!(
+            location.summary(),
+            Path::new("out/docs.parquet.summary.json")
+        );
+        assert_eq!(
+            location.failures(),
+            Path::new("out/docs.parquet.failures.jsonl")
+        );
+    }
+}
