@@ -2,6 +2,7 @@
 
 use clap::{Args, Parser, Subcommand};
 
+#[cfg(feature = "simulator")]
 use crate::simulate::SimulateOptions;
 
 #[derive(Debug, Parser)]
@@ -31,6 +32,7 @@ pub enum Command {
     /// Send one prompt to a chat model and print the reply as it arrives.
     Chat(ChatArgs),
     /// Serve a simulator of the model service on 127.0.0.1, with optional faults.
+    #[cfg(feature = "simulator")]
     Simulate(SimulateOptions),
     /// Show an output's metadata and check every vector in it.
     Inspect(InspectArgs),

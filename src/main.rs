@@ -24,6 +24,7 @@ fn main() -> ExitCode {
             Command::Models(args) => commands::models(&args).await,
             Command::Embed(args) => commands::embed(&args).await,
             Command::Chat(args) => commands::chat(&args).await,
+            #[cfg(feature = "simulator")]
             Command::Simulate(options) => commands::simulate(options).await,
             Command::Inspect(args) => commands::inspect(&args).await,
         }

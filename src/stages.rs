@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::backend::api::{ApiBackend, ApiSettings};
+#[cfg(feature = "local")]
 use crate::backend::local::{LocalBackend, LocalSettings};
 use crate::backend::EmbeddingBackend;
 use crate::chunk::{Chunker, TokenChunker};
@@ -51,6 +52,7 @@ pub async fn build_embedding(job: &Job) -> Result<Embedding, Failure> {
 
 /// Loads the local model off the async runtime. A missing or too old ONNX
 /// Runtime or a missing model file is a set-up problem: exit 2, with how to fix it.
+#[cfg(feature = "local")]
 async fn build_local(job: &Job) -> Result<Embedding, Failure> {
     let settings = LocalSettings::from_config(&job.backend);
     let backend = tokio::task::spawn_blocking(move || LocalBackend::load(settings))
@@ -68,6 +70,14 @@ async fn build_local(job: &Job) -> Result<Embedding, Failure> {
         backend: Arc::new(backend),
         chunker: Arc::new(chunker),
     })
+}
+
+#[cfg(not(feature = "local"))]
+async fn build_local(_job: &Job) -> Result<Embedding, Failure> {
+    Err(Failure::usage(anyhow::anyhow!(
+        "`backend.kind = \"local\"`: this embedjob was built without the local backend \
+         (cargo feature `local`)"
+    )))
 }
 
 /// A chunk longer than the model's window would be cut or refused.

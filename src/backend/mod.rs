@@ -3,6 +3,7 @@
 //! only the trait.
 
 pub mod api;
+#[cfg(feature = "local")]
 pub mod local;
 pub mod throttle;
 

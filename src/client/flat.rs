@@ -945,6 +945,7 @@ mod tests {
         true
     }
 
+    #[cfg(feature = "simulator")]
     #[test]
     fn the_simulators_bodies_take_the_fast_path() {
         let texts = ["one", "two", "three"];

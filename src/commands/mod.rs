@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use crate::client::{ApiKey, Client, ClientConfig};
 use crate::exit::{Exit, Failure};
+#[cfg(feature = "simulator")]
 use crate::simulate::{self, SimulateOptions};
 
 pub use self::job::{estimate, run};
@@ -81,6 +82,7 @@ pub(crate) fn print_json(value: &serde_json::Value) -> Result<(), Failure> {
         .map_err(Failure::failed)
 }
 
+#[cfg(feature = "simulator")]
 pub async fn simulate(options: SimulateOptions) -> Outcome {
     let config = options.to_config().map_err(|problems| {
         Failure::usage(anyhow::anyhow!("invalid simulator options:\n{problems}"))

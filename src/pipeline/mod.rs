@@ -13,6 +13,8 @@ mod dispatch;
 mod read;
 mod stop;
 mod summary;
+#[cfg(test)]
+mod tests;
 mod write;
 
 use std::sync::atomic::{AtomicBool, AtomicU64};

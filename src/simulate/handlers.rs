@@ -389,16 +389,7 @@ fn prepare_embeddings(shared: &Shared, caller: Caller, body: &[u8]) -> Result<Pr
     let mut object = parse_object(body)?;
     let model_id = required_string(&object, "model")?;
     let inputs = parse_inputs(object.remove("input"))?;
-    match object.get("encoding_format") {
-        None | Some(Value::Null) => {}
-        Some(Value::String(format)) if format == "float" => {}
-        Some(other) => {
-            return Err(ApiError::invalid(
-                "encoding_format",
-                format!("Invalid 'encoding_format': only \"float\" is supported, got {other}."),
-            ))
-        }
-    }
+    check_encoding_format(&object)?;
     let model = shared.visible_model(caller, &model_id)?;
     let Some(dimensions) = model.dimensions() else {
         return Err(ApiError::invalid(
@@ -408,45 +399,9 @@ fn prepare_embeddings(shared: &Shared, caller: Caller, body: &[u8]) -> Result<Pr
     };
 
     // Too-large checks come before the fault draw, and are never billed.
-    if let Some(max) = config.max_inputs_per_request {
-        if inputs.len() > max {
-            return Err(ApiError::too_large(
-                config.too_large_status,
-                "too_many_inputs",
-                format!(
-                    "Too many inputs: got {}, the maximum is {max} per request.",
-                    inputs.len()
-                ),
-            ));
-        }
-    }
     let counts: Vec<u32> = inputs.iter().map(|text| count_tokens(text)).collect();
     let tokens: u64 = counts.iter().map(|&n| u64::from(n)).sum();
-    if let Some(max) = config.max_tokens_per_request {
-        if tokens > max {
-            return Err(ApiError::too_large(
-                config.too_large_status,
-                "request_too_large",
-                format!(
-                    "Request too large: {tokens} tokens, the maximum is {max} tokens per request."
-                ),
-            ));
-        }
-    }
-    for (text, &count) in inputs.iter().zip(&counts) {
-        // A poisoned input stands for one the service refuses although the client
-        // counted it as fitting; its real count is reported.
-        let poisoned = config
-            .poison
-            .as_deref()
-            .is_some_and(|poison| text.contains(poison));
-        if count > model.context_window || poisoned {
-            return Err(ApiError::context_length_exceeded(
-                model.context_window,
-                u64::from(count),
-            ));
-        }
-    }
+    check_size(config, model.context_window, &inputs, &counts, tokens)?;
 
     let count = inputs.len();
     let (fault, order, damaged) = {
@@ -502,6 +457,67 @@ fn prepare_embeddings(shared: &Shared, caller: Caller, body: &[u8]) -> Result<Pr
         tokens,
         hashes,
     })
+}
+
+/// Only floats are served.
+fn check_encoding_format(object: &serde_json::Map<String, Value>) -> Result<(), ApiError> {
+    match object.get("encoding_format") {
+        None | Some(Value::Null) => Ok(()),
+        Some(Value::String(format)) if format == "float" => Ok(()),
+        Some(other) => Err(ApiError::invalid(
+            "encoding_format",
+            format!("Invalid 'encoding_format': only \"float\" is supported, got {other}."),
+        )),
+    }
+}
+
+/// Refuses a request with too many inputs or tokens, or an input longer
+/// than the model's window (or poisoned).
+fn check_size(
+    config: &SimConfig,
+    context_window: u32,
+    inputs: &[String],
+    counts: &[u32],
+    tokens: u64,
+) -> Result<(), ApiError> {
+    if let Some(max) = config.max_inputs_per_request {
+        if inputs.len() > max {
+            return Err(ApiError::too_large(
+                config.too_large_status,
+                "too_many_inputs",
+                format!(
+                    "Too many inputs: got {}, the maximum is {max} per request.",
+                    inputs.len()
+                ),
+            ));
+        }
+    }
+    if let Some(max) = config.max_tokens_per_request {
+        if tokens > max {
+            return Err(ApiError::too_large(
+                config.too_large_status,
+                "request_too_large",
+                format!(
+                    "Request too large: {tokens} tokens, the maximum is {max} tokens per request."
+                ),
+            ));
+        }
+    }
+    for (text, &count) in inputs.iter().zip(counts) {
+        // A poisoned input stands for one the service refuses although the client
+        // counted it as fitting; its real count is reported.
+        let poisoned = config
+            .poison
+            .as_deref()
+            .is_some_and(|poison| text.contains(poison));
+        if count > context_window || poisoned {
+            return Err(ApiError::context_length_exceeded(
+                context_window,
+                u64::from(count),
+            ));
+        }
+    }
+    Ok(())
 }
 
 pub(crate) fn json_response(body: Body) -> Response {

@@ -178,101 +178,7 @@ async fn failures_are_one_line_with_the_right_exit_code_and_no_key() {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         format!("http://127.0.0.1:{}", listener.local_addr().unwrap().port())
     };
-    let cases: Vec<(Command, i32, &str, &str)> = vec![
-        (
-            {
-                let mut c = bin();
-                c.env("EMBEDJOB_BASE_URL", &base).args(["models"]);
-                c
-            },
-            2,
-            "EMBEDJOB_API_KEY",
-            KEY,
-        ),
-        (
-            {
-                let mut c = bin();
-                c.env("EMBEDJOB_API_KEY", KEY).args(["models"]);
-                c
-            },
-            2,
-            "EMBEDJOB_BASE_URL",
-            KEY,
-        ),
-        (
-            with_service(&base, refused_key, &["models", "--json"]),
-            1,
-            "401",
-            refused_key,
-        ),
-        (
-            with_service(
-                &base,
-                refused_key,
-                &["embed", "--model", "svc-embed-1", "x"],
-            ),
-            1,
-            "401",
-            refused_key,
-        ),
-        (
-            with_service(&base, refused_key, &["chat", "--model", "svc-base", "x"]),
-            1,
-            "401",
-            refused_key,
-        ),
-        (
-            with_service(&base, KEY, &["models", "svc-missing"]),
-            1,
-            "svc-missing",
-            KEY,
-        ),
-        (
-            with_service(&base, KEY, &["embed", "--model", "svc-missing", "x"]),
-            1,
-            "404",
-            KEY,
-        ),
-        (
-            with_service(&base, KEY, &["embed", "--model", "svc-base", "x"]),
-            1,
-            "400",
-            KEY,
-        ),
-        (
-            with_service(
-                &base,
-                KEY,
-                &["chat", "--model", "svc-base", "--temperature", "2.5", "x"],
-            ),
-            2,
-            "temperature",
-            KEY,
-        ),
-        (
-            with_service(
-                &base,
-                KEY,
-                &["chat", "--model", "svc-base", "--temperature", "-0.1", "x"],
-            ),
-            2,
-            "temperature",
-            KEY,
-        ),
-        (
-            with_service(&closed_port, KEY, &["models"]),
-            1,
-            "connect",
-            KEY,
-        ),
-        (
-            with_service("ftp://nowhere", KEY, &["models"]),
-            2,
-            "base URL",
-            KEY,
-        ),
-    ];
-    for (command, code, needle, secret) in cases {
+    for (command, code, needle, secret) in failure_cases(&base, refused_key, &closed_port) {
         let described = format!("{command:?}").replace(secret, "<key>");
         let output = run(command).await;
         let (stdout, stderr) = no_key(&output, secret);
@@ -296,6 +202,105 @@ async fn failures_are_one_line_with_the_right_exit_code_and_no_key() {
         );
         assert!(!stderr.contains("panicked"), "{described}: {stderr}");
     }
+}
+
+/// Commands that must fail: each with its exit code, a word its message must
+/// hold, and the key it must not show.
+fn failure_cases<'a>(
+    base: &str,
+    refused_key: &'a str,
+    closed_port: &str,
+) -> Vec<(Command, i32, &'a str, &'a str)> {
+    vec![
+        (
+            {
+                let mut c = bin();
+                c.env("EMBEDJOB_BASE_URL", base).args(["models"]);
+                c
+            },
+            2,
+            "EMBEDJOB_API_KEY",
+            KEY,
+        ),
+        (
+            {
+                let mut c = bin();
+                c.env("EMBEDJOB_API_KEY", KEY).args(["models"]);
+                c
+            },
+            2,
+            "EMBEDJOB_BASE_URL",
+            KEY,
+        ),
+        (
+            with_service(base, refused_key, &["models", "--json"]),
+            1,
+            "401",
+            refused_key,
+        ),
+        (
+            with_service(base, refused_key, &["embed", "--model", "svc-embed-1", "x"]),
+            1,
+            "401",
+            refused_key,
+        ),
+        (
+            with_service(base, refused_key, &["chat", "--model", "svc-base", "x"]),
+            1,
+            "401",
+            refused_key,
+        ),
+        (
+            with_service(base, KEY, &["models", "svc-missing"]),
+            1,
+            "svc-missing",
+            KEY,
+        ),
+        (
+            with_service(base, KEY, &["embed", "--model", "svc-missing", "x"]),
+            1,
+            "404",
+            KEY,
+        ),
+        (
+            with_service(base, KEY, &["embed", "--model", "svc-base", "x"]),
+            1,
+            "400",
+            KEY,
+        ),
+        (
+            with_service(
+                base,
+                KEY,
+                &["chat", "--model", "svc-base", "--temperature", "2.5", "x"],
+            ),
+            2,
+            "temperature",
+            KEY,
+        ),
+        (
+            with_service(
+                base,
+                KEY,
+                &["chat", "--model", "svc-base", "--temperature", "-0.1", "x"],
+            ),
+            2,
+            "temperature",
+            KEY,
+        ),
+        (
+            with_service(closed_port, KEY, &["models"]),
+            1,
+            "connect",
+            KEY,
+        ),
+        (
+            with_service("ftp://nowhere", KEY, &["models"]),
+            2,
+            "base URL",
+            KEY,
+        ),
+    ]
 }
 
 #[tokio::test]

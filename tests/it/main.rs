@@ -4,8 +4,11 @@
 mod cli;
 mod client;
 mod cost;
+mod inspect;
 mod local;
+mod regression;
 mod resume;
 mod run;
 mod simulator;
+mod source;
 mod support;

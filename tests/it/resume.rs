@@ -287,33 +287,15 @@ async fn a_rerun_after_edits_sends_only_new_and_changed_chunks() {
     let before = expected_chunks(&root);
     let first_ledger = sim.ledger();
 
-    // Edit one document, add one, delete one.
-    let edited = root.join("doc004.md");
-    let mut text = std::fs::read_to_string(&edited).unwrap();
-    text.push_str("A closing paragraph added since the last run, about cron jobs.\n");
-    std::fs::write(&edited, text).unwrap();
-    std::fs::write(
-        root.join("doc100.md"),
-        "# A new document\n\nIt did not exist at the first run.\n",
-    )
-    .unwrap();
-    std::fs::remove_file(root.join("doc005.md")).unwrap();
-    let after = expected_chunks(&root);
-
-    let old_texts: HashSet<&String> = before.values().collect();
-    let to_send: HashSet<String> = after
-        .values()
-        .filter(|t| !old_texts.contains(t))
-        .map(|t| text_hash(t))
-        .collect();
+    let Edits {
+        after,
+        to_send,
+        unchanged,
+        changed,
+        added,
+        removed,
+    } = edit_one_add_one_delete_one(&root, &before);
     assert!(!to_send.is_empty());
-    let unchanged = after.values().filter(|t| old_texts.contains(t)).count() as u64;
-    let changed = after
-        .iter()
-        .filter(|(id, t)| !old_texts.contains(t) && before.contains_key(*id))
-        .count() as u64;
-    let added = after.len() as u64 - unchanged - changed;
-    let removed = before.keys().filter(|id| !after.contains_key(*id)).count() as u64;
     assert!(changed > 0 && added > 0 && removed > 0);
 
     // The estimate counts only what the re-run will send.
@@ -371,28 +353,7 @@ async fn a_rerun_after_edits_sends_only_new_and_changed_chunks() {
     // The output equals what a fresh run over the new inputs writes.
     let incremental = read_output(&dir.path().join("out/result.parquet"));
     assert_complete(&incremental, &after, 1024);
-    let output = run_job(
-        &job,
-        &[
-            "--quiet",
-            "--set",
-            &format!(
-                "output.path=\"{}\"",
-                dir.path().join("fresh/result.parquet").display()
-            ),
-        ],
-    )
-    .await;
-    expect_exit(&output, 0);
-    let fresh = read_output(&dir.path().join("fresh/result.parquet"));
-    assert_eq!(rows_by_id(&incremental), rows_by_id(&fresh));
-    for key in [
-        "embedjob.model",
-        "embedjob.dimensions",
-        "embedjob.fingerprint",
-    ] {
-        assert_eq!(incremental.metadata[key], fresh.metadata[key], "{key}");
-    }
+    assert_equals_a_fresh_run(dir.path(), &job, &incremental).await;
 
     // A third run over unchanged inputs sends nothing.
     sim.reset_ledger();
@@ -402,6 +363,86 @@ async fn a_rerun_after_edits_sends_only_new_and_changed_chunks() {
     assert_eq!(sim.ledger().embedding_requests, 0);
     assert_eq!(summary["unchanged"].as_u64(), Some(after.len() as u64));
     assert_eq!(summary["removed"], 0);
+}
+
+/// What a re-run after [`edit_one_add_one_delete_one`] must do.
+struct Edits {
+    after: BTreeMap<String, String>,
+    to_send: HashSet<String>,
+    unchanged: u64,
+    changed: u64,
+    added: u64,
+    removed: u64,
+}
+
+/// Edits one document, adds one and deletes one; `before` maps the chunk
+/// ids of the first run to their texts.
+fn edit_one_add_one_delete_one(root: &std::path::Path, before: &BTreeMap<String, String>) -> Edits {
+    // Edit one document, add one, delete one.
+    let edited = root.join("doc004.md");
+    let mut text = std::fs::read_to_string(&edited).unwrap();
+    text.push_str("A closing paragraph added since the last run, about cron jobs.\n");
+    std::fs::write(&edited, text).unwrap();
+    std::fs::write(
+        root.join("doc100.md"),
+        "# A new document\n\nIt did not exist at the first run.\n",
+    )
+    .unwrap();
+    std::fs::remove_file(root.join("doc005.md")).unwrap();
+    let after = expected_chunks(root);
+
+    let old_texts: HashSet<&String> = before.values().collect();
+    let to_send: HashSet<String> = after
+        .values()
+        .filter(|t| !old_texts.contains(t))
+        .map(|t| text_hash(t))
+        .collect();
+    let unchanged = after.values().filter(|t| old_texts.contains(t)).count() as u64;
+    let changed = after
+        .iter()
+        .filter(|(id, t)| !old_texts.contains(t) && before.contains_key(*id))
+        .count() as u64;
+    let added = after.len() as u64 - unchanged - changed;
+    let removed = before.keys().filter(|id| !after.contains_key(*id)).count() as u64;
+    Edits {
+        after,
+        to_send,
+        unchanged,
+        changed,
+        added,
+        removed,
+    }
+}
+
+/// The output of an incremental run equals what a fresh run over the same
+/// inputs writes.
+async fn assert_equals_a_fresh_run(
+    dir: &std::path::Path,
+    job: &std::path::Path,
+    incremental: &crate::run::Rows,
+) {
+    let output = run_job(
+        job,
+        &[
+            "--quiet",
+            "--set",
+            &format!(
+                "output.path=\"{}\"",
+                dir.join("fresh/result.parquet").display()
+            ),
+        ],
+    )
+    .await;
+    expect_exit(&output, 0);
+    let fresh = read_output(&dir.join("fresh/result.parquet"));
+    assert_eq!(rows_by_id(incremental), rows_by_id(&fresh));
+    for key in [
+        "embedjob.model",
+        "embedjob.dimensions",
+        "embedjob.fingerprint",
+    ] {
+        assert_eq!(incremental.metadata[key], fresh.metadata[key], "{key}");
+    }
 }
 
 fn rows_by_id(rows: &crate::run::Rows) -> BTreeMap<String, (String, u32, Vec<u32>)> {

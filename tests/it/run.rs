@@ -15,6 +15,7 @@ use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use serde_json::Value;
 
 use crate::cli::{bin, no_key, run, text};
+use crate::cost::{corpus as cost_corpus, path_arg, write_job_over};
 use crate::support::{simulator, KEY};
 
 /// A job file in `dir` against `base_url`, with extra lines appended to sections.
@@ -445,143 +446,6 @@ path = "out.parquet"
     }
 }
 
-/// Bad input: a clear error naming the file (and row or column), a non-zero exit, no output.
-#[tokio::test]
-async fn bad_input_is_named_and_leaves_no_output() {
-    let sim = simulator(SimConfig::default()).await;
-    struct Case {
-        name: &'static str,
-        setup: fn(&Path) -> String,
-        exit: i32,
-        needles: &'static [&'static str],
-    }
-    let cases = [
-        Case {
-            name: "invalid utf-8",
-            setup: |d| {
-                std::fs::create_dir_all(d.join("in")).unwrap();
-                std::fs::write(d.join("in/good.txt"), "fine text").unwrap();
-                std::fs::write(d.join("in/bad.txt"), b"ok \xff\xfe broken").unwrap();
-                format!("kind = \"files\"\npaths = [\"{}\"]", d.join("in").display())
-            },
-            exit: 1,
-            needles: &["bad.txt", "UTF-8"],
-        },
-        Case {
-            name: "empty input",
-            setup: |d| {
-                std::fs::create_dir_all(d.join("in")).unwrap();
-                std::fs::write(d.join("in/blank.txt"), "   \n").unwrap();
-                format!("kind = \"files\"\npaths = [\"{}\"]", d.join("in").display())
-            },
-            exit: 1,
-            needles: &["no documents"],
-        },
-        Case {
-            name: "glob matches nothing",
-            setup: |d| {
-                format!(
-                    "kind = \"files\"\npaths = [\"{}/nothing/*.md\"]",
-                    d.display()
-                )
-            },
-            exit: 2,
-            needles: &["nothing/*.md"],
-        },
-        Case {
-            name: "jsonl bad row",
-            setup: |d| {
-                std::fs::write(
-                    d.join("in.jsonl"),
-                    "{\"id\":\"a\",\"text\":\"one\"}\n{\"id\":\"b\",\"text\":42}\n",
-                )
-                .unwrap();
-                format!(
-                    "kind = \"jsonl\"\npath = \"{}\"\ntext_field = \"text\"\nid_field = \"id\"",
-                    d.join("in.jsonl").display()
-                )
-            },
-            exit: 1,
-            needles: &["in.jsonl", "2"],
-        },
-        Case {
-            name: "duplicate ids",
-            setup: |d| {
-                std::fs::write(
-                    d.join("in.jsonl"),
-                    "{\"id\":\"a\",\"text\":\"one\"}\n{\"id\":\"a\",\"text\":\"two\"}\n",
-                )
-                .unwrap();
-                format!(
-                    "kind = \"jsonl\"\npath = \"{}\"\ntext_field = \"text\"\nid_field = \"id\"",
-                    d.join("in.jsonl").display()
-                )
-            },
-            exit: 1,
-            needles: &["duplicate", "\"a\""],
-        },
-        Case {
-            name: "csv missing column",
-            setup: |d| {
-                std::fs::write(d.join("in.csv"), "id,body\n1,hello\n").unwrap();
-                format!(
-                    "kind = \"csv\"\npath = \"{}\"\ntext_field = \"text\"",
-                    d.join("in.csv").display()
-                )
-            },
-            exit: 2,
-            needles: &["in.csv", "text"],
-        },
-        Case {
-            name: "corrupt parquet",
-            setup: |d| {
-                std::fs::write(
-                    d.join("in.parquet"),
-                    b"PAR1 this is not really parquet PAR1",
-                )
-                .unwrap();
-                format!(
-                    "kind = \"parquet\"\npath = \"{}\"\ntext_field = \"text\"",
-                    d.join("in.parquet").display()
-                )
-            },
-            exit: 1,
-            needles: &["in.parquet"],
-        },
-    ];
-    for case in cases {
-        let dir = tempfile::tempdir().unwrap();
-        let source = (case.setup)(dir.path());
-        let job = write_job(dir.path(), &sim.base_url(), &source, "");
-        let output = run_job(&job, &[]).await;
-        let (stdout, stderr) = no_key(&output, KEY);
-        assert_eq!(
-            output.status.code(),
-            Some(case.exit),
-            "{}: {stderr}",
-            case.name
-        );
-        assert!(stdout.is_empty(), "{}: {stdout}", case.name);
-        assert!(!stderr.contains("panicked"), "{}: {stderr}", case.name);
-        for needle in case.needles {
-            assert!(
-                stderr.contains(needle),
-                "{}: {needle:?} not in {stderr}",
-                case.name
-            );
-        }
-        let out = dir.path().join("out");
-        let leftovers: Vec<_> = std::fs::read_dir(&out)
-            .map(|d| d.flatten().map(|e| e.file_name()).collect())
-            .unwrap_or_default();
-        assert!(
-            leftovers.is_empty(),
-            "{}: no partial output, found {leftovers:?}",
-            case.name
-        );
-    }
-}
-
 #[tokio::test]
 async fn the_output_reads_in_pyarrow_and_duckdb() {
     let python = Path::new(env!("CARGO_MANIFEST_DIR")).join(".cache/venv/bin/python");
@@ -737,60 +601,6 @@ async fn requests_per_minute_paces_the_requests() {
     );
 }
 
-/// Parquet written by pyarrow (default, large_string, string_view,
-/// dictionary) and by DuckDB reads as a source, nulls and empties skipped.
-#[tokio::test]
-async fn parquet_inputs_from_pyarrow_and_duckdb_are_read() {
-    let python = Path::new(env!("CARGO_MANIFEST_DIR")).join(".cache/venv/bin/python");
-    assert!(
-        python.exists(),
-        "{} is missing: run scripts/setup-python",
-        python.display()
-    );
-    let dir = tempfile::tempdir().unwrap();
-    let inputs = dir.path().join("inputs");
-    let mut command = std::process::Command::new(&python);
-    command
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/reference/write_inputs.py"))
-        .arg(&inputs);
-    let output = run(command).await;
-    assert!(output.status.success(), "{}", text(&output.stderr));
-    let sim = simulator(SimConfig::default()).await;
-    for file in [
-        "pyarrow_default.parquet",
-        "pyarrow_large.parquet",
-        "pyarrow_view.parquet",
-        "pyarrow_dictionary.parquet",
-        "duckdb.parquet",
-    ] {
-        let source = format!(
-            "kind = \"parquet\"\npath = \"{}\"\ntext_field = \"body\"\nid_field = \"id\"",
-            inputs.join(file).display()
-        );
-        let job = write_job(dir.path(), &sim.base_url(), &source, "");
-        let output = run_job(&job, &["--json"]).await;
-        assert_eq!(
-            output.status.code(),
-            Some(0),
-            "{file}: {}",
-            text(&output.stderr)
-        );
-        let summary: Value = serde_json::from_slice(&output.stdout).unwrap();
-        assert_eq!(summary["documents"], 40, "{file}: {summary}");
-        assert_eq!(summary["skipped_null"], 5, "{file}");
-        assert_eq!(summary["skipped_empty"], 5, "{file}");
-        let rows = read_output(&dir.path().join("out/result.parquet"));
-        assert!(
-            rows.ids.iter().any(|id| id == "rec-0#0"),
-            "{file}: ids come from the id column"
-        );
-        assert!(
-            !rows.ids.iter().any(|id| id.starts_with("rec-3#")),
-            "{file}: null skipped"
-        );
-    }
-}
-
 /// When the output cannot be written, the run stops at once instead of
 /// paying for vectors that have nowhere to go.
 #[tokio::test]
@@ -918,4 +728,96 @@ async fn a_local_job_without_the_runtime_is_a_clear_setup_error() {
         "{}",
         text(&output.stderr)
     );
+}
+
+#[tokio::test]
+async fn a_terminal_gets_a_progress_bar_and_stdout_stays_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let sim = simulator(SimConfig {
+        latency_ms: 60,
+        ..SimConfig::default()
+    })
+    .await;
+    // No repeated texts: every chunk read is sent, so the bar can fill.
+    let job = write_job_over(
+        dir.path(),
+        cost_corpus(dir.path(), false),
+        &sim.base_url(),
+        "",
+    );
+    // One request at a time and a channel of one batch: reading ends only
+    // near the end of the run, so the bar is first shown without a total.
+    let args = [
+        "run",
+        path_arg(&job),
+        "--json",
+        "--set",
+        "pipeline.channel_capacity=1",
+        "--set",
+        "backend.concurrency=1",
+        "--set",
+        "backend.max_inputs_per_request=2",
+    ];
+    let (screen, stdout) = under_a_terminal(dir.path(), &args).await;
+    let summary: Value = serde_json::from_str(&stdout).expect("stdout is one JSON object");
+    let chunks = summary["chunks"].as_u64().unwrap();
+    let requests = summary["requests"].as_u64().unwrap();
+    // A bar redrawn in place, with its elements.
+    assert!(
+        screen.contains('\r') || screen.contains("\x1b["),
+        "{screen:?}"
+    );
+    assert!(screen.contains("tokens/s"), "{screen}");
+    assert!(screen.contains("retries"), "{screen}");
+    assert!(screen.contains("ETA"), "{screen}");
+    assert!(
+        screen.contains("chunks done ("),
+        "before the total is known: {screen}"
+    );
+    assert!(
+        screen.contains(&format!("{chunks}/{chunks} chunks")),
+        "the bar ends full: {screen}"
+    );
+    assert!(screen.contains(&format!("{requests} req")), "{screen}");
+    assert!(
+        !screen.contains("chunks done, "),
+        "no progress lines on a terminal: {screen}"
+    );
+    assert!(screen.contains('█'), "the bar is drawn: {screen}");
+
+    let mut quiet = args.to_vec();
+    quiet.push("--quiet");
+    let (screen, stdout) = under_a_terminal(dir.path(), &quiet).await;
+    serde_json::from_str::<Value>(&stdout).expect("stdout is one JSON object");
+    assert!(
+        !screen.contains("chunks") && !screen.contains("ETA"),
+        "--quiet shows nothing: {screen}"
+    );
+}
+
+/// Runs `args` with stderr on a pseudo-terminal (util-linux `script`) and
+/// stdout in a file; returns (what the terminal showed, stdout).
+async fn under_a_terminal(dir: &Path, args: &[&str]) -> (String, String) {
+    let exe = env!("CARGO_BIN_EXE_embedjob");
+    let stdout_file = dir.join("stdout.json");
+    let screen_file = dir.join("screen.txt");
+    let quoted: Vec<String> = args.iter().map(|a| format!("'{a}'")).collect();
+    let inner = format!("'{exe}' {} > '{}'", quoted.join(" "), stdout_file.display());
+    let mut command = std::process::Command::new("script");
+    command
+        .env("EMBEDJOB_API_KEY", KEY)
+        .env("COLUMNS", "100")
+        .env("TERM", "xterm")
+        .args(["-qfec", &inner])
+        .arg(&screen_file)
+        .stdin(std::process::Stdio::null());
+    let output = run(command).await;
+    assert!(
+        output.status.success(),
+        "`script` (util-linux) runs the command under a pseudo-terminal: {output:?}"
+    );
+    let screen = std::fs::read_to_string(&screen_file).unwrap();
+    let stdout = std::fs::read_to_string(&stdout_file).unwrap();
+    assert!(!screen.contains(KEY) && !stdout.contains(KEY));
+    (screen, stdout)
 }

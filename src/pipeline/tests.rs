@@ -1,0 +1,430 @@
+//! The pipeline with fake stages: a source of documents in memory, a
+//! chunker by paragraphs, a backend that makes a vector from each text, and
+//! a sink that keeps its rows in memory, as a table would.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use futures::future::BoxFuture;
+
+use super::*;
+use crate::backend::{BackendInfo, BackendStats};
+use crate::job::BackendKind;
+use crate::sink::SinkReport;
+use crate::source::SourceStats;
+use crate::state::StateLocation;
+use crate::store::{ReadRow, Row, StoredRows};
+use crate::types::{content_hash, Chunk, Document, EmbeddedBatch, RawVectors, Usage, Vectors};
+
+struct Documents(std::vec::IntoIter<Document>, SourceStats);
+
+impl Source for Documents {
+    fn next_document(&mut self) -> Result<Option<Document>, SourceError> {
+        let next = self.0.next();
+        self.1.documents += u64::from(next.is_some());
+        Ok(next)
+    }
+
+    fn stats(&self) -> SourceStats {
+        self.1
+    }
+}
+
+fn documents(docs: &[(&str, &str)]) -> Box<dyn Source> {
+    let docs: Vec<Document> = docs
+        .iter()
+        .map(|(id, text)| Document {
+            doc_id: (*id).to_string(),
+            source: Arc::from("memory"),
+            text: (*text).to_string(),
+        })
+        .collect();
+    Box::new(Documents(docs.into_iter(), SourceStats::default()))
+}
+
+/// One chunk per paragraph; a word is a token.
+struct Paragraphs;
+
+impl Chunker for Paragraphs {
+    fn chunk(&self, document: &Document) -> Vec<Chunk> {
+        let mut start = 0;
+        let mut chunks = Vec::new();
+        for (i, text) in document.text.split("\n\n").enumerate() {
+            chunks.push(Chunk {
+                id: format!("{}#{i}", document.doc_id),
+                doc_id: Arc::from(document.doc_id.as_str()),
+                source: Arc::clone(&document.source),
+                chunk_index: u32::try_from(i).unwrap(),
+                byte_start: start as u64,
+                byte_end: (start + text.len()) as u64,
+                text: text.to_string(),
+                content_hash: content_hash(text),
+                token_count: u32::try_from(self.count_tokens(text)).unwrap(),
+            });
+            start += text.len() + 2;
+        }
+        chunks
+    }
+
+    fn count_tokens(&self, text: &str) -> usize {
+        text.split_whitespace().count()
+    }
+}
+
+/// The vector the fake backend makes for a text.
+fn vector_of(text: &str) -> [f32; 2] {
+    [text.len() as f32, f32::from(text.as_bytes()[0])]
+}
+
+/// Makes vectors from texts; refuses requests of more than `max_inputs`,
+/// and any request holding `refused`, as too large.
+struct Texts {
+    info: BackendInfo,
+    max_inputs: usize,
+    refused: Option<&'static str>,
+    sent: Mutex<Vec<Vec<String>>>,
+}
+
+impl Texts {
+    fn new(max_inputs: usize, refused: Option<&'static str>) -> Arc<Texts> {
+        Arc::new(Texts {
+            info: BackendInfo {
+                kind: BackendKind::Local,
+                model: "fake".into(),
+                dimensions: Some(2),
+                context_window: None,
+                input_per_1k: None,
+            },
+            max_inputs,
+            refused,
+            sent: Mutex::default(),
+        })
+    }
+
+    fn sent(&self) -> Vec<Vec<String>> {
+        self.sent.lock().unwrap().clone()
+    }
+}
+
+impl EmbeddingBackend for Texts {
+    fn info(&self) -> &BackendInfo {
+        &self.info
+    }
+
+    fn embed<'a>(
+        &'a self,
+        texts: &'a [&'a str],
+        tokens: u64,
+    ) -> BoxFuture<'a, Result<Vectors, BackendError>> {
+        Box::pin(async move {
+            let refused = self.refused.is_some_and(|r| texts.contains(&r));
+            if texts.len() > self.max_inputs || refused {
+                return Err(BackendError::TooLarge {
+                    status: Some(413),
+                    message: "too large".into(),
+                });
+            }
+            self.sent
+                .lock()
+                .unwrap()
+                .push(texts.iter().map(|t| (*t).to_string()).collect());
+            let vectors = texts.iter().map(|t| vector_of(t).to_vec()).collect();
+            let usage = Usage {
+                prompt_tokens: tokens,
+                total_tokens: tokens,
+            };
+            crate::validate::check(RawVectors::in_order(vectors, usage), texts.len(), Some(2))
+                .map_err(|e| BackendError::Permanent {
+                    status: None,
+                    message: e.to_string(),
+                })
+        })
+    }
+
+    fn stats(&self) -> BackendStats {
+        BackendStats {
+            requests: self.sent.lock().unwrap().len() as u64,
+            ..BackendStats::default()
+        }
+    }
+}
+
+/// A table's rows by id: the chunk, its vector, and the fingerprint and
+/// calls of the last run.
+#[derive(Default)]
+struct TableState {
+    rows: BTreeMap<String, (Chunk, Vec<f32>)>,
+    fingerprint: Option<String>,
+    written: Vec<String>,
+    removed: Vec<String>,
+}
+
+/// A sink that keeps its rows from one run to the next, as a table does.
+#[derive(Clone, Default)]
+struct Table(Arc<Mutex<TableState>>);
+
+struct TableSink {
+    table: Table,
+    pending: Vec<(Chunk, Vec<f32>)>,
+    removals: Vec<String>,
+}
+
+impl Table {
+    fn sink(&self) -> Box<dyn Sink> {
+        Box::new(TableSink {
+            table: self.clone(),
+            pending: Vec::new(),
+            removals: Vec::new(),
+        })
+    }
+
+    fn rows(&self) -> BTreeMap<String, (String, Vec<f32>)> {
+        let state = self.0.lock().unwrap();
+        state
+            .rows
+            .iter()
+            .map(|(id, (chunk, vector))| (id.clone(), (chunk.text.clone(), vector.clone())))
+            .collect()
+    }
+
+    fn last_run(&self) -> (Vec<String>, Vec<String>) {
+        let state = self.0.lock().unwrap();
+        (state.written.clone(), state.removed.clone())
+    }
+}
+
+impl Sink for TableSink {
+    fn target(&self) -> String {
+        "table".into()
+    }
+
+    fn held(&self) -> Result<Option<Box<dyn StoredRows>>, SinkError> {
+        let state = self.table.0.lock().unwrap();
+        if state.rows.is_empty() {
+            return Ok(None);
+        }
+        let mut metadata = BTreeMap::new();
+        if let Some(fingerprint) = &state.fingerprint {
+            metadata.insert(FINGERPRINT_KEY.to_string(), fingerprint.clone());
+        }
+        Ok(Some(Box::new(HeldRows {
+            rows: state.rows.values().cloned().collect(),
+            metadata,
+        })))
+    }
+
+    fn keeps_rows(&self) -> bool {
+        true
+    }
+
+    fn write(&mut self, batch: &EmbeddedBatch) -> Result<(), SinkError> {
+        for (chunk, vector) in batch.chunks.iter().zip(batch.vectors.rows()) {
+            self.pending.push((chunk.clone(), vector.to_vec()));
+        }
+        Ok(())
+    }
+
+    fn remove(&mut self, ids: &[String]) -> Result<(), SinkError> {
+        self.removals.extend_from_slice(ids);
+        Ok(())
+    }
+
+    fn finish(self: Box<Self>, metadata: &OutputMetadata) -> Result<SinkReport, SinkError> {
+        let mut state = self.table.0.lock().unwrap();
+        for id in &self.removals {
+            state.rows.remove(id);
+        }
+        state.written = self.pending.iter().map(|(c, _)| c.id.clone()).collect();
+        state.removed.clone_from(&self.removals);
+        let rows = self.pending.len() as u64;
+        for (chunk, vector) in self.pending {
+            state.rows.insert(chunk.id.clone(), (chunk, vector));
+        }
+        state.fingerprint = metadata.extra.get(FINGERPRINT_KEY).cloned();
+        Ok(SinkReport { rows })
+    }
+
+    fn abort(self: Box<Self>) {}
+}
+
+struct HeldRows {
+    rows: Vec<(Chunk, Vec<f32>)>,
+    metadata: BTreeMap<String, String>,
+}
+
+impl StoredRows for HeldRows {
+    fn name(&self) -> String {
+        "table".into()
+    }
+
+    fn dimensions(&self) -> usize {
+        2
+    }
+
+    fn metadata(&self) -> &BTreeMap<String, String> {
+        &self.metadata
+    }
+
+    fn scan(&mut self, with_ids: bool, visit: &mut dyn FnMut(Row<'_>)) -> Result<(), StoreError> {
+        for (chunk, _) in &self.rows {
+            visit(Row {
+                content_hash: chunk.content_hash,
+                id: with_ids.then_some(chunk.id.as_str()),
+            });
+        }
+        Ok(())
+    }
+
+    fn read(&mut self, rows: &[usize], found: &mut ReadRow<'_>) -> Result<(), StoreError> {
+        for (k, &row) in rows.iter().enumerate() {
+            let (chunk, vector) = &self.rows[row];
+            found(k, &chunk.content_hash, vector);
+        }
+        Ok(())
+    }
+}
+
+fn job(dir: &std::path::Path) -> Job {
+    let text = format!(
+        "[source]\nkind = \"files\"\npaths = [\"unused\"]\n\
+         [chunking]\nmax_tokens = 64\noverlap_tokens = 0\n\
+         [backend]\nkind = \"local\"\nmax_inputs_per_request = 2\nconcurrency = 2\n\
+         [output]\npath = \"{}\"\n",
+        dir.join("table").display()
+    );
+    crate::job::parse(&text, "fake", &[]).unwrap()
+}
+
+async fn run_with(
+    job: &Job,
+    docs: &[(&str, &str)],
+    backend: Arc<Texts>,
+    sink: Box<dyn Sink>,
+) -> Summary {
+    let fingerprint = Fingerprint::new(job, backend.info());
+    let state =
+        JobState::open(&job.name, StateLocation::for_job(job), &fingerprint, false).unwrap();
+    let stages = Stages {
+        source: documents(docs),
+        chunker: Arc::new(Paragraphs),
+        backend,
+        sink,
+    };
+    run(job, stages, state, RunOptions::default())
+        .await
+        .unwrap()
+}
+
+fn expected(docs: &[(&str, &str)]) -> BTreeMap<String, (String, Vec<f32>)> {
+    let mut rows = BTreeMap::new();
+    for (id, text) in docs {
+        for (i, paragraph) in text.split("\n\n").enumerate() {
+            let vector = vector_of(paragraph).to_vec();
+            rows.insert(format!("{id}#{i}"), (paragraph.to_string(), vector));
+        }
+    }
+    rows
+}
+
+#[tokio::test]
+async fn fake_stages_run_end_to_end_and_every_chunk_gets_its_own_vector() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = job(dir.path());
+    let docs = [
+        ("a", "alpha one\n\nalpha two words"),
+        ("b", "beta\n\nalpha one"),
+        ("c", "gamma ray"),
+    ];
+    let backend = Texts::new(2, None);
+    let table = Table::default();
+    let summary = run_with(&job, &docs, Arc::clone(&backend), table.sink()).await;
+
+    assert_eq!(table.rows(), expected(&docs));
+    let sent: Vec<String> = backend.sent().into_iter().flatten().collect();
+    assert_eq!(
+        sent.len(),
+        4,
+        "the repeated paragraph is sent once: {sent:?}"
+    );
+    assert!(backend.sent().iter().all(|request| request.len() <= 2));
+    assert_eq!(
+        (summary.chunks, summary.embedded, summary.deduplicated),
+        (5, 4, 1)
+    );
+    assert_eq!((summary.written, summary.documents), (5, 3));
+    assert_eq!(summary.exit(), Exit::Success);
+    let location = StateLocation::for_job(&job);
+    assert!(
+        location.summary().exists(),
+        "the summary is in the job's state"
+    );
+    assert!(!location.checkpoint().exists(), "the checkpoint is gone");
+    assert!(!location.lock().exists(), "the lock is released");
+}
+
+#[tokio::test]
+async fn a_sink_that_keeps_rows_is_sent_only_changes_and_told_what_to_remove() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = job(dir.path());
+    let table = Table::default();
+    let first = [
+        ("a", "kept as it was"),
+        ("b", "first of b\n\nsecond of b"),
+        ("c", "c goes away"),
+    ];
+    run_with(&job, &first, Texts::new(8, None), table.sink()).await;
+
+    let second = [
+        ("a", "kept as it was"),
+        ("b", "first of b, edited"),
+        ("d", "d is new\n\nc goes away"),
+    ];
+    let backend = Texts::new(8, None);
+    let summary = run_with(&job, &second, Arc::clone(&backend), table.sink()).await;
+
+    assert_eq!(
+        table.rows(),
+        expected(&second),
+        "the table equals a fresh run's"
+    );
+    let sent: Vec<String> = backend.sent().into_iter().flatten().collect();
+    assert_eq!(sent, ["first of b, edited", "d is new"]);
+    let (mut written, mut removed) = table.last_run();
+    written.sort();
+    removed.sort();
+    assert_eq!(written, ["b#0", "d#0", "d#1"], "a#0 is held unchanged");
+    assert_eq!(removed, ["b#1", "c#0"]);
+    assert_eq!(
+        (
+            summary.unchanged,
+            summary.changed,
+            summary.added,
+            summary.removed
+        ),
+        (2, 1, 1, 2)
+    );
+    assert_eq!(summary.written, 4, "three rows written, one kept");
+}
+
+#[tokio::test]
+async fn a_request_too_large_is_split_and_a_chunk_refused_alone_is_quarantined() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = job(dir.path());
+    let docs = [
+        ("a", "one\n\ntwo\n\npoison\n\nthree"),
+        ("b", "four\n\npoison"),
+    ];
+    let backend = Texts::new(1, Some("poison"));
+    let table = Table::default();
+    let summary = run_with(&job, &docs, Arc::clone(&backend), table.sink()).await;
+
+    assert!(backend.sent().iter().all(|request| request.len() == 1));
+    assert_eq!(summary.quarantined, 2, "the poison and its repeat");
+    assert_eq!(summary.exit(), Exit::Quarantined);
+    let mut rows = expected(&docs);
+    rows.retain(|_, (text, _)| text != "poison");
+    assert_eq!(table.rows(), rows);
+    let failures = StateLocation::for_job(&job).failures();
+    let lines = std::fs::read_to_string(failures).unwrap();
+    assert_eq!(lines.lines().count(), 2, "{lines}");
+}
