@@ -42,7 +42,7 @@ pub async fn run(args: &RunArgs) -> Outcome {
             state.location().lock().display()
         );
     }
-    let summary = crate::pipeline::run(&job, stages, state, options)
+    let summary = crate::pipeline::execute(&job, stages, state, options)
         .await
         .map_err(|e| Failure {
             exit: e.exit(),

@@ -107,7 +107,7 @@ pub struct RunOptions {
 
 /// Runs a job's built stages, with its state opened (and locked), to the
 /// end or until asked to stop.
-pub async fn run(
+pub async fn execute(
     job: &Job,
     stages: Stages,
     state: JobState,
