@@ -332,16 +332,9 @@ fn choose(path: &Path, guesses: &[FieldGuess]) -> Result<Fields, Failure> {
         .map(|g| g.name.clone())
         .filter(|name| {
             // Names the output already has are left out.
-            crate::job::parse(
-                &format!(
-                    "[source]\nkind = \"jsonl\"\npath = \"x\"\ntext_field = \"t\"\nmetadata_fields = [{}]\n\
-                     [backend]\nkind = \"local\"\n[output]\npath = \"o\"\n",
-                    toml_string(name)
-                ),
-                "x",
-                &[],
-            )
-            .is_ok()
+            let mut problems = Vec::new();
+            crate::job::metadata_problems(std::slice::from_ref(name), &mut problems);
+            problems.is_empty()
         })
         .take(METADATA_OFFERED)
         .collect();

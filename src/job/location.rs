@@ -33,13 +33,20 @@ fn key_location(text: &str, path: &str) -> Option<(usize, usize)> {
 }
 
 /// `problem` with the line and column of the first key it quotes in
-/// backticks, when the file writes that key (a key set only by `--set` has
-/// no place in the file).
-pub(super) fn locate(text: &str, problem: String) -> String {
+/// backticks, when the file writes that key and `--set` does not set it
+/// (or a table holding it) in `overridden`: the value at fault is then not
+/// the file's.
+pub(super) fn locate(text: &str, problem: String, overridden: &[&str]) -> String {
     let Some(path) = problem.split('`').nth(1) else {
         return problem;
     };
     let path = path.trim_start_matches('[').trim_end_matches(']');
+    let set = overridden.iter().any(|key| {
+        path == *key || path.starts_with(&format!("{key}.")) || key.starts_with(&format!("{path}."))
+    });
+    if set {
+        return problem;
+    }
     match key_location(text, path) {
         Some((line, column)) => format!("line {line}, column {column}: {problem}"),
         None => problem,
@@ -63,21 +70,25 @@ mod tests {
     #[test]
     fn a_problem_naming_a_written_key_gets_its_place() {
         let text = "name = \"x\"\n[backend]\nkind = \"api\"\n  concurrency = 0\n";
+        let problem = "`backend.concurrency` must be between 1 and 1024";
         assert_eq!(
-            locate(
-                text,
-                "`backend.concurrency` must be between 1 and 1024".into()
-            ),
+            locate(text, problem.into(), &[]),
             "line 4, column 3: `backend.concurrency` must be between 1 and 1024"
         );
+        // A value `--set` gave is not the file's.
         assert_eq!(
-            locate(text, "missing `[output]`".into()),
+            locate(text, problem.into(), &["backend.concurrency"]),
+            problem
+        );
+        assert_eq!(locate(text, problem.into(), &["backend"]), problem);
+        assert_eq!(
+            locate(text, "missing `[output]`".into(), &[]),
             "missing `[output]`"
         );
         assert_eq!(
-            locate(text, "unknown key `backend.typo`".into()),
+            locate(text, "unknown key `backend.typo`".into(), &[]),
             "unknown key `backend.typo`"
         );
-        assert_eq!(locate(text, "no key here".into()), "no key here");
+        assert_eq!(locate(text, "no key here".into(), &[]), "no key here");
     }
 }

@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::validate::known_model_dimensions;
 
-pub use self::params::{metadata_column, OnInvalid, STDIN, STDIN_NAME};
+pub use self::params::{metadata_column, metadata_problems, OnInvalid, STDIN, STDIN_NAME};
 use self::params::{one_line, Parsed};
 pub use self::params::{
     ApiParams, BackendConfig, BackendKind, BackendParams, BackendShared, FilesSource, LocalParams,
@@ -142,11 +142,15 @@ pub fn load(path: &Path, overrides: &[String]) -> Result<Job, JobErrors> {
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_else(|| "job".to_string());
+    let overridden: Vec<&str> = overrides
+        .iter()
+        .filter_map(|o| o.split_once('=').map(|(key, _)| key.trim()))
+        .collect();
     let mut job = parse(&text, &default_name, overrides).map_err(|problems| {
         fail(
             problems
                 .into_iter()
-                .map(|p| location::locate(&text, p))
+                .map(|p| location::locate(&text, p, &overridden))
                 .collect(),
         )
     })?;

@@ -338,7 +338,10 @@ const OUTPUT_COLUMNS: &[&str] = &[
     "embedding",
 ];
 
-fn metadata_problems(fields: &[String], p: &mut Vec<String>) {
+/// Problems with a `source.metadata_fields` list: names that are not field
+/// names or paths, or whose columns would clash with the output's or each
+/// other's.
+pub fn metadata_problems(fields: &[String], p: &mut Vec<String>) {
     let mut columns: Vec<(String, &str)> = Vec::new();
     for field in fields {
         if field.is_empty() || field.split('.').any(str::is_empty) {
