@@ -143,6 +143,7 @@ mod tests {
             content_hash: crate::types::content_hash(&text),
             text,
             token_count,
+            metadata: None,
         }
     }
 

@@ -274,6 +274,7 @@ impl TokenChunker {
                 text: text.to_owned(),
                 content_hash: content_hash(text),
                 token_count: u32::try_from(tokens).unwrap_or(u32::MAX),
+                metadata: document.metadata.clone(),
             });
         }
         chunks
@@ -281,6 +282,11 @@ impl TokenChunker {
 }
 
 fn has_markdown_extension(source: &str) -> bool {
+    // A compressed file is judged by the name it has once decompressed.
+    let source = source
+        .strip_suffix(".gz")
+        .or_else(|| source.strip_suffix(".zst"))
+        .unwrap_or(source);
     let Some((_, extension)) = source.rsplit_once('.') else {
         return false;
     };
@@ -315,6 +321,7 @@ impl TokenChunker {
             text: trimmed.to_owned(),
             content_hash: content_hash(trimmed),
             token_count: u32::try_from(tokens).unwrap_or(u32::MAX),
+            metadata: document.metadata.clone(),
         })
     }
 
@@ -363,6 +370,7 @@ mod tests {
             doc_id: doc_id.into(),
             source: Arc::from(source),
             text: text.into(),
+            metadata: None,
         }
     }
 

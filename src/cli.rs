@@ -11,31 +11,143 @@ use crate::simulate::SimulateOptions;
     version,
     about = "Turn text into vector indexes: chunk by tokens, embed concurrently, validate, write Parquet.",
     long_about = None,
-    after_help = "The API key is read from EMBEDJOB_API_KEY (never from a flag). \
-                  Commands without a job file take the service address from EMBEDJOB_BASE_URL."
+    after_help = MAIN_EXAMPLES
 )]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
 }
 
+const MAIN_EXAMPLES: &str = "\
+Examples:
+  embedjob init docs/                  write docs.toml, a commented job for the folder
+  embedjob estimate docs.toml          what a run will send and cost
+  embedjob run docs.toml               embed into out/docs.parquet (again: only what changed)
+  embedjob inspect out/docs.parquet    check the output
+  embedjob embed --local 'some text'   one vector, with the local model
+
+The API key is read from EMBEDJOB_API_KEY (never from a flag). Commands without a job file \
+take the service address from EMBEDJOB_BASE_URL. Paths in a job file are taken from the job \
+file's directory.";
+
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Write a commented job file for a folder or a file of documents.
+    #[command(after_help = INIT_EXAMPLES)]
+    Init(InitArgs),
     /// Run a job: read, chunk, embed, validate and write Parquet.
+    #[command(after_help = RUN_EXAMPLES)]
     Run(RunArgs),
     /// Count a job's chunks, tokens, requests and cost without embedding anything.
+    #[command(after_help = ESTIMATE_EXAMPLES)]
     Estimate(EstimateArgs),
     /// List the models the key can see, or show one.
+    #[command(after_help = MODELS_EXAMPLES)]
     Models(ModelsArgs),
     /// Embed a few texts and print the vectors.
+    #[command(after_help = EMBED_EXAMPLES)]
     Embed(EmbedArgs),
     /// Send one prompt to a chat model and print the reply as it arrives.
+    #[command(after_help = CHAT_EXAMPLES)]
     Chat(ChatArgs),
     /// Serve a simulator of the model service on 127.0.0.1, with optional faults.
     #[cfg(feature = "simulator")]
+    #[command(after_help = SIMULATE_EXAMPLES)]
     Simulate(SimulateOptions),
     /// Show an output's metadata and check every vector in it.
+    #[command(after_help = INSPECT_EXAMPLES)]
     Inspect(InspectArgs),
+    /// Print a shell completion script.
+    #[command(after_help = COMPLETIONS_EXAMPLES)]
+    Completions(CompletionsArgs),
+    /// Print the manual page (roff), or one command's.
+    #[command(after_help = MAN_EXAMPLES)]
+    Man(ManArgs),
+}
+
+const INIT_EXAMPLES: &str = "\
+Examples:
+  embedjob init docs/                  files under docs/ -> docs.toml
+  embedjob init data/pages.jsonl.gz    records, fields guessed from the first one -> pages.toml
+  embedjob init data/ -o jobs/data.toml --force";
+
+const RUN_EXAMPLES: &str = "\
+Examples:
+  embedjob run docs.toml
+  embedjob run docs.toml --json > summary.json
+  embedjob run docs.toml --max-duration 1h30m --max-cost 2.50
+  embedjob run docs.toml --set backend.concurrency=16 --set chunking.max_tokens=256
+  zcat pages.jsonl.gz | embedjob run pages.toml        with `path = \"-\"` in [source]
+
+From cron, give the job file's full path: paths in it are taken from its directory.
+Exit codes: 0 done, 1 failed, 2 bad job or flags, 3 done with quarantined chunks,
+4 stopped early (run again to carry on).";
+
+const ESTIMATE_EXAMPLES: &str = "\
+Examples:
+  embedjob estimate docs.toml
+  embedjob estimate docs.toml --fresh --json";
+
+const MODELS_EXAMPLES: &str = "\
+Examples:
+  EMBEDJOB_BASE_URL=http://127.0.0.1:9000 embedjob models
+  embedjob models svc-embed-1 --json";
+
+const EMBED_EXAMPLES: &str = "\
+Examples:
+  embedjob embed --local 'a first text' 'a second one'
+  embedjob embed --model svc-embed-1 --json 'hello'
+  cut -f2 titles.tsv | embedjob embed --local --json -     one text per line";
+
+const CHAT_EXAMPLES: &str = "\
+Examples:
+  embedjob chat --model svc-base 'Say hello'
+  embedjob chat --model svc-base --system 'Answer briefly' --no-stream 'What is a vector?'";
+
+#[cfg(feature = "simulator")]
+const SIMULATE_EXAMPLES: &str = "\
+Examples:
+  embedjob simulate --port 9000
+  EMBEDJOB_API_KEY=any EMBEDJOB_BASE_URL=http://127.0.0.1:9000 embedjob models";
+
+const INSPECT_EXAMPLES: &str = "\
+Examples:
+  embedjob inspect out/docs.parquet
+  embedjob inspect out/shards/ --json     a directory's files, as one dataset";
+
+const COMPLETIONS_EXAMPLES: &str = "\
+Examples:
+  embedjob completions bash > ~/.local/share/bash-completion/completions/embedjob
+  embedjob completions zsh > ~/.zfunc/_embedjob
+  embedjob completions fish > ~/.config/fish/completions/embedjob.fish";
+
+const MAN_EXAMPLES: &str = "\
+Examples:
+  embedjob man > ~/.local/share/man/man1/embedjob.1 && man embedjob
+  embedjob man run > ~/.local/share/man/man1/embedjob-run.1";
+
+#[derive(Debug, Args)]
+pub struct ManArgs {
+    /// A command, for its own page (embedjob-COMMAND(1)).
+    pub command: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct InitArgs {
+    /// The folder of documents, or a .jsonl, .csv or .parquet file (compressed or not).
+    pub path: std::path::PathBuf,
+    /// Where to write the job file [default: NAME.toml in the current directory].
+    #[arg(long, short = 'o', value_name = "JOB.toml")]
+    pub output: Option<std::path::PathBuf>,
+    /// Overwrite the job file if it exists.
+    #[arg(long)]
+    pub force: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct CompletionsArgs {
+    /// The shell to complete for.
+    pub shell: clap_complete::Shell,
 }
 
 #[derive(Debug, Args)]
@@ -49,13 +161,17 @@ pub struct ModelsArgs {
 
 #[derive(Debug, Args)]
 pub struct EmbedArgs {
-    /// The embedding model, e.g. svc-embed-1.
+    /// The embedding model: the service's (e.g. svc-embed-1), or with --local
+    /// the local model's [default with --local: all-MiniLM-L6-v2].
+    #[arg(long, required_unless_present = "local")]
+    pub model: Option<String>,
+    /// Embed with the local model: no key, no server.
     #[arg(long)]
-    pub model: String,
+    pub local: bool,
     /// Print one JSON object on stdout.
     #[arg(long)]
     pub json: bool,
-    /// The texts to embed.
+    /// The texts to embed; `-` reads them from stdin, one per line (blank lines skipped).
     #[arg(required = true)]
     pub texts: Vec<String>,
 }
@@ -105,8 +221,8 @@ pub struct RunArgs {
     /// and embed everything again.
     #[arg(long)]
     pub fresh: bool,
-    /// Stop after this long (e.g. 90s, 30m, 2h; a bare number is seconds),
-    /// keeping what was done: exit 4, and the next run resumes.
+    /// Stop after this long (e.g. 90s, 30m, 1h30m, 2h; a bare number is
+    /// seconds), keeping what was done: exit 4, and the next run resumes.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub max_duration: Option<std::time::Duration>,
     /// The most this run may be billed (sets `budget.max_cost`): it stops
@@ -115,25 +231,35 @@ pub struct RunArgs {
     pub max_cost: Option<f64>,
 }
 
-/// `90`, `90s`, `30m`, `2h` or `1.5h`.
+/// A positive duration: `90` (seconds), or as `humantime` reads it (`90s`,
+/// `30m`, `1h30m`, `1h 30m`, `2h`, `1day`), or a decimal with one unit (`1.5h`).
 pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
     let text = text.trim();
-    let (number, unit) = match text.char_indices().find(|(_, c)| c.is_ascii_alphabetic()) {
-        Some((at, _)) => (&text[..at], &text[at..]),
-        None => (text, "s"),
+    let invalid = || format!("{text:?} is not a positive duration such as 90s, 30m, 1h30m or 2h");
+    let duration = if let Ok(seconds) = text.parse::<f64>() {
+        std::time::Duration::try_from_secs_f64(seconds).map_err(|_| invalid())?
+    } else if let Ok(duration) = humantime::parse_duration(text) {
+        duration
+    } else {
+        decimal_duration(text).ok_or_else(invalid)?
     };
-    let scale = match unit {
+    if duration.is_zero() {
+        return Err(invalid());
+    }
+    Ok(duration)
+}
+
+/// `1.5h`, `0.5m`: a decimal number with one unit of s, m or h.
+fn decimal_duration(text: &str) -> Option<std::time::Duration> {
+    let at = text.find(|c: char| c.is_ascii_alphabetic())?;
+    let scale = match &text[at..] {
         "s" => 1.0,
         "m" => 60.0,
         "h" => 3600.0,
-        _ => return Err(format!("unknown unit {unit:?}: use s, m or h")),
+        _ => return None,
     };
-    match number.trim().parse::<f64>() {
-        Ok(n) if n.is_finite() && n > 0.0 => Ok(std::time::Duration::from_secs_f64(n * scale)),
-        _ => Err(format!(
-            "{text:?} is not a positive duration such as 90s, 30m or 2h"
-        )),
-    }
+    let number: f64 = text[..at].trim().parse().ok()?;
+    std::time::Duration::try_from_secs_f64(number * scale).ok()
 }
 
 #[derive(Debug, Args)]

@@ -23,7 +23,7 @@ use crate::chunk::Chunker;
 use crate::exit::Exit;
 use crate::job::{BackendKind, Job};
 use crate::pipeline::{Class, Classifier};
-use crate::source::{self, SourceError, SourceStats};
+use crate::source::{self, SkippedFiles, SourceError, SourceStats};
 
 /// What a run of the job would send and what it would cost.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -37,6 +37,11 @@ pub struct Estimate {
     pub documents: u64,
     pub skipped_null: u64,
     pub skipped_empty: u64,
+    /// Files passed over because they are not UTF-8 text.
+    pub skipped_files: SkippedFiles,
+    /// The chunk size and overlap, in tokens: the job's, or fitted to the model.
+    pub max_tokens: usize,
+    pub overlap_tokens: usize,
     /// Chunks the input makes.
     pub chunks: u64,
     /// Of those, chunks whose vector is already stored.
@@ -122,6 +127,7 @@ pub fn estimate(
         count.request(&batch, &limits);
     }
     let stats: SourceStats = source.stats();
+    let chunking = job.chunking_for(info.chunk_window());
     let sorted = classifier.counts();
     count.chunks = sorted.chunks;
     count.unchanged = sorted.reused + sorted.resumed;
@@ -136,6 +142,9 @@ pub fn estimate(
         documents: stats.documents,
         skipped_null: stats.skipped_null,
         skipped_empty: stats.skipped_empty,
+        skipped_files: source.skipped_files(),
+        max_tokens: chunking.max_tokens,
+        overlap_tokens: chunking.overlap_tokens,
         chunks: count.chunks,
         unchanged_chunks: count.unchanged,
         repeated_chunks: count.repeated,
@@ -182,6 +191,13 @@ pub fn table(e: &Estimate) -> String {
         ("job", e.job.clone()),
         ("model", format!("{} ({} backend)", e.model, e.backend)),
         ("documents", e.documents.to_string()),
+        (
+            "chunk size",
+            format!(
+                "up to {} tokens, {} overlapping",
+                e.max_tokens, e.overlap_tokens
+            ),
+        ),
         ("chunks", e.chunks.to_string()),
     ];
     if e.unchanged_chunks > 0 {
@@ -195,16 +211,20 @@ pub fn table(e: &Estimate) -> String {
     }
     rows.push(("tokens", e.tokens.to_string()));
     rows.push(("requests", e.requests.to_string()));
-    if let Some(price) = e.input_per_1k {
-        rows.push(("price per 1k tokens", format!("{price}")));
+    if e.backend == BackendKind::Local.to_string() {
+        rows.push(("cost", "none (the local model bills nothing)".to_string()));
+    } else {
+        if let Some(price) = e.input_per_1k {
+            rows.push(("price per 1k tokens", format!("{price}")));
+        }
+        rows.push((
+            "cost",
+            e.cost.map_or_else(
+                || "unknown (no price listed)".to_string(),
+                |c| format!("{c:.6}"),
+            ),
+        ));
     }
-    rows.push((
-        "cost",
-        e.cost.map_or_else(
-            || "unknown (no price listed)".to_string(),
-            |c| format!("{c:.6}"),
-        ),
-    ));
     if let Some(seconds) = e.shortest_duration_seconds {
         let mut limits = Vec::new();
         if let Some(rpm) = e.requests_per_minute {
@@ -215,7 +235,11 @@ pub fn table(e: &Estimate) -> String {
         }
         rows.push((
             "shortest duration",
-            format!("{} (at {})", duration_text(seconds), limits.join(", ")),
+            format!(
+                "{} (at {})",
+                crate::display::duration(seconds),
+                limits.join(", ")
+            ),
         ));
     }
     let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
@@ -226,21 +250,32 @@ pub fn table(e: &Estimate) -> String {
     if e.skipped_null + e.skipped_empty > 0 {
         let _ = writeln!(
             out,
-            "(skipped {} null and {} empty texts)",
-            e.skipped_null, e.skipped_empty
+            "(skipped {} null and {} empty {})",
+            e.skipped_null,
+            e.skipped_empty,
+            if e.skipped_null + e.skipped_empty == 1 {
+                "text"
+            } else {
+                "texts"
+            }
+        );
+    }
+    let files = &e.skipped_files;
+    if files.count > 0 {
+        let _ = writeln!(
+            out,
+            "(skipped {} that {} not UTF-8 text: {}{})",
+            crate::display::counted(files.count, "file"),
+            if files.count == 1 { "is" } else { "are" },
+            files.first.join(", "),
+            if files.count > files.first.len() as u64 {
+                " …"
+            } else {
+                ""
+            }
         );
     }
     out
-}
-
-fn duration_text(seconds: f64) -> String {
-    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-    let whole = seconds.ceil() as u64;
-    match whole {
-        0..=59 => format!("{seconds:.1}s"),
-        60..=3599 => format!("{}m {:02}s", whole / 60, whole % 60),
-        _ => format!("{}h {:02}m", whole / 3600, (whole % 3600) / 60),
-    }
 }
 
 #[cfg(test)]

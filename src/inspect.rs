@@ -4,7 +4,10 @@
 //! A file is read a record batch at a time, decoding only `id` and
 //! `embedding`, so memory is bounded by a batch plus 16 bytes per id (the
 //! hashes kept to find repeated ids). A directory's `*.parquet` files are
-//! inspected in name order, with ids unique across all of them.
+//! inspected in name order as one dataset, with ids unique across all of
+//! them. Files of different jobs or configurations (another model, other
+//! chunks) are not one dataset: that is reported once, and ids are then
+//! checked within each dataset only.
 //!
 //! Failed checks are reported, not raised: a damaged file is a finding, and
 //! the other files of a directory are still checked. Only a path that cannot
@@ -20,10 +23,11 @@ use arrow::datatypes::{DataType, Float32Type, Schema};
 use parquet::arrow::ProjectionMask;
 use serde::Serialize;
 
+use crate::display::counted;
 use crate::exit::Exit;
 use crate::parquet_io::{
     guard as parquet_guard, key_values, list_parquet_files, open_reader as parquet_reader,
-    output_schema, FileError, SCHEMA_VERSION,
+    output_schema, FileError, FINGERPRINT_KEY, JOB_KEY, SCHEMA_VERSION,
 };
 use crate::state::StateLocation;
 use crate::types::id_key128;
@@ -83,6 +87,8 @@ pub enum Check {
     Finite,
     /// No vector is all zeros.
     NotAllZero,
+    /// A directory's files are one dataset: one job, one configuration.
+    OneDataset,
 }
 
 impl Check {
@@ -97,6 +103,7 @@ impl Check {
             Check::VectorLength => "vector_length",
             Check::Finite => "finite",
             Check::NotAllZero => "not_all_zero",
+            Check::OneDataset => "one_dataset",
         }
     }
 }
@@ -130,6 +137,10 @@ pub struct FileReport {
     pub requests: Option<u64>,
     pub cost: Option<f64>,
     pub include_text: bool,
+    /// The job that wrote the file (`embedjob.job`), when it says.
+    pub job: Option<String>,
+    /// Columns besides the output's own (`source.metadata_fields`), with their types.
+    pub metadata_columns: Vec<String>,
     /// Failed checks found, listed or not.
     pub problem_count: u64,
     /// The first [`LISTED_PER_CHECK`] problems of each check.
@@ -177,7 +188,97 @@ pub struct Report {
     pub path: PathBuf,
     pub ok: bool,
     pub files: Vec<FileReport>,
+    /// The datasets the files belong to: one, unless a directory mixes them.
+    pub datasets: Vec<Dataset>,
+    /// Failed checks across files: a directory that is not one dataset.
+    pub problems: Vec<Problem>,
     pub totals: Totals,
+}
+
+/// Files written by one job under one configuration.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Dataset {
+    pub job: Option<String>,
+    pub model: Option<String>,
+    pub dimensions: Option<String>,
+    pub files: Vec<PathBuf>,
+    /// What makes it one: the job and the fingerprint (or, for files
+    /// without one, the model and dimensions).
+    #[serde(skip)]
+    key: DatasetKey,
+}
+
+type DatasetKey = (Option<String>, Option<String>);
+
+impl Dataset {
+    fn describe(&self) -> String {
+        let job = self
+            .job
+            .as_ref()
+            .map_or_else(|| "job unknown".to_string(), |j| format!("job {j:?}"));
+        let files: Vec<String> = self
+            .files
+            .iter()
+            .map(|f| {
+                f.file_name().map_or_else(
+                    || f.display().to_string(),
+                    |n| n.to_string_lossy().into_owned(),
+                )
+            })
+            .collect();
+        format!(
+            "{job}, model {}, {} dimensions: {}",
+            self.model.as_deref().unwrap_or("?"),
+            self.dimensions.as_deref().unwrap_or("?"),
+            files.join(", ")
+        )
+    }
+}
+
+/// Sorts `files` into datasets by the job and configuration their footers
+/// record. A file whose footer cannot be read joins the first dataset (its
+/// reading problem is reported with it).
+fn datasets(files: &[PathBuf]) -> (Vec<Dataset>, Vec<usize>) {
+    let mut datasets: Vec<Dataset> = Vec::new();
+    let mut of_file = Vec::with_capacity(files.len());
+    for file in files {
+        let Ok(builder) = parquet_reader(file) else {
+            of_file.push(usize::MAX);
+            continue;
+        };
+        let kv = key_values(builder.metadata());
+        let job = kv.get(JOB_KEY).cloned();
+        let model = kv.get("embedjob.model").cloned();
+        let dimensions = kv.get("embedjob.dimensions").cloned();
+        let configuration = kv.get(FINGERPRINT_KEY).cloned().or_else(|| {
+            Some(format!(
+                "{}/{}",
+                model.as_deref().unwrap_or("?"),
+                dimensions.as_deref().unwrap_or("?")
+            ))
+        });
+        let key = (job.clone(), configuration);
+        let index = match datasets.iter().position(|d| d.key == key) {
+            Some(index) => index,
+            None => {
+                datasets.push(Dataset {
+                    job,
+                    model,
+                    dimensions,
+                    files: Vec::new(),
+                    key,
+                });
+                datasets.len() - 1
+            }
+        };
+        datasets[index].files.push(file.clone());
+        of_file.push(index);
+    }
+    let of_file = of_file
+        .into_iter()
+        .map(|i| if i == usize::MAX { 0 } else { i })
+        .collect();
+    (datasets, of_file)
 }
 
 /// Inspects an output file, or every `*.parquet` file of a directory (not
@@ -189,10 +290,28 @@ pub struct Report {
 /// Parquet files. Damaged files are findings in the report, not errors.
 pub fn inspect(path: &Path) -> Result<Report, InspectError> {
     let files = list_files(path)?;
-    let mut ids = Ids::default();
+    let (datasets, of_file) = datasets(&files);
+    let mut ids: Vec<Ids> = (0..datasets.len().max(1)).map(|_| Ids::default()).collect();
     let mut reports = Vec::with_capacity(files.len());
     for (index, file) in files.iter().enumerate() {
-        reports.push(inspect_file(file, index, &files, &mut ids));
+        reports.push(inspect_file(file, index, &files, &mut ids[of_file[index]]));
+    }
+    let mut problems = Vec::new();
+    if datasets.len() > 1 {
+        let each: Vec<String> = datasets.iter().map(Dataset::describe).collect();
+        problems.push(Problem {
+            check: Check::OneDataset,
+            row: None,
+            id: None,
+            message: format!(
+                "{} mixes {} datasets, made by different jobs or configurations: {}; \
+                 ids were checked within each; inspect each file on its own, or keep each \
+                 job's output in a directory of its own",
+                path.display(),
+                datasets.len(),
+                each.join("; ")
+            ),
+        });
     }
     let mut totals = Totals {
         files: reports.len() as u64,
@@ -207,10 +326,13 @@ pub fn inspect(path: &Path) -> Result<Report, InspectError> {
         totals.cost = totals.cost.zip(r.cost).map(|(a, b)| a + b);
         totals.problem_count += r.problem_count;
     }
+    totals.problem_count += problems.len() as u64;
     Ok(Report {
         path: path.to_path_buf(),
         ok: totals.problem_count == 0,
         files: reports,
+        datasets,
+        problems,
         totals,
     })
 }
@@ -355,6 +477,7 @@ fn read_metadata(report: &mut FileReport, kv: &BTreeMap<String, String>) {
     report.written_by = text("embedjob.version");
     report.model = text("embedjob.model");
     report.backend = text("embedjob.backend");
+    report.job = kv.get(JOB_KEY).cloned();
     let dimensions = text("embedjob.dimensions");
     let prompt_tokens = text("embedjob.usage.prompt_tokens");
     let total_tokens = text("embedjob.usage.total_tokens");
@@ -436,6 +559,12 @@ fn check_schema(report: &mut FileReport, schema: &Schema) -> Option<usize> {
         }
     };
     let expected = output_schema(length.unwrap_or(1), report.include_text);
+    report.metadata_columns = schema
+        .fields()
+        .iter()
+        .filter(|f| expected.field_with_name(f.name()).is_err())
+        .map(|f| format!("{} ({})", f.name(), f.data_type()))
+        .collect();
     for field in expected.fields() {
         if field.name() == "embedding" {
             continue;
@@ -636,12 +765,18 @@ pub fn text(report: &Report) -> String {
     for file in &report.files {
         file_text(&mut out, file);
     }
+    for p in &report.problems {
+        let _ = writeln!(out, "{}: {}", p.check.name(), p.message);
+    }
     if report.files.len() > 1 {
         let t = &report.totals;
         let _ = write!(
             out,
-            "total: {} files, {} rows, {} prompt tokens, {} requests",
-            t.files, t.rows, t.prompt_tokens, t.requests
+            "total: {}, {}, {} prompt tokens, {}",
+            counted(t.files, "file"),
+            counted(t.rows, "row"),
+            t.prompt_tokens,
+            counted(t.requests, "request")
         );
         if let Some(cost) = t.cost {
             let _ = write!(out, ", cost {cost:.6}");
@@ -654,8 +789,7 @@ pub fn text(report: &Report) -> String {
 fn verdict(problems: u64) -> String {
     match problems {
         0 => "all checks passed".to_string(),
-        1 => "1 problem".to_string(),
-        n => format!("{n} problems"),
+        n => counted(n, "problem"),
     }
 }
 
@@ -670,9 +804,14 @@ fn file_text(out: &mut String, f: &FileReport) {
     }
     let _ = writeln!(
         out,
-        "  rows        {} ({} row groups, {} bytes)",
-        f.rows, f.row_groups, f.bytes
+        "  rows        {} ({}, {} bytes)",
+        f.rows,
+        counted(f.row_groups, "row group"),
+        f.bytes
     );
+    if let Some(job) = &f.job {
+        let _ = writeln!(out, "  job         {job}");
+    }
     let _ = writeln!(
         out,
         "  model       {} ({} backend), {} dimensions",
@@ -691,16 +830,30 @@ fn file_text(out: &mut String, f: &FileReport) {
         },
         f.written_by.clone().unwrap_or_else(unknown)
     );
+    if !f.metadata_columns.is_empty() {
+        let _ = writeln!(out, "  metadata    {}", f.metadata_columns.join(", "));
+    }
     let number = |n: Option<u64>| n.map_or_else(unknown, |n| n.to_string());
-    let _ = writeln!(
-        out,
-        "  usage       {} prompt tokens, {} total, {} requests",
-        number(f.prompt_tokens),
-        number(f.total_tokens),
-        number(f.requests)
-    );
-    if let Some(cost) = f.cost {
-        let _ = writeln!(out, "  cost        {cost:.6}");
+    if f.backend.as_deref() == Some("local") {
+        let _ = writeln!(
+            out,
+            "  usage       {} tokens, {} (the local model bills nothing)",
+            number(f.prompt_tokens),
+            f.requests
+                .map_or_else(|| "? requests".to_string(), |n| counted(n, "request"))
+        );
+    } else {
+        let _ = writeln!(
+            out,
+            "  usage       {} prompt tokens, {} total, {}",
+            number(f.prompt_tokens),
+            number(f.total_tokens),
+            f.requests
+                .map_or_else(|| "? requests".to_string(), |n| counted(n, "request"))
+        );
+        if let Some(cost) = f.cost {
+            let _ = writeln!(out, "  cost        {cost:.6}");
+        }
     }
     problems_text(out, f);
 }
@@ -732,6 +885,9 @@ fn problems_text(out: &mut String, f: &FileReport) {
 
 /// One line naming the first problem, for the error that ends a failed inspection.
 pub fn first_problem(report: &Report) -> Option<String> {
+    if let Some(p) = report.problems.first() {
+        return Some(format!("{}: {}", p.check.name(), p.message));
+    }
     report.files.iter().find_map(|f| {
         f.problems.first().map(|p| {
             let file = f.path.display().to_string();

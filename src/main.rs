@@ -19,6 +19,9 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         match cli.command {
+            Command::Init(args) => commands::init(&args),
+            Command::Completions(args) => commands::completions(&args),
+            Command::Man(args) => commands::man(&args),
             Command::Run(args) => commands::run(&args).await,
             Command::Estimate(args) => commands::estimate(&args).await,
             Command::Models(args) => commands::models(&args).await,

@@ -4,7 +4,9 @@
 //! request), tokens per second, requests, retries and, once the whole input
 //! has been read and the number of chunks is known, the length of the bar
 //! and an ETA. Until then the bar has no length, since any total would be a
-//! guess. Elsewhere (a pipe, a log file), a line every
+//! guess. The ETA comes from the rate of the last half minute ([`Eta`]), so
+//! the bursts of a backend that answers a batch at a time do not make it
+//! jump. Elsewhere (a pipe, a log file), a line every
 //! `pipeline.progress_seconds`. `--quiet` shows neither.
 //!
 //! The pipeline drives a [`Progress`]: it wraps the chunker with
@@ -12,6 +14,7 @@
 //! [`Progress::update`] on every tick of [`Progress::interval`], and
 //! [`Progress::finish`] with the last numbers at the end.
 
+use std::collections::VecDeque;
 use std::io::IsTerminal;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -27,6 +30,11 @@ use crate::types::Usage;
 
 /// How often the bar is refreshed.
 const BAR_INTERVAL: Duration = Duration::from_millis(200);
+
+/// How far back the rate behind the ETA looks.
+const ETA_WINDOW_SECONDS: f64 = 30.0;
+/// The least time the rate is measured over before an ETA is shown.
+const ETA_MIN_SPAN_SECONDS: f64 = 2.0;
 
 /// Where progress goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,6 +96,7 @@ pub struct Progress {
     read: Arc<AtomicU64>,
     bar: Option<ProgressBar>,
     bar_has_length: bool,
+    eta: Eta,
 }
 
 impl Progress {
@@ -105,6 +114,7 @@ impl Progress {
             read: Arc::new(AtomicU64::new(0)),
             bar,
             bar_has_length: false,
+            eta: Eta::default(),
         }
     }
 
@@ -145,6 +155,12 @@ impl Progress {
         } else {
             0.0
         };
+        self.eta.observe(elapsed, now.chunks);
+        let eta = now
+            .reading_done
+            .then(|| self.eta.seconds_left(read))
+            .flatten()
+            .map_or_else(|| "?".to_string(), crate::display::duration);
         match (self.mode, &self.bar) {
             (Mode::Bar, Some(bar)) => {
                 let mut message = format!(
@@ -159,30 +175,73 @@ impl Progress {
                     message = format!("{read} read, {message}");
                 }
                 bar.set_message(message);
+                bar.set_prefix(eta);
                 bar.set_position(now.chunks);
             }
             (Mode::Lines, _) => {
-                let of = if now.reading_done {
-                    format!(" of {read}")
+                let (of, eta) = if now.reading_done {
+                    (format!(" of {read}"), format!(", ETA {eta}"))
                 } else {
-                    String::new()
+                    (String::new(), String::new())
                 };
                 eprintln!(
-                    "embedjob: {}{of} chunks done, {} tokens ({tokens_per_second:.0}/s), {} requests, {} retries, {elapsed:.0}s",
-                    now.chunks, now.tokens, now.requests, now.retries
+                    "embedjob: {}{of} chunks done, {} ({tokens_per_second:.0}/s), {}, {}, {elapsed:.0}s{eta}",
+                    now.chunks,
+                    crate::display::counted(now.tokens, "token"),
+                    crate::display::counted(now.requests, "request"),
+                    crate::display::count(now.retries, "retry", "retries"),
                 );
             }
             _ => {}
         }
     }
 
-    /// Shows `last` and leaves the bar there, on the screen.
+    /// Shows `last` and leaves the bar there, on the screen, with the cursor
+    /// on the next line so that what follows starts a line of its own.
     pub fn finish(&mut self, last: &Snapshot) {
         self.update(last);
         if let Some(bar) = self.bar.take() {
             // Not `finish`, which would fill the bar whether or not every chunk was embedded.
             bar.abandon();
+            eprintln!();
         }
+    }
+}
+
+/// The time left, from the rate of the last [`ETA_WINDOW_SECONDS`]: chunks
+/// done over that window, not over the last tick (which jumps with every
+/// burst and every pause) nor since the start (which lags behind a change).
+#[derive(Debug, Default)]
+pub struct Eta {
+    /// (seconds since the start, chunks done), oldest first.
+    samples: VecDeque<(f64, u64)>,
+}
+
+impl Eta {
+    /// Notes that `done` chunks were done at `at` seconds.
+    pub fn observe(&mut self, at: f64, done: u64) {
+        self.samples.push_back((at, done));
+        // Keep one sample at or before the window's start, so the window is whole.
+        while self
+            .samples
+            .get(1)
+            .is_some_and(|(t, _)| *t <= at - ETA_WINDOW_SECONDS)
+        {
+            self.samples.pop_front();
+        }
+    }
+
+    /// Seconds until `total` chunks are done; `None` until the rate has been
+    /// measured over [`ETA_MIN_SPAN_SECONDS`], or while nothing moves.
+    pub fn seconds_left(&self, total: u64) -> Option<f64> {
+        let (&(t0, d0), &(t1, d1)) = (self.samples.front()?, self.samples.back()?);
+        if t1 - t0 < ETA_MIN_SPAN_SECONDS || d1 <= d0 {
+            return None;
+        }
+        #[allow(clippy::cast_precision_loss)]
+        let rate = (d1 - d0) as f64 / (t1 - t0);
+        #[allow(clippy::cast_precision_loss)]
+        Some(total.saturating_sub(d1) as f64 / rate)
     }
 }
 
@@ -192,7 +251,7 @@ fn unknown_length_style() -> ProgressStyle {
 }
 
 fn known_length_style() -> ProgressStyle {
-    ProgressStyle::with_template("[{elapsed}] {wide_bar} {pos}/{len} chunks, ETA {eta} ({msg})")
+    ProgressStyle::with_template("[{elapsed}] {wide_bar} {pos}/{len} chunks, ETA {prefix} ({msg})")
         .unwrap_or_else(|_| ProgressStyle::default_bar())
 }
 
@@ -236,6 +295,47 @@ mod tests {
         assert_eq!(Progress::new(Mode::Bar, 2.5).interval(), BAR_INTERVAL);
     }
 
+    /// Regression: a backend that answers in bursts (a batch of the local
+    /// model every few seconds) made the ETA jump from seconds to hours
+    /// between two bursts.
+    #[test]
+    fn regression_the_eta_holds_steady_through_bursts_and_pauses() {
+        let mut eta = Eta::default();
+        let total = 3_000;
+        let mut estimates = Vec::new();
+        // 128 chunks every 4 s, seen every 0.2 s: a steady 32 chunks/s in bursts.
+        for tick in 0..400u32 {
+            let at = f64::from(tick) * 0.2;
+            let done = u64::from(tick / 20) * 128;
+            eta.observe(at, done.min(total));
+            if let Some(left) = eta.seconds_left(total) {
+                estimates.push((at, left));
+            }
+        }
+        let late: Vec<f64> = estimates
+            .iter()
+            .filter(|(at, _)| *at >= 30.0)
+            .map(|(at, left)| at + left)
+            .collect();
+        assert!(!late.is_empty());
+        // Once the window is full, the predicted end stays within 15% of the real one (94 s).
+        for end in &late {
+            assert!(
+                (80.0..=110.0).contains(end),
+                "predicted end {end}: {late:?}"
+            );
+        }
+        // No estimate before the rate is measured, and none while nothing moves.
+        let mut fresh = Eta::default();
+        fresh.observe(0.0, 0);
+        fresh.observe(1.0, 10);
+        assert_eq!(fresh.seconds_left(100), None);
+        let mut stalled = Eta::default();
+        stalled.observe(0.0, 50);
+        stalled.observe(40.0, 50);
+        assert_eq!(stalled.seconds_left(100), None);
+    }
+
     #[test]
     fn the_counting_chunker_counts_what_it_makes() {
         let progress = Progress::new(Mode::Lines, 5.0);
@@ -246,6 +346,7 @@ mod tests {
             doc_id: "a".into(),
             source: Arc::from("a.txt"),
             text: "One. Two. Three.".into(),
+            metadata: None,
         };
         let made = chunker.chunk(&document).len() as u64;
         assert!(made > 0);

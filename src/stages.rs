@@ -8,11 +8,11 @@ use std::time::Duration;
 use crate::backend::api::{ApiBackend, ApiSettings};
 #[cfg(feature = "local")]
 use crate::backend::local::{LocalBackend, LocalSettings};
-use crate::backend::EmbeddingBackend;
+use crate::backend::{BackendInfo, EmbeddingBackend};
 use crate::chunk::{Chunker, TokenChunker};
 use crate::client::{ApiKey, Client, ClientConfig, ErrorKind};
 use crate::exit::{Exit, Failure};
-use crate::job::{BackendParams, Job};
+use crate::job::{BackendParams, ChunkingConfig, Job};
 use crate::pipeline::Stages;
 use crate::retry::{with_retries, RetryPolicy};
 
@@ -63,9 +63,9 @@ async fn build_local(job: &Job) -> Result<Embedding, Failure> {
             ))
         })?
         .map_err(Failure::usage)?;
-    check_context_window(job, &backend.info().model, backend.info().context_window)?;
-    let chunker = TokenChunker::with_tokenizer(&job.chunking, backend.tokenizer())
-        .map_err(Failure::failed)?;
+    let chunking = fitted_chunking(job, backend.info())?;
+    let chunker =
+        TokenChunker::with_tokenizer(&chunking, backend.tokenizer()).map_err(Failure::usage)?;
     Ok(Embedding {
         backend: Arc::new(backend),
         chunker: Arc::new(chunker),
@@ -80,15 +80,35 @@ async fn build_local(_job: &Job) -> Result<Embedding, Failure> {
     )))
 }
 
-/// A chunk longer than the model's window would be cut or refused.
-fn check_context_window(job: &Job, model: &str, window: Option<u64>) -> Result<(), Failure> {
-    match window {
-        Some(window) if job.chunking.max_tokens as u64 > window => Err(Failure::usage(anyhow::anyhow!(
-            "`chunking.max_tokens` ({}) is larger than model {model}'s context window ({window} tokens)",
-            job.chunking.max_tokens
-        ))),
-        _ => Ok(()),
+/// The job's chunking on this backend (sizes the job leaves out fit the
+/// model's window, see [`Job::chunking_for`]), checked against the window: a
+/// chunk longer than the model sees would be cut or refused.
+fn fitted_chunking(job: &Job, info: &BackendInfo) -> Result<ChunkingConfig, Failure> {
+    let chunking = job.chunking_for(info.chunk_window());
+    let model = &info.model;
+    if let (Some(window), Some(text)) = (info.context_window, info.chunk_window()) {
+        if chunking.max_tokens as u64 > text {
+            let room = if text == window {
+                String::new()
+            } else {
+                format!(", {text} of them for the text")
+            };
+            return Err(Failure::usage(anyhow::anyhow!(
+                "`chunking.max_tokens` ({}) is larger than model {model}'s context window \
+                 ({window} tokens{room}); leave it out to fit the model",
+                chunking.max_tokens
+            )));
+        }
     }
+    if chunking.overlap_tokens >= chunking.max_tokens {
+        return Err(Failure::usage(anyhow::anyhow!(
+            "`chunking.overlap_tokens` ({}) must be less than the {}-token chunks that fit model {model}; \
+             set `chunking.max_tokens` or a smaller overlap",
+            chunking.overlap_tokens,
+            chunking.max_tokens
+        )));
+    }
+    Ok(chunking)
 }
 
 async fn build_api(job: &Job) -> Result<Embedding, Failure> {
@@ -115,7 +135,6 @@ async fn build_api(job: &Job) -> Result<Embedding, Failure> {
             };
             Failure::usage(anyhow::Error::from(e).context(context))
         })?;
-    check_context_window(job, &model, listing.context_window)?;
     let settings = ApiSettings {
         model,
         dimensions: b.dimensions,
@@ -126,7 +145,8 @@ async fn build_api(job: &Job) -> Result<Embedding, Failure> {
         retry,
     };
     let backend = ApiBackend::new(client, settings, Some(&listing));
-    let chunker = TokenChunker::cl100k(&job.chunking).map_err(Failure::failed)?;
+    let chunking = fitted_chunking(job, backend.info())?;
+    let chunker = TokenChunker::cl100k(&chunking).map_err(Failure::usage)?;
     Ok(Embedding {
         backend: Arc::new(backend),
         chunker: Arc::new(chunker),

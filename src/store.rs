@@ -382,6 +382,7 @@ mod tests {
             text: text.to_string(),
             content_hash: content_hash(text),
             token_count: 1,
+            metadata: None,
         }
     }
 

@@ -20,6 +20,7 @@ pub(crate) fn chunk(doc: &str, index: u32) -> Chunk {
         content_hash: Sha256::digest(text.as_bytes()).into(),
         token_count: index + 1,
         text,
+        metadata: None,
     }
 }
 

@@ -20,6 +20,48 @@ pub struct Document {
     /// The input file, as the job names it.
     pub source: Arc<str>,
     pub text: String,
+    /// The record's `source.metadata_fields`, shared by its chunks.
+    pub metadata: Option<Arc<Metadata>>,
+}
+
+/// The output columns `source.metadata_fields` add, in order, with the
+/// types the input gives them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetadataSchema {
+    pub fields: Vec<MetadataField>,
+}
+
+/// One metadata column.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetadataField {
+    /// The field as the job names it (a column, or a dotted JSON path).
+    pub field: String,
+    /// The output column (see `crate::job::metadata_column`).
+    pub column: String,
+    /// Its type in the output: a string, boolean, integer, float, date or
+    /// timestamp type, as in the input.
+    pub data_type: arrow::datatypes::DataType,
+}
+
+/// One record's metadata values, one per field of `schema`. Its chunks
+/// share it, so a document's metadata is kept once however many chunks it
+/// makes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Metadata {
+    pub schema: Arc<MetadataSchema>,
+    pub values: Box<[MetaValue]>,
+}
+
+/// A metadata value as read, before it takes its column's type: integers,
+/// dates and timestamps as `Int` (or `UInt`), in the input's own unit.
+#[derive(Debug, Clone, PartialEq)]
+pub enum MetaValue {
+    Null,
+    Bool(bool),
+    Int(i64),
+    UInt(u64),
+    Float(f64),
+    Text(Box<str>),
 }
 
 /// A piece of a document, the unit that is embedded and written.
@@ -38,6 +80,8 @@ pub struct Chunk {
     pub content_hash: [u8; 32],
     /// Tokens in `text`, counted locally.
     pub token_count: u32,
+    /// Its document's metadata, shared with the document's other chunks.
+    pub metadata: Option<Arc<Metadata>>,
 }
 
 impl Chunk {
@@ -155,6 +199,17 @@ impl Vectors {
 pub struct EmbeddedBatch {
     pub chunks: Vec<Chunk>,
     pub vectors: Vectors,
+}
+
+impl EmbeddedBatch {
+    /// The metadata columns its chunks carry (every chunk of a run carries
+    /// the same ones), as the first chunk says.
+    pub fn metadata_schema(&self) -> Option<Arc<MetadataSchema>> {
+        self.chunks
+            .first()
+            .and_then(|c| c.metadata.as_ref())
+            .map(|m| Arc::clone(&m.schema))
+    }
 }
 
 /// A compact hash of a chunk or document id, for sets of ids seen. The std

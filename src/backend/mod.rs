@@ -27,6 +27,22 @@ pub struct BackendInfo {
     pub input_per_1k: Option<f64>,
 }
 
+/// Tokens the local model adds to every text (`[CLS]` and `[SEP]`), which
+/// its window must hold besides the chunk.
+pub const LOCAL_SPECIAL_TOKENS: u64 = 2;
+
+impl BackendInfo {
+    /// Tokens of text a chunk may hold for the model to see all of it: the
+    /// context window, less the special tokens the local model adds.
+    pub fn chunk_window(&self) -> Option<u64> {
+        let window = self.context_window?;
+        Some(match self.kind {
+            BackendKind::Local => window.saturating_sub(LOCAL_SPECIAL_TOKENS),
+            BackendKind::Api => window,
+        })
+    }
+}
+
 /// A request that failed for good. The pipeline splits `TooLarge` batches
 /// and stops the run on the others.
 #[derive(Debug, Clone, thiserror::Error)]

@@ -42,18 +42,57 @@ pub async fn run(args: &RunArgs) -> Outcome {
             state.location().lock().display()
         );
     }
-    let summary = crate::pipeline::execute(&job, stages, state, options)
+    let mut summary = crate::pipeline::execute(&job, stages, state, options)
         .await
         .map_err(|e| Failure {
             exit: e.exit(),
             error: e.into(),
         })?;
+    summary.carry_on = Some(carry_on_command(args));
     if args.json {
         print_json(&serde_json::to_value(&summary).map_err(Failure::failed)?)?;
     } else {
         print!("{}", summary.text());
     }
     Ok(summary.exit())
+}
+
+/// The command that runs the job again as `args` did, less `--fresh` (which
+/// would throw away what the stopped run committed) and the output flags.
+fn carry_on_command(args: &RunArgs) -> String {
+    let mut words = vec![
+        "embedjob".to_string(),
+        "run".to_string(),
+        shell_word(&args.job.job.to_string_lossy()),
+    ];
+    for assignment in &args.job.overrides {
+        words.push("--set".to_string());
+        words.push(shell_word(assignment));
+    }
+    if let Some(cost) = args.max_cost {
+        words.push(format!("--max-cost {cost}"));
+    }
+    if let Some(limit) = args.max_duration {
+        let limit = humantime::format_duration(limit)
+            .to_string()
+            .replace(' ', "");
+        words.push(format!("--max-duration {limit}"));
+    }
+    words.join(" ")
+}
+
+/// `word` as a shell reads it back: quoted when it holds anything but
+/// plain characters.
+fn shell_word(word: &str) -> String {
+    let plain = !word.is_empty()
+        && word
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c));
+    if plain {
+        word.to_string()
+    } else {
+        format!("'{}'", word.replace('\'', "'\\''"))
+    }
 }
 
 /// The first SIGINT or SIGTERM asks the run to stop after the requests in

@@ -1,7 +1,9 @@
-//! The commands: `run` and `estimate` take a job file ([`job`]); `models`,
-//! `embed` and `chat` talk to the service ([`service`]); `simulate` and
-//! `inspect` need neither. Results go to stdout; nothing else does.
+//! The commands: `run` and `estimate` take a job file ([`job`]), which
+//! `init` writes ([`init`]); `models`, `embed` and `chat` talk to the service
+//! or the local model ([`service`]); `simulate`, `inspect`, `completions` and
+//! `man` need neither. Results go to stdout; nothing else does.
 
+mod init;
 mod job;
 mod service;
 
@@ -13,6 +15,7 @@ use crate::exit::{Exit, Failure};
 #[cfg(feature = "simulator")]
 use crate::simulate::{self, SimulateOptions};
 
+pub use self::init::init;
 pub use self::job::{estimate, run};
 pub use self::service::{chat, embed, models, models_table};
 
@@ -80,6 +83,56 @@ pub(crate) fn print_json(value: &serde_json::Value) -> Result<(), Failure> {
         .map_err(anyhow::Error::from)
         .and_then(|()| writeln!(out).map_err(anyhow::Error::from))
         .map_err(Failure::failed)
+}
+
+/// Prints a completion script for `args.shell`.
+pub fn completions(args: &crate::cli::CompletionsArgs) -> Outcome {
+    use clap::CommandFactory;
+    let mut command = crate::cli::Cli::command();
+    let mut out = std::io::stdout().lock();
+    clap_complete::generate(args.shell, &mut command, "embedjob", &mut out);
+    out.flush().or_else(closed_stdout)?;
+    Ok(Exit::Success)
+}
+
+/// Prints the manual page, or a command's own page.
+pub fn man(args: &crate::cli::ManArgs) -> Outcome {
+    use clap::CommandFactory;
+    let command = crate::cli::Cli::command();
+    let page = match &args.command {
+        None => command,
+        Some(name) => {
+            let names: Vec<String> = command
+                .get_subcommands()
+                .map(|c| c.get_name().to_string())
+                .collect();
+            let Some(sub) = command.find_subcommand(name) else {
+                return Err(Failure::usage(anyhow::anyhow!(
+                    "no command {name:?}; the commands are {}",
+                    names.join(", ")
+                )));
+            };
+            sub.clone().name(format!("embedjob-{name}"))
+        }
+    };
+    let mut out = std::io::stdout().lock();
+    clap_mangen::Man::new(page)
+        .render(&mut out)
+        .and_then(|()| out.flush())
+        .or_else(closed_stdout)?;
+    Ok(Exit::Success)
+}
+
+/// A reader that stopped reading (`| head`) is not an error for output
+/// that is only text; any other write error is.
+fn closed_stdout(e: std::io::Error) -> Result<(), Failure> {
+    if e.kind() == std::io::ErrorKind::BrokenPipe {
+        Ok(())
+    } else {
+        Err(Failure::failed(
+            anyhow::Error::from(e).context("writing to stdout"),
+        ))
+    }
 }
 
 #[cfg(feature = "simulator")]

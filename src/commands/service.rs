@@ -2,7 +2,7 @@
 //! `embed` and `chat`. They take the key from `EMBEDJOB_API_KEY` and the
 //! address from `EMBEDJOB_BASE_URL`.
 
-use std::io::Write;
+use std::io::{BufRead, Write};
 
 use anyhow::Context;
 use futures::StreamExt;
@@ -81,13 +81,103 @@ pub fn models_table(models: &[Model]) -> String {
     out
 }
 
+/// Texts embedded per request (and per call of the local model) when
+/// `embed` reads many from stdin.
+const EMBED_GROUP: usize = 128;
+
 pub async fn embed(args: &EmbedArgs) -> Outcome {
+    let texts = embed_texts(&args.texts)?;
+    let (backend, model) = embed_backend(args).await?;
+    let mut out = std::io::stdout().lock();
+    let mut all: Vec<Vec<f32>> = Vec::new();
+    let mut usage = crate::types::Usage::default();
+    let mut dimensions = 0;
+    for (group_index, group) in texts.chunks(EMBED_GROUP).enumerate() {
+        let refs: Vec<&str> = group.iter().map(String::as_str).collect();
+        let vectors = backend.embed(&refs, 0).await.map_err(Failure::failed)?;
+        usage += vectors.usage;
+        dimensions = vectors.dimensions;
+        let first = group_index * EMBED_GROUP;
+        if args.json {
+            all.extend(vectors.rows().map(<[f32]>::to_vec));
+            continue;
+        }
+        for (i, (row, text)) in vectors.rows().zip(&refs).enumerate() {
+            let head: Vec<String> = row.iter().take(4).map(|v| format!("{v:.6}")).collect();
+            writeln!(
+                out,
+                "{}\t{}\t[{}, …]\t{}",
+                first + i,
+                vectors.dimensions,
+                head.join(", "),
+                preview(text, 60)
+            )
+            .context("writing to stdout")
+            .map_err(Failure::failed)?;
+        }
+    }
+    if args.json {
+        print_json(&json!({
+            "model": model,
+            "backend": backend.info().kind.to_string(),
+            "dimensions": dimensions,
+            "embeddings": all,
+            "usage": usage,
+        }))?;
+    } else if backend.info().kind == crate::job::BackendKind::Local {
+        eprintln!(
+            "{} of {dimensions} dimensions from the local model {model}, which bills nothing",
+            crate::display::counted(texts.len() as u64, "vector")
+        );
+    } else {
+        eprintln!(
+            "{} of {dimensions} dimensions, {} prompt tokens billed",
+            crate::display::counted(texts.len() as u64, "vector"),
+            usage.prompt_tokens
+        );
+    }
+    Ok(Exit::Success)
+}
+
+/// The texts given, or with `-` alone, stdin's lines (blank ones skipped).
+fn embed_texts(given: &[String]) -> Result<Vec<String>, Failure> {
+    if !given.iter().any(|t| t == "-") {
+        return Ok(given.to_vec());
+    }
+    if given.len() > 1 {
+        return Err(Failure::usage(anyhow::anyhow!(
+            "`-` reads every text from stdin, one per line: give it alone"
+        )));
+    }
+    let mut texts = Vec::new();
+    for line in std::io::stdin().lock().lines() {
+        let line = line.context("reading stdin").map_err(Failure::usage)?;
+        if !line.trim().is_empty() {
+            texts.push(line);
+        }
+    }
+    if texts.is_empty() {
+        return Err(Failure::usage(anyhow::anyhow!(
+            "stdin holds no text to embed (`-` reads one text per line)"
+        )));
+    }
+    Ok(texts)
+}
+
+/// The service's backend (the job engine's: the same retries and checks),
+/// or the local model; and the model's name.
+async fn embed_backend(
+    args: &EmbedArgs,
+) -> Result<(std::sync::Arc<dyn EmbeddingBackend>, String), Failure> {
+    if args.local {
+        return local_backend(args.model.clone()).await;
+    }
+    let model = args.model.clone().unwrap_or_default();
     let client = client_from_env()?;
-    // The job engine's backend: the same retries and the same checks of every response.
     let backend = ApiBackend::new(
         client,
         ApiSettings {
-            model: args.model.clone(),
+            model: model.clone(),
             dimensions: None,
             concurrency: 1,
             requests_per_minute: 0,
@@ -97,38 +187,37 @@ pub async fn embed(args: &EmbedArgs) -> Outcome {
         },
         None,
     );
-    let texts: Vec<&str> = args.texts.iter().map(String::as_str).collect();
-    let vectors = backend.embed(&texts, 0).await.map_err(Failure::failed)?;
-    if args.json {
-        let embeddings: Vec<&[f32]> = vectors.rows().collect();
-        print_json(&json!({
-            "model": args.model,
-            "dimensions": vectors.dimensions,
-            "embeddings": embeddings,
-            "usage": vectors.usage,
-        }))?;
-    } else {
-        let mut out = std::io::stdout().lock();
-        for (i, (row, text)) in vectors.rows().zip(&texts).enumerate() {
-            let head: Vec<String> = row.iter().take(4).map(|v| format!("{v:.6}")).collect();
-            writeln!(
-                out,
-                "{i}\t{}\t[{}, …]\t{}",
-                vectors.dimensions,
-                head.join(", "),
-                preview(text, 60)
-            )
-            .context("writing to stdout")
-            .map_err(Failure::failed)?;
-        }
-        eprintln!(
-            "{} vectors of {} dimensions, {} prompt tokens",
-            vectors.len(),
-            vectors.dimensions,
-            vectors.usage.prompt_tokens
-        );
+    Ok((std::sync::Arc::new(backend), model))
+}
+
+#[cfg(feature = "local")]
+async fn local_backend(
+    model: Option<String>,
+) -> Result<(std::sync::Arc<dyn EmbeddingBackend>, String), Failure> {
+    use crate::backend::local::{LocalBackend, LocalSettings};
+    let mut settings = LocalSettings::from_env();
+    if let Some(model) = model {
+        settings.model = model;
     }
-    Ok(Exit::Success)
+    let backend = tokio::task::spawn_blocking(move || LocalBackend::load(settings))
+        .await
+        .map_err(|e| {
+            Failure::failed(anyhow::anyhow!(
+                "loading the local model stopped unexpectedly: {e}"
+            ))
+        })?
+        .map_err(Failure::usage)?;
+    let model = backend.info().model.clone();
+    Ok((std::sync::Arc::new(backend), model))
+}
+
+#[cfg(not(feature = "local"))]
+async fn local_backend(
+    _model: Option<String>,
+) -> Result<(std::sync::Arc<dyn EmbeddingBackend>, String), Failure> {
+    Err(Failure::usage(anyhow::anyhow!(
+        "--local: this embedjob was built without the local backend (cargo feature `local`)"
+    )))
 }
 
 fn preview(text: &str, max_chars: usize) -> String {

@@ -5,9 +5,12 @@
 //! collected by `serde_ignored` rather than `deny_unknown_fields`, which would
 //! stop at the first one. `[source]`, `[backend]` and `[output]` hold one
 //! kind's parameters each (see [`params`]). Relative paths are taken from the
-//! directory the command runs in.
+//! job file's directory (see [`paths`]), so a job runs the same from any
+//! directory, cron's included.
 
+mod location;
 mod params;
+pub mod paths;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -18,6 +21,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::validate::known_model_dimensions;
 
+pub use self::params::{metadata_column, metadata_problems, OnInvalid, STDIN, STDIN_NAME};
 use self::params::{one_line, Parsed};
 pub use self::params::{
     ApiParams, BackendConfig, BackendKind, BackendParams, BackendShared, FilesSource, LocalParams,
@@ -34,7 +38,23 @@ pub struct Job {
     pub output: OutputConfig,
     pub pipeline: PipelineConfig,
     pub budget: BudgetConfig,
+    /// Which chunk sizes the job sets; the others fit the model (see
+    /// [`Job::chunking_for`]).
+    pub chunk_sizes_set: ChunkSizesSet,
 }
+
+/// Whether the job (or `--set`) gives `chunking.max_tokens` and
+/// `chunking.overlap_tokens`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ChunkSizesSet {
+    pub max_tokens: bool,
+    pub overlap_tokens: bool,
+}
+
+/// Chunk size when the job sets none and the model's window allows it.
+pub const DEFAULT_MAX_TOKENS: usize = 512;
+/// Overlap for [`DEFAULT_MAX_TOKENS`]; a smaller chunk overlaps in proportion.
+pub const DEFAULT_OVERLAP_TOKENS: usize = 50;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
@@ -49,8 +69,8 @@ pub struct ChunkingConfig {
 impl Default for ChunkingConfig {
     fn default() -> Self {
         ChunkingConfig {
-            max_tokens: 512,
-            overlap_tokens: 50,
+            max_tokens: DEFAULT_MAX_TOKENS,
+            overlap_tokens: DEFAULT_OVERLAP_TOKENS,
             markdown: None,
         }
     }
@@ -108,7 +128,9 @@ impl fmt::Display for JobErrors {
 
 impl std::error::Error for JobErrors {}
 
-/// Reads, overrides and validates a job file.
+/// Reads, overrides and validates a job file. Relative paths in it (and in
+/// `overrides`) are taken from the job file's directory; problems about a
+/// key the file writes give its line and column.
 pub fn load(path: &Path, overrides: &[String]) -> Result<Job, JobErrors> {
     let fail = |problems: Vec<String>| JobErrors {
         file: path.to_path_buf(),
@@ -120,18 +142,33 @@ pub fn load(path: &Path, overrides: &[String]) -> Result<Job, JobErrors> {
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_else(|| "job".to_string());
-    parse(&text, &default_name, overrides).map_err(fail)
+    let overridden: Vec<&str> = overrides
+        .iter()
+        .filter_map(|o| o.split_once('=').map(|(key, _)| key.trim()))
+        .collect();
+    let mut job = parse(&text, &default_name, overrides).map_err(|problems| {
+        fail(
+            problems
+                .into_iter()
+                .map(|p| location::locate(&text, p, &overridden))
+                .collect(),
+        )
+    })?;
+    job.resolve_paths(path.parent().unwrap_or(Path::new("")));
+    Ok(job)
 }
 
-/// Parses job-file text with overrides applied; `default_name` names a job that doesn't.
+/// Parses job-file text with overrides applied; `default_name` names a job
+/// that doesn't. Paths are left as written.
 pub fn parse(text: &str, default_name: &str, overrides: &[String]) -> Result<Job, Vec<String>> {
-    let mut table: toml::Table = toml::from_str(text).map_err(|e| vec![toml_error(&e)])?;
+    let mut table: toml::Table = toml::from_str(text).map_err(|e| vec![toml_error(text, &e)])?;
     let mut problems = Vec::new();
     for assignment in overrides {
         if let Err(problem) = apply_override(&mut table, assignment) {
             problems.push(problem);
         }
     }
+    let chunk_sizes_set = chunk_sizes_set(&table);
     let mut sections = Sections::new(table);
     let name: Option<String> = sections.take("name", false, &mut problems);
     let source = sections.take_kinded("source", true, SourceConfig::parse, &mut problems);
@@ -158,7 +195,8 @@ pub fn parse(text: &str, default_name: &str, overrides: &[String]) -> Result<Job
         chunking_problems(chunking, &mut p);
     }
     if let Some(backend) = &backend {
-        backend_problems(backend, chunking.as_ref(), &mut p);
+        let set = chunking.as_ref().filter(|_| chunk_sizes_set.max_tokens);
+        backend_problems(backend, set, &mut p);
     }
     budget_problems(&budget, &mut p);
     if let Some(output) = &output {
@@ -176,9 +214,19 @@ pub fn parse(text: &str, default_name: &str, overrides: &[String]) -> Result<Job
                 output,
                 pipeline,
                 budget,
+                chunk_sizes_set,
             })
         }
         _ => Err(problems),
+    }
+}
+
+fn chunk_sizes_set(table: &toml::Table) -> ChunkSizesSet {
+    let chunking = table.get("chunking").and_then(toml::Value::as_table);
+    let has = |key: &str| chunking.is_some_and(|c| c.contains_key(key));
+    ChunkSizesSet {
+        max_tokens: has("max_tokens"),
+        overlap_tokens: has("overlap_tokens"),
     }
 }
 
@@ -273,13 +321,15 @@ impl Sections {
     }
 }
 
-fn toml_error(e: &toml::de::Error) -> String {
+fn toml_error(text: &str, e: &toml::de::Error) -> String {
     match e.span() {
-        Some(span) => format!(
-            "not valid TOML at byte {}: {}",
-            span.start,
-            one_line(e.message())
-        ),
+        Some(span) => {
+            let (line, column) = location::line_column(text, span.start);
+            format!(
+                "not valid TOML at line {line}, column {column}: {}",
+                one_line(e.message())
+            )
+        }
         None => format!("not valid TOML: {}", one_line(e.message())),
     }
 }
@@ -410,6 +460,36 @@ fn backend_problems(
 }
 
 impl Job {
+    /// The chunking a run uses with a model whose chunks may hold `window`
+    /// tokens of text and whose requests `max_tokens_per_request`: the sizes
+    /// the job sets, and for those it leaves out, chunks that fit the window
+    /// and the request (at most [`DEFAULT_MAX_TOKENS`]) with an overlap in
+    /// proportion (50 tokens for 512).
+    pub fn chunking_for(&self, window: Option<u64>) -> ChunkingConfig {
+        let mut chunking = self.chunking.clone();
+        if !self.chunk_sizes_set.max_tokens {
+            let window = window.map_or(usize::MAX, |w| usize::try_from(w).unwrap_or(usize::MAX));
+            chunking.max_tokens = DEFAULT_MAX_TOKENS
+                .min(window)
+                .min(self.backend.shared.max_tokens_per_request)
+                .max(1);
+        }
+        if !self.chunk_sizes_set.overlap_tokens {
+            let scaled = (chunking.max_tokens * DEFAULT_OVERLAP_TOKENS + DEFAULT_MAX_TOKENS / 2)
+                / DEFAULT_MAX_TOKENS;
+            chunking.overlap_tokens = scaled.min(chunking.max_tokens - 1);
+        }
+        chunking
+    }
+
+    /// Takes every relative path of the job from `base`, the job file's
+    /// directory (see [`paths`]).
+    pub fn resolve_paths(&mut self, base: &Path) {
+        self.source.resolve_paths(base);
+        self.backend.resolve_paths(base);
+        self.output.resolve_paths(base);
+    }
+
     /// The settings that decide what a chunk's vector is; a change to any of
     /// them invalidates vectors made before.
     pub fn fingerprint_fields(&self) -> BTreeMap<&'static str, String> {
@@ -525,7 +605,8 @@ mod tests {
         assert_eq!(
             job.source,
             SourceConfig::Files(FilesSource {
-                paths: vec!["a".into(), "b".into()]
+                paths: vec!["a".into(), "b".into()],
+                ..FilesSource::default()
             })
         );
     }
@@ -625,6 +706,133 @@ mod tests {
             );
         }
         assert_eq!(problems.len(), 3, "{problems:#?}");
+    }
+
+    #[test]
+    fn chunk_sizes_left_out_fit_the_window_and_the_request() {
+        let job = parse(MINIMAL, "docs", &[]).unwrap();
+        assert_eq!(job.chunk_sizes_set, ChunkSizesSet::default());
+        let sizes = |job: &Job, window| {
+            let c = job.chunking_for(window);
+            (c.max_tokens, c.overlap_tokens)
+        };
+        assert_eq!(sizes(&job, None), (512, 50));
+        assert_eq!(sizes(&job, Some(8192)), (512, 50));
+        assert_eq!(sizes(&job, Some(254)), (254, 25));
+        assert_eq!(sizes(&job, Some(128)), (128, 13));
+        assert_eq!(sizes(&job, Some(1)), (1, 0));
+        let capped = parse(
+            MINIMAL,
+            "docs",
+            &["backend.max_tokens_per_request=300".into()],
+        )
+        .unwrap();
+        assert_eq!(sizes(&capped, Some(8192)), (300, 29));
+        // Sizes the job sets are kept, whatever the window (the run then refuses them).
+        let set = parse(MINIMAL, "docs", &["chunking.max_tokens=400".into()]).unwrap();
+        assert_eq!(sizes(&set, Some(254)), (400, 39));
+        let overlap = parse(MINIMAL, "docs", &["chunking.overlap_tokens=10".into()]).unwrap();
+        assert_eq!(sizes(&overlap, Some(254)), (254, 10));
+        // Only a chunk size the job sets must fit the request limit at parse time.
+        assert!(parse(
+            MINIMAL,
+            "docs",
+            &["backend.max_tokens_per_request=300".into()]
+        )
+        .is_ok());
+        assert!(parse(
+            MINIMAL,
+            "docs",
+            &[
+                "backend.max_tokens_per_request=300".into(),
+                "chunking.max_tokens=400".into()
+            ]
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn relative_paths_are_taken_from_the_job_files_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let jobs = dir.path().join("jobs");
+        std::fs::create_dir(&jobs).unwrap();
+        let path = jobs.join("docs.toml");
+        std::fs::write(
+            &path,
+            "[source]\nkind = \"files\"\npaths = [\"../docs/**/*.md\", \"/abs/notes\"]\n\
+             [backend]\nkind = \"local\"\nmodel_dir = \"models/m\"\n[output]\npath = \"out/docs.parquet\"\n",
+        )
+        .unwrap();
+        let job = load(&path, &["output.path=../shared/x.parquet".into()]).unwrap();
+        let SourceConfig::Files(files) = &job.source else {
+            panic!("{:?}", job.source);
+        };
+        assert_eq!(
+            files.paths,
+            [
+                format!("{}/docs/**/*.md", dir.path().display()),
+                "/abs/notes".to_string()
+            ]
+        );
+        assert_eq!(job.output.state_stem(), dir.path().join("shared/x.parquet"));
+        assert_eq!(
+            job.backend.local().unwrap().model_dir.as_deref(),
+            Some(jobs.join("models/m").as_path())
+        );
+        // Stdin stays stdin.
+        std::fs::write(
+            &path,
+            "[source]\nkind = \"jsonl\"\npath = \"-\"\ntext_field = \"t\"\n[backend]\nkind = \"local\"\n\
+             [output]\npath = \"o.parquet\"\n",
+        )
+        .unwrap();
+        let job = load(&path, &[]).unwrap();
+        assert!(job.source.is_stdin());
+        assert_eq!(job.source.describe(), "<stdin>");
+    }
+
+    #[test]
+    fn source_keys_of_the_new_kinds_are_checked() {
+        let records = "[source]\nkind = \"jsonl\"\npath = \"x.jsonl\"\ntext_field = \"text\"\n\
+                       [backend]\nkind = \"local\"\n[output]\npath = \"o.parquet\"\n";
+        let problems = parse(
+            records,
+            "x",
+            &[
+                "source.metadata_fields=[\"url\", \"meta..x\", \"embedding\", \"a.b\", \"a_b\"]"
+                    .into(),
+            ],
+        )
+        .unwrap_err();
+        let all = problems.join("\n");
+        assert_eq!(problems.len(), 3, "{all}");
+        assert!(all.contains("\"meta..x\" is not a field name"), "{all}");
+        assert!(
+            all.contains("column \"embedding\", which the output already has"),
+            "{all}"
+        );
+        assert!(
+            all.contains("\"a.b\" and \"a_b\" would both be written as column \"a_b\""),
+            "{all}"
+        );
+        let problems = parse(records, "x", &["source.include=[\"*.md\"]".into()]).unwrap_err();
+        assert_eq!(
+            problems,
+            ["`source.include` does not apply to kind \"jsonl\""]
+        );
+        let problems = parse(MINIMAL, "x", &["source.on_invalid=ignore".into()]).unwrap_err();
+        assert!(
+            problems[0].contains("`source.on_invalid`")
+                && problems[0].contains("`skip` or `error`"),
+            "{problems:?}"
+        );
+        let problems = parse(MINIMAL, "x", &["source.include=[\"[\"]".into()]).unwrap_err();
+        assert!(problems[0].contains("not a valid glob"), "{problems:?}");
+        let job = parse(MINIMAL, "x", &["source.on_invalid=error".into()]).unwrap();
+        let SourceConfig::Files(files) = &job.source else {
+            panic!()
+        };
+        assert_eq!(files.on_invalid, OnInvalid::Error);
     }
 
     #[test]

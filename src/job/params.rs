@@ -15,6 +15,9 @@ use serde::{Deserialize, Serialize};
 
 pub const DEFAULT_API_KEY_ENV: &str = "EMBEDJOB_API_KEY";
 
+/// How stdin is named in messages and in the output's `source` column.
+pub const STDIN_NAME: &str = "<stdin>";
+
 /// A section's parameters, as deserialized, with the problems found.
 pub(super) struct Parsed<T> {
     pub value: Option<T>,
@@ -135,20 +138,62 @@ pub enum SourceConfig {
 }
 
 /// `kind = "files"`: text files found by globs, directories or names.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
 pub struct FilesSource {
     /// Globs, directories or files.
     #[serde(default)]
     pub paths: Vec<String>,
+    /// Globs a file's id (its path below the directory or glob root that
+    /// found it) must match; empty: every file.
+    #[serde(default)]
+    pub include: Vec<String>,
+    /// Globs of files to leave out, matched like `include`.
+    #[serde(default)]
+    pub exclude: Vec<String>,
+    /// What to do with a file found by a directory or glob that is not
+    /// UTF-8 text. A file named on its own is always an error.
+    #[serde(default)]
+    pub on_invalid: OnInvalid,
+}
+
+/// `source.on_invalid`: files that are not UTF-8 text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnInvalid {
+    /// Pass them over, counted and named in the summary.
+    #[default]
+    Skip,
+    /// Stop the job with an error naming the file.
+    Error,
 }
 
 /// `kind = "jsonl" | "csv" | "parquet"`: records with a text field.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RecordsSource {
-    /// A file (or, for parquet, a directory of files).
+    /// A file (or, for parquet, a directory of files); `-` is stdin (jsonl, csv).
     pub path: PathBuf,
     pub text_field: String,
     pub id_field: Option<String>,
+    /// Fields carried into the output as columns of their own: column names,
+    /// or for JSON, dotted paths into objects.
+    pub metadata_fields: Vec<String>,
+}
+
+impl RecordsSource {
+    /// Whether the records come from stdin (`path = "-"`).
+    pub fn is_stdin(&self) -> bool {
+        self.path.as_os_str() == STDIN
+    }
+}
+
+/// The `path` that names stdin.
+pub const STDIN: &str = "-";
+
+/// The output column a metadata field is written to: its name, with the
+/// dots of a JSON path made underscores (`meta.lang` → `meta_lang`), so that
+/// SQL can name it without quotes.
+pub fn metadata_column(field: &str) -> String {
+    field.replace('.', "_")
 }
 
 /// Records as written, before the required keys are checked.
@@ -157,10 +202,12 @@ struct RawRecords {
     path: Option<PathBuf>,
     text_field: Option<String>,
     id_field: Option<String>,
+    #[serde(default)]
+    metadata_fields: Vec<String>,
 }
 
-const FILES_KEYS: &[&str] = &["paths"];
-const RECORDS_KEYS: &[&str] = &["path", "text_field", "id_field"];
+const FILES_KEYS: &[&str] = &["paths", "include", "exclude", "on_invalid"];
+const RECORDS_KEYS: &[&str] = &["path", "text_field", "id_field", "metadata_fields"];
 const SOURCE_KINDS: &[(&str, &[&str])] = &[
     ("files", FILES_KEYS),
     ("jsonl", RECORDS_KEYS),
@@ -191,7 +238,32 @@ impl SourceConfig {
         match self {
             SourceConfig::Files(files) => files.paths.join(", "),
             SourceConfig::Jsonl(r) | SourceConfig::Csv(r) | SourceConfig::Parquet(r) => {
-                r.path.display().to_string()
+                if r.is_stdin() {
+                    STDIN_NAME.to_string()
+                } else {
+                    r.path.display().to_string()
+                }
+            }
+        }
+    }
+
+    /// Whether the input is stdin, which can be read only once.
+    pub fn is_stdin(&self) -> bool {
+        self.records().is_some_and(RecordsSource::is_stdin)
+    }
+
+    /// Takes relative paths and globs from `base` (stdin stays stdin).
+    pub(super) fn resolve_paths(&mut self, base: &Path) {
+        match self {
+            SourceConfig::Files(files) => {
+                for pattern in &mut files.paths {
+                    *pattern = super::paths::pattern_relative_to(base, pattern);
+                }
+            }
+            SourceConfig::Jsonl(r) | SourceConfig::Csv(r) | SourceConfig::Parquet(r) => {
+                if !r.is_stdin() {
+                    r.path = super::paths::relative_to(base, &r.path);
+                }
             }
         }
     }
@@ -220,13 +292,76 @@ impl SourceConfig {
     }
 
     pub(super) fn problems(&self, p: &mut Vec<String>) {
-        if let SourceConfig::Files(files) = self {
-            if files.paths.is_empty() {
-                p.push(
-                    "`source.paths` must list at least one glob or directory for kind \"files\""
-                        .to_string(),
-                );
+        match self {
+            SourceConfig::Files(files) => {
+                if files.paths.is_empty() {
+                    p.push(
+                        "`source.paths` must list at least one glob or directory for kind \"files\""
+                            .to_string(),
+                    );
+                }
+                for (key, patterns) in [("include", &files.include), ("exclude", &files.exclude)] {
+                    for pattern in patterns {
+                        if let Err(e) = glob::Pattern::new(pattern) {
+                            p.push(format!(
+                                "`source.{key}`: {pattern:?} is not a valid glob: {e}"
+                            ));
+                        }
+                    }
+                }
             }
+            SourceConfig::Jsonl(r) | SourceConfig::Csv(r) | SourceConfig::Parquet(r) => {
+                if r.is_stdin() && self.kind() == SourceKind::Parquet {
+                    p.push(
+                        "`source.path` \"-\" (stdin) is for kinds \"jsonl\" and \"csv\"; \
+                         Parquet must be read from a file"
+                            .to_string(),
+                    );
+                }
+                metadata_problems(&r.metadata_fields, p);
+            }
+        }
+    }
+}
+
+/// The columns every output has, which a metadata field may not take.
+const OUTPUT_COLUMNS: &[&str] = &[
+    "id",
+    "doc_id",
+    "chunk_index",
+    "source",
+    "byte_start",
+    "byte_end",
+    "text",
+    "content_hash",
+    "token_count",
+    "embedding",
+];
+
+/// Problems with a `source.metadata_fields` list: names that are not field
+/// names or paths, or whose columns would clash with the output's or each
+/// other's.
+pub fn metadata_problems(fields: &[String], p: &mut Vec<String>) {
+    let mut columns: Vec<(String, &str)> = Vec::new();
+    for field in fields {
+        if field.is_empty() || field.split('.').any(str::is_empty) {
+            p.push(format!(
+                "`source.metadata_fields`: {field:?} is not a field name or a dotted path"
+            ));
+            continue;
+        }
+        let column = metadata_column(field);
+        if OUTPUT_COLUMNS.contains(&column.as_str()) {
+            p.push(format!(
+                "`source.metadata_fields`: {field:?} would be written as column {column:?}, \
+                 which the output already has"
+            ));
+        } else if let Some((_, other)) = columns.iter().find(|(c, _)| *c == column) {
+            p.push(format!(
+                "`source.metadata_fields`: {other:?} and {field:?} would both be written as column {column:?}"
+            ));
+        } else {
+            columns.push((column, field));
         }
     }
 }
@@ -246,6 +381,7 @@ fn records(kind: SourceKind, raw: RawRecords, problems: &mut Vec<String>) -> Opt
         path: path?,
         text_field: text_field?,
         id_field: raw.id_field,
+        metadata_fields: raw.metadata_fields,
     };
     Some(match kind {
         SourceKind::Jsonl => SourceConfig::Jsonl(records),
@@ -397,6 +533,17 @@ impl BackendConfig {
         }
     }
 
+    /// Takes a relative `model_dir` from `base`.
+    pub(super) fn resolve_paths(&mut self, base: &Path) {
+        if let BackendParams::Local(LocalParams {
+            model_dir: Some(dir),
+            ..
+        }) = &mut self.params
+        {
+            *dir = super::paths::relative_to(base, dir);
+        }
+    }
+
     pub(super) fn parse(mut table: toml::Table) -> Parsed<BackendConfig> {
         let mut problems = Vec::new();
         let kind = take_kind("backend", &mut table, Some(BackendKind::Api), &mut problems);
@@ -490,6 +637,15 @@ impl OutputConfig {
     pub fn kind(&self) -> OutputKind {
         match self.params {
             OutputParams::Parquet(_) => OutputKind::Parquet,
+        }
+    }
+
+    /// Takes a relative output path from `base`.
+    pub(super) fn resolve_paths(&mut self, base: &Path) {
+        match &mut self.params {
+            OutputParams::Parquet(parquet) => {
+                parquet.path = super::paths::relative_to(base, &parquet.path);
+            }
         }
     }
 

@@ -29,11 +29,14 @@ use crate::fsio::FsError;
 
 pub use self::rows::ParquetRows;
 pub use self::writer::{
-    output_schema, Compression, FileOptions, VectorFile, WrittenFile, SCHEMA_VERSION,
+    output_schema, output_schema_with, Compression, FileOptions, VectorFile, WrittenFile,
+    SCHEMA_VERSION,
 };
 
 /// The metadata key holding a file's fingerprint, as JSON.
 pub const FINGERPRINT_KEY: &str = "embedjob.fingerprint";
+/// The metadata key holding the name of the job that wrote a file.
+pub const JOB_KEY: &str = "embedjob.job";
 
 /// A Parquet file that cannot be read or written. Every variant names it.
 #[derive(Debug, thiserror::Error)]

@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use arrow::array::{
-    ArrayRef, FixedSizeListArray, Float32Array, RecordBatch, StringBuilder, UInt32Builder,
-    UInt64Builder,
+    ArrayRef, BooleanBuilder, FixedSizeListArray, Float32Array, Float64Builder, Int64Builder,
+    RecordBatch, StringBuilder, UInt32Builder, UInt64Builder,
 };
 use arrow::datatypes::{DataType, Field, FieldRef, Schema, SchemaRef};
 use parquet::arrow::ArrowWriter;
@@ -19,7 +19,7 @@ use parquet::schema::types::ColumnPath;
 
 use super::FileError;
 use crate::fsio::{FsError, TempFile};
-use crate::types::{EmbeddedBatch, OutputMetadata};
+use crate::types::{EmbeddedBatch, MetaValue, MetadataSchema, OutputMetadata};
 
 /// The version of the output's layout, stored as `embedjob.schema_version`.
 /// Bump it when a column is added, removed or changes type.
@@ -42,6 +42,17 @@ const FIXED_ROW_BYTES: u64 = 4 + 8 + 8 + 4 + 64;
 ///   `item`, nullable: the layout pyarrow's `pa.list_(pa.float32(), n)`
 ///   produces and `LanceDB` expects for a vector column. No value is ever null.
 pub fn output_schema(dimensions: usize, include_text: bool) -> SchemaRef {
+    output_schema_with(dimensions, include_text, None)
+}
+
+/// The schema of an output that carries `metadata` columns
+/// (`source.metadata_fields`): [`output_schema`]'s columns with the metadata
+/// columns, nullable and typed as in the input, just before `embedding`.
+pub fn output_schema_with(
+    dimensions: usize,
+    include_text: bool,
+    metadata: Option<&MetadataSchema>,
+) -> SchemaRef {
     let size = i32::try_from(dimensions).unwrap_or(i32::MAX);
     let mut fields = vec![
         Field::new("id", DataType::Utf8, false),
@@ -57,12 +68,15 @@ pub fn output_schema(dimensions: usize, include_text: bool) -> SchemaRef {
     fields.extend([
         Field::new("content_hash", DataType::Utf8, true),
         Field::new("token_count", DataType::UInt32, true),
-        Field::new(
-            "embedding",
-            DataType::FixedSizeList(item_field(), size),
-            false,
-        ),
     ]);
+    for field in metadata.iter().flat_map(|m| &m.fields) {
+        fields.push(Field::new(&field.column, field.data_type.clone(), true));
+    }
+    fields.push(Field::new(
+        "embedding",
+        DataType::FixedSizeList(item_field(), size),
+        false,
+    ));
     Arc::new(Schema::new(fields))
 }
 
@@ -157,6 +171,7 @@ pub struct WrittenFile {
 ///     text: text.to_string(),
 ///     content_hash: [0; 32],
 ///     token_count: 1,
+///     metadata: None,
 /// };
 /// let vectors = |values: Vec<f32>| Vectors { dimensions: 2, values, usage: Usage::default() };
 ///
@@ -198,6 +213,8 @@ pub struct VectorFile {
     schema: SchemaRef,
     item: FieldRef,
     dimensions: usize,
+    /// The metadata columns every row carries.
+    metadata: Option<Arc<MetadataSchema>>,
     row_group_bytes: u64,
     buffer: RowBuffer,
     rows: u64,
@@ -218,6 +235,17 @@ impl VectorFile {
     /// Starts writing `path` (created with its parent directory if missing)
     /// for vectors of `dimensions` values.
     pub fn create(path: &Path, dimensions: usize, options: FileOptions) -> Result<Self, FileError> {
+        Self::create_with_metadata(path, dimensions, options, None)
+    }
+
+    /// Like [`VectorFile::create`], for rows that carry the `metadata`
+    /// columns (see [`output_schema_with`]).
+    pub fn create_with_metadata(
+        path: &Path,
+        dimensions: usize,
+        options: FileOptions,
+        metadata: Option<Arc<MetadataSchema>>,
+    ) -> Result<Self, FileError> {
         if dimensions == 0 || i32::try_from(dimensions).is_err() {
             return Err(FileError::UnsupportedDimensions {
                 path: path.to_path_buf(),
@@ -234,7 +262,7 @@ impl VectorFile {
             temp.temp_path(),
             "cannot reopen the temporary file",
         ))?;
-        let schema = output_schema(dimensions, options.include_text);
+        let schema = output_schema_with(dimensions, options.include_text, metadata.as_deref());
         let writer = ArrowWriter::try_new(writer_file, schema.clone(), Some(props))
             .map_err(parquet_error)?;
         Ok(VectorFile {
@@ -244,8 +272,9 @@ impl VectorFile {
             schema,
             item: item_field(),
             dimensions,
+            buffer: RowBuffer::new(options.include_text, metadata.as_deref()),
+            metadata,
             row_group_bytes: options.row_group_bytes,
-            buffer: RowBuffer::new(options.include_text),
             rows: 0,
         })
     }
@@ -288,6 +317,49 @@ impl VectorFile {
                 value: vectors.values[at],
             });
         }
+        for chunk in &batch.chunks {
+            self.check_metadata(chunk)?;
+        }
+        Ok(())
+    }
+
+    /// A chunk's metadata must have the file's columns, each value of its
+    /// column's kind.
+    fn check_metadata(&self, chunk: &crate::types::Chunk) -> Result<(), FileError> {
+        let fail = |message: String| FileError::Metadata {
+            path: self.path_buf(),
+            message: format!("chunk {}: {message}", chunk.id),
+        };
+        let (schema, metadata) = match (&self.metadata, &chunk.metadata) {
+            (None, None) => return Ok(()),
+            (Some(schema), Some(metadata)) => (schema, metadata),
+            (None, Some(_)) => {
+                return Err(fail("carries metadata the file has no columns for".into()))
+            }
+            (Some(_), None) => {
+                return Err(fail("carries none of the file's metadata columns".into()))
+            }
+        };
+        if !Arc::ptr_eq(schema, &metadata.schema) && **schema != *metadata.schema {
+            return Err(fail(
+                "carries other metadata columns than the file's".into(),
+            ));
+        }
+        for (field, value) in schema.fields.iter().zip(metadata.values.iter()) {
+            if !MetaBuilder::holds(&field.data_type, value) {
+                return Err(fail(format!(
+                    "value {value:?} does not fit column {:?} ({})",
+                    field.column, field.data_type
+                )));
+            }
+        }
+        if schema.fields.len() != metadata.values.len() {
+            return Err(fail(format!(
+                "{} metadata values for {} columns",
+                metadata.values.len(),
+                schema.fields.len()
+            )));
+        }
         Ok(())
     }
 
@@ -298,7 +370,12 @@ impl VectorFile {
         }
         let batch = self
             .buffer
-            .take_batch(&self.schema, &self.item, self.dimensions)
+            .take_batch(
+                &self.schema,
+                &self.item,
+                self.dimensions,
+                self.metadata.as_deref(),
+            )
             .map_err(|source| FileError::Arrow {
                 path: self.path_buf(),
                 source,
@@ -445,6 +522,8 @@ struct RowBuffer {
     text: Option<StringBuilder>,
     content_hash: StringBuilder,
     token_count: UInt32Builder,
+    /// One per metadata column.
+    metadata: Vec<MetaBuilder>,
     /// Every vector, row after row.
     values: Vec<f32>,
     rows: usize,
@@ -452,8 +531,13 @@ struct RowBuffer {
 }
 
 impl RowBuffer {
-    fn new(include_text: bool) -> Self {
+    fn new(include_text: bool, metadata: Option<&MetadataSchema>) -> Self {
         RowBuffer {
+            metadata: metadata
+                .iter()
+                .flat_map(|m| &m.fields)
+                .map(|f| MetaBuilder::new(&f.data_type))
+                .collect(),
             id: StringBuilder::new(),
             doc_id: StringBuilder::new(),
             chunk_index: UInt32Builder::new(),
@@ -489,9 +573,16 @@ impl RowBuffer {
         }
         self.content_hash.append_value(hash);
         self.token_count.append_value(chunk.token_count);
+        let mut metadata_bytes = 0;
+        if let Some(metadata) = &chunk.metadata {
+            for (builder, value) in self.metadata.iter_mut().zip(metadata.values.iter()) {
+                metadata_bytes += builder.append(value);
+            }
+        }
         self.values.extend_from_slice(vector);
         self.rows += 1;
-        let strings = chunk.id.len() + chunk.doc_id.len() + chunk.source.len() + text_bytes;
+        let strings =
+            chunk.id.len() + chunk.doc_id.len() + chunk.source.len() + text_bytes + metadata_bytes;
         self.bytes += FIXED_ROW_BYTES
             + u64::try_from(strings + std::mem::size_of_val(vector)).unwrap_or(u64::MAX);
     }
@@ -502,6 +593,7 @@ impl RowBuffer {
         schema: &SchemaRef,
         item: &FieldRef,
         dimensions: usize,
+        metadata: Option<&MetadataSchema>,
     ) -> Result<RecordBatch, arrow::error::ArrowError> {
         // The next row group is likely the size of this one: allocate once.
         let capacity = self.values.len();
@@ -527,10 +619,94 @@ impl RowBuffer {
         }
         columns.push(Arc::new(self.content_hash.finish()));
         columns.push(Arc::new(self.token_count.finish()));
+        for (builder, field) in self
+            .metadata
+            .iter_mut()
+            .zip(metadata.iter().flat_map(|m| &m.fields))
+        {
+            columns.push(builder.finish(&field.data_type)?);
+        }
         columns.push(Arc::new(embedding));
         self.rows = 0;
         self.bytes = 0;
         RecordBatch::try_new(schema.clone(), columns)
+    }
+}
+
+/// A metadata column being built, in the kind its values are read as; on
+/// [`MetaBuilder::finish`] it takes the column's own type.
+enum MetaBuilder {
+    Text(StringBuilder),
+    Bool(BooleanBuilder),
+    Int(Int64Builder),
+    UInt(UInt64Builder),
+    Float(Float64Builder),
+}
+
+impl MetaBuilder {
+    fn new(data_type: &DataType) -> MetaBuilder {
+        match data_type {
+            DataType::Utf8 => MetaBuilder::Text(StringBuilder::new()),
+            DataType::Boolean => MetaBuilder::Bool(BooleanBuilder::new()),
+            t if t.is_unsigned_integer() => MetaBuilder::UInt(UInt64Builder::new()),
+            t if t.is_floating() => MetaBuilder::Float(Float64Builder::new()),
+            _ => MetaBuilder::Int(Int64Builder::new()),
+        }
+    }
+
+    /// Whether a column of `data_type` holds `value`.
+    fn holds(data_type: &DataType, value: &MetaValue) -> bool {
+        matches!(
+            (MetaBuilder::new(data_type), value),
+            (_, MetaValue::Null)
+                | (MetaBuilder::Text(_), MetaValue::Text(_))
+                | (MetaBuilder::Bool(_), MetaValue::Bool(_))
+                | (MetaBuilder::Int(_), MetaValue::Int(_))
+                | (MetaBuilder::UInt(_), MetaValue::UInt(_))
+                | (MetaBuilder::Float(_), MetaValue::Float(_))
+        )
+    }
+
+    /// Appends `value` (checked to fit by [`MetaBuilder::holds`]); returns
+    /// the bytes it adds.
+    fn append(&mut self, value: &MetaValue) -> usize {
+        match (self, value) {
+            (MetaBuilder::Text(b), MetaValue::Text(v)) => {
+                b.append_value(v);
+                return v.len();
+            }
+            (MetaBuilder::Bool(b), MetaValue::Bool(v)) => b.append_value(*v),
+            (MetaBuilder::Int(b), MetaValue::Int(v)) => b.append_value(*v),
+            (MetaBuilder::UInt(b), MetaValue::UInt(v)) => b.append_value(*v),
+            (MetaBuilder::Float(b), MetaValue::Float(v)) => b.append_value(*v),
+            (MetaBuilder::Text(b), _) => b.append_null(),
+            (MetaBuilder::Bool(b), _) => b.append_null(),
+            (MetaBuilder::Int(b), _) => b.append_null(),
+            (MetaBuilder::UInt(b), _) => b.append_null(),
+            (MetaBuilder::Float(b), _) => b.append_null(),
+        }
+        8
+    }
+
+    /// The values so far, as a column of `data_type`.
+    fn finish(&mut self, data_type: &DataType) -> Result<ArrayRef, arrow::error::ArrowError> {
+        let array: ArrayRef = match self {
+            MetaBuilder::Text(b) => Arc::new(b.finish()),
+            MetaBuilder::Bool(b) => Arc::new(b.finish()),
+            MetaBuilder::Int(b) => Arc::new(b.finish()),
+            MetaBuilder::UInt(b) => Arc::new(b.finish()),
+            MetaBuilder::Float(b) => Arc::new(b.finish()),
+        };
+        if array.data_type() == data_type {
+            return Ok(array);
+        }
+        // Days become a date through their own integer width.
+        let array = if *data_type == DataType::Date32 {
+            arrow::compute::cast(&array, &DataType::Int32)?
+        } else {
+            array
+        };
+        arrow::compute::cast(&array, data_type)
     }
 }
 
@@ -685,6 +861,109 @@ mod tests {
         assert_eq!(get("embedjob.usage.total_tokens"), Some("456"));
         assert_eq!(get("embedjob.requests"), Some("7"));
         assert_eq!(get("embedjob.cost"), Some("0.0125"));
+    }
+
+    #[test]
+    fn metadata_columns_are_written_with_their_types_before_the_embedding() {
+        use crate::types::{MetaValue, Metadata, MetadataField};
+        use arrow::datatypes::TimeUnit;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("out.parquet");
+        let field = |column: &str, data_type: DataType| MetadataField {
+            field: column.replace('_', "."),
+            column: column.to_string(),
+            data_type,
+        };
+        let schema = Arc::new(MetadataSchema {
+            fields: vec![
+                field("url", DataType::Utf8),
+                field("year", DataType::Int32),
+                field("day", DataType::Date32),
+                field(
+                    "at",
+                    DataType::Timestamp(TimeUnit::Millisecond, Some("UTC".into())),
+                ),
+                field("draft", DataType::Boolean),
+                field("score", DataType::Float32),
+                field("meta_rank", DataType::UInt16),
+            ],
+        });
+        let values = |row: i64| -> Box<[MetaValue]> {
+            if row == 1 {
+                return vec![MetaValue::Null; 7].into_boxed_slice();
+            }
+            vec![
+                MetaValue::Text(format!("https://x/{row}").into()),
+                MetaValue::Int(2000 + row),
+                MetaValue::Int(19_000 + row),
+                MetaValue::Int(1_700_000_000_000 + row),
+                MetaValue::Bool(row % 2 == 0),
+                MetaValue::Float(0.5 + row as f64),
+                MetaValue::UInt(7),
+            ]
+            .into_boxed_slice()
+        };
+        let mut written = batch("a", 0, 3, 2);
+        for (row, chunk) in written.chunks.iter_mut().enumerate() {
+            chunk.metadata = Some(Arc::new(Metadata {
+                schema: Arc::clone(&schema),
+                values: values(row as i64),
+            }));
+        }
+        let mut sink = VectorFile::create_with_metadata(
+            &path,
+            2,
+            options(false, 1 << 20),
+            Some(Arc::clone(&schema)),
+        )
+        .unwrap();
+        sink.write(&written).unwrap();
+        // A chunk without the metadata does not fit the file.
+        let error = sink.write(&batch("b", 0, 1, 2)).unwrap_err();
+        assert!(error.to_string().contains("chunk b#0"), "{error}");
+        sink.finish(&metadata(2, None)).unwrap();
+
+        let (rows, _) = read_all(&path);
+        let names: Vec<&str> = rows
+            .schema_ref()
+            .fields()
+            .iter()
+            .map(|f| f.name().as_str())
+            .collect();
+        assert_eq!(
+            &names[names.len() - 8..],
+            [
+                "url",
+                "year",
+                "day",
+                "at",
+                "draft",
+                "score",
+                "meta_rank",
+                "embedding"
+            ]
+        );
+        let expected = output_schema_with(2, false, Some(&schema));
+        assert_eq!(rows.schema_ref().fields(), expected.fields());
+        let at = rows.column_by_name("at").unwrap();
+        let at = arrow::compute::cast(at, &DataType::Int64).unwrap();
+        let at = at.as_primitive::<arrow::datatypes::Int64Type>();
+        assert_eq!(at.value(0), 1_700_000_000_000);
+        assert!(at.is_null(1));
+        assert_eq!(at.value(2), 1_700_000_000_002);
+        let day = rows.column_by_name("day").unwrap();
+        assert_eq!(
+            day.as_primitive::<arrow::datatypes::Date32Type>().value(2),
+            19_002
+        );
+        let url = rows.column_by_name("url").unwrap().as_string::<i32>();
+        assert_eq!(url.value(2), "https://x/2");
+        let score = rows.column_by_name("score").unwrap();
+        assert_eq!(
+            score.as_primitive::<Float32Type>().value(0),
+            0.5,
+            "{score:?}"
+        );
     }
 
     #[test]

@@ -149,6 +149,7 @@ mod tests {
             text: text.to_string(),
             content_hash: content_hash(text),
             token_count: 2,
+            metadata: None,
         }
     }
 

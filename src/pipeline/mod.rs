@@ -23,19 +23,19 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, watch};
 
-use crate::backend::{BackendError, EmbeddingBackend};
+use crate::backend::{BackendError, BackendInfo, EmbeddingBackend};
 use crate::batch::{Batch, Batcher};
 use crate::chunk::Chunker;
 use crate::exit::Exit;
 use crate::fsio::FsError;
 use crate::job::Job;
-use crate::parquet_io::FINGERPRINT_KEY;
+use crate::parquet_io::{FINGERPRINT_KEY, JOB_KEY};
 use crate::progress::{Mode, Progress};
 use crate::sink::{Sink, SinkError};
 use crate::source::{Source, SourceError};
 use crate::state::{Fingerprint, JobState, Reuse, StateError};
 use crate::store::StoreError;
-use crate::types::OutputMetadata;
+use crate::types::{OutputMetadata, Usage};
 
 pub use self::classify::{Class, Classifier, Counts};
 pub use self::stop::StopRequest;
@@ -187,15 +187,8 @@ pub async fn execute(
     } else {
         let mut usage = dispatched.usage;
         usage += earlier.usage;
-        SinkMessage::Finish(OutputMetadata {
-            model: info.model.clone(),
-            dimensions: 0,
-            backend: info.kind.to_string(),
-            usage,
-            requests: backend.stats().requests + earlier.requests,
-            cost: summary::cost(&info, usage),
-            extra: [(FINGERPRINT_KEY.to_string(), fingerprint.to_json())].into(),
-        })
+        let requests = backend.stats().requests + earlier.requests;
+        SinkMessage::Finish(output_metadata(job, &info, &fingerprint, usage, requests))
     };
     let written = finish_writing(ending, &mut dispatched, sink_tx, writer).await?;
     state.close();
@@ -213,6 +206,30 @@ pub async fn execute(
     let value = serde_json::to_value(&summary).map_err(|e| RunError::Internal(e.to_string()))?;
     crate::state::write_summary(&crate::state::StateLocation::for_job(job), &value)?;
     Ok(summary)
+}
+
+/// What the finished output records about the run: the model, the usage
+/// and requests that paid for its vectors, the fingerprint and the job.
+fn output_metadata(
+    job: &Job,
+    info: &BackendInfo,
+    fingerprint: &Fingerprint,
+    usage: Usage,
+    requests: u64,
+) -> OutputMetadata {
+    OutputMetadata {
+        model: info.model.clone(),
+        dimensions: 0,
+        backend: info.kind.to_string(),
+        usage,
+        requests,
+        cost: summary::cost(info, usage),
+        extra: [
+            (FINGERPRINT_KEY.to_string(), fingerprint.to_json()),
+            (JOB_KEY.to_string(), job.name.clone()),
+        ]
+        .into(),
+    }
 }
 
 fn output_row_group_bytes(job: &Job) -> u64 {

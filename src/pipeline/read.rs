@@ -12,7 +12,7 @@ use super::write::SinkMessage;
 use super::RunError;
 use crate::batch::{Batch, Batcher};
 use crate::chunk::Chunker;
-use crate::source::{Source, SourceStats};
+use crate::source::{SkippedFiles, Source, SourceStats};
 use crate::store::{Location, Origin};
 use crate::types::{Chunk, EmbeddedBatch, Usage, Vectors};
 
@@ -20,6 +20,8 @@ use crate::types::{Chunk, EmbeddedBatch, Usage, Vectors};
 #[derive(Debug, Default)]
 pub(super) struct ReadReport {
     pub source: SourceStats,
+    /// Files passed over because they are not text.
+    pub skipped_files: SkippedFiles,
     pub counts: Counts,
     /// Chunks a sink that keeps rows already held unchanged.
     pub kept: u64,
@@ -49,6 +51,7 @@ impl Reading {
         let outcome = self.read_all(source.as_mut(), chunker, &mut reuse, &mut kept);
         let report = ReadReport {
             source: source.stats(),
+            skipped_files: source.skipped_files(),
             counts: self.classifier.counts(),
             kept,
         };

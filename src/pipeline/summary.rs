@@ -9,7 +9,10 @@ use super::dispatch::Dispatched;
 use super::read::ReadReport;
 use super::write::Written;
 use crate::backend::{BackendInfo, BackendStats};
+use crate::display::{count, counted};
 use crate::exit::Exit;
+use crate::job::BackendKind;
+use crate::source::SkippedFiles;
 use crate::store::Earlier;
 use crate::types::Usage;
 
@@ -31,6 +34,8 @@ pub struct Summary {
     pub documents: u64,
     pub skipped_null: u64,
     pub skipped_empty: u64,
+    /// Files passed over because they are not UTF-8 text.
+    pub skipped_files: SkippedFiles,
     pub chunks: u64,
     pub written: u64,
     pub quarantined: u64,
@@ -56,6 +61,13 @@ pub struct Summary {
     pub cost: Option<f64>,
     /// Why the run stopped before the end, when it did.
     pub stopped: Option<String>,
+    /// Vectors the checkpoint holds for the next run when this one stopped
+    /// (this run's and earlier runs'); 0 when the run finished.
+    pub committed: u64,
+    /// The command that carries a stopped run on, for people; set by the
+    /// command that ran it.
+    #[serde(skip)]
+    pub carry_on: Option<String>,
     pub elapsed_seconds: f64,
     pub chunks_per_second: f64,
     pub exit_code: u8,
@@ -94,6 +106,7 @@ impl Summary {
             documents: o.read.source.documents,
             skipped_null: o.read.source.skipped_null,
             skipped_empty: o.read.source.skipped_empty,
+            skipped_files: o.read.skipped_files.clone(),
             chunks: c.chunks,
             written: o.written.rows.map_or(0, |rows| rows + o.read.kept),
             quarantined: o.written.quarantined,
@@ -114,6 +127,12 @@ impl Summary {
             invalid_responses: o.stats.invalid_responses,
             throttled: o.stats.throttled,
             cost: cost(o.info, o.dispatched.usage),
+            committed: if stopped.is_some() {
+                o.earlier.rows + o.dispatched.embedded
+            } else {
+                0
+            },
+            carry_on: None,
             stopped,
             elapsed_seconds: o.elapsed_seconds,
             chunks_per_second: if o.elapsed_seconds > 0.0 {
@@ -139,13 +158,16 @@ impl Summary {
     /// The human form.
     pub fn text(&self) -> String {
         let s = self;
-        let mut out = format!(
-            "{job}: {written} chunks from {documents} documents written to {output}\n",
-            job = s.job,
-            written = s.written,
-            documents = s.documents,
-            output = s.output
-        );
+        let mut out = match &s.stopped {
+            None => format!(
+                "{}: {} from {} written to {}\n",
+                s.job,
+                counted(s.written, "chunk"),
+                counted(s.documents, "document"),
+                s.output
+            ),
+            Some(reason) => self.stopped_text(reason),
+        };
         let _ = writeln!(
             out,
             "  model {} ({} backend), {} dimensions",
@@ -154,46 +176,52 @@ impl Summary {
             s.dimensions
                 .map_or_else(|| "?".to_string(), |d| d.to_string())
         );
-        let _ = writeln!(
-            out,
-            "  tokens: {} billed, {} estimated locally; {} requests, {} retries ({} throttled, {} invalid responses)",
-            s.usage.prompt_tokens, s.estimated_tokens, s.requests, s.retries, s.throttled, s.invalid_responses
+        let retries = format!(
+            "{} ({} throttled, {})",
+            count(s.retries, "retry", "retries"),
+            s.throttled,
+            counted(s.invalid_responses, "invalid response")
         );
-        if let Some(cost) = s.cost {
-            let _ = writeln!(out, "  cost: {cost:.6}");
+        if s.backend == BackendKind::Local.to_string() {
+            let _ = writeln!(
+                out,
+                "  tokens: {} counted locally; {}; the local model bills nothing",
+                s.estimated_tokens,
+                counted(s.requests, "request")
+            );
+        } else {
+            let _ = writeln!(
+                out,
+                "  tokens: {} billed, {} estimated locally; {}, {retries}",
+                s.usage.prompt_tokens,
+                s.estimated_tokens,
+                counted(s.requests, "request")
+            );
+            if let Some(cost) = s.cost {
+                let _ = writeln!(out, "  cost: {cost:.6}");
+            }
         }
         let _ = writeln!(
             out,
-            "  chunks: {} embedded, {} reused from the last output, {} resumed, {} repeats; \
-             {} added, {} changed, {} unchanged, {} removed; {} tokens saved",
+            "  chunks: {} embedded, {} reused from the last output, {} resumed, {}; \
+             {} added, {} changed, {} unchanged, {} removed; {} saved",
             s.embedded,
             s.reused,
             s.resumed,
-            s.deduplicated,
+            counted(s.deduplicated, "repeat"),
             s.added,
             s.changed,
             s.unchanged,
             s.removed,
-            s.tokens_saved
+            counted(s.tokens_saved, "token")
         );
-        if let Some(reason) = &s.stopped {
-            let _ = writeln!(
-                out,
-                "  {reason}: what was done is kept; run the job again to carry on"
-            );
-        }
-        if s.skipped_null + s.skipped_empty > 0 {
-            let _ = writeln!(
-                out,
-                "  skipped: {} null, {} empty texts",
-                s.skipped_null, s.skipped_empty
-            );
-        }
+        self.skipped_text(&mut out);
         if s.quarantined > 0 {
             let _ = writeln!(
                 out,
-                "  quarantined: {} chunks (see {}.failures.jsonl)",
-                s.quarantined, s.output
+                "  quarantined: {} (see {}.failures.jsonl)",
+                counted(s.quarantined, "chunk"),
+                s.output
             );
         }
         let _ = writeln!(
@@ -202,6 +230,64 @@ impl Summary {
             s.elapsed_seconds, s.chunks_per_second
         );
         out
+    }
+
+    /// The head of a stopped run's summary: why, what the checkpoint holds,
+    /// and how to carry on.
+    fn stopped_text(&self, reason: &str) -> String {
+        let mut out = format!(
+            "{}: {reason} before the end; {} is as it was\n",
+            self.job, self.output
+        );
+        let _ = writeln!(
+            out,
+            "  committed: {} in {}.checkpoint ({} from this run), kept for the next run",
+            counted(self.committed, "vector"),
+            self.output,
+            self.embedded
+        );
+        let carry_on = self
+            .carry_on
+            .clone()
+            .unwrap_or_else(|| "run the job again".to_string());
+        let _ = writeln!(
+            out,
+            "  to carry on: {carry_on} (only what is not committed is sent)"
+        );
+        out
+    }
+
+    fn skipped_text(&self, out: &mut String) {
+        let s = self;
+        if s.skipped_null + s.skipped_empty > 0 {
+            let _ = writeln!(
+                out,
+                "  skipped: {} null, {} empty {}",
+                s.skipped_null,
+                s.skipped_empty,
+                if s.skipped_null + s.skipped_empty == 1 {
+                    "text"
+                } else {
+                    "texts"
+                }
+            );
+        }
+        let files = &s.skipped_files;
+        if files.count > 0 {
+            let more = files.count.saturating_sub(files.first.len() as u64);
+            let _ = writeln!(
+                out,
+                "  skipped {} that {} not UTF-8 text: {}{}",
+                counted(files.count, "file"),
+                if files.count == 1 { "is" } else { "are" },
+                files.first.join(", "),
+                if more > 0 {
+                    format!(" and {more} more")
+                } else {
+                    String::new()
+                }
+            );
+        }
     }
 }
 

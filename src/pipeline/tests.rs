@@ -37,6 +37,7 @@ fn documents(docs: &[(&str, &str)]) -> Box<dyn Source> {
             doc_id: (*id).to_string(),
             source: Arc::from("memory"),
             text: (*text).to_string(),
+            metadata: None,
         })
         .collect();
     Box::new(Documents(docs.into_iter(), SourceStats::default()))
@@ -60,6 +61,7 @@ impl Chunker for Paragraphs {
                 text: text.to_string(),
                 content_hash: content_hash(text),
                 token_count: u32::try_from(self.count_tokens(text)).unwrap(),
+                metadata: None,
             });
             start += text.len() + 2;
         }

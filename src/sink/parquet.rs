@@ -12,8 +12,9 @@ use crate::types::{EmbeddedBatch, OutputMetadata};
 
 /// Writes a job's rows to `output.path`.
 ///
-/// The file is created with the first batch, which sets the vector length;
-/// a run that writes nothing leaves the previous output as it was.
+/// The file is created with the first batch, which sets the vector length
+/// and the metadata columns; a run that writes nothing leaves the previous
+/// output as it was.
 pub struct ParquetSink {
     path: PathBuf,
     options: FileOptions,
@@ -49,10 +50,12 @@ impl Sink for ParquetSink {
     fn write(&mut self, batch: &EmbeddedBatch) -> Result<(), SinkError> {
         let file = match &mut self.file {
             Some(file) => file,
-            None => self.file.insert(VectorFile::create(
+            // The first batch sets the vector length and the metadata columns.
+            None => self.file.insert(VectorFile::create_with_metadata(
                 &self.path,
                 batch.vectors.dimensions,
                 self.options,
+                batch.metadata_schema(),
             )?),
         };
         Ok(file.write(batch)?)

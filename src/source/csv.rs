@@ -1,22 +1,30 @@
-//! CSV with a header row, streamed a record at a time.
+//! CSV with a header row, streamed a record at a time, from a file or
+//! stdin, plain or compressed.
 //!
 //! Records are read as bytes so that invalid UTF-8 is reported with its row
 //! rather than as a bare decoding error, and only in the columns used.
 
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use ::csv::{ByteRecord, ErrorKind, Reader, ReaderBuilder};
+use arrow::datatypes::DataType;
 
-use super::{io_error, open_file, path_text, Document, Source, SourceError, SourceStats};
+use super::{input, io_error, metadata, path_text, Document, Source, SourceError, SourceStats};
+use crate::job::RecordsSource;
+use crate::types::{MetaValue, MetadataSchema};
 
 pub struct CsvSource {
     path: PathBuf,
     source: Arc<str>,
-    reader: Reader<std::fs::File>,
+    reader: Reader<Box<dyn Read + Send>>,
     text_column: usize,
     /// The id column's index and header.
     id_column: Option<(usize, String)>,
+    /// The metadata columns' indices, in the schema's order.
+    metadata_columns: Vec<usize>,
+    metadata: Option<Arc<MetadataSchema>>,
     text_field: String,
     /// Reused for every record.
     record: ByteRecord,
@@ -25,13 +33,27 @@ pub struct CsvSource {
 }
 
 impl CsvSource {
+    #[cfg(test)]
     pub fn open(
         path: &Path,
         text_field: &str,
         id_field: Option<&str>,
     ) -> Result<Self, SourceError> {
-        let file = open_file(path)?;
-        let mut reader = ReaderBuilder::new().has_headers(true).from_reader(file);
+        Self::open_records(&RecordsSource {
+            path: path.to_path_buf(),
+            text_field: text_field.to_string(),
+            id_field: id_field.map(str::to_string),
+            metadata_fields: Vec::new(),
+        })
+    }
+
+    /// Opens the records a job names; its metadata columns are strings.
+    pub fn open_records(records: &RecordsSource) -> Result<Self, SourceError> {
+        let path = records.path.as_path();
+        let text_field = records.text_field.as_str();
+        let id_field = records.id_field.as_deref();
+        let input: Box<dyn Read + Send> = Box::new(input::open(path)?);
+        let mut reader = ReaderBuilder::new().has_headers(true).from_reader(input);
         let headers = reader
             .byte_headers()
             .map_err(|e| csv_error(path, e, 1))?
@@ -46,12 +68,21 @@ impl CsvSource {
             Some(field) => Some((find_column(path, &headers, field)?, field.to_string())),
             None => None,
         };
+        let fields = &records.metadata_fields;
+        let metadata_columns = fields
+            .iter()
+            .map(|field| find_column(path, &headers, field))
+            .collect::<Result<Vec<_>, _>>()?;
+        let metadata = (!fields.is_empty())
+            .then(|| metadata::schema(fields, vec![DataType::Utf8; fields.len()]));
         Ok(CsvSource {
             path: path.to_path_buf(),
             source: Arc::from(path_text(path)),
             reader,
             text_column,
             id_column,
+            metadata_columns,
+            metadata,
             text_field: text_field.to_string(),
             record: ByteRecord::new(),
             last_row: None,
@@ -144,6 +175,29 @@ impl CsvSource {
     }
 }
 
+impl CsvSource {
+    /// The record's metadata cells: strings, and null for an empty cell.
+    fn metadata_of(
+        &self,
+        row: u64,
+        line: u64,
+    ) -> Result<Option<Arc<crate::types::Metadata>>, SourceError> {
+        let Some(schema) = &self.metadata else {
+            return Ok(None);
+        };
+        let mut values = Vec::with_capacity(self.metadata_columns.len());
+        for (&column, field) in self.metadata_columns.iter().zip(&schema.fields) {
+            let cell = self.cell(column, &field.field, row, line)?;
+            values.push(if cell.is_empty() {
+                MetaValue::Null
+            } else {
+                MetaValue::Text(cell.into())
+            });
+        }
+        Ok(Some(metadata::record(schema, values)))
+    }
+}
+
 impl Source for CsvSource {
     fn next_document(&mut self) -> Result<Option<Document>, SourceError> {
         loop {
@@ -180,11 +234,13 @@ impl Source for CsvSource {
                     id.to_string()
                 }
             };
+            let metadata = self.metadata_of(row, line)?;
             self.stats.documents += 1;
             return Ok(Some(Document {
                 doc_id,
                 source: Arc::clone(&self.source),
                 text,
+                metadata,
             }));
         }
     }
@@ -315,6 +371,43 @@ mod tests {
             error.to_string().contains("id column \"id\" is empty"),
             "{error}"
         );
+    }
+
+    #[test]
+    fn metadata_cells_are_strings_and_empty_ones_null() {
+        use crate::types::MetaValue;
+        let compressed =
+            zstd::encode_all(&b"id,url,lang,text\na,https://a,en,one\nb,,fr,two\n"[..], 3).unwrap();
+        let (_dir, path) = file(&compressed);
+        let mut source = CsvSource::open_records(&RecordsSource {
+            path,
+            text_field: "text".into(),
+            id_field: Some("id".into()),
+            metadata_fields: vec!["url".into(), "lang".into()],
+        })
+        .unwrap();
+        let documents = read_all(&mut source).unwrap();
+        assert_eq!(ids(&documents), ["a", "b"]);
+        let values = |i: usize| documents[i].metadata.as_ref().unwrap().values.to_vec();
+        assert_eq!(
+            values(0),
+            [
+                MetaValue::Text("https://a".into()),
+                MetaValue::Text("en".into())
+            ]
+        );
+        assert_eq!(values(1), [MetaValue::Null, MetaValue::Text("fr".into())]);
+        let (_dir, path) = file(b"id,text\na,one\n");
+        let Err(error) = CsvSource::open_records(&RecordsSource {
+            path,
+            text_field: "text".into(),
+            id_field: None,
+            metadata_fields: vec!["url".into()],
+        }) else {
+            panic!("a missing metadata column was accepted");
+        };
+        assert!(error.is_found_at_open(), "{error}");
+        assert!(error.to_string().contains("\"url\""), "{error}");
     }
 
     #[test]

@@ -1,31 +1,98 @@
-//! Plain text files named by globs, directories or single paths.
+//! Plain text files named by globs, directories or single paths, gzip- or
+//! zstd-compressed or not.
+//!
+//! Files found by a directory walk or a glob are filtered by
+//! `source.include` / `source.exclude` and, unless `source.on_invalid =
+//! "error"`, passed over when they are not UTF-8 text (a binary file, an
+//! archive): counted, and the first few named in the summary. A file named
+//! on its own is always read, and is an error when it is not text.
 
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 
-use super::{io_error, path_text, Document, Source, SourceError, SourceStats};
+use glob::{MatchOptions, Pattern};
+
+use super::input::{read_whole, WholeError};
+use super::{
+    io_error, path_text, Document, SkippedFiles, Source, SourceError, SourceStats,
+    SKIPPED_NAMES_KEPT,
+};
+use crate::job::{FilesSource as FilesParams, OnInvalid};
 
 /// A file to read, with the id it gets.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Entry {
     path: PathBuf,
     doc_id: String,
+    /// Named on its own rather than found by a directory walk or a glob.
+    named: bool,
 }
 
 /// Every file is listed at open (paths only, so a glob that matches nothing
 /// stops the job before any work) and read one at a time afterwards.
 pub struct FilesSource {
     entries: std::vec::IntoIter<Entry>,
+    on_invalid: OnInvalid,
     stats: SourceStats,
+    skipped: SkippedFiles,
+}
+
+/// `include` and `exclude`, matched against a file's id: its path below
+/// the directory or glob root that found it. `*` crosses `/` too, so `*.md`
+/// means markdown files at any depth.
+struct Filter {
+    include: Vec<Pattern>,
+    exclude: Vec<Pattern>,
+}
+
+const MATCH: MatchOptions = MatchOptions {
+    case_sensitive: true,
+    require_literal_separator: false,
+    require_literal_leading_dot: false,
+};
+
+impl Filter {
+    fn new(params: &FilesParams) -> Result<Filter, SourceError> {
+        let compile = |patterns: &[String]| -> Result<Vec<Pattern>, SourceError> {
+            patterns
+                .iter()
+                .map(|p| {
+                    Pattern::new(p).map_err(|e| SourceError::Pattern {
+                        pattern: p.clone(),
+                        message: e.to_string(),
+                    })
+                })
+                .collect()
+        };
+        Ok(Filter {
+            include: compile(&params.include)?,
+            exclude: compile(&params.exclude)?,
+        })
+    }
+
+    fn is_active(&self) -> bool {
+        !self.include.is_empty() || !self.exclude.is_empty()
+    }
+
+    fn keeps(&self, entry: &Entry) -> bool {
+        if entry.named {
+            return true;
+        }
+        let id = entry.doc_id.as_str();
+        (self.include.is_empty() || self.include.iter().any(|p| p.matches_with(id, MATCH)))
+            && !self.exclude.iter().any(|p| p.matches_with(id, MATCH))
+    }
 }
 
 impl FilesSource {
-    pub fn open(paths: &[String]) -> Result<Self, SourceError> {
+    pub fn open(params: &FilesParams) -> Result<Self, SourceError> {
+        let paths = &params.paths;
         if paths.is_empty() {
             return Err(SourceError::NoMatch {
                 pattern: "(no `source.paths` given)".to_string(),
             });
         }
+        let filter = Filter::new(params)?;
         let mut entries = Vec::new();
         for pattern in paths {
             let mut found = expand(pattern)?;
@@ -34,26 +101,69 @@ impl FilesSource {
                     pattern: pattern.clone(),
                 });
             }
+            found.retain(|entry| filter.keeps(entry));
             // Within one pattern the order is by id, so it doesn't depend on
             // the file system; patterns keep the order the job gives them.
             found.sort_by(|a, b| a.doc_id.cmp(&b.doc_id).then_with(|| a.path.cmp(&b.path)));
             entries.extend(found);
         }
+        if entries.is_empty() && filter.is_active() {
+            return Err(SourceError::NoMatch {
+                pattern: format!(
+                    "{} (with `source.include` {:?} and `source.exclude` {:?})",
+                    paths.join(", "),
+                    params.include,
+                    params.exclude
+                ),
+            });
+        }
         Ok(FilesSource {
             entries: entries.into_iter(),
+            on_invalid: params.on_invalid,
             stats: SourceStats::default(),
+            skipped: SkippedFiles::default(),
         })
+    }
+
+    /// The file's text; `None` when it is not text and is to be passed over.
+    fn read(&mut self, entry: &Entry) -> Result<Option<String>, SourceError> {
+        let problem = match read_whole(&entry.path) {
+            Err(WholeError::Io(error)) => return Err(error),
+            Err(WholeError::Undecodable(reason)) => SourceError::NotText {
+                path: entry.path.clone(),
+                reason,
+            },
+            Ok(bytes) => match String::from_utf8(bytes) {
+                Ok(text) => match text.find('\0') {
+                    None => return Ok(Some(text)),
+                    Some(at) => SourceError::NotText {
+                        path: entry.path.clone(),
+                        reason: format!("a NUL byte at offset {at}, so it is binary"),
+                    },
+                },
+                Err(e) => SourceError::Utf8 {
+                    path: entry.path.clone(),
+                    offset: e.utf8_error().valid_up_to() as u64,
+                },
+            },
+        };
+        if entry.named || self.on_invalid == OnInvalid::Error {
+            return Err(problem);
+        }
+        self.skipped.count += 1;
+        if self.skipped.first.len() < SKIPPED_NAMES_KEPT {
+            self.skipped.first.push(path_text(&entry.path));
+        }
+        Ok(None)
     }
 }
 
 impl Source for FilesSource {
     fn next_document(&mut self) -> Result<Option<Document>, SourceError> {
-        for entry in self.entries.by_ref() {
-            let bytes = std::fs::read(&entry.path).map_err(|e| io_error(&entry.path, e))?;
-            let text = String::from_utf8(bytes).map_err(|e| SourceError::Utf8 {
-                path: entry.path.clone(),
-                offset: e.utf8_error().valid_up_to() as u64,
-            })?;
+        while let Some(entry) = self.entries.next() {
+            let Some(text) = self.read(&entry)? else {
+                continue;
+            };
             if text.trim().is_empty() {
                 self.stats.skipped_empty += 1;
                 continue;
@@ -63,6 +173,7 @@ impl Source for FilesSource {
                 doc_id: entry.doc_id,
                 source: Arc::from(path_text(&entry.path)),
                 text,
+                metadata: None,
             }));
         }
         Ok(None)
@@ -70,6 +181,10 @@ impl Source for FilesSource {
 
     fn stats(&self) -> SourceStats {
         self.stats
+    }
+
+    fn skipped_files(&self) -> SkippedFiles {
+        self.skipped.clone()
     }
 }
 
@@ -99,6 +214,7 @@ fn expand(pattern: &str) -> Result<Vec<Entry>, SourceError> {
             entries.push(Entry {
                 path: found,
                 doc_id,
+                named: false,
             });
         }
     }
@@ -127,6 +243,7 @@ fn expand_path(pattern: &str, path: &Path) -> Result<Vec<Entry>, SourceError> {
         Ok(vec![Entry {
             path: path.to_path_buf(),
             doc_id,
+            named: true,
         }])
     } else {
         Ok(Vec::new())
@@ -145,7 +262,11 @@ fn walk(root: &Path, dir: &Path, entries: &mut Vec<Entry>) -> Result<(), SourceE
             walk(root, &path, entries)?;
         } else if file_type.is_file() || (file_type.is_symlink() && path.is_file()) {
             let doc_id = relative_id(&path, root);
-            entries.push(Entry { path, doc_id });
+            entries.push(Entry {
+                path,
+                doc_id,
+                named: false,
+            });
         }
     }
     Ok(())
@@ -204,8 +325,15 @@ mod tests {
         dir
     }
 
+    fn params(paths: &[&Path]) -> FilesParams {
+        FilesParams {
+            paths: paths.iter().map(|p| path_text(p)).collect(),
+            ..FilesParams::default()
+        }
+    }
+
     fn open_one(pattern: &Path) -> FilesSource {
-        FilesSource::open(&[path_text(pattern)]).unwrap()
+        FilesSource::open(&params(&[pattern])).unwrap()
     }
 
     #[test]
@@ -266,10 +394,10 @@ mod tests {
     #[test]
     fn entries_keep_the_order_the_job_gives() {
         let dir = tree();
-        let mut source = FilesSource::open(&[
-            path_text(&dir.path().join("docs/guide")),
-            path_text(&dir.path().join("docs/b.md")),
-        ])
+        let mut source = FilesSource::open(&params(&[
+            &dir.path().join("docs/guide"),
+            &dir.path().join("docs/b.md"),
+        ]))
         .unwrap();
         let documents = read_all(&mut source).unwrap();
         assert_eq!(ids(&documents), ["intro.md", "notes.txt", "b.md"]);
@@ -279,7 +407,7 @@ mod tests {
     fn a_pattern_or_path_that_matches_nothing_is_an_error_naming_it() {
         let dir = tree();
         for missing in [dir.path().join("docs/*.rst"), dir.path().join("nowhere")] {
-            let Err(error) = FilesSource::open(&[path_text(&missing)]) else {
+            let Err(error) = FilesSource::open(&params(&[&missing])) else {
                 panic!("{} matched", missing.display());
             };
             assert!(matches!(error, SourceError::NoMatch { .. }), "{error}");
@@ -287,7 +415,7 @@ mod tests {
             assert!(error.to_string().contains(&path_text(&missing)), "{error}");
         }
         std::fs::create_dir(dir.path().join("hollow")).unwrap();
-        let Err(error) = FilesSource::open(&[path_text(&dir.path().join("hollow"))]) else {
+        let Err(error) = FilesSource::open(&params(&[&dir.path().join("hollow")])) else {
             panic!("an empty directory matched");
         };
         assert!(matches!(error, SourceError::NoMatch { .. }), "{error}");
@@ -296,7 +424,7 @@ mod tests {
     #[test]
     fn a_malformed_glob_is_an_error_at_open() {
         let dir = tree();
-        let Err(error) = FilesSource::open(&[path_text(&dir.path().join("docs/[a.md"))]) else {
+        let Err(error) = FilesSource::open(&params(&[&dir.path().join("docs/[a.md")])) else {
             panic!("a malformed glob was accepted");
         };
         assert!(matches!(error, SourceError::Pattern { .. }), "{error}");
@@ -304,17 +432,122 @@ mod tests {
     }
 
     #[test]
-    fn invalid_utf8_names_the_file_and_offset() {
+    fn invalid_utf8_is_an_error_naming_the_file_and_offset_when_asked_or_named() {
         let dir = tree();
         write(dir.path(), "docs/bad.md", b"ok text \xff\xfe more");
-        let mut source = open_one(&dir.path().join("docs"));
-        let error = first_error(&mut source);
-        assert!(
-            matches!(error, SourceError::Utf8 { offset: 8, .. }),
-            "{error}"
+        let strict = FilesParams {
+            on_invalid: OnInvalid::Error,
+            ..params(&[&dir.path().join("docs")])
+        };
+        let named = params(&[&dir.path().join("docs/bad.md")]);
+        for params in [strict, named] {
+            let mut source = FilesSource::open(&params).unwrap();
+            let error = first_error(&mut source);
+            assert!(
+                matches!(error, SourceError::Utf8 { offset: 8, .. }),
+                "{error}"
+            );
+            assert!(error.to_string().contains("bad.md"), "{error}");
+            assert!(error.to_string().contains("offset 8"), "{error}");
+        }
+    }
+
+    #[test]
+    fn files_that_are_not_text_are_passed_over_counted_and_named() {
+        let dir = tree();
+        write(dir.path(), "docs/bad.md", b"ok text \xff\xfe more");
+        write(
+            dir.path(),
+            "docs/image.png",
+            b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR",
         );
-        assert!(error.to_string().contains("bad.md"), "{error}");
-        assert!(error.to_string().contains("offset 8"), "{error}");
+        write(dir.path(), "docs/utf16.txt", b"h\0i\0");
+        write(dir.path(), "docs/broken.gz", &[0x1f, 0x8b, 8, 0, 1, 2, 3]);
+        let mut source = open_one(&dir.path().join("docs"));
+        let documents = read_all(&mut source).unwrap();
+        assert_eq!(
+            ids(&documents),
+            ["a.md", "b.md", "guide/intro.md", "guide/notes.txt"]
+        );
+        let skipped = source.skipped_files();
+        assert_eq!(skipped.count, 4);
+        let names: Vec<&str> = skipped
+            .first
+            .iter()
+            .map(|p| p.rsplit('/').next().unwrap())
+            .collect();
+        assert_eq!(names, ["bad.md", "broken.gz", "image.png", "utf16.txt"]);
+
+        // Named on its own, a binary file is an error that says why.
+        let mut source = open_one(&dir.path().join("docs/utf16.txt"));
+        let error = first_error(&mut source);
+        assert!(matches!(error, SourceError::NotText { .. }), "{error}");
+        assert!(error.to_string().contains("NUL byte"), "{error}");
+        let mut source = open_one(&dir.path().join("docs/broken.gz"));
+        let error = first_error(&mut source);
+        assert!(error.to_string().contains("cannot decompress"), "{error}");
+    }
+
+    #[test]
+    fn compressed_files_are_read_as_their_text() {
+        let dir = tree();
+        let gz = super::super::input::tests::gzip(b"# Zipped\n\nHello.");
+        write(dir.path(), "docs/zipped.md.gz", &gz);
+        write(
+            dir.path(),
+            "docs/squeezed.txt.zst",
+            &zstd::encode_all(&b"Squeezed text."[..], 3).unwrap(),
+        );
+        let mut source = open_one(&dir.path().join("docs"));
+        let documents = read_all(&mut source).unwrap();
+        let texts: std::collections::BTreeMap<&str, &str> = documents
+            .iter()
+            .map(|d| (d.doc_id.as_str(), d.text.as_str()))
+            .collect();
+        assert_eq!(texts["zipped.md.gz"], "# Zipped\n\nHello.");
+        assert_eq!(texts["squeezed.txt.zst"], "Squeezed text.");
+        assert_eq!(source.skipped_files().count, 0);
+    }
+
+    #[test]
+    fn include_and_exclude_match_ids_below_the_root() {
+        let dir = tree();
+        let only = |include: &[&str], exclude: &[&str]| {
+            let params = FilesParams {
+                include: include.iter().map(|s| (*s).to_string()).collect(),
+                exclude: exclude.iter().map(|s| (*s).to_string()).collect(),
+                ..params(&[&dir.path().join("docs")])
+            };
+            let mut source = FilesSource::open(&params)?;
+            let documents = read_all(&mut source).unwrap();
+            Ok::<_, SourceError>(
+                ids(&documents)
+                    .into_iter()
+                    .map(str::to_string)
+                    .collect::<Vec<_>>(),
+            )
+        };
+        assert_eq!(
+            only(&["*.md"], &[]).unwrap(),
+            ["a.md", "b.md", "guide/intro.md"]
+        );
+        assert_eq!(only(&[], &["guide/**"]).unwrap(), ["a.md", "b.md"]);
+        assert_eq!(
+            only(&["*.md", "*.txt"], &["b.*", "**/intro.md"]).unwrap(),
+            ["a.md", "guide/notes.txt"]
+        );
+        let Err(error) = only(&["*.rst"], &[]) else {
+            panic!("an include that keeps nothing was accepted");
+        };
+        assert!(matches!(error, SourceError::NoMatch { .. }), "{error}");
+        assert!(error.to_string().contains("*.rst"), "{error}");
+        // A file named on its own is read whatever the filters say.
+        let params = FilesParams {
+            exclude: vec!["*.md".into()],
+            ..params(&[&dir.path().join("docs/a.md")])
+        };
+        let documents = read_all(&mut FilesSource::open(&params).unwrap()).unwrap();
+        assert_eq!(ids(&documents), ["a.md"]);
     }
 
     #[test]

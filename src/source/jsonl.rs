@@ -1,19 +1,35 @@
-//! JSON Lines: one JSON object per line, streamed a line at a time.
+//! JSON Lines: one JSON object per line, streamed a line at a time, from a
+//! file or stdin, plain or compressed.
 
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::collections::VecDeque;
+use std::io::BufRead;
+use std::path::PathBuf;
 use std::sync::Arc;
 
+use arrow::datatypes::DataType;
 use serde_json::Value;
 
-use super::{io_error, open_file, path_text, Document, Source, SourceError, SourceStats};
+use super::metadata::{self, Seen};
+use super::{input, io_error, path_text, Document, Source, SourceError, SourceStats};
+use crate::job::RecordsSource;
+use crate::types::MetadataSchema;
+
+/// Lines of stdin read ahead to type the metadata fields; a file is read
+/// through once instead.
+const STDIN_SAMPLE_LINES: usize = 1000;
 
 pub struct JsonlSource {
     path: PathBuf,
     source: Arc<str>,
-    reader: BufReader<std::fs::File>,
+    reader: Box<dyn BufRead + Send>,
     text_field: String,
     id_field: Option<String>,
+    metadata: Option<Arc<MetadataSchema>>,
+    /// Lines read ahead (from stdin, to type the metadata), read before the
+    /// reader's next.
+    pending: VecDeque<Vec<u8>>,
+    /// How many lines typed the metadata, when fewer than all of them.
+    sampled: Option<usize>,
     /// Reused for every line, so a long file costs one line of memory.
     line: Vec<u8>,
     line_number: u64,
@@ -23,18 +39,73 @@ pub struct JsonlSource {
 }
 
 impl JsonlSource {
+    #[cfg(test)]
     pub fn open(
-        path: &Path,
+        path: &std::path::Path,
         text_field: &str,
         id_field: Option<&str>,
     ) -> Result<Self, SourceError> {
-        let file = open_file(path)?;
-        Ok(JsonlSource {
+        Self::open_records(&RecordsSource {
             path: path.to_path_buf(),
-            source: Arc::from(path_text(path)),
-            reader: BufReader::new(file),
             text_field: text_field.to_string(),
             id_field: id_field.map(str::to_string),
+            metadata_fields: Vec::new(),
+        })
+    }
+
+    /// Opens the records a job names, typing its metadata fields: from every
+    /// line of a file (read through once more for it), or from the first
+    /// [`STDIN_SAMPLE_LINES`] lines of stdin.
+    pub fn open_records(records: &RecordsSource) -> Result<Self, SourceError> {
+        let path = &records.path;
+        let mut reader = input::open(path)?;
+        let fields = &records.metadata_fields;
+        let mut pending = VecDeque::new();
+        let mut sampled = None;
+        let metadata = if fields.is_empty() {
+            None
+        } else if input::is_stdin(path) {
+            let mut seen = vec![Seen::default(); fields.len()];
+            while pending.len() < STDIN_SAMPLE_LINES {
+                let mut line = Vec::new();
+                let read = reader
+                    .read_until(b'\n', &mut line)
+                    .map_err(|e| io_error(path, e))?;
+                if read == 0 {
+                    break;
+                }
+                note_line(&line, fields, &mut seen);
+                pending.push_back(line);
+            }
+            if pending.len() == STDIN_SAMPLE_LINES {
+                sampled = Some(STDIN_SAMPLE_LINES);
+            }
+            Some(type_fields(fields, &seen))
+        } else {
+            let mut seen = vec![Seen::default(); fields.len()];
+            let mut again = input::open(path)?;
+            let mut line = Vec::new();
+            loop {
+                line.clear();
+                let read = again
+                    .read_until(b'\n', &mut line)
+                    .map_err(|e| io_error(path, e))?;
+                if read == 0 {
+                    break;
+                }
+                note_line(&line, fields, &mut seen);
+            }
+            Some(type_fields(fields, &seen))
+        };
+        Ok(JsonlSource {
+            path: path.clone(),
+            source: Arc::from(path_text(path)),
+            reader,
+            text_field: records.text_field.clone(),
+            id_field: records.id_field.clone(),
+            metadata,
+            pending,
+            sampled,
             line: Vec::new(),
             line_number: 0,
             offset: 0,
@@ -112,14 +183,61 @@ impl JsonlSource {
                 }
             },
         };
+        let metadata = match &self.metadata {
+            None => None,
+            Some(schema) => {
+                // The text was taken out of the object; a field that names it
+                // gets it back.
+                let text_value = Value::String(text.clone());
+                let mut values = Vec::with_capacity(schema.fields.len());
+                for field in &schema.fields {
+                    let value = if field.field == self.text_field {
+                        Some(&text_value)
+                    } else {
+                        metadata::lookup(&object, &field.field)
+                    };
+                    let value = metadata::json_value(value, &field.data_type)
+                        .map_err(|found| self.type_error(&field.field, &field.data_type, &found))?;
+                    values.push(value);
+                }
+                Some(metadata::record(schema, values))
+            }
+        };
         self.stats.documents += 1;
         self.last_row = Some(self.line_number);
         Ok(Some(Document {
             doc_id,
             source: Arc::clone(&self.source),
             text,
+            metadata,
         }))
     }
+
+    /// A metadata value that the type learnt from the first lines of stdin
+    /// cannot hold.
+    fn type_error(&self, field: &str, data_type: &DataType, found: &str) -> SourceError {
+        let lines = self.sampled.unwrap_or(0);
+        self.row_error(format!(
+            "metadata field {field:?} is {found}, but the first {lines} lines made it {} column; \
+             give the input as a file, whose every line types the fields",
+            metadata::type_name(data_type)
+        ))
+    }
+}
+
+/// Notes the kinds of the metadata values of one line, if it is a JSON
+/// object (other lines are reported when they are read).
+fn note_line(line: &[u8], fields: &[String], seen: &mut [Seen]) {
+    let Ok(Value::Object(object)) = serde_json::from_slice::<Value>(line) else {
+        return;
+    };
+    for (field, seen) in fields.iter().zip(seen.iter_mut()) {
+        seen.note(metadata::lookup(&object, field));
+    }
+}
+
+fn type_fields(fields: &[String], seen: &[Seen]) -> Arc<MetadataSchema> {
+    metadata::schema(fields, seen.iter().map(|s| s.data_type()).collect())
 }
 
 fn kind(value: &Value) -> &'static str {
@@ -138,12 +256,16 @@ impl Source for JsonlSource {
         loop {
             self.offset += self.line.len() as u64;
             self.line.clear();
-            let read = self
-                .reader
-                .read_until(b'\n', &mut self.line)
-                .map_err(|e| io_error(&self.path, e))?;
-            if read == 0 {
-                return Ok(None);
+            if let Some(line) = self.pending.pop_front() {
+                self.line = line;
+            } else {
+                let read = self
+                    .reader
+                    .read_until(b'\n', &mut self.line)
+                    .map_err(|e| io_error(&self.path, e))?;
+                if read == 0 {
+                    return Ok(None);
+                }
             }
             self.line_number += 1;
             if let Some(document) = self.parse_line()? {
@@ -163,6 +285,8 @@ impl Source for JsonlSource {
 
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
+
     use super::super::testing::{first_error, ids, read_all};
     use super::*;
 
@@ -247,6 +371,73 @@ mod tests {
             error.to_string().contains("offset 25 in the file"),
             "{error}"
         );
+    }
+
+    fn with_metadata(path: &Path, fields: &[&str]) -> JsonlSource {
+        JsonlSource::open_records(&RecordsSource {
+            path: path.to_path_buf(),
+            text_field: "text".into(),
+            id_field: None,
+            metadata_fields: fields.iter().map(|f| (*f).to_string()).collect(),
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn metadata_fields_are_typed_from_every_line_and_reached_by_dotted_paths() {
+        use crate::types::MetaValue;
+        let (_dir, path) = file(
+            br#"{"text": "a", "url": "https://a", "n": 1, "meta": {"lang": "en"}, "ok": true}
+{"text": "b", "n": 2, "meta": {"lang": "fr"}, "mixed": "x"}
+{"text": "c", "url": null, "n": 2.5, "mixed": 3}
+"#,
+        );
+        let mut source = with_metadata(&path, &["url", "n", "meta.lang", "ok", "mixed", "text"]);
+        let documents = read_all(&mut source).unwrap();
+        let schema = &documents[0].metadata.as_ref().unwrap().schema;
+        let columns: Vec<(&str, String)> = schema
+            .fields
+            .iter()
+            .map(|f| (f.column.as_str(), f.data_type.to_string()))
+            .collect();
+        assert_eq!(
+            columns,
+            [
+                ("url", "Utf8".to_string()),
+                ("n", "Float64".to_string()),
+                ("meta_lang", "Utf8".to_string()),
+                ("ok", "Boolean".to_string()),
+                ("mixed", "Utf8".to_string()),
+                ("text", "Utf8".to_string()),
+            ]
+        );
+        let values = |i: usize| documents[i].metadata.as_ref().unwrap().values.to_vec();
+        assert_eq!(
+            values(0),
+            [
+                MetaValue::Text("https://a".into()),
+                MetaValue::Float(1.0),
+                MetaValue::Text("en".into()),
+                MetaValue::Bool(true),
+                MetaValue::Null,
+                MetaValue::Text("a".into()),
+            ]
+        );
+        assert_eq!(values(1)[0], MetaValue::Null);
+        assert_eq!(values(1)[4], MetaValue::Text("x".into()));
+        assert_eq!(values(2)[1], MetaValue::Float(2.5));
+        assert_eq!(values(2)[4], MetaValue::Text("3".into()));
+    }
+
+    #[test]
+    fn compressed_lines_read_as_plain_ones() {
+        let text = b"{\"text\": \"a\"}\n{\"text\": \"b\"}\n";
+        let (_dir, path) = file(&super::super::input::tests::gzip(text));
+        let documents = read_all(&mut JsonlSource::open(&path, "text", None).unwrap()).unwrap();
+        assert_eq!(ids(&documents), ["1", "2"]);
+        let (_dir, path) = file(&zstd::encode_all(&text[..], 3).unwrap());
+        let documents = read_all(&mut JsonlSource::open(&path, "text", None).unwrap()).unwrap();
+        assert_eq!(ids(&documents), ["1", "2"]);
     }
 
     #[test]

@@ -9,6 +9,10 @@
 //! Row numbers in errors and in record ids are 1-based everywhere: the line
 //! for JSON Lines, the data row (the header not counted) for CSV, and the row
 //! within the file for Parquet.
+//!
+//! Text files, JSON Lines and CSV may be gzip- or zstd-compressed
+//! ([`input`]); JSON Lines and CSV may come from stdin (`path = "-"`).
+//! Records carry `source.metadata_fields` along, typed ([`metadata`]).
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -19,8 +23,22 @@ use crate::types::{id_key, Document};
 
 mod csv;
 mod files;
+pub(crate) mod input;
 mod jsonl;
+mod metadata;
 mod parquet;
+
+/// Names of files passed over that a source keeps, for the summary.
+pub const SKIPPED_NAMES_KEPT: usize = 5;
+
+/// Files passed over because they are not UTF-8 text: how many, and the
+/// first few.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct SkippedFiles {
+    pub count: u64,
+    /// The first [`SKIPPED_NAMES_KEPT`] of them.
+    pub first: Vec<String>,
+}
 
 /// What a source read and what it passed over.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
@@ -48,6 +66,8 @@ pub enum SourceError {
     Pattern { pattern: String, message: String },
     #[error("{path}: not valid UTF-8 (first bad byte at offset {offset})")]
     Utf8 { path: PathBuf, offset: u64 },
+    #[error("{path}: not text: {reason}")]
+    NotText { path: PathBuf, reason: String },
     #[error("{path}: row {row}: {message}")]
     Row {
         path: PathBuf,
@@ -115,6 +135,10 @@ pub trait Source: Send {
     fn last_row(&self) -> Option<u64> {
         None
     }
+    /// Files passed over because they are not text.
+    fn skipped_files(&self) -> SkippedFiles {
+        SkippedFiles::default()
+    }
 }
 
 /// Opens the input a job names, checking up front everything that can be
@@ -130,27 +154,18 @@ pub fn open(config: &SourceConfig) -> Result<Box<dyn Source>, SourceError> {
 
 fn open_unchecked(config: &SourceConfig) -> Result<Box<dyn Source>, SourceError> {
     Ok(match config {
-        SourceConfig::Files(files) => Box::new(files::FilesSource::open(&files.paths)?),
-        SourceConfig::Jsonl(r) => Box::new(jsonl::JsonlSource::open(
-            &r.path,
-            &r.text_field,
-            r.id_field.as_deref(),
-        )?),
-        SourceConfig::Csv(r) => Box::new(csv::CsvSource::open(
-            &r.path,
-            &r.text_field,
-            r.id_field.as_deref(),
-        )?),
-        SourceConfig::Parquet(r) => Box::new(parquet::ParquetSource::open(
-            &r.path,
-            &r.text_field,
-            r.id_field.as_deref(),
-        )?),
+        SourceConfig::Files(files) => Box::new(files::FilesSource::open(files)?),
+        SourceConfig::Jsonl(r) => Box::new(jsonl::JsonlSource::open_records(r)?),
+        SourceConfig::Csv(r) => Box::new(csv::CsvSource::open_records(r)?),
+        SourceConfig::Parquet(r) => Box::new(parquet::ParquetSource::open_records(r)?),
     })
 }
 
-/// A path for messages and for [`Document::source`].
+/// A path for messages and for [`Document::source`]; stdin is `<stdin>`.
 pub(crate) fn path_text(path: &Path) -> String {
+    if input::is_stdin(path) {
+        return crate::job::STDIN_NAME.to_string();
+    }
     path.to_string_lossy().into_owned()
 }
 
@@ -200,8 +215,16 @@ impl Checked {
     }
 
     /// The place of the document, among the first `self.returned`, whose id
-    /// is `id`, read again from the input.
+    /// is `id`, read again from the input. Stdin cannot be read again: there
+    /// the id is taken to repeat (two ids sharing a 64-bit hash are rare
+    /// enough to be called a repeat).
     fn first_place(&self, id: &str) -> Result<Option<String>, SourceError> {
+        if self.config.is_stdin() {
+            return Ok(Some(format!(
+                "an earlier row of {}",
+                crate::job::STDIN_NAME
+            )));
+        }
         let mut again = open_unchecked(&self.config)?;
         for _ in 0..self.returned {
             let Some(document) = again.next_document()? else {
@@ -256,6 +279,10 @@ impl Source for Checked {
     fn last_row(&self) -> Option<u64> {
         self.inner.last_row()
     }
+
+    fn skipped_files(&self) -> SkippedFiles {
+        self.inner.skipped_files()
+    }
 }
 
 #[cfg(test)]
@@ -288,6 +315,7 @@ pub(crate) mod testing {
             path: path.to_path_buf(),
             text_field: text.to_string(),
             id_field: id.map(str::to_string),
+            metadata_fields: Vec::new(),
         };
         match kind {
             SourceKind::Jsonl => SourceConfig::Jsonl(records),
@@ -370,6 +398,7 @@ mod tests {
                 path_text(&dir.path().join("one")),
                 path_text(&dir.path().join("two")),
             ],
+            ..FilesSource::default()
         });
         let mut source = open(&config).unwrap();
         let error = first_error(source.as_mut());

@@ -1,7 +1,8 @@
 //! Parquet: a file, or a directory of `*.parquet` files read in name order.
 //!
-//! Only the text (and id) columns are decoded, a record batch at a time, so
-//! memory is bounded by one batch whatever the file's size.
+//! Only the text (and id, and metadata) columns are decoded, a record batch
+//! at a time, so memory is bounded by one batch whatever the file's size.
+//! Every codec Parquet allows is read: snappy, gzip, lz4, zstd and brotli.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -14,8 +15,10 @@ use arrow::datatypes::{DataType, Schema};
 use parquet::arrow::arrow_reader::{ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder};
 use parquet::arrow::ProjectionMask;
 
-use super::{io_error, path_text, Document, Source, SourceError, SourceStats};
+use super::{io_error, metadata, path_text, Document, Source, SourceError, SourceStats};
+use crate::job::RecordsSource;
 use crate::parquet_io::{list_parquet_files, open_reader};
+use crate::types::MetadataSchema;
 
 /// Rows decoded at a time: enough to amortise decoding, small enough that a
 /// batch of long documents stays modest.
@@ -25,6 +28,7 @@ pub struct ParquetSource {
     files: std::vec::IntoIter<PathBuf>,
     text_field: String,
     id_field: Option<String>,
+    metadata: Option<Arc<MetadataSchema>>,
     current: Option<OpenFile>,
     last_row: Option<u64>,
     stats: SourceStats,
@@ -43,30 +47,71 @@ struct OpenFile {
 struct Batch {
     text: Strings,
     id: Option<Strings>,
+    /// The metadata columns, in the types their values are read as.
+    metadata: Vec<ArrayRef>,
     len: usize,
     next: usize,
 }
 
 impl ParquetSource {
+    #[cfg(test)]
     pub fn open(
         path: &Path,
         text_field: &str,
         id_field: Option<&str>,
     ) -> Result<Self, SourceError> {
-        let files = list_files(path)?;
+        Self::open_records(&RecordsSource {
+            path: path.to_path_buf(),
+            text_field: text_field.to_string(),
+            id_field: id_field.map(str::to_string),
+            metadata_fields: Vec::new(),
+        })
+    }
+
+    /// Opens the records a job names; each metadata column keeps its type,
+    /// which must be the same in every file.
+    pub fn open_records(records: &RecordsSource) -> Result<Self, SourceError> {
+        let text_field = records.text_field.as_str();
+        let id_field = records.id_field.as_deref();
+        let files = list_files(&records.path)?;
         // Every file's footer and columns are checked now, so a bad file late
         // in a directory stops the job before any work.
+        let mut types: Vec<(DataType, PathBuf)> = Vec::new();
         for file in &files {
             let builder = builder(file)?;
             check_column(file, builder.schema(), text_field, false)?;
             if let Some(id_field) = id_field {
                 check_column(file, builder.schema(), id_field, true)?;
             }
+            for (i, field) in records.metadata_fields.iter().enumerate() {
+                let found = metadata_type(file, builder.schema(), field)?;
+                match types.get(i) {
+                    None => types.push((found, file.clone())),
+                    Some((first, first_file)) if *first != found => {
+                        return Err(SourceError::Column {
+                            path: file.clone(),
+                            column: field.clone(),
+                            message: format!(
+                                "is {found} here but {first} in {}; a metadata column has one type",
+                                first_file.display()
+                            ),
+                        })
+                    }
+                    Some(_) => {}
+                }
+            }
         }
+        let metadata = (!records.metadata_fields.is_empty()).then(|| {
+            metadata::schema(
+                &records.metadata_fields,
+                types.into_iter().map(|(t, _)| t).collect(),
+            )
+        });
         Ok(ParquetSource {
             files: files.into_iter(),
             text_field: text_field.to_string(),
             id_field: id_field.map(str::to_string),
+            metadata,
             current: None,
             last_row: None,
             stats: SourceStats::default(),
@@ -82,6 +127,9 @@ impl ParquetSource {
         let mut roots = vec![column_index(&path, &schema, &self.text_field)?];
         if let Some(id_field) = &self.id_field {
             roots.push(column_index(&path, &schema, id_field)?);
+        }
+        for field in self.metadata.iter().flat_map(|m| &m.fields) {
+            roots.push(column_index(&path, &schema, &field.field)?);
         }
         let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
         let built = guard(&path, || {
@@ -117,7 +165,8 @@ impl Source for ParquetSource {
                     if let Some(done) = file.batch.take() {
                         file.rows_before += done.len as u64;
                     }
-                    match file.next_batch(&self.text_field, self.id_field.as_deref())? {
+                    let metadata = self.metadata.as_deref();
+                    match file.next_batch(&self.text_field, self.id_field.as_deref(), metadata)? {
                         Some(batch) => file.batch.insert(batch),
                         None => {
                             self.current = None;
@@ -155,12 +204,21 @@ impl Source for ParquetSource {
                     }
                 },
             };
+            let metadata = self.metadata.as_ref().map(|schema| {
+                let values = batch
+                    .metadata
+                    .iter()
+                    .map(|column| metadata::arrow_value(column, index))
+                    .collect();
+                metadata::record(schema, values)
+            });
             self.stats.documents += 1;
             self.last_row = Some(row);
             return Ok(Some(Document {
                 doc_id,
                 source: Arc::clone(&file.source),
                 text,
+                metadata,
             }));
         }
     }
@@ -179,6 +237,7 @@ impl OpenFile {
         &mut self,
         text_field: &str,
         id_field: Option<&str>,
+        metadata: Option<&MetadataSchema>,
     ) -> Result<Option<Batch>, SourceError> {
         let reader = &mut self.reader;
         let next = guard(&self.path, || reader.next())?;
@@ -206,9 +265,23 @@ impl OpenFile {
             Some(name) => Some(Strings::new(&self.path, name, &column(name)?)?),
             None => None,
         };
+        let mut columns = Vec::new();
+        for field in metadata.iter().flat_map(|m| &m.fields) {
+            let array = column(&field.field)?;
+            columns.push(
+                metadata::readable(&array, &field.data_type).map_err(|message| {
+                    SourceError::Column {
+                        path: self.path.clone(),
+                        column: field.field.clone(),
+                        message,
+                    }
+                })?,
+            );
+        }
         Ok(Some(Batch {
             text,
             id,
+            metadata: columns,
             len: batch.num_rows(),
             next: 0,
         }))
@@ -258,6 +331,21 @@ fn column_index(path: &Path, schema: &Schema, name: &str) -> Result<usize, Sourc
             column: name.to_string(),
             message: format!("no such column; the columns are {}", available.join(", ")),
         }
+    })
+}
+
+/// The output type of metadata column `name`, which must exist with a type
+/// a metadata column can carry.
+fn metadata_type(path: &Path, schema: &Schema, name: &str) -> Result<DataType, SourceError> {
+    let field = schema.field(column_index(path, schema, name)?);
+    metadata::output_type(field.data_type()).ok_or_else(|| SourceError::Column {
+        path: path.to_path_buf(),
+        column: name.to_string(),
+        message: format!(
+            "has type {}, which a metadata column cannot carry (strings, booleans, integers, \
+             floats, dates and timestamps can)",
+            field.data_type()
+        ),
     })
 }
 
@@ -461,6 +549,153 @@ mod tests {
         }
         assert_eq!(documents.last().unwrap().doc_id, rows.to_string());
         assert_eq!(source.stats().skipped_null, (rows / 7) as u64);
+    }
+
+    #[test]
+    fn every_codec_parquet_allows_is_read() {
+        use parquet::basic::{BrotliLevel, GzipLevel, ZstdLevel};
+        let dir = tempfile::tempdir().unwrap();
+        let values: Vec<String> = (0..300).map(|i| format!("text number {i}")).collect();
+        for (name, codec) in [
+            ("none", Compression::UNCOMPRESSED),
+            ("snappy", Compression::SNAPPY),
+            ("gzip", Compression::GZIP(GzipLevel::default())),
+            ("lz4", Compression::LZ4),
+            ("lz4_raw", Compression::LZ4_RAW),
+            ("zstd", Compression::ZSTD(ZstdLevel::default())),
+            ("brotli", Compression::BROTLI(BrotliLevel::default())),
+        ] {
+            let path = dir.path().join(format!("{name}.parquet"));
+            write_with(
+                &path,
+                vec![(
+                    "text",
+                    Arc::new(StringArray::from(values.clone())) as ArrayRef,
+                )],
+                codec,
+                None,
+            );
+            let documents = read_all(&mut ParquetSource::open(&path, "text", None).unwrap())
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(texts(&documents), values, "{name}");
+        }
+    }
+
+    fn with_metadata(path: &Path, fields: &[&str]) -> Result<ParquetSource, SourceError> {
+        ParquetSource::open_records(&RecordsSource {
+            path: path.to_path_buf(),
+            text_field: "text".into(),
+            id_field: None,
+            metadata_fields: fields.iter().map(|f| (*f).to_string()).collect(),
+        })
+    }
+
+    #[test]
+    fn metadata_columns_keep_their_types_and_nulls() {
+        use crate::types::MetaValue;
+        use arrow::array::{BooleanArray, Float64Array, TimestampMicrosecondArray};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("docs.parquet");
+        write(
+            &path,
+            vec![
+                ("text", utf8(&[Some("one"), None, Some("three")])),
+                ("url", utf8(&[Some("https://a"), Some("https://b"), None])),
+                (
+                    "year",
+                    Arc::new(Int32Array::from(vec![Some(2020), Some(2021), None])),
+                ),
+                ("score", Arc::new(Float64Array::from(vec![0.5, 1.5, 2.5]))),
+                (
+                    "draft",
+                    Arc::new(BooleanArray::from(vec![true, false, false])),
+                ),
+                (
+                    "at",
+                    Arc::new(
+                        TimestampMicrosecondArray::from(vec![1_000_000, 2, 3])
+                            .with_timezone("Europe/Paris"),
+                    ),
+                ),
+            ],
+        );
+        let mut source = with_metadata(&path, &["url", "year", "score", "draft", "at"]).unwrap();
+        let documents = read_all(&mut source).unwrap();
+        assert_eq!(ids(&documents), ["1", "3"]);
+        let metadata = documents[0].metadata.as_ref().unwrap();
+        let types: Vec<String> = metadata
+            .schema
+            .fields
+            .iter()
+            .map(|f| f.data_type.to_string())
+            .collect();
+        assert_eq!(
+            types,
+            [
+                "Utf8",
+                "Int32",
+                "Float64",
+                "Boolean",
+                "Timestamp(µs, \"Europe/Paris\")"
+            ]
+        );
+        assert_eq!(
+            &*metadata.values,
+            [
+                MetaValue::Text("https://a".into()),
+                MetaValue::Int(2020),
+                MetaValue::Float(0.5),
+                MetaValue::Bool(true),
+                MetaValue::Int(1_000_000),
+            ]
+        );
+        let last = documents[1].metadata.as_ref().unwrap();
+        assert_eq!(last.values[0], MetaValue::Null);
+        assert_eq!(last.values[1], MetaValue::Null);
+        assert!(
+            Arc::ptr_eq(&metadata.schema, &last.schema),
+            "one schema, shared"
+        );
+    }
+
+    #[test]
+    fn a_metadata_column_must_exist_carry_a_plain_type_and_agree_across_files() {
+        let dir = tempfile::tempdir().unwrap();
+        write(
+            &dir.path().join("a.parquet"),
+            vec![
+                ("text", utf8(&[Some("x")])),
+                ("n", Arc::new(Int32Array::from(vec![1]))),
+                (
+                    "blob",
+                    Arc::new(arrow::array::BinaryArray::from(vec![&b"\0"[..]])),
+                ),
+            ],
+        );
+        for (field, needle) in [("missing", "no such column"), ("blob", "cannot carry")] {
+            let Err(error) = with_metadata(&dir.path().join("a.parquet"), &[field]) else {
+                panic!("{field} was accepted");
+            };
+            assert!(error.is_found_at_open(), "{error}");
+            assert!(error.to_string().contains(needle), "{error}");
+        }
+        write(
+            &dir.path().join("b.parquet"),
+            vec![
+                ("text", utf8(&[Some("y")])),
+                ("n", Arc::new(Int64Array::from(vec![2]))),
+            ],
+        );
+        let Err(error) = with_metadata(dir.path(), &["n"]) else {
+            panic!("two types of one column were accepted");
+        };
+        let message = error.to_string();
+        assert!(message.contains("b.parquet"), "{message}");
+        assert!(
+            message.contains("Int64") && message.contains("Int32"),
+            "{message}"
+        );
+        assert!(message.contains("a.parquet"), "{message}");
     }
 
     #[test]

@@ -22,6 +22,16 @@ impl Fingerprint {
             .into_iter()
             .map(|(k, v)| (k.to_string(), v))
             .collect();
+        // The chunk sizes the run uses, fitted to the model where the job leaves them out.
+        let chunking = job.chunking_for(info.chunk_window());
+        fields.insert(
+            "chunking.max_tokens".into(),
+            chunking.max_tokens.to_string(),
+        );
+        fields.insert(
+            "chunking.overlap_tokens".into(),
+            chunking.overlap_tokens.to_string(),
+        );
         fields.insert("backend.model".into(), info.model.clone());
         if let Some(dimensions) = info.dimensions {
             fields.insert("backend.dimensions".into(), dimensions.to_string());

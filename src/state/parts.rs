@@ -91,7 +91,13 @@ impl PartWriter {
                 row_group_bytes: self.part_bytes,
                 compression: Compression::None,
             };
-            let file = VectorFile::create(&path, batch.vectors.dimensions, options)?;
+            // Parts carry the metadata columns too, so they read like the output.
+            let file = VectorFile::create_with_metadata(
+                &path,
+                batch.vectors.dimensions,
+                options,
+                batch.metadata_schema(),
+            )?;
             self.next_number += 1;
             self.open = Some(OpenPart {
                 file,
@@ -176,6 +182,7 @@ mod tests {
                     text: (*t).to_string(),
                     content_hash: content_hash(t),
                     token_count: 1,
+                    metadata: None,
                 })
                 .collect(),
             vectors: Vectors {

@@ -350,3 +350,276 @@ async fn bad_simulator_options_are_usage_errors() {
     .await;
     assert_eq!(output.status.code(), Some(2), "{}", text(&output.stderr));
 }
+
+/// Runs the binary with `input` on its stdin.
+pub async fn run_with_stdin(mut command: Command, input: Vec<u8>) -> Output {
+    tokio::task::spawn_blocking(move || {
+        let mut child = command
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("the binary runs");
+        let mut stdin = child.stdin.take().unwrap();
+        // Written from a thread of its own, so a full pipe cannot stall the test.
+        let writer = std::thread::spawn(move || {
+            use std::io::Write;
+            let _ = stdin.write_all(&input);
+        });
+        let output = child.wait_with_output().expect("the binary ends");
+        writer.join().unwrap();
+        output
+    })
+    .await
+    .unwrap()
+}
+
+/// `embed -` reads one text per line from stdin (blank lines skipped), in
+/// requests of at most 128 texts, each vector checked as a run checks it.
+#[tokio::test]
+async fn embed_reads_texts_from_stdin_one_per_line() {
+    let sim = simulator(SimConfig::default()).await;
+    let texts: Vec<String> = (0..300).map(|i| format!("line number {i}")).collect();
+    let input = format!("{}\n\n   \n", texts.join("\n"));
+    let command = with_service(
+        &sim.base_url(),
+        KEY,
+        &["embed", "--model", "svc-embed-1", "--json", "-"],
+    );
+    let output = run_with_stdin(command, input.into_bytes()).await;
+    let (stdout, stderr) = no_key(&output, KEY);
+    assert!(output.status.success(), "{stderr}");
+    let value: Value = serde_json::from_str(&stdout).unwrap();
+    let rows = value["embeddings"].as_array().unwrap();
+    assert_eq!(rows.len(), 300);
+    for (row, text) in rows.iter().zip(&texts).step_by(37) {
+        let got: Vec<f32> = serde_json::from_value(row.clone()).unwrap();
+        assert_eq!(got, simulate::embedding_vector(1024, text));
+    }
+    assert_eq!(
+        sim.ledger().billed_requests,
+        3,
+        "requests of at most 128 texts"
+    );
+
+    // `-` is the text "-" no more; with other texts it is a usage error.
+    let command = with_service(
+        &sim.base_url(),
+        KEY,
+        &["embed", "--model", "svc-embed-1", "-", "x"],
+    );
+    let output = run_with_stdin(command, b"a\n".to_vec()).await;
+    assert_eq!(output.status.code(), Some(2));
+    assert!(
+        text(&output.stderr).contains("give it alone"),
+        "{}",
+        text(&output.stderr)
+    );
+    let command = with_service(
+        &sim.base_url(),
+        KEY,
+        &["embed", "--model", "svc-embed-1", "-"],
+    );
+    let output = run_with_stdin(command, b"\n\n".to_vec()).await;
+    assert_eq!(output.status.code(), Some(2));
+    assert!(
+        text(&output.stderr).contains("no text"),
+        "{}",
+        text(&output.stderr)
+    );
+}
+
+/// `init` writes a commented job for a folder or a file of records, which
+/// runs as written; it does not overwrite a job file unless told to.
+#[tokio::test]
+async fn init_writes_a_commented_job_that_reads_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let docs = dir.path().join("my docs");
+    std::fs::create_dir_all(&docs).unwrap();
+    std::fs::write(docs.join("a.md"), "# A\n\nSome text.").unwrap();
+    let mut command = bin();
+    command.current_dir(dir.path()).args(["init", "my docs"]);
+    let output = run(command).await;
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    let stdout = text(&output.stdout);
+    assert!(stdout.contains("wrote my-docs.toml"), "{stdout}");
+    assert!(stdout.contains("embedjob run my-docs.toml"), "{stdout}");
+    let written = std::fs::read_to_string(dir.path().join("my-docs.toml")).unwrap();
+    for needle in [
+        "name = \"my-docs\"",
+        "kind = \"files\"",
+        "paths = [\"my docs\"]",
+        "# include = ",
+        "# on_invalid = ",
+        "kind = \"local\"",
+        "# kind = \"api\"",
+        "path = \"out/my-docs.parquet\"",
+    ] {
+        assert!(written.contains(needle), "{needle:?} not in:\n{written}");
+    }
+    let job = embedjob::job::load(&dir.path().join("my-docs.toml"), &[]).unwrap();
+    assert_eq!(
+        job.source.describe(),
+        dir.path().join("my docs").display().to_string()
+    );
+
+    let mut command = bin();
+    command.current_dir(dir.path()).args(["init", "my docs"]);
+    let output = run(command).await;
+    assert_eq!(output.status.code(), Some(2));
+    assert!(
+        text(&output.stderr).contains("--force"),
+        "{}",
+        text(&output.stderr)
+    );
+
+    // Records: the text and id fields found, the other fields offered as metadata.
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(
+        data.join("pages.jsonl"),
+        "{\"uid\": 1, \"id\": \"p1\", \"title\": \"T\", \"content\": \"The page.\", \"lang\": \"en\"}\n",
+    )
+    .unwrap();
+    let mut command = bin();
+    command
+        .current_dir(dir.path())
+        .args(["init", "data/pages.jsonl", "-o", "jobs/pages.toml"]);
+    let output = run(command).await;
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    let written = std::fs::read_to_string(dir.path().join("jobs/pages.toml")).unwrap();
+    for needle in [
+        "kind = \"jsonl\"",
+        "path = \"../data/pages.jsonl\"",
+        "text_field = \"content\"",
+        "id_field = \"id\"",
+        "# metadata_fields = [\"lang\", \"title\", \"uid\"]",
+    ] {
+        assert!(written.contains(needle), "{needle:?} not in:\n{written}");
+    }
+    let job = embedjob::job::load(&dir.path().join("jobs/pages.toml"), &[]).unwrap();
+    assert_eq!(
+        job.source.describe(),
+        dir.path().join("data/pages.jsonl").display().to_string()
+    );
+}
+
+/// `--help` shows examples; completions and the manual page are generated.
+#[tokio::test]
+async fn help_shows_examples_and_completions_and_man_pages_are_generated() {
+    for args in [
+        &["--help"][..],
+        &["run", "--help"],
+        &["init", "--help"],
+        &["embed", "--help"],
+    ] {
+        let mut command = bin();
+        command.args(args);
+        let output = run(command).await;
+        let stdout = text(&output.stdout);
+        assert!(output.status.success(), "{args:?}");
+        assert!(
+            stdout.contains("Examples:\n  embedjob "),
+            "{args:?}: {stdout}"
+        );
+    }
+    for (shell, needle) in [
+        ("bash", "complete -F _embedjob"),
+        ("zsh", "#compdef embedjob"),
+        ("fish", "complete -c embedjob"),
+    ] {
+        let mut command = bin();
+        command.args(["completions", shell]);
+        let output = run(command).await;
+        let stdout = text(&output.stdout);
+        assert!(output.status.success(), "{shell}");
+        assert!(stdout.contains(needle), "{shell}: {needle:?} missing");
+        assert!(stdout.contains("max-duration"), "{shell}: flags completed");
+    }
+    let mut command = bin();
+    command.arg("man");
+    let output = run(command).await;
+    let page = text(&output.stdout);
+    assert!(page.contains(".TH embedjob 1"), "{page}");
+    assert!(page.contains("completions"), "{page}");
+    let mut command = bin();
+    command.args(["man", "run"]);
+    let page = text(&run(command).await.stdout);
+    assert!(page.contains(".TH embedjob-run 1"), "{page}");
+    assert!(page.contains("max\\-duration"), "{page}");
+    let mut command = bin();
+    command.args(["man", "nothing"]);
+    let output = run(command).await;
+    assert_eq!(output.status.code(), Some(2));
+}
+
+/// Durations are read by humantime (`1h30m` too); a bad one is refused
+/// before the job is read, never with a panic. A TOML error names its line
+/// and column, and so does a problem with a key the file writes.
+#[tokio::test]
+async fn durations_and_job_file_errors_say_where() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing.toml");
+    for good in ["1h30m", "1h 30m", "90s", "30m", "2h", "45", "1.5h"] {
+        let mut command = bin();
+        command
+            .arg("run")
+            .arg(&missing)
+            .args(["--max-duration", good]);
+        let output = run(command).await;
+        let stderr = text(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{good}: {stderr}");
+        assert!(
+            stderr.contains("cannot read the job file"),
+            "{good}: {stderr}"
+        );
+    }
+    for bad in ["0", "soon", "1e300", "-5", "5 parsecs"] {
+        let mut command = bin();
+        command
+            .arg("run")
+            .arg(&missing)
+            .arg(format!("--max-duration={bad}"));
+        let output = run(command).await;
+        let stderr = text(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{bad}: {stderr}");
+        assert!(stderr.contains("--max-duration"), "{bad}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{bad}: {stderr}");
+    }
+
+    let job = dir.path().join("job.toml");
+    std::fs::write(
+        &job,
+        "name = \"x\"\n[source]\nkind = \"files\"\npaths = [\"a\"\n",
+    )
+    .unwrap();
+    let mut command = bin();
+    command.arg("run").arg(&job);
+    let output = run(command).await;
+    let stderr = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("not valid TOML at line 4, column 13"),
+        "{stderr}"
+    );
+
+    std::fs::write(
+        &job,
+        "[source]\nkind = \"files\"\npaths = [\"a\"]\n[backend]\nkind = \"local\"\n  threads = 0\n\
+         colour = \"blue\"\n[output]\npath = \"o.parquet\"\n",
+    )
+    .unwrap();
+    let mut command = bin();
+    command.arg("run").arg(&job);
+    let output = run(command).await;
+    let stderr = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("line 6, column 3: `backend.threads` must be between 1 and 1024"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("line 7, column 1: unknown key `backend.colour`"),
+        "{stderr}"
+    );
+}

@@ -325,3 +325,65 @@ fn embedding_chunk(path: &Path) -> (usize, usize) {
         .unwrap_or(column.data_page_offset());
     (start as usize, column.compressed_size() as usize)
 }
+
+/// Regression: two jobs' outputs in one folder made `inspect out/` report
+/// every shared id as a repeat. A folder is checked as one dataset: files of
+/// different jobs or configurations are reported once as a mix, and ids are
+/// checked within each dataset.
+#[tokio::test]
+async fn regression_inspect_says_when_a_directory_mixes_jobs() {
+    let dir = tempfile::tempdir().unwrap();
+    let sim = simulator(SimConfig::default()).await;
+    let first = good_output(dir.path(), &sim).await;
+    // The same documents, so the same ids, by another job with another model.
+    let job = write_job(dir.path(), &sim.base_url(), "");
+    let other = dir.path().join("out/large.parquet");
+    let output = embedjob(&[
+        "run",
+        path_arg(&job),
+        "--quiet",
+        "--set",
+        "name=large",
+        "--set",
+        "backend.model=svc-embed-1-l",
+        "--set",
+        &format!("output.path={}", other.display()),
+    ])
+    .await;
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    let folder = first.parent().unwrap();
+
+    let output = embedjob(&["inspect", path_arg(folder)]).await;
+    let stdout = text(&output.stdout);
+    assert_eq!(output.status.code(), Some(1), "{stdout}");
+    assert!(stdout.contains("one_dataset: "), "{stdout}");
+    assert!(stdout.contains("mixes 2 datasets"), "{stdout}");
+    assert!(
+        stdout.contains("job \"large\", model svc-embed-1-l, 3072 dimensions: large.parquet"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("job \"cost\", model svc-embed-1, 1024 dimensions: result.parquet"),
+        "{stdout}"
+    );
+    assert!(
+        !stdout.contains("unique_ids"),
+        "no repeats across datasets: {stdout}"
+    );
+    assert!(stdout.contains("; 1 problem\n"), "{stdout}");
+    assert!(
+        text(&output.stderr).contains("1 failed check"),
+        "{}",
+        text(&output.stderr)
+    );
+
+    let output = embedjob(&["inspect", path_arg(folder), "--json"]).await;
+    let report = json(&output);
+    assert_eq!(report["datasets"].as_array().unwrap().len(), 2);
+    assert_eq!(report["problems"][0]["check"], "one_dataset");
+    // Each file on its own passes.
+    for file in [&first, &other] {
+        let output = embedjob(&["inspect", path_arg(file)]).await;
+        assert_eq!(output.status.code(), Some(0), "{}", text(&output.stdout));
+    }
+}

@@ -429,3 +429,42 @@ fn declared_dimensions_must_match_the_model() {
         "{err:?}"
     );
 }
+
+/// `embed --local`: the local model from the command line, no key and no
+/// server; `-` reads the texts from stdin, one per line.
+#[tokio::test]
+async fn embed_uses_the_local_model_with_texts_from_stdin() {
+    use crate::cli::{bin, run, run_with_stdin, text};
+    let texts = sentences();
+    let mut command = bin();
+    command
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args(["embed", "--local", "--json", "-"]);
+    let output = run_with_stdin(command, format!("{}\n\n", texts.join("\n")).into_bytes()).await;
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    let value: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(value["backend"], "local");
+    assert_eq!(value["model"], "all-MiniLM-L6-v2");
+    assert_eq!(value["dimensions"], 384);
+    let rows: Vec<Vec<f32>> = serde_json::from_value(value["embeddings"].clone()).unwrap();
+    assert_matches_reference(
+        rows.iter().map(Vec::as_slice).collect(),
+        &reference_vectors(),
+    );
+
+    let mut command = bin();
+    command
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args(["embed", "--local", &texts[0], &texts[1]]);
+    let output = run(command).await;
+    let stdout = text(&output.stdout);
+    let stderr = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    assert_eq!(stdout.lines().count(), 2, "{stdout}");
+    assert!(stdout.starts_with("0\t384\t["), "{stdout}");
+    assert!(
+        stderr.contains("2 vectors of 384 dimensions from the local model"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("billed"), "{stderr}");
+}

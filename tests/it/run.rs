@@ -95,6 +95,7 @@ pub(crate) fn expected_chunks(root: &Path) -> BTreeMap<String, String> {
                 doc_id,
                 source: path.to_string_lossy().into(),
                 text: std::fs::read_to_string(&path).unwrap(),
+                metadata: None,
             };
             for chunk in chunker.chunk(&document) {
                 expected.insert(chunk.id, chunk.text);
@@ -715,19 +716,77 @@ async fn a_local_job_without_the_runtime_is_a_clear_setup_error() {
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert!(!dir.path().join("out").exists());
 
-    // The default 512-token chunks don't fit the model's 256-token window.
+    // Chunks larger than the model sees whole are refused, naming the window.
     let mut command = bin();
     command
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .arg("run")
+        .arg(&job)
+        .args(["--set", "chunking.max_tokens=256"]);
+    let output = run(command).await;
+    let stderr = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("context window (256 tokens, 254 of them for the text)"),
+        "{stderr}"
+    );
+    assert!(!dir.path().join("out").exists());
+}
+
+/// Regression: a local job without `[chunking]` failed, its default
+/// 512-token chunks being larger than the model's 256-token window. Chunks
+/// now fit the window: at most 254 tokens of text (the model adds `[CLS]`
+/// and `[SEP]`), with an overlap in proportion.
+#[tokio::test]
+async fn regression_a_local_job_with_default_chunking_fits_the_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("docs");
+    std::fs::create_dir_all(&root).unwrap();
+    // One long document: its chunks are as long as the window allows.
+    let long: String = (0..400)
+        .map(|i| format!("Sentence {i} is about chunk sizes and model windows. "))
+        .collect();
+    std::fs::write(root.join("long.txt"), &long).unwrap();
+    let job = dir.path().join("local.toml");
+    std::fs::write(
+        &job,
+        "[source]\nkind = \"files\"\npaths = [\"docs\"]\n[backend]\nkind = \"local\"\n\
+         [output]\npath = \"out/local.parquet\"\n",
+    )
+    .unwrap();
+    let mut command = bin();
+    command
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .arg("run")
+        .arg(&job)
+        .arg("--json");
+    let output = run(command).await;
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    let rows = read_output(&dir.path().join("out/local.parquet"));
+    let longest = rows.token_counts.iter().copied().max().unwrap();
+    assert!(
+        (200..=254).contains(&longest),
+        "chunks fill the window without passing it: {:?}",
+        rows.token_counts
+    );
+    let fingerprint: Value = serde_json::from_str(&rows.metadata["embedjob.fingerprint"]).unwrap();
+    assert_eq!(fingerprint["chunking.max_tokens"], "254");
+    assert_eq!(fingerprint["chunking.overlap_tokens"], "25");
+
+    // The estimate sizes chunks the same way, and says so.
+    let mut command = bin();
+    command
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .arg("estimate")
         .arg(&job);
     let output = run(command).await;
-    assert_eq!(output.status.code(), Some(2));
+    let stdout = text(&output.stdout);
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
     assert!(
-        text(&output.stderr).contains("context window"),
-        "{}",
-        text(&output.stderr)
+        stdout.contains("up to 254 tokens, 25 overlapping"),
+        "{stdout}"
     );
+    assert!(stdout.contains("the local model bills nothing"), "{stdout}");
 }
 
 #[tokio::test]
@@ -820,4 +879,175 @@ async fn under_a_terminal(dir: &Path, args: &[&str]) -> (String, String) {
     let stdout = std::fs::read_to_string(&stdout_file).unwrap();
     assert!(!screen.contains(KEY) && !stdout.contains(KEY));
     (screen, stdout)
+}
+
+/// Regression: relative paths were taken from the directory the command ran
+/// in, so a job that worked by hand failed under cron (which runs from the
+/// home directory). They are taken from the job file's directory, `--set`
+/// values included.
+#[tokio::test]
+async fn regression_a_job_runs_the_same_from_another_directory() {
+    let sim = simulator(SimConfig::default()).await;
+    let project = tempfile::tempdir().unwrap();
+    let elsewhere = tempfile::tempdir().unwrap();
+    let root = corpus(project.path(), 6);
+    let expected = expected_chunks(&root);
+    std::fs::create_dir_all(project.path().join("jobs")).unwrap();
+    let job = project.path().join("jobs/docs.toml");
+    std::fs::write(
+        &job,
+        format!(
+            "name = \"docs\"\n[source]\nkind = \"files\"\npaths = [\"../docs/**/*.md\"]\n\
+             [chunking]\nmax_tokens = 64\noverlap_tokens = 8\n[backend]\nkind = \"api\"\n\
+             base_url = \"{}\"\nmodel = \"svc-embed-1\"\n[output]\npath = \"../out/docs.parquet\"\n",
+            sim.base_url()
+        ),
+    )
+    .unwrap();
+    let mut command = bin();
+    command
+        .current_dir(elsewhere.path())
+        .env("EMBEDJOB_API_KEY", KEY)
+        .arg("run")
+        .arg(&job)
+        .arg("--quiet");
+    let output = run(command).await;
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    let rows = read_output(&project.path().join("out/docs.parquet"));
+    assert_complete(&rows, &expected, 1024);
+    assert!(
+        std::fs::read_dir(elsewhere.path())
+            .unwrap()
+            .next()
+            .is_none(),
+        "nothing is written where the command runs"
+    );
+
+    // A `--set` path is taken from the job file's directory too, and the
+    // job file may be named relative to where the command runs.
+    let mut command = bin();
+    command
+        .current_dir(project.path())
+        .env("EMBEDJOB_API_KEY", KEY)
+        .args(["run", "jobs/docs.toml", "--json"])
+        .args(["--set", "output.path=../out/again.parquet"]);
+    let output = run(command).await;
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    let summary: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(summary["output"], "out/again.parquet");
+    assert_complete(
+        &read_output(&project.path().join("out/again.parquet")),
+        &expected,
+        1024,
+    );
+}
+
+/// Regression: on a terminal the summary began on the line of the last
+/// progress bar. It starts a line of its own, right after the bar.
+#[tokio::test]
+async fn regression_the_summary_starts_on_its_own_line_after_the_bar() {
+    let dir = tempfile::tempdir().unwrap();
+    let sim = simulator(SimConfig {
+        latency_ms: 30,
+        ..SimConfig::default()
+    })
+    .await;
+    let job = write_job_over(
+        dir.path(),
+        cost_corpus(dir.path(), false),
+        &sim.base_url(),
+        "",
+    );
+    let exe = env!("CARGO_BIN_EXE_embedjob");
+    let screen_file = dir.path().join("screen.txt");
+    let inner = format!("'{exe}' run '{}'", job.display());
+    let mut command = std::process::Command::new("script");
+    command
+        .env("EMBEDJOB_API_KEY", KEY)
+        .env("COLUMNS", "100")
+        .env("TERM", "xterm")
+        .args(["-qfec", &inner])
+        .arg(&screen_file)
+        .stdin(std::process::Stdio::null());
+    let output = run(command).await;
+    assert!(output.status.success(), "{output:?}");
+    let screen = std::fs::read_to_string(&screen_file).unwrap();
+    let at = screen
+        .find("cost: ")
+        .unwrap_or_else(|| panic!("no summary: {screen:?}"));
+    let before = &screen[..at];
+    assert!(before.contains('█'), "the bar came first: {screen:?}");
+    assert!(
+        before.ends_with('\n'),
+        "the summary starts a line: {:?}",
+        &before[before.len().saturating_sub(80)..]
+    );
+    assert!(
+        !before.ends_with("\n\r\n") && !before.ends_with("\n\n"),
+        "without a blank line: {:?}",
+        &before[before.len().saturating_sub(80)..]
+    );
+}
+
+/// Regression: a run stopped by its time limit said "0 chunks … written to
+/// out/x.parquet" although nothing was written there. It says what the
+/// checkpoint holds and the command that carries on.
+#[tokio::test]
+async fn regression_a_stopped_run_says_what_was_committed_and_how_to_carry_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = corpus(dir.path(), 30);
+    let expected = expected_chunks(&root);
+    let sim = simulator(SimConfig {
+        latency_ms: 150,
+        ..SimConfig::default()
+    })
+    .await;
+    let job = write_job(dir.path(), &sim.base_url(), &files_source(&root), "");
+    let args = [
+        "--set",
+        "backend.concurrency=1",
+        "--set",
+        "backend.max_inputs_per_request=2",
+        "--max-duration",
+        "1s",
+    ];
+    let output = run_job(&job, &args).await;
+    let (stdout, stderr) = crate::cli::no_key(&output, KEY);
+    assert_eq!(output.status.code(), Some(4), "{stderr}");
+    let committed = 2 * sim.ledger().billed_requests;
+    assert!(committed > 0);
+    assert!(!stdout.contains("written to"), "{stdout}");
+    let output_path = dir.path().join("out/result.parquet");
+    assert!(
+        stdout.contains(&format!(
+            "test: the time limit of 1s was reached before the end; {} is as it was",
+            output_path.display()
+        )),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(&format!(
+            "committed: {committed} vectors in {}.checkpoint ({committed} from this run)",
+            output_path.display()
+        )),
+        "{stdout}"
+    );
+    let carry_on = format!(
+        "to carry on: embedjob run {} --set backend.concurrency=1 --set backend.max_inputs_per_request=2 \
+         --max-duration 1s",
+        job.display()
+    );
+    assert!(stdout.contains(&carry_on), "{stdout}");
+
+    // The command it gives carries on, sending only what was not committed.
+    let before = sim.ledger().billed_requests;
+    let output = run_job(&job, &args[..4]).await;
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    assert_complete(&read_output(&output_path), &expected, 1024);
+    let ledger = sim.ledger();
+    assert!(
+        ledger.texts.values().all(|&n| n == 1),
+        "nothing billed twice"
+    );
+    assert!(ledger.billed_requests > before);
 }
