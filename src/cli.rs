@@ -27,7 +27,7 @@ pub enum Command {
     Estimate(EstimateArgs),
     /// List the models the key can see, or show one.
     Models(ModelsArgs),
-    /// Embed a few texts and print the vectors.
+    /// Embed a few texts and print the vectors (--local: with the local model).
     Embed(EmbedArgs),
     /// Send one prompt to a chat model and print the reply as it arrives.
     Chat(ChatArgs),
@@ -36,6 +36,22 @@ pub enum Command {
     Simulate(SimulateOptions),
     /// Show an output's metadata and check every vector in it.
     Inspect(InspectArgs),
+    /// Search a job's output: the chunks nearest to a text, by cosine similarity.
+    Query(QueryArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct QueryArgs {
+    #[command(flatten)]
+    pub job: JobArgs,
+    /// The text to search for; it is embedded with the job's own backend and model.
+    pub text: String,
+    /// How many results (1 to 1000).
+    #[arg(short = 'k', long = "top", default_value_t = 10, value_name = "K")]
+    pub k: usize,
+    /// Print one JSON object on stdout: {"results": [{rank, score, id, doc_id, text}, …]}.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -49,9 +65,13 @@ pub struct ModelsArgs {
 
 #[derive(Debug, Args)]
 pub struct EmbedArgs {
-    /// The embedding model, e.g. svc-embed-1.
+    /// The embedding model, e.g. svc-embed-1 (with --local: the local model's
+    /// name, all-MiniLM-L6-v2 by default).
+    #[arg(long, required_unless_present = "local")]
+    pub model: Option<String>,
+    /// Embed with the local model (no key, no server), as `backend.kind = "local"` does.
     #[arg(long)]
-    pub model: String,
+    pub local: bool,
     /// Print one JSON object on stdout.
     #[arg(long)]
     pub json: bool,

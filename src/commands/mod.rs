@@ -1,8 +1,10 @@
-//! The commands: `run` and `estimate` take a job file ([`job`]); `models`,
+//! The commands: `run`, `estimate` and `query` take a job file ([`job`],
+//! [`query`]); `models`,
 //! `embed` and `chat` talk to the service ([`service`]); `simulate` and
 //! `inspect` need neither. Results go to stdout; nothing else does.
 
 mod job;
+mod query;
 mod service;
 
 use std::io::Write;
@@ -14,6 +16,7 @@ use crate::exit::{Exit, Failure};
 use crate::simulate::{self, SimulateOptions};
 
 pub use self::job::{estimate, run};
+pub use self::query::query;
 pub use self::service::{chat, embed, models, models_table};
 
 pub const API_KEY_ENV: &str = "EMBEDJOB_API_KEY";

@@ -82,27 +82,31 @@ pub fn models_table(models: &[Model]) -> String {
 }
 
 pub async fn embed(args: &EmbedArgs) -> Outcome {
-    let client = client_from_env()?;
-    // The job engine's backend: the same retries and the same checks of every response.
-    let backend = ApiBackend::new(
-        client,
-        ApiSettings {
-            model: args.model.clone(),
-            dimensions: None,
-            concurrency: 1,
-            requests_per_minute: 0,
-            tokens_per_minute: 0,
-            max_tokens_per_request: 0,
-            retry: RetryPolicy::with_max_retries(COMMAND_RETRIES),
-        },
-        None,
-    );
+    // The job engine's backends: the same retries and the same checks of every response.
+    let backend: std::sync::Arc<dyn EmbeddingBackend> = if args.local {
+        crate::stages::local_backend(args.model.clone()).await?
+    } else {
+        let client = client_from_env()?;
+        std::sync::Arc::new(ApiBackend::new(
+            client,
+            ApiSettings {
+                model: args.model.clone().unwrap_or_default(),
+                dimensions: None,
+                concurrency: 1,
+                requests_per_minute: 0,
+                tokens_per_minute: 0,
+                max_tokens_per_request: 0,
+                retry: RetryPolicy::with_max_retries(COMMAND_RETRIES),
+            },
+            None,
+        ))
+    };
     let texts: Vec<&str> = args.texts.iter().map(String::as_str).collect();
     let vectors = backend.embed(&texts, 0).await.map_err(Failure::failed)?;
     if args.json {
         let embeddings: Vec<&[f32]> = vectors.rows().collect();
         print_json(&json!({
-            "model": args.model,
+            "model": backend.info().model,
             "dimensions": vectors.dimensions,
             "embeddings": embeddings,
             "usage": vectors.usage,

@@ -21,8 +21,9 @@ use crate::validate::known_model_dimensions;
 use self::params::{one_line, Parsed};
 pub use self::params::{
     ApiParams, BackendConfig, BackendKind, BackendParams, BackendShared, FilesSource, LocalParams,
-    OutputConfig, OutputKind, OutputParams, ParquetOutput, RecordsSource, SourceConfig, SourceKind,
-    DEFAULT_API_KEY_ENV,
+    OutputConfig, OutputKind, OutputParams, ParquetOutput, PgvectorOutput, RecordsSource,
+    SourceConfig, SourceKind, VectorIndex, DEFAULT_API_KEY_ENV, HNSW_MAX_DIMENSIONS,
+    METADATA_TABLE_SUFFIX,
 };
 
 #[derive(Debug, Clone, PartialEq)]
@@ -483,6 +484,7 @@ mod tests {
     fn parquet(job: &Job) -> &ParquetOutput {
         match &job.output.params {
             OutputParams::Parquet(p) => p,
+            OutputParams::Pgvector(_) => panic!("not a Parquet output"),
         }
     }
 

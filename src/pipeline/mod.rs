@@ -74,6 +74,7 @@ impl RunError {
         match self {
             RunError::Source(e) if e.is_found_at_open() => Exit::Usage,
             RunError::State(e) if e.is_found_before_work() => Exit::Usage,
+            RunError::Sink(e) if e.is_found_before_work() => Exit::Usage,
             _ => Exit::Failed,
         }
     }
@@ -123,6 +124,7 @@ pub async fn execute(
     let info = backend.info().clone();
     let fingerprint = Fingerprint::new(job, &info);
     let keeps_rows = sink.keeps_rows();
+    let target = sink.target();
     let (reuse, sink, state) = load_reuse(sink, state, options.fresh).await?;
     let earlier = reuse.store.earlier();
     let capacity = job.pipeline.channel_capacity;
@@ -201,7 +203,7 @@ pub async fn execute(
     state.close();
     let summary = Summary::new(&summary::Outcome {
         job: &job.name,
-        output: job.output.state_stem().display().to_string(),
+        output: target,
         info: &info,
         read: &read,
         dispatched: &dispatched,
@@ -218,6 +220,7 @@ pub async fn execute(
 fn output_row_group_bytes(job: &Job) -> u64 {
     match &job.output.params {
         crate::job::OutputParams::Parquet(p) => p.row_group_bytes,
+        crate::job::OutputParams::Pgvector(_) => 16 * 1024 * 1024,
     }
 }
 
