@@ -12,7 +12,9 @@ use crate::backend::EmbeddingBackend;
 use crate::chunk::{Chunker, TokenChunker};
 use crate::client::{ApiKey, Client, ClientConfig, ErrorKind};
 use crate::exit::{Exit, Failure};
-use crate::job::{BackendConfig, BackendParams, Job};
+#[cfg(feature = "local")]
+use crate::job::BackendConfig;
+use crate::job::{BackendParams, Job};
 use crate::pipeline::Stages;
 use crate::retry::{with_retries, RetryPolicy};
 

@@ -204,6 +204,10 @@ pub async fn execute(
     let summary = Summary::new(&summary::Outcome {
         job: &job.name,
         output: target,
+        failures_file: crate::state::StateLocation::for_job(job)
+            .failures()
+            .display()
+            .to_string(),
         info: &info,
         read: &read,
         dispatched: &dispatched,

@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex};
 use tokio::runtime::Handle;
 use tokio_postgres::binary_copy::BinaryCopyInWriter;
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::Client;
+use tokio_postgres::{Client, Transaction};
 
 use self::db::{Database, Extension, Layout, Names};
 use self::rows::TableRows;
@@ -423,28 +423,27 @@ struct Merge<'a> {
 }
 
 impl Merge<'_> {
+    fn failed(&self, action: &'static str) -> impl Fn(tokio_postgres::Error) -> PgError + '_ {
+        move |e| PgError::Query {
+            table: self.names.display(),
+            action,
+            message: self.db.describe(&e),
+        }
+    }
+
     async fn run(&self, client: &mut Client) -> Result<(), PgError> {
-        let failed = |action: &'static str| {
-            move |e: tokio_postgres::Error| PgError::Query {
-                table: self.names.display(),
-                action,
-                message: self.db.describe(&e),
-            }
-        };
-        let table = self.names.table();
         let tx = client
             .transaction()
             .await
-            .map_err(failed("cannot start the transaction"))?;
+            .map_err(self.failed("cannot start the transaction"))?;
         // Finishing runs on one table take turns; readers see the old rows until the commit.
         tx.execute(
             "SELECT pg_advisory_xact_lock($1)",
             &[&self.names.lock_key()],
         )
         .await
-        .map_err(failed("cannot lock the table"))?;
+        .map_err(self.failed("cannot lock the table"))?;
         let current = db::read_metadata(self.db, &tx, self.names).await?;
-        let layout = db::layout(self.db, &tx, self.names).await?;
         if let Some(basis) = self.builds_on {
             if current.get(GENERATION_KEY) != basis.generation.as_ref() {
                 return Err(PgError::Changed {
@@ -457,18 +456,30 @@ impl Merge<'_> {
             .and_then(|g| g.parse::<u64>().ok())
             .unwrap_or(0)
             + 1;
+        self.prepare(&tx).await?;
+        self.write_rows(&tx).await?;
+        self.write_metadata(&tx, generation).await?;
+        tx.commit()
+            .await
+            .map_err(self.failed("cannot commit the run's rows"))
+    }
+
+    /// Empties (or, for another vector length, drops) a table this run
+    /// replaces, and creates what is missing.
+    async fn prepare(&self, tx: &Transaction<'_>) -> Result<(), PgError> {
+        let table = self.names.table();
+        let layout = db::layout(self.db, tx, self.names).await?;
         match layout {
             Some(layout) if self.builds_on.is_none() && layout.dimensions != self.dimensions => {
                 // Replaced under another configuration (--fresh): another vector length.
-                let drop = format!("DROP TABLE {table}");
-                tx.batch_execute(&drop)
+                tx.batch_execute(&format!("DROP TABLE {table}"))
                     .await
-                    .map_err(failed("cannot replace the table"))?;
+                    .map_err(self.failed("cannot replace the table"))?;
             }
             Some(_) if self.builds_on.is_none() => {
                 tx.batch_execute(&format!("DELETE FROM {table}"))
                     .await
-                    .map_err(failed("cannot replace the rows"))?;
+                    .map_err(self.failed("cannot replace the rows"))?;
             }
             _ => {}
         }
@@ -476,20 +487,25 @@ impl Merge<'_> {
             let create = db::create_table(&table, self.extension, self.dimensions, false);
             tx.batch_execute(&create)
                 .await
-                .map_err(failed("cannot create the table"))?;
+                .map_err(self.failed("cannot create the table"))?;
         }
         tx.batch_execute(&format!(
             "CREATE TABLE IF NOT EXISTS {} (key text PRIMARY KEY, value text NOT NULL)",
             self.names.metadata()
         ))
         .await
-        .map_err(failed("cannot create the metadata table"))?;
+        .map_err(self.failed("cannot create the metadata table"))
+    }
+
+    /// Deletes the rows of changed and deleted chunks and upserts the run's.
+    async fn write_rows(&self, tx: &Transaction<'_>) -> Result<(), PgError> {
+        let table = self.names.table();
         if self.builds_on.is_some() {
             let delete = format!("DELETE FROM {table} WHERE id = ANY($1)");
             for ids in self.removals.chunks(DELETE_BATCH) {
-                tx.execute(delete.as_str(), &[&ids]).await.map_err(failed(
-                    "cannot delete the rows of changed and deleted chunks",
-                ))?;
+                tx.execute(delete.as_str(), &[&ids])
+                    .await
+                    .map_err(self.failed("cannot delete the rows of changed and deleted chunks"))?;
             }
         }
         if self.staged > 0 {
@@ -506,20 +522,8 @@ impl Merge<'_> {
             );
             tx.batch_execute(&upsert)
                 .await
-                .map_err(failed("cannot write the run's rows"))?;
+                .map_err(self.failed("cannot write the run's rows"))?;
         }
-        let pairs = PgvectorSink::metadata_pairs(self.metadata, self.dimensions, generation);
-        let (keys, values): (Vec<String>, Vec<String>) = pairs.into_iter().unzip();
-        let metadata_table = self.names.metadata();
-        tx.batch_execute(&format!("DELETE FROM {metadata_table}"))
-            .await
-            .map_err(failed("cannot write the metadata"))?;
-        tx.execute(
-            &format!("INSERT INTO {metadata_table} (key, value) SELECT * FROM unnest($1::text[], $2::text[])"),
-            &[&keys, &values],
-        )
-        .await
-        .map_err(failed("cannot write the metadata"))?;
         if self.index == VectorIndex::Hnsw && self.dimensions > 0 {
             let index = format!(
                 "CREATE INDEX IF NOT EXISTS {} ON {table} USING hnsw (embedding {}.vector_cosine_ops)",
@@ -528,10 +532,24 @@ impl Merge<'_> {
             );
             tx.batch_execute(&index)
                 .await
-                .map_err(failed("cannot build the HNSW index"))?;
+                .map_err(self.failed("cannot build the HNSW index"))?;
         }
-        tx.commit()
+        Ok(())
+    }
+
+    async fn write_metadata(&self, tx: &Transaction<'_>, generation: u64) -> Result<(), PgError> {
+        let pairs = PgvectorSink::metadata_pairs(self.metadata, self.dimensions, generation);
+        let (keys, values): (Vec<String>, Vec<String>) = pairs.into_iter().unzip();
+        let metadata_table = self.names.metadata();
+        tx.batch_execute(&format!("DELETE FROM {metadata_table}"))
             .await
-            .map_err(failed("cannot commit the run's rows"))
+            .map_err(self.failed("cannot write the metadata"))?;
+        let insert = format!(
+            "INSERT INTO {metadata_table} (key, value) SELECT * FROM unnest($1::text[], $2::text[])"
+        );
+        tx.execute(insert.as_str(), &[&keys, &values])
+            .await
+            .map_err(self.failed("cannot write the metadata"))?;
+        Ok(())
     }
 }
