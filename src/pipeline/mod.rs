@@ -187,27 +187,22 @@ pub async fn execute(
         // Keeps what was paid for in the checkpoint; the output is left as it was.
         SinkMessage::Stop
     } else {
-        let mut usage = dispatched.usage;
-        usage += earlier.usage;
-        SinkMessage::Finish(OutputMetadata {
-            model: info.model.clone(),
-            dimensions: 0,
-            backend: info.kind.to_string(),
-            usage,
-            requests: backend.stats().requests + earlier.requests,
-            cost: summary::cost(&info, usage),
-            extra: [(FINGERPRINT_KEY.to_string(), fingerprint.to_json())].into(),
-        })
+        let requests = backend.stats().requests + earlier.requests;
+        SinkMessage::Finish(output_metadata(
+            &info,
+            &fingerprint,
+            &dispatched,
+            earlier,
+            requests,
+        ))
     };
     let written = finish_writing(ending, &mut dispatched, sink_tx, writer).await?;
+    let location = state.location().clone();
     state.close();
     let summary = Summary::new(&summary::Outcome {
         job: &job.name,
         output: target,
-        failures_file: crate::state::StateLocation::for_job(job)
-            .failures()
-            .display()
-            .to_string(),
+        failures_file: location.failures().display().to_string(),
         info: &info,
         read: &read,
         dispatched: &dispatched,
@@ -217,8 +212,30 @@ pub async fn execute(
         elapsed_seconds: started.elapsed().as_secs_f64(),
     });
     let value = serde_json::to_value(&summary).map_err(|e| RunError::Internal(e.to_string()))?;
-    crate::state::write_summary(&crate::state::StateLocation::for_job(job), &value)?;
+    crate::state::write_summary(&location, &value)?;
     Ok(summary)
+}
+
+/// What the output records of a finished run: the usage of this run and of
+/// the earlier attempts whose vectors it kept.
+fn output_metadata(
+    info: &crate::backend::BackendInfo,
+    fingerprint: &Fingerprint,
+    dispatched: &Dispatched,
+    earlier: crate::store::Earlier,
+    requests: u64,
+) -> OutputMetadata {
+    let mut usage = dispatched.usage;
+    usage += earlier.usage;
+    OutputMetadata {
+        model: info.model.clone(),
+        dimensions: 0,
+        backend: info.kind.to_string(),
+        usage,
+        requests,
+        cost: summary::cost(info, usage),
+        extra: [(FINGERPRINT_KEY.to_string(), fingerprint.to_json())].into(),
+    }
 }
 
 fn output_row_group_bytes(job: &Job) -> u64 {
