@@ -113,11 +113,6 @@ impl Writing {
             match message {
                 SinkMessage::Embedded(batch) => {
                     self.parts.append(&batch)?;
-                    // A sink may be slow to write (a database): nothing else
-                    // at hand, make the vectors durable first.
-                    if rx.is_empty() {
-                        self.parts.commit()?;
-                    }
                     self.write(&batch)?;
                 }
                 SinkMessage::Reused(batch) => self.write(&batch)?,
