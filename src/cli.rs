@@ -44,7 +44,7 @@ pub enum Command {
     /// List the models the key can see, or show one.
     #[command(after_help = MODELS_EXAMPLES)]
     Models(ModelsArgs),
-    /// Embed a few texts and print the vectors.
+    /// Embed a few texts and print the vectors (--local: with the local model).
     #[command(after_help = EMBED_EXAMPLES)]
     Embed(EmbedArgs),
     /// Send one prompt to a chat model and print the reply as it arrives.
@@ -63,7 +63,15 @@ pub enum Command {
     /// Print the manual page (roff), or one command's.
     #[command(after_help = MAN_EXAMPLES)]
     Man(ManArgs),
+    /// Search a job's output: the chunks nearest to a text, by cosine similarity.
+    #[command(after_help = QUERY_EXAMPLES)]
+    Query(QueryArgs),
 }
+
+const QUERY_EXAMPLES: &str = "\
+Examples:
+  embedjob query docs.toml 'how do I rotate the key?'
+  embedjob query docs.toml 'rate limits' -k 3 --json";
 
 const INIT_EXAMPLES: &str = "\
 Examples:
@@ -148,6 +156,20 @@ pub struct InitArgs {
 pub struct CompletionsArgs {
     /// The shell to complete for.
     pub shell: clap_complete::Shell,
+}
+
+#[derive(Debug, Args)]
+pub struct QueryArgs {
+    #[command(flatten)]
+    pub job: JobArgs,
+    /// The text to search for; it is embedded with the job's own backend and model.
+    pub text: String,
+    /// How many results (1 to 1000).
+    #[arg(short = 'k', long = "top", default_value_t = 10, value_name = "K")]
+    pub k: usize,
+    /// Print one JSON object on stdout: {"results": [{rank, score, id, doc_id, text}, …]}.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]

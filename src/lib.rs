@@ -35,6 +35,7 @@ pub mod job;
 pub mod parquet_io;
 pub mod pipeline;
 pub mod progress;
+pub mod query;
 pub mod retry;
 #[cfg(feature = "simulator")]
 pub mod simulate;

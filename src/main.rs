@@ -30,6 +30,7 @@ fn main() -> ExitCode {
             #[cfg(feature = "simulator")]
             Command::Simulate(options) => commands::simulate(options).await,
             Command::Inspect(args) => commands::inspect(&args).await,
+            Command::Query(args) => commands::query(&args).await,
         }
     });
     match result {

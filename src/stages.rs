@@ -12,6 +12,8 @@ use crate::backend::{BackendInfo, EmbeddingBackend};
 use crate::chunk::{Chunker, TokenChunker};
 use crate::client::{ApiKey, Client, ClientConfig, ErrorKind};
 use crate::exit::{Exit, Failure};
+#[cfg(feature = "local")]
+use crate::job::BackendConfig;
 use crate::job::{BackendParams, ChunkingConfig, Job};
 use crate::pipeline::Stages;
 use crate::retry::{with_retries, RetryPolicy};
@@ -33,12 +35,52 @@ pub async fn build(job: &Job) -> Result<Stages, Failure> {
         },
         error: e.into(),
     })?;
+    check_index(job, backend.info().dimensions)?;
+    let sink = crate::sink::open(&job.output).await.map_err(sink_failure)?;
     Ok(Stages {
         source,
         chunker,
         backend,
-        sink: crate::sink::open(&job.output),
+        sink,
     })
+}
+
+/// A sink that cannot be opened: a problem of configuration (exit 2), or a
+/// database that cannot be reached (exit 1).
+pub fn sink_failure(e: crate::sink::SinkError) -> Failure {
+    Failure {
+        exit: if e.is_found_before_work() {
+            Exit::Usage
+        } else {
+            Exit::Failed
+        },
+        error: e.into(),
+    }
+}
+
+/// pgvector's HNSW index holds vectors of at most 2000 dimensions; when the
+/// model's are known to be longer, the job is refused before any work.
+fn check_index(job: &Job, dimensions: Option<usize>) -> Result<(), Failure> {
+    let crate::job::OutputParams::Pgvector(pg) = &job.output.params else {
+        return Ok(());
+    };
+    match dimensions {
+        Some(d)
+            if pg.index == crate::job::VectorIndex::Hnsw && d > crate::job::HNSW_MAX_DIMENSIONS =>
+        {
+            Err(Failure::usage(anyhow::anyhow!(
+                "`output.index = \"hnsw\"`: pgvector indexes vectors of at most {} dimensions, \
+                 model {} makes {d}; set `output.index = \"none\"` (exact search)",
+                crate::job::HNSW_MAX_DIMENSIONS,
+                backend_model(job)
+            )))
+        }
+        _ => Ok(()),
+    }
+}
+
+fn backend_model(job: &Job) -> String {
+    job.backend.shared.model.clone().unwrap_or_default()
 }
 
 /// Connects to the backend and checks the model; a refusal here is a
@@ -54,15 +96,7 @@ pub async fn build_embedding(job: &Job) -> Result<Embedding, Failure> {
 /// Runtime or a missing model file is a set-up problem: exit 2, with how to fix it.
 #[cfg(feature = "local")]
 async fn build_local(job: &Job) -> Result<Embedding, Failure> {
-    let settings = LocalSettings::from_config(&job.backend);
-    let backend = tokio::task::spawn_blocking(move || LocalBackend::load(settings))
-        .await
-        .map_err(|e| {
-            Failure::failed(anyhow::anyhow!(
-                "loading the local model stopped unexpectedly: {e}"
-            ))
-        })?
-        .map_err(Failure::usage)?;
+    let backend = load_local(&job.backend).await?;
     let chunking = fitted_chunking(job, backend.info())?;
     let chunker =
         TokenChunker::with_tokenizer(&chunking, backend.tokenizer()).map_err(Failure::usage)?;
@@ -72,12 +106,47 @@ async fn build_local(job: &Job) -> Result<Embedding, Failure> {
     })
 }
 
+#[cfg(feature = "local")]
+async fn load_local(config: &BackendConfig) -> Result<LocalBackend, Failure> {
+    let settings = LocalSettings::from_config(config);
+    tokio::task::spawn_blocking(move || LocalBackend::load(settings))
+        .await
+        .map_err(|e| {
+            Failure::failed(anyhow::anyhow!(
+                "loading the local model stopped unexpectedly: {e}"
+            ))
+        })?
+        .map_err(Failure::usage)
+}
+
+/// The local model with its defaults (`model`: another model's folder in
+/// the cache), for the commands without a job file.
+#[cfg(feature = "local")]
+pub async fn local_backend(model: Option<String>) -> Result<Arc<dyn EmbeddingBackend>, Failure> {
+    let mut config = BackendConfig {
+        params: BackendParams::Local(crate::job::LocalParams::default()),
+        ..BackendConfig::default()
+    };
+    config.shared.model = model;
+    Ok(Arc::new(load_local(&config).await?))
+}
+
+#[cfg(not(feature = "local"))]
+pub async fn local_backend(_model: Option<String>) -> Result<Arc<dyn EmbeddingBackend>, Failure> {
+    Err(not_built())
+}
+
 #[cfg(not(feature = "local"))]
 async fn build_local(_job: &Job) -> Result<Embedding, Failure> {
-    Err(Failure::usage(anyhow::anyhow!(
+    Err(not_built())
+}
+
+#[cfg(not(feature = "local"))]
+fn not_built() -> Failure {
+    Failure::usage(anyhow::anyhow!(
         "`backend.kind = \"local\"`: this embedjob was built without the local backend \
          (cargo feature `local`)"
-    )))
+    ))
 }
 
 /// The job's chunking on this backend (sizes the job leaves out fit the

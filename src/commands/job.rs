@@ -136,9 +136,11 @@ pub async fn estimate(args: &EstimateArgs) -> Outcome {
     let Embedding { backend, chunker } = crate::stages::build_embedding(&job).await?;
     let info = backend.info().clone();
     let fresh = args.fresh;
+    let sink = crate::sink::open(&job.output)
+        .await
+        .map_err(crate::stages::sink_failure)?;
     let estimate = tokio::task::spawn_blocking(move || {
         // What a run would reuse, found as the run finds it, without its lock or clean-up.
-        let sink = crate::sink::open(&job.output);
         let held = if fresh {
             None
         } else {

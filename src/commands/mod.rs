@@ -1,10 +1,12 @@
-//! The commands: `run` and `estimate` take a job file ([`job`]), which
-//! `init` writes ([`init`]); `models`, `embed` and `chat` talk to the service
-//! or the local model ([`service`]); `simulate`, `inspect`, `completions` and
-//! `man` need neither. Results go to stdout; nothing else does.
+//! The commands: `run`, `estimate` and `query` take a job file ([`job`],
+//! [`query`]), which `init` writes ([`init`]); `models`, `embed` and `chat`
+//! talk to the service or the local model ([`service`]); `simulate`,
+//! `inspect`, `completions` and `man` need neither. Results go to stdout;
+//! nothing else does.
 
 mod init;
 mod job;
+mod query;
 mod service;
 
 use std::io::Write;
@@ -17,6 +19,7 @@ use crate::simulate::{self, SimulateOptions};
 
 pub use self::init::init;
 pub use self::job::{estimate, run};
+pub use self::query::query;
 pub use self::service::{chat, embed, models, models_table};
 
 pub const API_KEY_ENV: &str = "EMBEDJOB_API_KEY";

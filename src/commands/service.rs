@@ -170,7 +170,9 @@ async fn embed_backend(
     args: &EmbedArgs,
 ) -> Result<(std::sync::Arc<dyn EmbeddingBackend>, String), Failure> {
     if args.local {
-        return local_backend(args.model.clone()).await;
+        let backend = crate::stages::local_backend(args.model.clone()).await?;
+        let model = backend.info().model.clone();
+        return Ok((backend, model));
     }
     let model = args.model.clone().unwrap_or_default();
     let client = client_from_env()?;
@@ -188,36 +190,6 @@ async fn embed_backend(
         None,
     );
     Ok((std::sync::Arc::new(backend), model))
-}
-
-#[cfg(feature = "local")]
-async fn local_backend(
-    model: Option<String>,
-) -> Result<(std::sync::Arc<dyn EmbeddingBackend>, String), Failure> {
-    use crate::backend::local::{LocalBackend, LocalSettings};
-    let mut settings = LocalSettings::from_env();
-    if let Some(model) = model {
-        settings.model = model;
-    }
-    let backend = tokio::task::spawn_blocking(move || LocalBackend::load(settings))
-        .await
-        .map_err(|e| {
-            Failure::failed(anyhow::anyhow!(
-                "loading the local model stopped unexpectedly: {e}"
-            ))
-        })?
-        .map_err(Failure::usage)?;
-    let model = backend.info().model.clone();
-    Ok((std::sync::Arc::new(backend), model))
-}
-
-#[cfg(not(feature = "local"))]
-async fn local_backend(
-    _model: Option<String>,
-) -> Result<(std::sync::Arc<dyn EmbeddingBackend>, String), Failure> {
-    Err(Failure::usage(anyhow::anyhow!(
-        "--local: this embedjob was built without the local backend (cargo feature `local`)"
-    )))
 }
 
 fn preview(text: &str, max_chars: usize) -> String {

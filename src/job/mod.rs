@@ -25,8 +25,9 @@ pub use self::params::{metadata_column, metadata_problems, OnInvalid, STDIN, STD
 use self::params::{one_line, Parsed};
 pub use self::params::{
     ApiParams, BackendConfig, BackendKind, BackendParams, BackendShared, FilesSource, LocalParams,
-    OutputConfig, OutputKind, OutputParams, ParquetOutput, RecordsSource, SourceConfig, SourceKind,
-    DEFAULT_API_KEY_ENV,
+    OutputConfig, OutputKind, OutputParams, ParquetOutput, PgvectorOutput, RecordsSource,
+    SourceConfig, SourceKind, VectorIndex, DEFAULT_API_KEY_ENV, HNSW_MAX_DIMENSIONS,
+    METADATA_TABLE_SUFFIX,
 };
 
 #[derive(Debug, Clone, PartialEq)]
@@ -563,6 +564,7 @@ mod tests {
     fn parquet(job: &Job) -> &ParquetOutput {
         match &job.output.params {
             OutputParams::Parquet(p) => p,
+            OutputParams::Pgvector(_) => panic!("not a Parquet output"),
         }
     }
 
@@ -708,6 +710,69 @@ mod tests {
         assert_eq!(problems.len(), 3, "{problems:#?}");
     }
 
+    const PGVECTOR: &str = r#"
+        name = "docs index"
+        [source]
+        kind = "files"
+        paths = ["docs"]
+        [backend]
+        kind = "local"
+        [output]
+        kind = "pgvector"
+        url = "postgresql://embedjob@127.0.0.1:5432/search"
+        table = "docs_chunks"
+    "#;
+
+    #[test]
+    fn a_pgvector_output_takes_its_keys_and_names_its_state_after_job_and_table() {
+        let job = parse(PGVECTOR, "docs", &["output.index=hnsw".into()]).unwrap();
+        let OutputParams::Pgvector(pg) = &job.output.params else {
+            panic!("not a pgvector output");
+        };
+        assert_eq!(pg.index, VectorIndex::Hnsw);
+        assert_eq!(pg.password_env, None);
+        assert_eq!(
+            job.output.state_stem(&job.name),
+            Path::new(".embedjob/docs_index.docs_chunks")
+        );
+        let problems = parse(PGVECTOR, "docs", &["output.path=x".into()]).unwrap_err();
+        assert_eq!(
+            problems,
+            ["`output.path` does not apply to kind \"pgvector\""],
+            "{problems:#?}"
+        );
+        let problems = parse(PGVECTOR, "docs", &["output.index=ivf".into()]).unwrap_err();
+        assert!(problems[0].contains("`output.index`"), "{problems:#?}");
+    }
+
+    #[test]
+    fn a_pgvector_url_with_a_password_is_refused_without_quoting_it() {
+        for url in [
+            "postgresql://embedjob:hunter2secret@127.0.0.1/search",
+            "postgresql://embedjob@127.0.0.1/search?password=hunter2secret",
+        ] {
+            let problems = parse(PGVECTOR, "docs", &[format!("output.url=\"{url}\"")]).unwrap_err();
+            assert_eq!(problems.len(), 1, "{problems:#?}");
+            assert!(problems[0].contains("holds a password (not shown)"));
+            assert!(!problems[0].contains("hunter2secret"));
+        }
+        let problems = parse(
+            PGVECTOR,
+            "docs",
+            &[
+                "output.url=\"mysql://h/db\"".into(),
+                "output.table=\"Docs-Chunks\"".into(),
+                "output.password_env=EMBEDJOB_SURELY_UNSET_VARIABLE".into(),
+            ],
+        )
+        .unwrap_err();
+        assert_eq!(problems.len(), 3, "{problems:#?}");
+        let long = format!("output.table={}", "t".repeat(55));
+        let problems = parse(PGVECTOR, "docs", &[long]).unwrap_err();
+        assert!(problems[0].contains("too long"), "{problems:#?}");
+        assert!(parse(PGVECTOR, "docs", &["output.table=search.docs_2".into()]).is_ok());
+    }
+
     #[test]
     fn chunk_sizes_left_out_fit_the_window_and_the_request() {
         let job = parse(MINIMAL, "docs", &[]).unwrap();
@@ -774,7 +839,10 @@ mod tests {
                 "/abs/notes".to_string()
             ]
         );
-        assert_eq!(job.output.state_stem(), dir.path().join("shared/x.parquet"));
+        assert_eq!(
+            job.output.state_stem(&job.name),
+            dir.path().join("shared/x.parquet")
+        );
         assert_eq!(
             job.backend.local().unwrap().model_dir.as_deref(),
             Some(jobs.join("models/m").as_path())

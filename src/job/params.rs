@@ -590,12 +590,14 @@ impl BackendConfig {
 #[serde(rename_all = "snake_case")]
 pub enum OutputKind {
     Parquet,
+    Pgvector,
 }
 
 impl fmt::Display for OutputKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             OutputKind::Parquet => "parquet",
+            OutputKind::Pgvector => "pgvector",
         })
     }
 }
@@ -609,6 +611,7 @@ pub struct OutputConfig {
 #[derive(Debug, Clone, PartialEq)]
 pub enum OutputParams {
     Parquet(ParquetOutput),
+    Pgvector(PgvectorOutput),
 }
 
 /// `kind = "parquet"` (the default): one Parquet file.
@@ -630,29 +633,177 @@ fn default_row_group_bytes() -> u64 {
     16 * 1024 * 1024
 }
 
+/// `kind = "pgvector"`: a PostgreSQL table with the pgvector extension,
+/// kept in sync with the input from one run to the next.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct PgvectorOutput {
+    /// `postgresql://user@host:port/database`, without a password.
+    pub url: String,
+    /// The environment variable holding the password (never the password itself).
+    #[serde(default)]
+    pub password_env: Option<String>,
+    /// The table, `name` or `schema.name`; its metadata sits beside it in
+    /// `<name>_embedjob`.
+    pub table: String,
+    /// An approximate index on `embedding`: `"none"` (exact search) or
+    /// `"hnsw"` (cosine distance).
+    #[serde(default)]
+    pub index: VectorIndex,
+    /// Where the job's lock, checkpoint, failures file and summary live,
+    /// named `<job name>.<table>` (default `.embedjob`).
+    #[serde(default = "default_state_dir")]
+    pub state_dir: PathBuf,
+}
+
+/// `output.index` of a pgvector output.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VectorIndex {
+    #[default]
+    None,
+    Hnsw,
+}
+
+/// The most dimensions pgvector (0.6) indexes with HNSW.
+pub const HNSW_MAX_DIMENSIONS: usize = 2000;
+
+/// PostgreSQL's identifier limit (NAMEDATALEN - 1), in bytes.
+const MAX_IDENTIFIER_BYTES: usize = 63;
+
+/// The suffix of a pgvector output's metadata table.
+pub const METADATA_TABLE_SUFFIX: &str = "_embedjob";
+
+fn default_state_dir() -> PathBuf {
+    PathBuf::from(".embedjob")
+}
+
+impl PgvectorOutput {
+    /// `(schema, name)`: the schema is `None` when the table is not qualified.
+    pub fn table_parts(&self) -> (Option<&str>, &str) {
+        match self.table.split_once('.') {
+            Some((schema, name)) => (Some(schema), name),
+            None => (None, self.table.as_str()),
+        }
+    }
+
+    fn problems(&self, p: &mut Vec<String>) {
+        url_problems(&self.url, p);
+        match &self.password_env {
+            Some(name) if name.is_empty() => {
+                p.push("`output.password_env` must name an environment variable".to_string());
+            }
+            Some(name) if std::env::var(name).map_or(true, |v| v.is_empty()) => p.push(format!(
+                "the database password is missing: set the environment variable {name} \
+                 (named by `output.password_env`)"
+            )),
+            _ => {}
+        }
+        let (schema, name) = self.table_parts();
+        let identifier = |part: &str| {
+            let mut chars = part.chars();
+            chars
+                .next()
+                .is_some_and(|c| c.is_ascii_lowercase() || c == '_')
+                && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        };
+        if !schema.is_none_or(identifier) || !identifier(name) {
+            p.push(format!(
+                "`output.table` {:?} must be a lowercase name or schema.name \
+                 (letters a-z, digits and _, not starting with a digit)",
+                self.table
+            ));
+        } else if name.len() + METADATA_TABLE_SUFFIX.len() > MAX_IDENTIFIER_BYTES
+            || schema.is_some_and(|s| s.len() > MAX_IDENTIFIER_BYTES)
+        {
+            p.push(format!(
+                "`output.table` {:?} is too long: at most {} characters for the name, \
+                 so that `<name>{METADATA_TABLE_SUFFIX}` fits PostgreSQL's {MAX_IDENTIFIER_BYTES}",
+                self.table,
+                MAX_IDENTIFIER_BYTES - METADATA_TABLE_SUFFIX.len()
+            ));
+        }
+        if self.state_dir.as_os_str().is_empty() {
+            p.push("`output.state_dir` must not be empty".to_string());
+        }
+    }
+}
+
+/// A database URL must be a `postgresql://` URL that holds no password:
+/// the password comes from `output.password_env`. Nothing of the URL is
+/// quoted back, so that a password typed into it is not shown either.
+fn url_problems(url: &str, p: &mut Vec<String>) {
+    let parsed = match reqwest::Url::parse(url) {
+        Ok(parsed) if matches!(parsed.scheme(), "postgresql" | "postgres") => parsed,
+        Ok(_) => {
+            p.push(
+                "`output.url` must be a postgresql:// URL, e.g. \
+                 postgresql://user@127.0.0.1:5432/database"
+                    .to_string(),
+            );
+            return;
+        }
+        Err(e) => {
+            p.push(format!("`output.url` is not a URL: {e}"));
+            return;
+        }
+    };
+    let in_query = parsed
+        .query_pairs()
+        .any(|(key, _)| key.eq_ignore_ascii_case("password"));
+    if parsed.password().is_some() || in_query {
+        p.push(
+            "`output.url` holds a password (not shown): remove it and put it in the \
+             environment variable named by `output.password_env`"
+                .to_string(),
+        );
+    }
+}
+
 const PARQUET_OUTPUT_KEYS: &[&str] = &["path", "include_text", "row_group_bytes"];
-const OUTPUT_KINDS: &[(&str, &[&str])] = &[("parquet", PARQUET_OUTPUT_KEYS)];
+const PGVECTOR_OUTPUT_KEYS: &[&str] = &["url", "password_env", "table", "index", "state_dir"];
+const OUTPUT_KINDS: &[(&str, &[&str])] = &[
+    ("parquet", PARQUET_OUTPUT_KEYS),
+    ("pgvector", PGVECTOR_OUTPUT_KEYS),
+];
 
 impl OutputConfig {
     pub fn kind(&self) -> OutputKind {
         match self.params {
             OutputParams::Parquet(_) => OutputKind::Parquet,
+            OutputParams::Pgvector(_) => OutputKind::Pgvector,
         }
     }
 
-    /// Takes a relative output path from `base`.
+    /// Takes a relative output path (or state folder) from `base`.
     pub(super) fn resolve_paths(&mut self, base: &Path) {
         match &mut self.params {
             OutputParams::Parquet(parquet) => {
                 parquet.path = super::paths::relative_to(base, &parquet.path);
             }
+            OutputParams::Pgvector(pg) => {
+                pg.state_dir = super::paths::relative_to(base, &pg.state_dir);
+            }
         }
     }
 
-    /// The path the job's state is named after (see `crate::state`).
-    pub fn state_stem(&self) -> &Path {
+    /// The path the job's state is named after (see `crate::state`): a
+    /// Parquet output's own path; for a table, `<state_dir>/<job>.<table>`.
+    pub fn state_stem(&self, job_name: &str) -> PathBuf {
         match &self.params {
-            OutputParams::Parquet(parquet) => &parquet.path,
+            OutputParams::Parquet(parquet) => parquet.path.clone(),
+            OutputParams::Pgvector(pg) => {
+                let name: String = job_name
+                    .chars()
+                    .map(|c| {
+                        if c.is_ascii_alphanumeric() || matches!(c, '-' | '_') {
+                            c
+                        } else {
+                            '_'
+                        }
+                    })
+                    .collect();
+                pg.state_dir.join(format!("{name}.{}", pg.table))
+            }
         }
     }
 
@@ -673,6 +824,14 @@ impl OutputConfig {
                     params: OutputParams::Parquet(p),
                 })
             }
+            Some(OutputKind::Pgvector) => {
+                let (value, unknown, error) = deserialize::<PgvectorOutput>("output", &table);
+                report_unknown("output", "pgvector", unknown, OUTPUT_KINDS, &mut problems);
+                problems.extend(error);
+                value.map(|p| OutputConfig {
+                    params: OutputParams::Pgvector(p),
+                })
+            }
             None => None,
         };
         Parsed { value, problems }
@@ -688,6 +847,7 @@ impl OutputConfig {
                     p.push("`output.row_group_bytes` must be at least 1024".to_string());
                 }
             }
+            OutputParams::Pgvector(pg) => pg.problems(p),
         }
     }
 }

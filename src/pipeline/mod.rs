@@ -35,7 +35,7 @@ use crate::sink::{Sink, SinkError};
 use crate::source::{Source, SourceError};
 use crate::state::{Fingerprint, JobState, Reuse, StateError};
 use crate::store::StoreError;
-use crate::types::{OutputMetadata, Usage};
+use crate::types::OutputMetadata;
 
 pub use self::classify::{Class, Classifier, Counts};
 pub use self::stop::StopRequest;
@@ -74,6 +74,7 @@ impl RunError {
         match self {
             RunError::Source(e) if e.is_found_at_open() => Exit::Usage,
             RunError::State(e) if e.is_found_before_work() => Exit::Usage,
+            RunError::Sink(e) if e.is_found_before_work() => Exit::Usage,
             _ => Exit::Failed,
         }
     }
@@ -123,6 +124,7 @@ pub async fn execute(
     let info = backend.info().clone();
     let fingerprint = Fingerprint::new(job, &info);
     let keeps_rows = sink.keeps_rows();
+    let target = sink.target();
     let (reuse, sink, state) = load_reuse(sink, state, options.fresh).await?;
     let earlier = reuse.store.earlier();
     let capacity = job.pipeline.channel_capacity;
@@ -185,16 +187,23 @@ pub async fn execute(
         // Keeps what was paid for in the checkpoint; the output is left as it was.
         SinkMessage::Stop
     } else {
-        let mut usage = dispatched.usage;
-        usage += earlier.usage;
         let requests = backend.stats().requests + earlier.requests;
-        SinkMessage::Finish(output_metadata(job, &info, &fingerprint, usage, requests))
+        SinkMessage::Finish(output_metadata(
+            job,
+            &info,
+            &fingerprint,
+            &dispatched,
+            earlier,
+            requests,
+        ))
     };
     let written = finish_writing(ending, &mut dispatched, sink_tx, writer).await?;
+    let location = state.location().clone();
     state.close();
     let summary = Summary::new(&summary::Outcome {
         job: &job.name,
-        output: job.output.state_stem().display().to_string(),
+        output: target,
+        failures_file: location.failures().display().to_string(),
         info: &info,
         read: &read,
         dispatched: &dispatched,
@@ -204,19 +213,23 @@ pub async fn execute(
         elapsed_seconds: started.elapsed().as_secs_f64(),
     });
     let value = serde_json::to_value(&summary).map_err(|e| RunError::Internal(e.to_string()))?;
-    crate::state::write_summary(&crate::state::StateLocation::for_job(job), &value)?;
+    crate::state::write_summary(&location, &value)?;
     Ok(summary)
 }
 
 /// What the finished output records about the run: the model, the usage
-/// and requests that paid for its vectors, the fingerprint and the job.
+/// and requests that paid for its vectors (this run's and the earlier
+/// attempts' whose vectors it kept), the fingerprint and the job.
 fn output_metadata(
     job: &Job,
     info: &BackendInfo,
     fingerprint: &Fingerprint,
-    usage: Usage,
+    dispatched: &Dispatched,
+    earlier: crate::store::Earlier,
     requests: u64,
 ) -> OutputMetadata {
+    let mut usage = dispatched.usage;
+    usage += earlier.usage;
     OutputMetadata {
         model: info.model.clone(),
         dimensions: 0,
@@ -235,6 +248,7 @@ fn output_metadata(
 fn output_row_group_bytes(job: &Job) -> u64 {
     match &job.output.params {
         crate::job::OutputParams::Parquet(p) => p.row_group_bytes,
+        crate::job::OutputParams::Pgvector(_) => 16 * 1024 * 1024,
     }
 }
 

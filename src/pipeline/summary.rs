@@ -28,6 +28,9 @@ use crate::types::Usage;
 pub struct Summary {
     pub job: String,
     pub output: String,
+    /// Where quarantined chunks are listed, for the human form.
+    #[serde(skip)]
+    pub failures_file: String,
     pub backend: String,
     pub model: String,
     pub dimensions: Option<usize>,
@@ -77,6 +80,7 @@ pub struct Summary {
 pub(super) struct Outcome<'a> {
     pub job: &'a str,
     pub output: String,
+    pub failures_file: String,
     pub info: &'a BackendInfo,
     pub read: &'a ReadReport,
     pub dispatched: &'a Dispatched,
@@ -100,6 +104,7 @@ impl Summary {
         Summary {
             job: o.job.to_string(),
             output: o.output.clone(),
+            failures_file: o.failures_file.clone(),
             backend: o.info.kind.to_string(),
             model: o.info.model.clone(),
             dimensions: o.written.dimensions.or(o.info.dimensions),
@@ -219,9 +224,9 @@ impl Summary {
         if s.quarantined > 0 {
             let _ = writeln!(
                 out,
-                "  quarantined: {} (see {}.failures.jsonl)",
+                "  quarantined: {} (see {})",
                 counted(s.quarantined, "chunk"),
-                s.output
+                s.failures_file
             );
         }
         let _ = writeln!(

@@ -430,3 +430,23 @@ async fn a_request_too_large_is_split_and_a_chunk_refused_alone_is_quarantined()
     let lines = std::fs::read_to_string(failures).unwrap();
     assert_eq!(lines.lines().count(), 2, "{lines}");
 }
+
+#[tokio::test]
+async fn a_chunk_quarantined_on_a_rerun_leaves_the_table_as_a_fresh_run_would() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = job(dir.path());
+    let table = Table::default();
+    let first = [("a", "one\n\ntwo")];
+    run_with(&job, &first, Texts::new(8, None), table.sink()).await;
+
+    let second = [("a", "one\n\npoison")];
+    let summary = run_with(&job, &second, Texts::new(8, Some("poison")), table.sink()).await;
+    assert_eq!(summary.quarantined, 1);
+    let mut rows = expected(&second);
+    rows.retain(|_, (text, _)| text != "poison");
+    assert_eq!(
+        table.rows(),
+        rows,
+        "the old a#1 is gone, as from a fresh run"
+    );
+}

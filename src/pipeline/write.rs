@@ -148,6 +148,8 @@ impl Writing {
         status: Option<u16>,
     ) -> Result<(), RunError> {
         self.quarantined += 1;
+        // A table may hold an earlier version of the chunk: it goes, as from a fresh run's output.
+        self.sink.remove(std::slice::from_ref(&chunk.id))?;
         Ok(self.failures.record(chunk, reason, status)?)
     }
 

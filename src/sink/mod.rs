@@ -8,6 +8,8 @@
 //! [`open`].
 
 mod parquet;
+#[cfg(feature = "pgvector")]
+pub mod pgvector;
 
 use crate::job::{OutputConfig, OutputParams};
 use crate::parquet_io::FileError;
@@ -15,6 +17,8 @@ use crate::store::{StoreError, StoredRows};
 use crate::types::{EmbeddedBatch, OutputMetadata};
 
 pub use self::parquet::ParquetSink;
+#[cfg(feature = "pgvector")]
+pub use self::pgvector::{PgError, PgvectorSink};
 
 /// Where embedded batches are written.
 ///
@@ -68,11 +72,34 @@ pub enum SinkError {
     File(#[from] FileError),
     #[error(transparent)]
     Store(#[from] StoreError),
+    #[cfg(feature = "pgvector")]
+    #[error(transparent)]
+    Pgvector(#[from] PgError),
+    #[error("`output.kind = \"{0}\"`: this embedjob was built without it (cargo feature `{0}`)")]
+    NotBuilt(&'static str),
 }
 
-/// Builds the sink a job's `[output]` names.
-pub fn open(output: &OutputConfig) -> Box<dyn Sink> {
+impl SinkError {
+    /// A problem of configuration (a refused password, a missing extension,
+    /// a table that is not embedjob's), found before any work starts.
+    pub fn is_found_before_work(&self) -> bool {
+        match self {
+            #[cfg(feature = "pgvector")]
+            SinkError::Pgvector(e) => e.is_found_before_work(),
+            SinkError::NotBuilt(_) => true,
+            _ => false,
+        }
+    }
+}
+
+/// Builds the sink a job's `[output]` names. A sink in a database connects
+/// here, so that a wrong address or password is found before any work.
+pub async fn open(output: &OutputConfig) -> Result<Box<dyn Sink>, SinkError> {
     match &output.params {
-        OutputParams::Parquet(params) => Box::new(ParquetSink::new(params)),
+        OutputParams::Parquet(params) => Ok(Box::new(ParquetSink::new(params))),
+        #[cfg(feature = "pgvector")]
+        OutputParams::Pgvector(params) => Ok(Box::new(PgvectorSink::open(params).await?)),
+        #[cfg(not(feature = "pgvector"))]
+        OutputParams::Pgvector(_) => Err(SinkError::NotBuilt("pgvector")),
     }
 }

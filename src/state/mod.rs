@@ -10,7 +10,8 @@
 //! - the **summary** of the last run.
 //!
 //! Their names all derive from one [`StateLocation`], the job's *stem*: for
-//! a Parquet output, the output's own path.
+//! a Parquet output, the output's own path; for a pgvector table,
+//! `<output.state_dir>/<job name>.<table>` (`.embedjob/docs.docs_chunks`).
 //!
 //! ```text
 //! out/docs.parquet                   the output (the sink's; the stem)
@@ -50,9 +51,9 @@ pub struct StateLocation {
 }
 
 impl StateLocation {
-    /// The state of `job`, beside its output.
+    /// The state of `job`: beside a Parquet output, in the `state_dir` of a table.
     pub fn for_job(job: &Job) -> StateLocation {
-        StateLocation::beside(job.output.state_stem())
+        StateLocation::beside(&job.output.state_stem(&job.name))
     }
 
     /// The state of a job whose output is `output`.

@@ -6,6 +6,8 @@ mod client;
 mod cost;
 mod inspect;
 mod local;
+mod pgvector;
+mod query;
 mod regression;
 mod resume;
 mod run;

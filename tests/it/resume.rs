@@ -24,7 +24,7 @@ fn slow_simulator(latency_ms: u64) -> SimConfig {
     }
 }
 
-fn spawn_job(job: &Path, extra: &[&str]) -> Child {
+pub(crate) fn spawn_job(job: &Path, extra: &[&str]) -> Child {
     bin()
         .env("EMBEDJOB_API_KEY", KEY)
         .arg("run")
@@ -36,7 +36,7 @@ fn spawn_job(job: &Path, extra: &[&str]) -> Child {
         .expect("the binary starts")
 }
 
-async fn wait(child: Child) -> Output {
+pub(crate) async fn wait(child: Child) -> Output {
     tokio::task::spawn_blocking(move || child.wait_with_output().unwrap())
         .await
         .unwrap()
@@ -44,7 +44,7 @@ async fn wait(child: Child) -> Output {
 
 /// Waits until the simulator has billed `requests` requests in all, or the
 /// child has exited; `true` if the count was reached with the child running.
-async fn wait_for_billed(sim: &Simulator, child: &mut Child, requests: u64) -> bool {
+pub(crate) async fn wait_for_billed(sim: &Simulator, child: &mut Child, requests: u64) -> bool {
     let started = Instant::now();
     loop {
         if sim.ledger().billed_requests >= requests {
@@ -85,7 +85,7 @@ fn expect_exit(output: &Output, code: i32) {
     );
 }
 
-fn text_hash(text: &str) -> String {
+pub(crate) fn text_hash(text: &str) -> String {
     hex::encode(content_hash(text))
 }
 
@@ -366,18 +366,21 @@ async fn a_rerun_after_edits_sends_only_new_and_changed_chunks() {
 }
 
 /// What a re-run after [`edit_one_add_one_delete_one`] must do.
-struct Edits {
-    after: BTreeMap<String, String>,
-    to_send: HashSet<String>,
-    unchanged: u64,
-    changed: u64,
-    added: u64,
-    removed: u64,
+pub(crate) struct Edits {
+    pub after: BTreeMap<String, String>,
+    pub to_send: HashSet<String>,
+    pub unchanged: u64,
+    pub changed: u64,
+    pub added: u64,
+    pub removed: u64,
 }
 
 /// Edits one document, adds one and deletes one; `before` maps the chunk
 /// ids of the first run to their texts.
-fn edit_one_add_one_delete_one(root: &std::path::Path, before: &BTreeMap<String, String>) -> Edits {
+pub(crate) fn edit_one_add_one_delete_one(
+    root: &std::path::Path,
+    before: &BTreeMap<String, String>,
+) -> Edits {
     // Edit one document, add one, delete one.
     let edited = root.join("doc004.md");
     let mut text = std::fs::read_to_string(&edited).unwrap();

@@ -1,0 +1,583 @@
+//! The pgvector sink: the output is a PostgreSQL table that stays in sync
+//! with the input from one run to the next.
+//!
+//! ```text
+//! docs_chunks             id (primary key), doc_id, chunk_index, source, byte_start,
+//!                         byte_end, text, content_hash, token_count, embedding vector(dim)
+//! docs_chunks_embedjob    key, value: the run's model, dimensions, fingerprint, usage
+//! ```
+//!
+//! A run writes its rows with binary `COPY`, a batch at a time, into a
+//! temporary table of its own session. [`Sink::finish`] then changes the
+//! output table in one transaction: the rows of changed and deleted chunks
+//! are deleted, the run's rows upserted by `id`, and the metadata replaced.
+//! Until then the table is as the last finished run left it, so a run that
+//! is killed changes nothing there; what it paid for is in the job's
+//! checkpoint, and the next run carries on from it. Rows held unchanged are
+//! never sent to the sink (see [`Sink::keeps_rows`]).
+
+mod db;
+mod rows;
+mod search;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use tokio::runtime::Handle;
+use tokio_postgres::binary_copy::BinaryCopyInWriter;
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{Client, Transaction};
+
+use self::db::{Database, Extension, Layout, Names};
+use self::rows::TableRows;
+use super::{Sink, SinkError, SinkReport};
+use crate::job::{PgvectorOutput, VectorIndex, HNSW_MAX_DIMENSIONS};
+use crate::parquet_io::{FINGERPRINT_KEY, SCHEMA_VERSION};
+use crate::store::StoredRows;
+use crate::types::{EmbeddedBatch, OutputMetadata};
+
+pub use self::search::search;
+
+/// The temporary table a run stages its rows in.
+const STAGING: &str = "pg_temp.embedjob_staging";
+/// The metadata key counting the runs that finished on a table.
+const GENERATION_KEY: &str = "embedjob.generation";
+/// Rows are buffered up to this size (vectors and text) and copied in one
+/// statement: fewer round trips, and a writer that is rarely busy, so that
+/// the checkpoint is committed as answers arrive.
+const COPY_BYTES: usize = 4 * 1024 * 1024;
+/// Ids deleted per statement.
+const DELETE_BATCH: usize = 10_000;
+
+/// A problem with a pgvector output. Every variant names the database or
+/// the table; none shows the password.
+#[derive(Debug, thiserror::Error)]
+pub enum PgError {
+    #[error("`output.url`: {0}")]
+    Url(String),
+    #[error("cannot reach the database at {place}: {message}")]
+    Unreachable { place: String, message: String },
+    #[error("the database at {place} refused to let user {user:?} in: {message}")]
+    Refused {
+        place: String,
+        user: String,
+        message: String,
+    },
+    #[error(
+        "the database at {place} has no pgvector extension: {message}; install pgvector on \
+         the server, or have its owner run `CREATE EXTENSION vector` in this database"
+    )]
+    Extension { place: String, message: String },
+    #[error("table {table}: {message}")]
+    Layout { table: String, message: String },
+    #[error("table {table}: {action}: {message}")]
+    Query {
+        table: String,
+        action: &'static str,
+        message: String,
+    },
+    #[error("table {table}: {message}")]
+    Data { table: String, message: String },
+    #[error(
+        "table {table} was changed by another run since this run read it; run the job \
+         again (what this run paid for is kept in its checkpoint)"
+    )]
+    Changed { table: String },
+}
+
+impl PgError {
+    /// Problems of configuration, found before any work starts.
+    pub fn is_found_before_work(&self) -> bool {
+        matches!(
+            self,
+            PgError::Url(_)
+                | PgError::Refused { .. }
+                | PgError::Extension { .. }
+                | PgError::Layout { .. }
+        )
+    }
+}
+
+/// What `held` found, to tell at the end whether this run builds on the
+/// table's rows (and removes what is gone) or replaces them.
+#[derive(Debug, Clone)]
+struct Basis {
+    generation: Option<String>,
+    fingerprint: Option<String>,
+}
+
+/// The staging table, once the first batch has set the vector length.
+struct Staging {
+    dimensions: usize,
+    types: Vec<Type>,
+}
+
+/// Writes a job's rows to a pgvector table (see the module's documentation).
+pub struct PgvectorSink {
+    db: Arc<Database>,
+    names: Names,
+    extension: Extension,
+    index: VectorIndex,
+    handle: Handle,
+    client: Client,
+    /// The table as it was when the sink was opened.
+    layout: Option<Layout>,
+    basis: Mutex<Option<Basis>>,
+    staging: Option<Staging>,
+    /// Batches not yet copied to the staging table, and their size.
+    pending: Vec<EmbeddedBatch>,
+    pending_bytes: usize,
+    staged: u64,
+    removals: Vec<String>,
+}
+
+impl PgvectorSink {
+    /// Connects, finds (or creates) the pgvector extension and checks the
+    /// table, if there is one already: every problem of configuration is
+    /// found here, before any work.
+    pub async fn open(params: &PgvectorOutput) -> Result<PgvectorSink, PgError> {
+        let db = Arc::new(Database::new(params)?);
+        let client = db.connect().await?;
+        let extension = db::extension(&db, &client).await?;
+        if params.index == VectorIndex::Hnsw && !extension.has_hnsw() {
+            return Err(PgError::Extension {
+                place: db.place.clone(),
+                message: format!(
+                    "its version {} has no HNSW index (0.5.0 or later has); set \
+                     `output.index = \"none\"` or upgrade pgvector",
+                    extension.version
+                ),
+            });
+        }
+        let names = Names::new(params);
+        let layout = db::layout(&db, &client, &names).await?;
+        Ok(PgvectorSink {
+            db,
+            names,
+            extension,
+            index: params.index,
+            handle: Handle::current(),
+            client,
+            layout,
+            basis: Mutex::new(None),
+            staging: None,
+            pending: Vec::new(),
+            pending_bytes: 0,
+            staged: 0,
+            removals: Vec::new(),
+        })
+    }
+
+    fn query_error(&self, action: &'static str, e: &tokio_postgres::Error) -> PgError {
+        PgError::Query {
+            table: self.names.display(),
+            action,
+            message: self.db.describe(e),
+        }
+    }
+
+    fn data_error(&self, message: String) -> PgError {
+        PgError::Data {
+            table: self.names.display(),
+            message,
+        }
+    }
+
+    /// Creates the staging table for vectors of `dimensions` values.
+    fn stage(&mut self, dimensions: usize) -> Result<(), PgError> {
+        if let Some(staging) = &self.staging {
+            if staging.dimensions != dimensions {
+                return Err(self.data_error(format!(
+                    "a batch has {dimensions}-dimensional vectors, the run's others have {}",
+                    staging.dimensions
+                )));
+            }
+            return Ok(());
+        }
+        let create = db::create_table("embedjob_staging", &self.extension, dimensions, true);
+        let probe = format!("SELECT NULL::{}", self.extension.vector(dimensions));
+        let client = &self.client;
+        let vector_type = self.handle.block_on(async {
+            client.batch_execute(&create).await?;
+            let statement = client.prepare(&probe).await?;
+            Ok::<_, tokio_postgres::Error>(statement.columns()[0].type_().clone())
+        });
+        let vector_type = vector_type.map_err(|e| self.query_error("cannot stage rows", &e))?;
+        let types = vec![
+            Type::TEXT,
+            Type::TEXT,
+            Type::INT8,
+            Type::TEXT,
+            Type::INT8,
+            Type::INT8,
+            Type::TEXT,
+            Type::TEXT,
+            Type::INT8,
+            vector_type,
+        ];
+        self.staging = Some(Staging { dimensions, types });
+        Ok(())
+    }
+
+    /// Checks a batch as the Parquet writer does, and what PostgreSQL
+    /// cannot store (a NUL character in text).
+    fn check(&self, batch: &EmbeddedBatch) -> Result<(), PgError> {
+        let d = batch.vectors.dimensions;
+        if d == 0 || Some(batch.vectors.values.len()) != batch.chunks.len().checked_mul(d) {
+            return Err(self.data_error(format!(
+                "a batch has {} chunks but {} vector values ({d} per row)",
+                batch.chunks.len(),
+                batch.vectors.values.len()
+            )));
+        }
+        if let Some(at) = batch.vectors.values.iter().position(|v| !v.is_finite()) {
+            return Err(self.data_error(format!(
+                "chunk {}: vector value {} at position {} is not finite",
+                batch.chunks[at / d].id,
+                batch.vectors.values[at],
+                at % d
+            )));
+        }
+        for chunk in &batch.chunks {
+            let fields = [&chunk.id, &*chunk.doc_id, &*chunk.source, &chunk.text];
+            if fields.iter().any(|f| f.contains('\0')) {
+                return Err(self.data_error(format!(
+                    "chunk {:?} holds a NUL character, which PostgreSQL text cannot store",
+                    chunk.id
+                )));
+            }
+            if i64::try_from(chunk.byte_end).is_err() {
+                return Err(self.data_error(format!(
+                    "chunk {}: byte offset {} is out of range",
+                    chunk.id, chunk.byte_end
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the batches buffered so far to the staging table, in one `COPY`.
+    fn copy_pending(&mut self) -> Result<(), PgError> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let types = self
+            .staging
+            .as_ref()
+            .map(|s| s.types.clone())
+            .unwrap_or_default();
+        let copy = format!(
+            "COPY {STAGING} ({}) FROM STDIN (FORMAT binary)",
+            db::column_list()
+        );
+        let pending = std::mem::take(&mut self.pending);
+        self.pending_bytes = 0;
+        let client = &self.client;
+        let result = self.handle.block_on(async {
+            let sink = client.copy_in(&copy).await?;
+            let writer = BinaryCopyInWriter::new(sink, &types);
+            futures::pin_mut!(writer);
+            for batch in &pending {
+                for (chunk, vector) in batch.chunks.iter().zip(batch.vectors.rows()) {
+                    let hash = chunk.content_hash_hex();
+                    // Checked to fit by `check`.
+                    let start = i64::try_from(chunk.byte_start).unwrap_or(i64::MAX);
+                    let end = i64::try_from(chunk.byte_end).unwrap_or(i64::MAX);
+                    let embedding = pgvector::Vector::from(vector.to_vec());
+                    let row: [&(dyn ToSql + Sync); 10] = [
+                        &chunk.id,
+                        &&*chunk.doc_id,
+                        &i64::from(chunk.chunk_index),
+                        &&*chunk.source,
+                        &start,
+                        &end,
+                        &chunk.text,
+                        &hash,
+                        &i64::from(chunk.token_count),
+                        &embedding,
+                    ];
+                    writer.as_mut().write(&row).await?;
+                }
+            }
+            writer.finish().await
+        });
+        let rows = result.map_err(|e| self.query_error("cannot write rows", &e))?;
+        self.staged += rows;
+        Ok(())
+    }
+
+    /// The key-value pairs the metadata table holds after this run.
+    fn metadata_pairs(
+        metadata: &OutputMetadata,
+        dimensions: usize,
+        generation: u64,
+    ) -> Vec<(String, String)> {
+        let mut pairs: BTreeMap<String, String> = [
+            ("embedjob.schema_version", SCHEMA_VERSION.to_string()),
+            ("embedjob.version", env!("CARGO_PKG_VERSION").to_string()),
+            ("embedjob.model", metadata.model.clone()),
+            ("embedjob.dimensions", dimensions.to_string()),
+            ("embedjob.backend", metadata.backend.clone()),
+            (
+                "embedjob.usage.prompt_tokens",
+                metadata.usage.prompt_tokens.to_string(),
+            ),
+            (
+                "embedjob.usage.total_tokens",
+                metadata.usage.total_tokens.to_string(),
+            ),
+            ("embedjob.requests", metadata.requests.to_string()),
+            (GENERATION_KEY, generation.to_string()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        if let Some(cost) = metadata.cost.filter(|c| c.is_finite()) {
+            pairs.insert("embedjob.cost".to_string(), cost.to_string());
+        }
+        for (key, value) in &metadata.extra {
+            pairs.entry(key.clone()).or_insert_with(|| value.clone());
+        }
+        pairs.into_iter().collect()
+    }
+}
+
+impl Sink for PgvectorSink {
+    fn target(&self) -> String {
+        format!("table {} at {}", self.names.display(), self.db.place)
+    }
+
+    fn held(&self) -> Result<Option<Box<dyn StoredRows>>, SinkError> {
+        let Some(layout) = self.layout else {
+            return Ok(None);
+        };
+        let (client, metadata) = self.handle.block_on(async {
+            let client = self.db.connect().await?;
+            let metadata = db::read_metadata(&self.db, &client, &self.names).await?;
+            Ok::<_, PgError>((client, metadata))
+        })?;
+        if let Ok(mut basis) = self.basis.lock() {
+            *basis = Some(Basis {
+                generation: metadata.get(GENERATION_KEY).cloned(),
+                fingerprint: metadata.get(FINGERPRINT_KEY).cloned(),
+            });
+        }
+        Ok(Some(Box::new(TableRows::new(
+            Arc::clone(&self.db),
+            self.names.clone(),
+            self.handle.clone(),
+            client,
+            layout.dimensions,
+            metadata,
+        ))))
+    }
+
+    fn keeps_rows(&self) -> bool {
+        true
+    }
+
+    fn write(&mut self, batch: &EmbeddedBatch) -> Result<(), SinkError> {
+        if batch.chunks.is_empty() {
+            return Ok(());
+        }
+        self.check(batch)?;
+        self.stage(batch.vectors.dimensions)?;
+        self.pending_bytes += batch.vectors.values.len() * 4
+            + batch.chunks.iter().map(|c| c.text.len()).sum::<usize>();
+        self.pending.push(batch.clone());
+        if self.pending_bytes >= COPY_BYTES {
+            self.copy_pending()?;
+        }
+        Ok(())
+    }
+
+    fn remove(&mut self, ids: &[String]) -> Result<(), SinkError> {
+        self.removals.extend_from_slice(ids);
+        Ok(())
+    }
+
+    fn finish(mut self: Box<Self>, metadata: &OutputMetadata) -> Result<SinkReport, SinkError> {
+        self.copy_pending()?;
+        let basis = self.basis.lock().ok().and_then(|b| b.clone());
+        let fingerprint = metadata.extra.get(FINGERPRINT_KEY);
+        // Builds on the table only when it read the table's rows, and they
+        // were made under this run's configuration; else it replaces them.
+        let builds_on = basis.filter(|b| b.fingerprint.as_ref() == fingerprint);
+        let dimensions = match (metadata.dimensions, self.layout) {
+            (0, Some(layout)) => layout.dimensions,
+            (d, _) => d,
+        };
+        if self.index == VectorIndex::Hnsw && dimensions > HNSW_MAX_DIMENSIONS {
+            return Err(self
+                .data_error(format!(
+                    "`output.index = \"hnsw\"`: pgvector indexes vectors of at most \
+                     {HNSW_MAX_DIMENSIONS} dimensions, these have {dimensions}; set \
+                     `output.index = \"none\"`"
+                ))
+                .into());
+        }
+        let mut sink = *self;
+        let merge = Merge {
+            db: &sink.db,
+            names: &sink.names,
+            extension: &sink.extension,
+            index: sink.index,
+            staged: sink.staged,
+            removals: &sink.removals,
+            builds_on: builds_on.as_ref(),
+            dimensions,
+            metadata,
+        };
+        sink.handle.block_on(merge.run(&mut sink.client))?;
+        Ok(SinkReport { rows: sink.staged })
+    }
+
+    /// The staging table goes with the session: the output table is untouched.
+    fn abort(self: Box<Self>) {}
+}
+
+/// The one transaction that makes a run's rows appear in the table.
+struct Merge<'a> {
+    db: &'a Database,
+    names: &'a Names,
+    extension: &'a Extension,
+    index: VectorIndex,
+    staged: u64,
+    removals: &'a [String],
+    builds_on: Option<&'a Basis>,
+    /// Of the run's vectors, or of the table's when the run wrote none.
+    dimensions: usize,
+    metadata: &'a OutputMetadata,
+}
+
+impl Merge<'_> {
+    fn failed(&self, action: &'static str) -> impl Fn(tokio_postgres::Error) -> PgError + '_ {
+        move |e| PgError::Query {
+            table: self.names.display(),
+            action,
+            message: self.db.describe(&e),
+        }
+    }
+
+    async fn run(&self, client: &mut Client) -> Result<(), PgError> {
+        let tx = client
+            .transaction()
+            .await
+            .map_err(self.failed("cannot start the transaction"))?;
+        // Finishing runs on one table take turns; readers see the old rows until the commit.
+        tx.execute(
+            "SELECT pg_advisory_xact_lock($1)",
+            &[&self.names.lock_key()],
+        )
+        .await
+        .map_err(self.failed("cannot lock the table"))?;
+        let current = db::read_metadata(self.db, &tx, self.names).await?;
+        if let Some(basis) = self.builds_on {
+            if current.get(GENERATION_KEY) != basis.generation.as_ref() {
+                return Err(PgError::Changed {
+                    table: self.names.display(),
+                });
+            }
+        }
+        let generation = current
+            .get(GENERATION_KEY)
+            .and_then(|g| g.parse::<u64>().ok())
+            .unwrap_or(0)
+            + 1;
+        self.prepare(&tx).await?;
+        self.write_rows(&tx).await?;
+        self.write_metadata(&tx, generation).await?;
+        tx.commit()
+            .await
+            .map_err(self.failed("cannot commit the run's rows"))
+    }
+
+    /// Empties (or, for another vector length, drops) a table this run
+    /// replaces, and creates what is missing.
+    async fn prepare(&self, tx: &Transaction<'_>) -> Result<(), PgError> {
+        let table = self.names.table();
+        let layout = db::layout(self.db, tx, self.names).await?;
+        match layout {
+            Some(layout) if self.builds_on.is_none() && layout.dimensions != self.dimensions => {
+                // Replaced under another configuration (--fresh): another vector length.
+                tx.batch_execute(&format!("DROP TABLE {table}"))
+                    .await
+                    .map_err(self.failed("cannot replace the table"))?;
+            }
+            Some(_) if self.builds_on.is_none() => {
+                tx.batch_execute(&format!("DELETE FROM {table}"))
+                    .await
+                    .map_err(self.failed("cannot replace the rows"))?;
+            }
+            _ => {}
+        }
+        if self.dimensions > 0 {
+            let create = db::create_table(&table, self.extension, self.dimensions, false);
+            tx.batch_execute(&create)
+                .await
+                .map_err(self.failed("cannot create the table"))?;
+        }
+        tx.batch_execute(&format!(
+            "CREATE TABLE IF NOT EXISTS {} (key text PRIMARY KEY, value text NOT NULL)",
+            self.names.metadata()
+        ))
+        .await
+        .map_err(self.failed("cannot create the metadata table"))
+    }
+
+    /// Deletes the rows of changed and deleted chunks and upserts the run's.
+    async fn write_rows(&self, tx: &Transaction<'_>) -> Result<(), PgError> {
+        let table = self.names.table();
+        if self.builds_on.is_some() {
+            let delete = format!("DELETE FROM {table} WHERE id = ANY($1)");
+            for ids in self.removals.chunks(DELETE_BATCH) {
+                tx.execute(delete.as_str(), &[&ids])
+                    .await
+                    .map_err(self.failed("cannot delete the rows of changed and deleted chunks"))?;
+            }
+        }
+        if self.staged > 0 {
+            let columns = db::column_list();
+            let updates: Vec<String> = db::COLUMNS
+                .iter()
+                .skip(1)
+                .map(|(c, _)| format!("{c} = EXCLUDED.{c}"))
+                .collect();
+            let upsert = format!(
+                "INSERT INTO {table} ({columns}) SELECT {columns} FROM {STAGING} \
+                 ON CONFLICT (id) DO UPDATE SET {}",
+                updates.join(", ")
+            );
+            tx.batch_execute(&upsert)
+                .await
+                .map_err(self.failed("cannot write the run's rows"))?;
+        }
+        if self.index == VectorIndex::Hnsw && self.dimensions > 0 {
+            let index = format!(
+                "CREATE INDEX IF NOT EXISTS {} ON {table} USING hnsw (embedding {}.vector_cosine_ops)",
+                self.names.index(),
+                self.extension.schema
+            );
+            tx.batch_execute(&index)
+                .await
+                .map_err(self.failed("cannot build the HNSW index"))?;
+        }
+        Ok(())
+    }
+
+    async fn write_metadata(&self, tx: &Transaction<'_>, generation: u64) -> Result<(), PgError> {
+        let pairs = PgvectorSink::metadata_pairs(self.metadata, self.dimensions, generation);
+        let (keys, values): (Vec<String>, Vec<String>) = pairs.into_iter().unzip();
+        let metadata_table = self.names.metadata();
+        tx.batch_execute(&format!("DELETE FROM {metadata_table}"))
+            .await
+            .map_err(self.failed("cannot write the metadata"))?;
+        let insert = format!(
+            "INSERT INTO {metadata_table} (key, value) SELECT * FROM unnest($1::text[], $2::text[])"
+        );
+        tx.execute(insert.as_str(), &[&keys, &values])
+            .await
+            .map_err(self.failed("cannot write the metadata"))?;
+        Ok(())
+    }
+}

@@ -1,0 +1,78 @@
+//! The nearest rows of a pgvector output, found by the database itself with
+//! pgvector's cosine distance operator (and its HNSW index, when the table
+//! has one).
+
+use std::collections::BTreeMap;
+
+use super::db::{self, Database, Names};
+use super::PgError;
+use crate::job::PgvectorOutput;
+use crate::query::Hit;
+
+/// The `k` rows nearest to `query` by cosine distance, best first, with the
+/// table's metadata. `hnsw.ef_search` is raised to `k` so that an index
+/// scan can return that many.
+pub async fn search(
+    params: &PgvectorOutput,
+    query: &[f32],
+    k: usize,
+) -> Result<(BTreeMap<String, String>, Vec<Hit>), PgError> {
+    let database = Database::new(params)?;
+    let names = Names::new(params);
+    let mut client = database.connect().await?;
+    let extension = db::extension(&database, &client).await?;
+    let Some(layout) = db::layout(&database, &client, &names).await? else {
+        return Err(PgError::Layout {
+            table: names.display(),
+            message: "does not exist yet: run the job first".to_string(),
+        });
+    };
+    let metadata = db::read_metadata(&database, &client, &names).await?;
+    if layout.dimensions != query.len() {
+        return Err(PgError::Data {
+            table: names.display(),
+            message: format!(
+                "holds {}-dimensional vectors, the query's has {}",
+                layout.dimensions,
+                query.len()
+            ),
+        });
+    }
+    let failed = |e: tokio_postgres::Error| PgError::Query {
+        table: names.display(),
+        action: "cannot search",
+        message: database.describe(&e),
+    };
+    let limit = i64::try_from(k).unwrap_or(i64::MAX);
+    let sql = format!(
+        "SELECT id, doc_id, text, embedding {op} $1 AS distance FROM {table} \
+         ORDER BY embedding {op} $1 LIMIT $2",
+        op = extension.cosine_distance(),
+        table = names.table()
+    );
+    let vector = pgvector::Vector::from(query.to_vec());
+    let tx = client.transaction().await.map_err(failed)?;
+    if layout.has_index {
+        // At most 1000, pgvector's limit; k is checked to stay within it.
+        tx.batch_execute(&format!("SET LOCAL hnsw.ef_search = {}", k.clamp(40, 1000)))
+            .await
+            .map_err(failed)?;
+    }
+    let rows = tx.query(&sql, &[&vector, &limit]).await.map_err(failed)?;
+    tx.commit().await.map_err(failed)?;
+    let hits = rows
+        .iter()
+        .enumerate()
+        .map(|(i, row)| {
+            let distance: Option<f64> = row.get(3);
+            Hit {
+                rank: i + 1,
+                score: distance.map_or(0.0, |d| 1.0 - d),
+                id: row.get(0),
+                doc_id: row.get::<_, Option<String>>(1).unwrap_or_default(),
+                text: row.get(2),
+            }
+        })
+        .collect();
+    Ok((metadata, hits))
+}
