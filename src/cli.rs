@@ -33,7 +33,7 @@ pub enum Command {
     Chat(ChatArgs),
     /// Serve a simulator of the model service on 127.0.0.1, with optional faults.
     #[cfg(feature = "simulator")]
-    Simulate(SimulateOptions),
+    Simulate(Box<SimulateOptions>),
     /// Show an output's metadata and check every vector in it.
     Inspect(InspectArgs),
 }

@@ -158,7 +158,7 @@ pub struct WrittenFile {
 ///     content_hash: [0; 32],
 ///     token_count: 1,
 /// };
-/// let vectors = |values: Vec<f32>| Vectors { dimensions: 2, values, usage: Usage::default() };
+/// let vectors = |values: Vec<f32>| Vectors { dimensions: 2, values, usage: Usage::default(), discarded: Usage::default() };
 ///
 /// let options = FileOptions { include_text: true, row_group_bytes: 1 << 20, compression: Compression::Zstd };
 /// let mut sink = VectorFile::create(&path, 2, options)?;
@@ -952,6 +952,7 @@ mod tests {
                 dimensions: 2,
                 values: Vec::new(),
                 usage: Usage::default(),
+                discarded: Usage::default(),
             },
         })
         .unwrap();

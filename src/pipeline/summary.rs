@@ -46,19 +46,57 @@ pub struct Summary {
     pub estimated_tokens: u64,
     /// Local token count of the chunks not sent because their vector was at hand.
     pub tokens_saved: u64,
+    /// Every response that carried usage, whether or not its vectors passed.
     pub usage: Usage,
+    /// Of `usage.prompt_tokens`, the tokens that paid for vectors that failed
+    /// a check and were discarded.
+    pub discarded_tokens: u64,
+    /// Billed tokens (those discarded left out) over the local count of the
+    /// same chunks; the next estimate scales by it.
+    pub billed_token_ratio: Option<f64>,
     /// Billed by earlier, unfinished runs for vectors this run reused.
     pub resumed_usage: Usage,
     pub requests: u64,
     pub retries: u64,
     pub invalid_responses: u64,
     pub throttled: u64,
+    /// Requests given up on after `backend.timeout_seconds`; the service may
+    /// have billed them without `usage` reaching this run.
+    pub timeouts: u64,
     pub cost: Option<f64>,
+    /// Limits on requests the service's answers taught this run.
+    pub learned_limits: LearnedLimits,
+    /// What the service does not tell, and what had to change to work with it.
+    pub warnings: Vec<String>,
     /// Why the run stopped before the end, when it did.
     pub stopped: Option<String>,
     pub elapsed_seconds: f64,
     pub chunks_per_second: f64,
     pub exit_code: u8,
+}
+
+/// Limits on requests learned from the service during a run; `None` where
+/// the configured one held.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct LearnedLimits {
+    pub max_inputs_per_request: Option<usize>,
+    pub max_tokens_per_request: Option<u64>,
+    /// Requests in flight, when timeouts lowered it.
+    pub concurrency: Option<usize>,
+}
+
+impl LearnedLimits {
+    fn is_empty(&self) -> bool {
+        *self == LearnedLimits::default()
+    }
+}
+
+/// What a run was billed, all responses counted.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Bill {
+    pub usage: Usage,
+    pub discarded_tokens: u64,
+    pub ratio: Option<f64>,
 }
 
 /// Everything a finished run reports, gathered from its stages.
@@ -71,6 +109,9 @@ pub(super) struct Outcome<'a> {
     pub written: &'a Written,
     pub stats: BackendStats,
     pub earlier: Earlier,
+    pub bill: Bill,
+    pub limits: LearnedLimits,
+    pub warnings: Vec<String>,
     pub elapsed_seconds: f64,
 }
 
@@ -107,13 +148,18 @@ impl Summary {
             removed: if stopped.is_none() { c.removed } else { 0 },
             estimated_tokens: c.sent_tokens,
             tokens_saved: c.tokens_saved,
-            usage: o.dispatched.usage,
+            usage: o.bill.usage,
+            discarded_tokens: o.bill.discarded_tokens,
+            billed_token_ratio: o.bill.ratio,
             resumed_usage: o.earlier.usage,
             requests: o.stats.requests,
             retries: o.stats.retries,
             invalid_responses: o.stats.invalid_responses,
             throttled: o.stats.throttled,
-            cost: cost(o.info, o.dispatched.usage),
+            timeouts: o.stats.timeouts,
+            cost: cost(o.info, o.bill.usage),
+            learned_limits: o.limits,
+            warnings: o.warnings.clone(),
             stopped,
             elapsed_seconds: o.elapsed_seconds,
             chunks_per_second: if o.elapsed_seconds > 0.0 {
@@ -159,6 +205,38 @@ impl Summary {
             "  tokens: {} billed, {} estimated locally; {} requests, {} retries ({} throttled, {} invalid responses)",
             s.usage.prompt_tokens, s.estimated_tokens, s.requests, s.retries, s.throttled, s.invalid_responses
         );
+        if s.discarded_tokens > 0 {
+            let _ = writeln!(
+                out,
+                "  of the tokens billed, {} paid for vectors that failed a check and were sent again",
+                s.discarded_tokens
+            );
+        }
+        if s.timeouts > 0 {
+            let _ = writeln!(
+                out,
+                "  {} requests timed out; the service may have billed them too",
+                s.timeouts
+            );
+        }
+        if !s.learned_limits.is_empty() {
+            let l = &s.learned_limits;
+            let mut parts = Vec::new();
+            if let Some(n) = l.max_inputs_per_request {
+                parts.push(format!("{n} inputs per request"));
+            }
+            if let Some(n) = l.max_tokens_per_request {
+                parts.push(format!("{n} tokens per request"));
+            }
+            if let Some(n) = l.concurrency {
+                parts.push(format!("{n} requests in flight"));
+            }
+            let _ = writeln!(
+                out,
+                "  learned from the service: at most {}",
+                parts.join(", ")
+            );
+        }
         if let Some(cost) = s.cost {
             let _ = writeln!(out, "  cost: {cost:.6}");
         }
@@ -195,6 +273,9 @@ impl Summary {
                 "  quarantined: {} chunks (see {}.failures.jsonl)",
                 s.quarantined, s.output
             );
+        }
+        for warning in &s.warnings {
+            let _ = writeln!(out, "  warning: {warning}");
         }
         let _ = writeln!(
             out,
