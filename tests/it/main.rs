@@ -9,6 +9,7 @@ mod local;
 mod regression;
 mod resume;
 mod run;
+mod servers;
 mod simulator;
 mod source;
 mod support;
