@@ -9,10 +9,14 @@
 //! is not counted.
 //!
 //! ```text
-//! cargo run --release --example floor -- JOB.toml [--set KEY=VALUE]...
+//! cargo run --release --example floor -- JOB.toml [--base64] [--set KEY=VALUE]...
 //! ```
 //!
-//! Prints one JSON object: chunks, the seconds spent in each step and their sum.
+//! With `--base64` the bodies carry their vectors in base64, as a service sends
+//! them for `encoding_format: "base64"`, instead of as JSON numbers.
+//!
+//! Prints one JSON object: chunks, the seconds spent in each step and their
+//! sum, and the bytes of the bodies decoded.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -21,7 +25,7 @@ use anyhow::{bail, Context};
 use embedjob::batch::{Batch, Batcher};
 use embedjob::chunk::{Chunker, TokenChunker};
 use embedjob::client::decode_embeddings;
-use embedjob::simulate::embeddings_response_body;
+use embedjob::simulate::{embeddings_response_body, embeddings_response_body_base64};
 use embedjob::types::{EmbeddedBatch, OutputMetadata, Vectors};
 use embedjob::validate;
 use serde_json::json;
@@ -34,19 +38,32 @@ struct Timings {
     respond: Duration,
 }
 
-fn main() -> anyhow::Result<()> {
+/// The job file, its `--set` overrides, and whether bodies are in base64.
+fn arguments() -> anyhow::Result<(PathBuf, Vec<String>, bool)> {
     let mut args = std::env::args().skip(1);
     let job_path = PathBuf::from(
         args.next()
-            .context("usage: floor JOB.toml [--set KEY=VALUE]...")?,
+            .context("usage: floor JOB.toml [--base64] [--set KEY=VALUE]...")?,
     );
     let mut overrides = Vec::new();
+    let mut base64 = false;
     while let Some(flag) = args.next() {
         match flag.as_str() {
             "--set" => overrides.push(args.next().context("--set needs KEY=VALUE")?),
+            "--base64" => base64 = true,
             other => bail!("unknown argument {other:?}"),
         }
     }
+    Ok((job_path, overrides, base64))
+}
+
+fn main() -> anyhow::Result<()> {
+    let (job_path, overrides, base64) = arguments()?;
+    let respond = if base64 {
+        embeddings_response_body_base64
+    } else {
+        embeddings_response_body
+    };
     let job = embedjob::job::load(&job_path, &overrides)?;
     let model = job.backend.shared.model.clone().unwrap_or_default();
     let Some(dimensions) = job
@@ -69,10 +86,12 @@ fn main() -> anyhow::Result<()> {
     let mut chunks = 0u64;
     let mut usage = embedjob::types::Usage::default();
     let mut requests = 0u64;
+    let mut body_bytes = 0u64;
     let mut embed = |batch: Batch, times: &mut Timings| -> anyhow::Result<()> {
         let t = Instant::now();
         let texts: Vec<&str> = batch.chunks.iter().map(|c| c.text.as_str()).collect();
-        let body = embeddings_response_body(&model, dimensions, &texts);
+        let body = respond(&model, dimensions, &texts);
+        body_bytes += body.len() as u64;
         let inputs = texts.len();
         drop(texts);
         times.respond += t.elapsed();
@@ -135,6 +154,7 @@ fn main() -> anyhow::Result<()> {
             "decode_seconds": times.decode.as_secs_f64(),
             "write_seconds": times.write.as_secs_f64(),
             "uncounted_respond_seconds": times.respond.as_secs_f64(),
+            "body_bytes": body_bytes,
         })
     );
     Ok(())

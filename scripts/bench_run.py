@@ -106,12 +106,13 @@ def timed(command, env=None, sim=None):
     return result.stdout, int(rss.group(1)) / 1024
 
 
-def run_embedjob(args, name, n, dims, concurrency=8, batch=128, latency_ms=0):
+def run_embedjob(args, name, n, dims, concurrency=8, batch=128, latency_ms=0, encoding="float"):
     job = job_file(args.work, name, corpus(args.work, n), dims, concurrency, batch)
     sim = Simulator(args.embedjob, args.work, latency_ms)
     try:
         wall, cpu = time.perf_counter(), sim.cpu_seconds()
         out, rss = timed([args.embedjob, "run", job, "--set", f"backend.base_url={sim.url}",
+                          "--set", f"backend.encoding_format={encoding}",
                           "--json", "--quiet"], {"EMBEDJOB_API_KEY": "bench"}, sim)
         wall, cpu = time.perf_counter() - wall, sim.cpu_seconds() - cpu
     finally:
@@ -139,14 +140,19 @@ def run_python(args, name, n, dims, concurrency=8, batch=128):
     return {"chunks": result["chunks"], "seconds": result["seconds"], "rss": rss, "sim": cpu / wall}
 
 
-def run_floor(args, name, n, dims, batch=128):
+def run_floor(args, name, n, dims, batch=128, base64=False):
     job = job_file(args.work, name, corpus(args.work, n), dims, 1, batch)
-    out, rss = timed([args.floor, job], {"EMBEDJOB_API_KEY": "bench"})
+    out, rss = timed([args.floor, job, *(["--base64"] if base64 else [])],
+                     {"EMBEDJOB_API_KEY": "bench"})
     result = json.loads(out)
     os.remove(os.path.join(args.work, "out", name + ".parquet"))
     steps = ", ".join(f"{k[:-8]} {result[k]:.2f}s" for k in ("chunk_seconds", "decode_seconds", "write_seconds"))
+    decode_rate = result["body_bytes"] / 1e6 / max(result["decode_seconds"], 1e-9)
+    steps += (f"; {result['body_bytes'] / 1e6:,.0f} MB of bodies, "
+              f"{result['chunks'] / max(result['decode_seconds'], 1e-9):,.0f} vectors/s "
+              f"({decode_rate:,.0f} MB/s) decoded")
     return {"chunks": result["chunks"], "seconds": result["seconds"], "rss": rss, "sim": None,
-            "note": steps}
+            "note": steps, "decode": result["decode_seconds"]}
 
 
 def main():
@@ -178,11 +184,16 @@ def main():
     for dims in (1024, 3072):
         log(f"corpus of {n} chunks, {dims} dimensions")
         floor = case(f"floor {dims}", run_floor(args, f"floor-{dims}", n, dims))
+        # The same work with the vectors in base64: its decode step against the one above.
+        case(f"floor {dims} base64", run_floor(args, f"floor-b64-{dims}", n, dims, base64=True),
+             floor=floor, decode_vs=floor)
         # The baseline takes minutes for what embedjob does in seconds: it runs
         # on the first chunks of the same corpus, and is compared by chunks/s.
         python = case(f"python openai {dims}", run_python(args, f"python-{dims}", min(n, 20_000), dims))
-        case(f"embedjob {dims}", run_embedjob(args, f"run-{dims}", n, dims),
-             python=python, floor=floor)
+        floats = case(f"embedjob {dims}", run_embedjob(args, f"run-{dims}", n, dims),
+                      python=python, floor=floor)
+        case(f"embedjob {dims} base64", run_embedjob(args, f"run-b64-{dims}", n, dims, encoding="auto"),
+             python=python, floor=floor, float=floats)
     # Scaling with latency, in requests of 32 chunks so that up to concurrency
     # 16 the series is bound by the latency and not by a small machine's CPU;
     # then the same at the batch size of the other cases, where it is.
@@ -202,13 +213,21 @@ def main():
 
 
 def print_table(rows):
-    header = ("case", "chunks", "seconds", "chunks/s", "vs python", "vs floor", "scaling",
-              "peak RSS", "sim CPU")
+    header = ("case", "chunks", "seconds", "chunks/s", "vs python", "vs floor", "vs float",
+              "scaling", "peak RSS", "sim CPU")
     lines = []
     for label, r in rows:
         rate = r["chunks"] / r["seconds"]
         python = r.get("python")
         floor = r.get("floor")
+        floats = r.get("float")
+        decode_vs = r.get("decode_vs")
+        if floats:
+            vs_float = f"{rate / (floats['chunks'] / floats['seconds']):.2f}x"
+        elif decode_vs:
+            vs_float = f"{r['decode'] / decode_vs['decode']:.2f}x dec"
+        else:
+            vs_float = ""
         lines.append((
             label,
             f"{r['chunks']:,}",
@@ -216,6 +235,7 @@ def print_table(rows):
             f"{rate:,.0f}",
             f"{rate / (python['chunks'] / python['seconds']):.2f}x" if python else "",
             f"{r['seconds'] / floor['seconds']:.2f}x" if floor else "",
+            vs_float,
             f"{r['scaling']:.0%}" if "scaling" in r else "",
             f"{r['rss']:.0f} MB",
             f"{r['sim']:.0%}" if r["sim"] is not None else "",
@@ -231,7 +251,9 @@ def print_table(rows):
         print(fmt(line))
     notes = [f"{label}: {r['note']}" for label, r in rows if r.get("note")]
     print()
-    print("vs python: chunks/s over the Python baseline's; vs floor: seconds over the floor's;")
+    print("vs python: chunks/s over the Python baseline's; vs floor: seconds over the floor's")
+    print("(with floats); vs float: chunks/s of `encoding_format = \"auto\"` (base64) over")
+    print("floats', or for the floor, seconds decoding base64 over decoding floats (dec);")
     print("scaling: chunks/s over concurrency x chunks/s at concurrency 1; sim CPU: the")
     print("simulator's CPU time over the case's wall time (1 core = 100%).")
     for note in notes:

@@ -52,16 +52,33 @@ fn cl100k_base() -> Result<&'static CoreBPE, ChunkError> {
         })
 }
 
+/// The `o200k_base` encoding (OpenAI's newer models), loaded once per process.
+fn o200k_base() -> Result<&'static CoreBPE, ChunkError> {
+    static O200K: OnceLock<Result<CoreBPE, String>> = OnceLock::new();
+    O200K
+        .get_or_init(|| tiktoken_rs::o200k_base().map_err(|e| format!("{e:#}")))
+        .as_ref()
+        .map_err(|message| ChunkError::Tokenizer {
+            name: "o200k_base".into(),
+            message: message.clone(),
+        })
+}
+
+/// Whether `chunking.tokenizer` names one of the built-in encodings rather than a file.
+pub fn named_encoding(tokenizer: &str) -> bool {
+    matches!(tokenizer, "cl100k_base" | "o200k_base")
+}
+
 /// What counts tokens.
 enum Counter {
-    Bpe(&'static CoreBPE),
+    Bpe(&'static CoreBPE, &'static str),
     HuggingFace(Box<tokenizers::Tokenizer>),
 }
 
 impl Counter {
     fn count(&self, text: &str) -> usize {
         match self {
-            Counter::Bpe(bpe) => bpe.encode_ordinary(text).len(),
+            Counter::Bpe(bpe, _) => bpe.encode_ordinary(text).len(),
             // A tokenizer that cannot encode a text (a word-level model
             // without an unknown token, say) has no count for it; one token
             // per byte keeps such chunks small rather than failing the job.
@@ -158,7 +175,7 @@ pub struct TokenChunker {
 impl fmt::Debug for TokenChunker {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let tokenizer = match *self.counter {
-            Counter::Bpe(_) => "cl100k_base",
+            Counter::Bpe(_, name) => name,
             Counter::HuggingFace(_) => "huggingface",
         };
         f.debug_struct("TokenChunker")
@@ -179,7 +196,29 @@ impl TokenChunker {
     /// A `max_tokens` of 0, an overlap of `max_tokens` or more, or an
     /// encoding that cannot be loaded.
     pub fn cl100k(config: &ChunkingConfig) -> Result<Self, ChunkError> {
-        Self::new(config, Counter::Bpe(cl100k_base()?))
+        Self::new(config, Counter::Bpe(cl100k_base()?, "cl100k_base"))
+    }
+
+    /// A chunker that counts with what `config.tokenizer` names:
+    /// `cl100k_base` (also when absent), `o200k_base`, or the path of a
+    /// Hugging Face `tokenizer.json`.
+    ///
+    /// # Errors
+    ///
+    /// As [`TokenChunker::cl100k`], or a tokenizer file that cannot be read.
+    pub fn for_config(config: &ChunkingConfig) -> Result<Self, ChunkError> {
+        match config.tokenizer.as_deref() {
+            None | Some("cl100k_base") => Self::cl100k(config),
+            Some("o200k_base") => Self::new(config, Counter::Bpe(o200k_base()?, "o200k_base")),
+            Some(path) => {
+                let tokenizer =
+                    tokenizers::Tokenizer::from_file(path).map_err(|e| ChunkError::Tokenizer {
+                        name: path.to_string(),
+                        message: format!("`chunking.tokenizer`: {e}"),
+                    })?;
+                Self::with_tokenizer(config, tokenizer)
+            }
+        }
     }
 
     /// A chunker that counts with a Hugging Face tokenizer, such as a local
@@ -209,6 +248,7 @@ impl TokenChunker {
             max_tokens,
             overlap_tokens,
             markdown,
+            ..
         } = *config;
         if max_tokens == 0 {
             return Err(ChunkError::ZeroMaxTokens);
@@ -359,6 +399,7 @@ mod tests {
 
     fn config(max_tokens: usize, overlap_tokens: usize, markdown: Option<bool>) -> ChunkingConfig {
         ChunkingConfig {
+            tokenizer: None,
             max_tokens,
             overlap_tokens,
             markdown,
@@ -570,6 +611,7 @@ mod tests {
                 )
             })
             .prop_map(|(max_tokens, overlap_tokens, markdown)| ChunkingConfig {
+                tokenizer: None,
                 max_tokens,
                 overlap_tokens,
                 markdown,

@@ -53,7 +53,7 @@ pub enum Command {
     /// Serve a simulator of the model service on 127.0.0.1, with optional faults.
     #[cfg(feature = "simulator")]
     #[command(after_help = SIMULATE_EXAMPLES)]
-    Simulate(SimulateOptions),
+    Simulate(Box<SimulateOptions>),
     /// Show an output's metadata and check every vector in it.
     #[command(after_help = INSPECT_EXAMPLES)]
     Inspect(InspectArgs),

@@ -59,7 +59,13 @@ pub struct Estimate {
     pub context_window: Option<u64>,
     /// Price per 1000 input tokens, from the model listing.
     pub input_per_1k: Option<f64>,
-    /// `tokens / 1000 * input_per_1k`, when the price is known.
+    /// Billed tokens over local ones in the job's last run, from its output's
+    /// metadata: what the service's own count adds to (or takes from) the local one.
+    pub billed_token_ratio: Option<f64>,
+    /// `tokens` scaled by `billed_token_ratio`: what the service will likely bill.
+    pub expected_billed_tokens: Option<u64>,
+    /// The expected billed tokens (else `tokens`) `/ 1000 * input_per_1k`,
+    /// when the price is known.
     pub cost: Option<f64>,
     /// `backend.requests_per_minute`, when set (api backend).
     pub requests_per_minute: Option<u32>,
@@ -68,6 +74,27 @@ pub struct Estimate {
     /// The least time the client-side rate limits allow, however fast the
     /// service; absent when no limit is set.
     pub shortest_duration_seconds: Option<f64>,
+    /// What the service does not tell (window, model), as a run would warn.
+    pub warnings: Vec<String>,
+}
+
+impl Estimate {
+    /// Scales the token count, and the cost, by the ratio of billed to
+    /// local tokens a previous run of the job measured.
+    #[must_use]
+    pub fn with_billed_ratio(mut self, ratio: Option<f64>) -> Estimate {
+        let Some(ratio) = ratio.filter(|r| r.is_finite() && *r > 0.0) else {
+            return self;
+        };
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let billed = (self.tokens as f64 * ratio).round() as u64;
+        self.billed_token_ratio = Some(ratio);
+        self.expected_billed_tokens = Some(billed);
+        self.cost = self
+            .input_per_1k
+            .map(|price| billed as f64 / 1000.0 * price);
+        self
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -154,6 +181,8 @@ pub fn estimate(
         largest_request_tokens: count.largest_request,
         context_window: info.context_window,
         input_per_1k: info.input_per_1k,
+        billed_token_ratio: None,
+        expected_billed_tokens: None,
         cost: info
             .input_per_1k
             .map(|price| count.tokens as f64 / 1000.0 * price),
@@ -162,6 +191,7 @@ pub fn estimate(
         shortest_duration_seconds: limits
             .shortest_duration(count.requests, count.token_cells)
             .map(|d| d.as_secs_f64()),
+        warnings: Vec::new(),
     })
 }
 
@@ -210,6 +240,14 @@ pub fn table(e: &Estimate) -> String {
         rows.push(("chunks to send", e.chunks_to_send.to_string()));
     }
     rows.push(("tokens", e.tokens.to_string()));
+    if let (Some(billed), Some(ratio)) = (e.expected_billed_tokens, e.billed_token_ratio) {
+        rows.push((
+            "expected billed",
+            format!(
+                "{billed} tokens (the last run was billed {ratio:.3}× its local count; scaled by it)"
+            ),
+        ));
+    }
     rows.push(("requests", e.requests.to_string()));
     if e.backend == BackendKind::Local.to_string() {
         rows.push(("cost", "none (the local model bills nothing)".to_string()));
@@ -367,6 +405,7 @@ path = "{out}"
                 dimensions: 1,
                 values,
                 usage: Usage::default(),
+                discarded: Usage::default(),
             },
         })
         .unwrap();
@@ -447,6 +486,23 @@ path = "{out}"
         let everything = stored(dir.path(), &job, &chunker, |_| true);
         let none = estimate(&job, &chunker, &info(Some(1.0)), everything).unwrap();
         assert_eq!((none.requests, none.tokens, none.cost), (0, 0, Some(0.0)));
+    }
+
+    #[test]
+    fn a_learned_ratio_scales_the_tokens_and_the_cost() {
+        let dir = tempfile::tempdir().unwrap();
+        corpus(dir.path());
+        let job = job(dir.path(), "");
+        let chunker = TokenChunker::cl100k(&job.chunking).unwrap();
+        let plain = estimate(&job, &chunker, &info(Some(2.0)), Classifier::fresh()).unwrap();
+        let scaled = plain.clone().with_billed_ratio(Some(1.5));
+        let expected = (plain.tokens as f64 * 1.5).round() as u64;
+        assert_eq!(scaled.expected_billed_tokens, Some(expected));
+        assert_eq!(scaled.tokens, plain.tokens, "the local count stays");
+        assert!((scaled.cost.unwrap() - expected as f64 / 1000.0 * 2.0).abs() < 1e-12);
+        assert!(table(&scaled).contains("1.500×"), "{}", table(&scaled));
+        assert_eq!(plain.clone().with_billed_ratio(None), plain);
+        assert_eq!(plain.clone().with_billed_ratio(Some(f64::NAN)), plain);
     }
 
     #[test]

@@ -28,7 +28,7 @@ fn main() -> ExitCode {
             Command::Embed(args) => commands::embed(&args).await,
             Command::Chat(args) => commands::chat(&args).await,
             #[cfg(feature = "simulator")]
-            Command::Simulate(options) => commands::simulate(options).await,
+            Command::Simulate(options) => commands::simulate(*options).await,
             Command::Inspect(args) => commands::inspect(&args).await,
             Command::Query(args) => commands::query(&args).await,
         }

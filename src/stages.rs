@@ -10,13 +10,13 @@ use crate::backend::api::{ApiBackend, ApiSettings};
 use crate::backend::local::{LocalBackend, LocalSettings};
 use crate::backend::{BackendInfo, EmbeddingBackend};
 use crate::chunk::{Chunker, TokenChunker};
-use crate::client::{ApiKey, Client, ClientConfig, ErrorKind};
+use crate::client::{discover, ApiKey, Client, ClientConfig, DiscoveryError};
 use crate::exit::{Exit, Failure};
 #[cfg(feature = "local")]
 use crate::job::BackendConfig;
 use crate::job::{BackendParams, ChunkingConfig, Job};
 use crate::pipeline::Stages;
-use crate::retry::{with_retries, RetryPolicy};
+use crate::retry::RetryPolicy;
 
 /// The backend a job embeds with, and the chunker that counts tokens as it does.
 pub struct Embedding {
@@ -187,35 +187,50 @@ async fn build_api(job: &Job) -> Result<Embedding, Failure> {
     let key = std::env::var(&api.api_key_env).unwrap_or_default();
     let mut config = ClientConfig::new(api.base_url.clone().unwrap_or_default(), ApiKey::new(key));
     config.timeout = Duration::from_secs_f64(b.timeout_seconds);
+    config.api_path.clone_from(&api.api_path);
     let client = Client::new(config).map_err(Failure::usage)?;
     let retry = RetryPolicy::with_max_retries(api.max_retries);
-    let listing = with_retries(&retry, || client.model(&model))
+    let discovery = discover(&client, &model, &retry)
         .await
-        .map_err(|e| {
-            let context = match (e.kind, e.status) {
-                (ErrorKind::Transient, _) => {
-                    return Failure::failed(
-                        anyhow::Error::from(e).context("cannot reach the service"),
-                    )
-                }
-                (_, Some(401 | 403)) => "the service refused the API key".to_string(),
-                (_, Some(404)) => format!("unknown model {model:?} (`backend.model`)"),
-                _ => format!("cannot use model {model:?}"),
-            };
-            Failure::usage(anyhow::Error::from(e).context(context))
+        .map_err(|e| match e {
+            DiscoveryError::Unreachable(_) => Failure::failed(e),
+            _ => Failure::usage(e),
         })?;
+    let mut warnings = discovery.warnings;
+    let listed = discovery.model.as_ref();
+    let window = api
+        .context_window
+        .or_else(|| listed.and_then(|m| m.context_window));
+    if window.is_none() {
+        warnings.push(format!(
+            "the context window of model {model} is unknown (the service does not list it and \
+             `backend.context_window` is not set): a server may silently truncate chunks longer \
+             than the model takes, so keep `chunking.max_tokens` within it"
+        ));
+    }
     let settings = ApiSettings {
-        model,
         dimensions: b.dimensions,
         concurrency: b.concurrency,
         requests_per_minute: api.requests_per_minute,
         tokens_per_minute: api.tokens_per_minute,
         max_tokens_per_request: b.max_tokens_per_request as u64,
         retry,
+        encoding: api.encoding_format,
+        context_window: api.context_window,
+        input_per_1k: api.input_per_1k,
+        warnings,
+        ..ApiSettings::new(model)
     };
-    let backend = ApiBackend::new(client, settings, Some(&listing));
+    let backend = ApiBackend::new(client, settings, listed);
     let chunking = fitted_chunking(job, backend.info())?;
-    let chunker = TokenChunker::cl100k(&chunking).map_err(Failure::usage)?;
+    let chunker = TokenChunker::for_config(&chunking).map_err(|e| {
+        let tokenizer = chunking.tokenizer.as_deref();
+        if tokenizer.is_some_and(|t| !crate::chunk::named_encoding(t)) {
+            Failure::usage(e)
+        } else {
+            Failure::failed(e)
+        }
+    })?;
     Ok(Embedding {
         backend: Arc::new(backend),
         chunker: Arc::new(chunker),

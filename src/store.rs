@@ -84,6 +84,10 @@ pub struct Earlier {
     pub rows: u64,
     pub usage: Usage,
     pub requests: u64,
+    /// Of `usage`, the prompt tokens that paid for discarded vectors.
+    pub discarded_tokens: u64,
+    /// The local token count of the chunks the parts hold.
+    pub local_tokens: u64,
 }
 
 struct Source {
@@ -228,6 +232,8 @@ impl Store {
             total_tokens: number("embedjob.usage.total_tokens"),
         };
         self.earlier.requests += number("embedjob.requests");
+        self.earlier.discarded_tokens += number(crate::types::DISCARDED_TOKENS_KEY);
+        self.earlier.local_tokens += number(crate::types::LOCAL_TOKENS_KEY);
     }
 
     /// Where the vector of a chunk with this content hash is stored.
@@ -406,6 +412,7 @@ mod tests {
                     dimensions: 2,
                     values: vec![v, v + 0.5],
                     usage: Usage::default(),
+                    discarded: Usage::default(),
                 },
             })
             .unwrap();

@@ -41,6 +41,7 @@ pub(crate) fn batch(doc: &str, first: u32, len: u32, dimensions: usize) -> Embed
             dimensions,
             values,
             usage: Usage::default(),
+            discarded: Usage::default(),
         },
     }
 }

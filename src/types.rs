@@ -112,6 +112,30 @@ impl std::ops::AddAssign for Usage {
     }
 }
 
+impl std::ops::Add for Usage {
+    type Output = Usage;
+
+    fn add(mut self, other: Usage) -> Usage {
+        self += other;
+        self
+    }
+}
+
+impl Usage {
+    /// `self - other`, each count at least 0.
+    #[must_use]
+    pub fn saturating_sub(self, other: Usage) -> Usage {
+        Usage {
+            prompt_tokens: self.prompt_tokens.saturating_sub(other.prompt_tokens),
+            total_tokens: self.total_tokens.saturating_sub(other.total_tokens),
+        }
+    }
+
+    pub fn is_zero(&self) -> bool {
+        self.prompt_tokens == 0 && self.total_tokens == 0
+    }
+}
+
 /// A backend's answer to one request, before any check: the vectors one
 /// after another in `values`, in the order they came, each item's `index`
 /// and place beside them.
@@ -173,7 +197,11 @@ impl RawVectors {
 pub struct Vectors {
     pub dimensions: usize,
     pub values: Vec<f32>,
+    /// Everything billed for these vectors: every response that carried
+    /// usage, including those whose vectors failed a check.
     pub usage: Usage,
+    /// Of `usage`, what paid for vectors that failed a check and were sent again.
+    pub discarded: Usage,
 }
 
 impl Vectors {
@@ -233,6 +261,15 @@ pub fn id_key128(id: &str) -> u128 {
     };
     (u128::from(half(0)) << 64) | u128::from(half(1))
 }
+
+/// Of `embedjob.usage.prompt_tokens`, the tokens that paid for vectors that
+/// failed a check and were discarded.
+pub const DISCARDED_TOKENS_KEY: &str = "embedjob.usage.discarded_tokens";
+/// The local token count of the chunks whose vectors were paid for.
+pub const LOCAL_TOKENS_KEY: &str = "embedjob.usage.local_tokens";
+/// Billed tokens (those discarded left out) over the local count of the same
+/// chunks, for the next estimate of the job.
+pub const TOKEN_RATIO_KEY: &str = "embedjob.billed_token_ratio";
 
 /// What an output's metadata records about the run that made it.
 #[derive(Debug, Clone, PartialEq, Default)]

@@ -37,6 +37,10 @@ pub enum ValidationError {
     },
     #[error("vector length: the vectors are empty")]
     Empty,
+    /// Every vector has another length than expected: the model makes
+    /// vectors of that length, and sending again cannot change it.
+    #[error("vector length: every vector has {got} values, expected {expected}")]
+    Length { expected: usize, got: usize },
 }
 
 /// Checks an answer to a request of `inputs` texts, from any backend.
@@ -48,6 +52,43 @@ pub fn check(
     inputs: usize,
     dimensions: Option<usize>,
 ) -> Result<Vectors, ValidationError> {
+    let checked = check_rows(raw, inputs, dimensions)?;
+    match checked.rejected.into_iter().next() {
+        Some(rejected) => Err(rejected.error),
+        None => Ok(checked.vectors),
+    }
+}
+
+/// One vector that failed a check in an answer whose count and indices are right.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rejected {
+    /// The input it answers.
+    pub index: usize,
+    pub error: ValidationError,
+}
+
+/// An answer whose count and indices are right, sorted: the vectors that
+/// passed, in input order, and those that did not.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Checked {
+    /// The rows of the inputs not in `rejected`, in input order.
+    pub vectors: Vectors,
+    /// Ascending by index.
+    pub rejected: Vec<Rejected>,
+}
+
+/// Checks an answer as [`check`] does, but keeps the vectors that pass when
+/// only some fail their length or finiteness check, so that only the inputs
+/// of those need sending again. A wrong count, misplaced indices, or every
+/// vector of an answer of two or more having one same wrong length
+/// ([`ValidationError::Length`], the model makes vectors of another length)
+/// fail the whole answer. Without `dimensions`, the length most vectors have
+/// (the first vector's, on a tie) is the one expected.
+pub fn check_rows(
+    raw: impl Into<RawVectors>,
+    inputs: usize,
+    dimensions: Option<usize>,
+) -> Result<Checked, ValidationError> {
     let RawVectors {
         items,
         values,
@@ -77,46 +118,88 @@ pub fn check(
     }
     // With the count equal and no duplicates, every index is present.
     let rows: Vec<RawItem> = placed.into_iter().flatten().map(|p| items[p]).collect();
-    let expected = match dimensions {
-        Some(d) => d,
-        None => rows.first().map_or(0, |item| item.len),
-    };
+    let expected = dimensions.unwrap_or_else(|| most_common_length(&rows));
     if expected == 0 && inputs > 0 {
         return Err(ValidationError::Empty);
     }
+    if let Some(first) = rows.first() {
+        if rows.len() >= 2 && first.len != expected && rows.iter().all(|r| r.len == first.len) {
+            return Err(ValidationError::Length {
+                expected,
+                got: first.len,
+            });
+        }
+    }
+    let mut rejected = Vec::new();
     let mut in_order = true;
     for (index, item) in rows.iter().enumerate() {
         if item.len != expected {
-            return Err(ValidationError::Dimensions {
+            rejected.push(Rejected {
                 index,
-                expected,
-                got: item.len,
+                error: ValidationError::Dimensions {
+                    index,
+                    expected,
+                    got: item.len,
+                },
             });
+            continue;
         }
         let row = &values[item.start..item.start + item.len];
         if let Some(position) = row.iter().position(|v| !v.is_finite()) {
-            return Err(ValidationError::NonFinite {
+            rejected.push(Rejected {
                 index,
-                position,
-                value: row[position],
+                error: ValidationError::NonFinite {
+                    index,
+                    position,
+                    value: row[position],
+                },
             });
+            continue;
         }
         in_order &= item.start == index * expected;
     }
-    let values = if in_order && values.len() == inputs * expected {
+    let values = if rejected.is_empty() && in_order && values.len() == inputs * expected {
         values
     } else {
-        let mut ordered = Vec::with_capacity(inputs * expected);
-        for item in &rows {
+        let mut ordered = Vec::with_capacity((inputs - rejected.len()) * expected);
+        let mut failed = rejected.iter().map(|r| r.index).peekable();
+        for (index, item) in rows.iter().enumerate() {
+            if failed.peek() == Some(&index) {
+                failed.next();
+                continue;
+            }
             ordered.extend_from_slice(&values[item.start..item.start + item.len]);
         }
         ordered
     };
-    Ok(Vectors {
-        dimensions: expected,
-        values,
-        usage: usage.unwrap_or_default(),
+    Ok(Checked {
+        vectors: Vectors {
+            dimensions: expected,
+            values,
+            usage: usage.unwrap_or_default(),
+            discarded: crate::types::Usage::default(),
+        },
+        rejected,
     })
+}
+
+/// The length most vectors have; the first vector's on a tie.
+fn most_common_length(rows: &[RawItem]) -> usize {
+    let mut counts: Vec<(usize, usize)> = Vec::new();
+    for row in rows {
+        match counts.iter_mut().find(|(len, _)| *len == row.len) {
+            Some((_, n)) => *n += 1,
+            None => counts.push((row.len, 1)),
+        }
+        if counts.len() > 8 {
+            break;
+        }
+    }
+    let best = counts.iter().map(|&(_, n)| n).max().unwrap_or(0);
+    counts
+        .iter()
+        .find(|&&(_, n)| n == best)
+        .map_or(0, |&(len, _)| len)
 }
 
 #[cfg(test)]
@@ -210,6 +293,58 @@ mod tests {
                 "{err} should name {check_name}"
             );
         }
+    }
+
+    #[test]
+    fn a_failed_vector_is_set_apart_and_the_rest_kept() {
+        let checked = check_rows(
+            response(&[
+                (2, vec![2.0, 2.0]),
+                (0, vec![0.0, 0.5]),
+                (1, vec![f32::NAN, 1.0]),
+                (3, vec![3.0]),
+            ]),
+            4,
+            Some(2),
+        )
+        .unwrap();
+        assert_eq!(checked.vectors.values, [0.0, 0.5, 2.0, 2.0]);
+        let failed: Vec<usize> = checked.rejected.iter().map(|r| r.index).collect();
+        assert_eq!(failed, [1, 3]);
+        assert!(checked.rejected[1]
+            .error
+            .to_string()
+            .starts_with("vector length"));
+        assert_eq!(checked.vectors.usage.prompt_tokens, 3);
+    }
+
+    #[test]
+    fn every_vector_of_one_other_length_fails_the_answer() {
+        let err = check_rows(
+            response(&[(0, vec![1.0; 3]), (1, vec![1.0; 3])]),
+            2,
+            Some(2),
+        )
+        .unwrap_err();
+        assert_eq!(
+            err,
+            ValidationError::Length {
+                expected: 2,
+                got: 3
+            }
+        );
+        // One vector alone may be damaged: it is sent again.
+        let one = check_rows(response(&[(0, vec![1.0; 3])]), 1, Some(2)).unwrap();
+        assert_eq!(one.rejected.len(), 1);
+        // Without a length to expect, most vectors set it.
+        let most = check_rows(
+            response(&[(0, vec![1.0]), (1, vec![1.0, 2.0]), (2, vec![3.0, 4.0])]),
+            3,
+            None,
+        )
+        .unwrap();
+        assert_eq!(most.vectors.dimensions, 2);
+        assert_eq!(most.rejected[0].index, 0);
     }
 
     #[test]

@@ -1,9 +1,17 @@
 //! The service backend: retries with backoff, client-side rate limits, an
 //! adaptive window of requests in flight, and a check of every response.
+//!
+//! Every response that arrives whole was billed, so its usage is counted
+//! whether or not its vectors pass. When only some vectors of an answer fail
+//! (a wrong length, a non-finite value) the others are kept and only the
+//! failed inputs are sent again; an answer whose vectors all have another
+//! length than expected stops the run, as sending it again would only be
+//! billed again. A request that times out is not sent again whole: the
+//! server may still compute and bill it.
 
 use std::num::NonZeroU32;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
@@ -11,16 +19,18 @@ use futures::FutureExt;
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 
 use super::throttle::Throttle;
-use super::{BackendError, BackendInfo, BackendStats, EmbeddingBackend};
-use crate::client::{ApiError, Client, EmbeddingInput, ErrorKind};
-use crate::job::BackendKind;
+use super::{BackendError, BackendInfo, BackendStats, EmbeddingBackend, RequestLimit};
+use crate::client::{ApiError, Client, EmbeddingInput, EmbeddingRequest, ErrorKind, SizeLimit};
+use crate::job::{BackendKind, EncodingFormat};
 use crate::retry::{with_retries_notify, RetryPolicy, Retryable};
-use crate::types::Vectors;
-use crate::validate::{self, ValidationError};
+use crate::types::{RawVectors, Usage, Vectors};
+use crate::validate::{self, Checked, ValidationError};
 
 #[derive(Debug, Clone)]
 pub struct ApiSettings {
     pub model: String,
+    /// `backend.dimensions`: the length asked for (sent as `dimensions`
+    /// when it is not the model's known length).
     pub dimensions: Option<usize>,
     pub concurrency: usize,
     pub requests_per_minute: u32,
@@ -28,6 +38,55 @@ pub struct ApiSettings {
     /// The largest request the batcher makes, in tokens: the token bucket must hold one.
     pub max_tokens_per_request: u64,
     pub retry: RetryPolicy,
+    pub encoding: EncodingFormat,
+    /// `backend.context_window`, over the listing's.
+    pub context_window: Option<u64>,
+    /// `backend.input_per_1k`, over the listing's.
+    pub input_per_1k: Option<f64>,
+    /// What setting up found the service does not tell.
+    pub warnings: Vec<String>,
+}
+
+impl ApiSettings {
+    /// Settings for `model` with no client-side limits, one request in
+    /// flight, the default retries and floats.
+    pub fn new(model: impl Into<String>) -> Self {
+        ApiSettings {
+            model: model.into(),
+            dimensions: None,
+            concurrency: 1,
+            requests_per_minute: 0,
+            tokens_per_minute: 0,
+            max_tokens_per_request: 0,
+            retry: RetryPolicy::default(),
+            encoding: EncodingFormat::Float,
+            context_window: None,
+            input_per_1k: None,
+            warnings: Vec::new(),
+        }
+    }
+}
+
+/// Tokens counted up from many tasks.
+#[derive(Debug, Default)]
+struct UsageCounter {
+    prompt: AtomicU64,
+    total: AtomicU64,
+}
+
+impl UsageCounter {
+    fn add(&self, usage: Usage) {
+        self.prompt
+            .fetch_add(usage.prompt_tokens, Ordering::Relaxed);
+        self.total.fetch_add(usage.total_tokens, Ordering::Relaxed);
+    }
+
+    fn get(&self) -> Usage {
+        Usage {
+            prompt_tokens: self.prompt.load(Ordering::Relaxed),
+            total_tokens: self.total.load(Ordering::Relaxed),
+        }
+    }
 }
 
 pub struct ApiBackend {
@@ -38,16 +97,34 @@ pub struct ApiBackend {
     requests_limit: Option<DefaultDirectRateLimiter>,
     tokens_limit: Option<(DefaultDirectRateLimiter, NonZeroU32)>,
     learned_dimensions: OnceLock<usize>,
+    /// Vectors of the expected length have come: a lone vector of another
+    /// length is then a damaged one, not the model's length.
+    confirmed: AtomicBool,
+    /// Ask for base64; cleared when the service refuses it (`auto`).
+    base64: AtomicBool,
+    /// Fall back to floats when the service refuses base64.
+    may_fall_back: bool,
+    /// `dimensions` to send, until the service refuses it.
+    send_dimensions: Option<usize>,
+    dimensions_refused: AtomicBool,
     requests: AtomicU64,
     retries: AtomicU64,
     invalid: AtomicU64,
+    timeouts: AtomicU64,
+    billed: UsageCounter,
+    warnings: Mutex<Vec<String>>,
 }
 
 /// One failed attempt: the service said no, or its answer failed a check.
 #[derive(Debug)]
 enum Attempt {
     Api(ApiError),
+    /// The whole answer failed a check; it was billed and is sent again.
     Invalid(ValidationError),
+    /// Every vector has another length: sending again cannot help.
+    WrongLength(ValidationError),
+    /// A request of several inputs got no answer in time: it is split, not sent again whole.
+    TimedOut(ApiError),
 }
 
 impl Retryable for Attempt {
@@ -55,15 +132,25 @@ impl Retryable for Attempt {
         match self {
             Attempt::Api(e) => e.should_retry(),
             Attempt::Invalid(_) => true,
+            Attempt::WrongLength(_) | Attempt::TimedOut(_) => false,
         }
     }
 
     fn requested_delay(&self) -> Option<Duration> {
         match self {
             Attempt::Api(e) => e.requested_delay(),
-            Attempt::Invalid(_) => None,
+            _ => None,
         }
     }
+}
+
+/// Whether a refusal is about one request parameter, which the service does not take.
+fn refuses_parameter(error: &ApiError, words: &[&str]) -> bool {
+    matches!(error.status, Some(400 | 422))
+        && error.kind != ErrorKind::TooLarge
+        && words
+            .iter()
+            .any(|w| error.message.to_ascii_lowercase().contains(w))
 }
 
 /// `per_minute` spread evenly over the minute, with a burst of one second's
@@ -153,21 +240,24 @@ fn token_cells(tokens: u64, burst: NonZeroU32) -> u32 {
 }
 
 impl ApiBackend {
-    /// `model` is the service's listing of the model, when it was fetched.
+    /// `model` is the service's description of the model, when it gave one.
     pub fn new(
         client: Client,
         settings: ApiSettings,
         model: Option<&crate::client::Model>,
     ) -> Self {
-        let dimensions = settings
-            .dimensions
-            .or_else(|| validate::known_model_dimensions(&settings.model));
+        let known = validate::known_model_dimensions(&settings.model);
+        let dimensions = settings.dimensions.or(known);
         let info = BackendInfo {
             kind: BackendKind::Api,
             model: settings.model.clone(),
             dimensions,
-            context_window: model.and_then(|m| m.context_window),
-            input_per_1k: model.and_then(|m| m.pricing).and_then(|p| p.input_per_1k),
+            context_window: settings
+                .context_window
+                .or_else(|| model.and_then(|m| m.context_window)),
+            input_per_1k: settings
+                .input_per_1k
+                .or_else(|| model.and_then(|m| m.pricing).and_then(|p| p.input_per_1k)),
         };
         let limits = RateLimits::new(
             settings.requests_per_minute,
@@ -186,9 +276,27 @@ impl ApiBackend {
             requests_limit,
             tokens_limit,
             learned_dimensions: OnceLock::new(),
+            confirmed: AtomicBool::new(false),
+            base64: AtomicBool::new(settings.encoding != EncodingFormat::Float),
+            may_fall_back: settings.encoding == EncodingFormat::Auto,
+            send_dimensions: settings.dimensions.filter(|&d| known != Some(d)),
+            dimensions_refused: AtomicBool::new(false),
             requests: AtomicU64::new(0),
             retries: AtomicU64::new(0),
             invalid: AtomicU64::new(0),
+            timeouts: AtomicU64::new(0),
+            billed: UsageCounter::default(),
+            warnings: Mutex::new(settings.warnings),
+        }
+    }
+
+    fn warn(&self, warning: String) {
+        let mut warnings = self
+            .warnings
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !warnings.contains(&warning) {
+            warnings.push(warning);
         }
     }
 
@@ -203,44 +311,110 @@ impl ApiBackend {
         }
     }
 
-    async fn attempt(&self, texts: &[&str], tokens: u64) -> Result<Vectors, Attempt> {
-        self.wait_for_rate_limits(tokens).await;
-        let _permit = self.throttle.acquire().await;
-        let expected = self
-            .info
+    /// The length every vector must have, once known.
+    fn expected_dimensions(&self) -> Option<usize> {
+        self.info
             .dimensions
-            .or_else(|| self.learned_dimensions.get().copied());
-        let capacity = texts.len() * expected.unwrap_or(0);
-        let response = self
-            .client
-            .embeddings_flat(
-                &self.info.model,
-                EmbeddingInput::Many(texts.to_vec()),
-                capacity,
-            )
-            .await
-            .map_err(|e| {
-                if e.status == Some(429) {
-                    self.throttle.on_throttled(e.retry_after);
-                }
-                Attempt::Api(e)
-            })?;
-        let vectors = validate::check(response, texts.len(), expected).map_err(Attempt::Invalid)?;
-        let _ = self.learned_dimensions.set(vectors.dimensions);
-        self.throttle.on_success();
-        self.requests.fetch_add(1, Ordering::Relaxed);
-        Ok(vectors)
+            .or_else(|| self.learned_dimensions.get().copied())
     }
 
-    async fn embed_with_retries(
+    /// Sends one request and decodes its answer, which is billed from then
+    /// on. A parameter the service refuses (`encoding_format: "base64"` under
+    /// `auto`, `dimensions`) is dropped for the rest of the run and the
+    /// request sent again at once. A request of several inputs that times out
+    /// is handed back to be split, when `splittable`.
+    async fn attempt(
         &self,
         texts: &[&str],
         tokens: u64,
-    ) -> Result<Vectors, BackendError> {
+        splittable: bool,
+    ) -> Result<RawVectors, Attempt> {
+        self.wait_for_rate_limits(tokens).await;
+        let _permit = self.throttle.acquire().await;
+        let capacity = texts.len() * self.expected_dimensions().unwrap_or(0);
+        loop {
+            let base64 = self.base64.load(Ordering::Relaxed);
+            let dimensions = self
+                .send_dimensions
+                .filter(|_| !self.dimensions_refused.load(Ordering::Relaxed));
+            let request = EmbeddingRequest {
+                encoding_format: base64.then_some("base64"),
+                dimensions,
+                ..EmbeddingRequest::new(&self.info.model, EmbeddingInput::Many(texts.to_vec()))
+            };
+            let error = match self.client.embed_request(&request, capacity).await {
+                Ok(raw) => {
+                    self.requests.fetch_add(1, Ordering::Relaxed);
+                    self.billed.add(raw.usage.unwrap_or_default());
+                    self.throttle.on_success();
+                    return Ok(raw);
+                }
+                Err(e) => e,
+            };
+            if error.status == Some(429) {
+                self.throttle.on_throttled(error.retry_after);
+            }
+            if error.timed_out {
+                self.timeouts.fetch_add(1, Ordering::Relaxed);
+                self.throttle.on_timeout();
+                if splittable && texts.len() > 1 {
+                    return Err(Attempt::TimedOut(error));
+                }
+            }
+            if base64
+                && self.may_fall_back
+                && refuses_parameter(&error, &["encoding_format", "base64"])
+            {
+                self.base64.store(false, Ordering::Relaxed);
+                self.warn(format!(
+                    "the service refused `encoding_format: \"base64\"` ({}): asking for floats for the rest of the run",
+                    error.message
+                ));
+                continue;
+            }
+            if dimensions.is_some() && refuses_parameter(&error, &["dimensions", "matryoshka"]) {
+                self.dimensions_refused.store(true, Ordering::Relaxed);
+                self.warn(format!(
+                    "the service refused `dimensions` ({}): sent without it from now on; \
+                     vectors must still have the {} values `backend.dimensions` declares",
+                    error.message,
+                    dimensions.unwrap_or_default()
+                ));
+                continue;
+            }
+            return Err(Attempt::Api(error));
+        }
+    }
+
+    /// Sends `texts` until an answer holds together (count and indices
+    /// right), retrying transient faults and answers that do not; every
+    /// answer that failed whole adds its usage to `wasted`. Only the first
+    /// round of a request is split on a timeout: later rounds send inputs
+    /// again beside vectors already paid for, which a split would drop.
+    async fn round(
+        &self,
+        texts: &[&str],
+        tokens: u64,
+        expected: Option<usize>,
+        first: bool,
+        wasted: &Mutex<Usage>,
+    ) -> Result<Checked, BackendError> {
         let mut attempts = 1;
         let result = with_retries_notify(
             &self.retry,
-            || self.attempt(texts, tokens),
+            || async {
+                let raw = self.attempt(texts, tokens, first).await?;
+                let usage = raw.usage.unwrap_or_default();
+                validate::check_rows(raw, texts.len(), expected).map_err(|e| {
+                    *wasted
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner) += usage;
+                    match e {
+                        ValidationError::Length { .. } => Attempt::WrongLength(e),
+                        _ => Attempt::Invalid(e),
+                    }
+                })
+            },
             |failure, _wait| {
                 attempts += 1;
                 self.retries.fetch_add(1, Ordering::Relaxed);
@@ -250,12 +424,13 @@ impl ApiBackend {
             },
         )
         .await;
-        result.map_err(|failure| match failure {
+        result.map_err(|failure| self.failure(failure, attempts))
+    }
+
+    fn failure(&self, failure: Attempt, attempts: usize) -> BackendError {
+        match failure {
             Attempt::Api(e) => match e.kind {
-                ErrorKind::TooLarge => BackendError::TooLarge {
-                    status: e.status,
-                    message: e.message,
-                },
+                ErrorKind::TooLarge => too_large(e),
                 ErrorKind::Permanent => BackendError::Permanent {
                     status: e.status,
                     message: e.to_string(),
@@ -269,7 +444,172 @@ impl ApiBackend {
                 attempts,
                 message: format!("invalid response from POST /v1/embeddings: {e}"),
             },
+            Attempt::WrongLength(e) => self.wrong_length(&e),
+            Attempt::TimedOut(e) => BackendError::OverLimit {
+                limit: RequestLimit::Time,
+                status: None,
+                message: e.to_string(),
+            },
+        }
+    }
+
+    /// The run's vectors would all be of another length: say which, and why it may be.
+    fn wrong_length(&self, error: &ValidationError) -> BackendError {
+        let hint = match self.send_dimensions {
+            Some(d) if self.dimensions_refused.load(Ordering::Relaxed) => format!(
+                "; the service refused `dimensions: {d}`, so the model's own length came back"
+            ),
+            Some(d) => format!("; `dimensions: {d}` was sent and the service did not apply it"),
+            None => String::new(),
+        };
+        BackendError::Permanent {
+            status: None,
+            message: format!(
+                "invalid response from POST /v1/embeddings: {error}{hint}. \
+                 Set `backend.dimensions` to the model's length (or leave it out); \
+                 nothing was retried"
+            ),
+        }
+    }
+
+    /// Embeds `texts`: the first answer's good vectors are kept, and only
+    /// the inputs whose vectors failed are sent again, until all pass.
+    async fn embed_all(&self, texts: &[&str], tokens: u64) -> Result<Vectors, BackendError> {
+        let wasted = Mutex::new(Usage::default());
+        let first = self
+            .round(texts, tokens, self.expected_dimensions(), true, &wasted)
+            .await?;
+        let _ = self.learned_dimensions.set(first.vectors.dimensions);
+        if !first.vectors.is_empty() {
+            self.confirmed.store(true, Ordering::Relaxed);
+        }
+        let discarded = |extra: Usage| {
+            *wasted
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                + extra
+        };
+        if first.rejected.is_empty() {
+            let mut vectors = first.vectors;
+            vectors.discarded = discarded(Usage::default());
+            vectors.usage += vectors.discarded;
+            return Ok(vectors);
+        }
+        let mut assembly = Assembly::new(texts.len(), first);
+        let mut resent = Usage::default();
+        let mut rounds = 0;
+        while !assembly.pending.is_empty() {
+            rounds += 1;
+            self.retries.fetch_add(1, Ordering::Relaxed);
+            self.invalid.fetch_add(1, Ordering::Relaxed);
+            if rounds > self.retry.max_retries {
+                return Err(BackendError::Exhausted {
+                    attempts: rounds,
+                    message: format!(
+                        "invalid response from POST /v1/embeddings: {}",
+                        assembly.last_error
+                    ),
+                });
+            }
+            let pending: Vec<&str> = assembly.pending.iter().map(|&i| texts[i]).collect();
+            let share = tokens * pending.len() as u64 / texts.len().max(1) as u64;
+            let checked = self
+                .round(&pending, share, Some(assembly.dimensions), false, &wasted)
+                .await?;
+            // The inputs sent again were billed before for vectors that were
+            // dropped: as much as this answer, had it counted the same.
+            resent += checked.vectors.usage;
+            let confirmed = self.confirmed.load(Ordering::Relaxed);
+            assembly
+                .place(checked, !confirmed)
+                .map_err(|e| self.wrong_length(&e))?;
+        }
+        let wasted = discarded(resent);
+        Ok(Vectors {
+            dimensions: assembly.dimensions,
+            values: assembly.values,
+            usage: assembly.usage + wasted,
+            discarded: wasted,
         })
+    }
+}
+
+/// A too-large refusal, sorted by what was too large.
+fn too_large(e: ApiError) -> BackendError {
+    let limit = match e.size_limit() {
+        SizeLimit::Input => {
+            return BackendError::TooLarge {
+                status: e.status,
+                message: e.message,
+            }
+        }
+        SizeLimit::Inputs(most) => RequestLimit::Inputs(most),
+        SizeLimit::Tokens(most) => RequestLimit::Tokens(most),
+        SizeLimit::Request => RequestLimit::Inputs(None),
+    };
+    BackendError::OverLimit {
+        limit,
+        status: e.status,
+        message: e.message,
+    }
+}
+
+/// The vectors of one request, put together from answers to its inputs
+/// that were sent again.
+struct Assembly {
+    dimensions: usize,
+    values: Vec<f32>,
+    /// The usage of the first answer: what paid for the vectors kept.
+    usage: Usage,
+    /// Inputs still without a vector, ascending.
+    pending: Vec<usize>,
+    /// The length each pending input's vector last had, when that was the fault.
+    lengths: Vec<Option<usize>>,
+    last_error: ValidationError,
+}
+
+impl Assembly {
+    fn new(inputs: usize, first: Checked) -> Assembly {
+        let dimensions = first.vectors.dimensions;
+        let mut assembly = Assembly {
+            dimensions,
+            values: vec![0.0; inputs * dimensions],
+            usage: first.vectors.usage,
+            pending: (0..inputs).collect(),
+            lengths: vec![None; inputs],
+            last_error: ValidationError::Empty,
+        };
+        // Placing the first answer cannot find a repeated wrong length.
+        let _ = assembly.place(first, false);
+        assembly
+    }
+
+    /// Puts the vectors of an answer to `pending` in place; its failed
+    /// inputs are pending next. Before any vector of the expected length
+    /// came (`unconfirmed`), the same input failing twice with the same wrong
+    /// length is the model's length, not a damaged vector.
+    fn place(&mut self, checked: Checked, unconfirmed: bool) -> Result<(), ValidationError> {
+        let d = self.dimensions;
+        let mut kept = checked.vectors.rows();
+        let mut failed = checked.rejected.into_iter().peekable();
+        let mut next = Vec::new();
+        for (position, &input) in self.pending.iter().enumerate() {
+            if failed.peek().is_some_and(|r| r.index == position) {
+                let rejected = failed.next().expect("peeked");
+                if let ValidationError::Dimensions { got, .. } = rejected.error {
+                    if unconfirmed && self.lengths[input] == Some(got) {
+                        return Err(ValidationError::Length { expected: d, got });
+                    }
+                    self.lengths[input] = Some(got);
+                }
+                self.last_error = rejected.error;
+                next.push(input);
+            } else if let Some(row) = kept.next() {
+                self.values[input * d..(input + 1) * d].copy_from_slice(row);
+            }
+        }
+        self.pending = next;
+        Ok(())
     }
 }
 
@@ -283,7 +623,7 @@ impl EmbeddingBackend for ApiBackend {
         texts: &'a [&'a str],
         tokens: u64,
     ) -> BoxFuture<'a, Result<Vectors, BackendError>> {
-        self.embed_with_retries(texts, tokens).boxed()
+        self.embed_all(texts, tokens).boxed()
     }
 
     fn stats(&self) -> BackendStats {
@@ -292,7 +632,17 @@ impl EmbeddingBackend for ApiBackend {
             retries: self.retries.load(Ordering::Relaxed),
             invalid_responses: self.invalid.load(Ordering::Relaxed),
             throttled: self.throttle.throttled(),
+            timeouts: self.timeouts.load(Ordering::Relaxed),
+            billed: self.billed.get(),
+            lowered_concurrency: self.throttle.lowered(),
         }
+    }
+
+    fn warnings(&self) -> Vec<String> {
+        self.warnings
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 }
 

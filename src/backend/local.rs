@@ -935,6 +935,7 @@ impl EmbeddingBackend for LocalBackend {
                     dimensions,
                     values: Vec::new(),
                     usage: Usage::default(),
+                    discarded: Usage::default(),
                 });
             }
             let (reply, answer) = oneshot::channel();

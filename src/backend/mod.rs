@@ -11,7 +11,7 @@ use futures::future::BoxFuture;
 use serde::Serialize;
 
 use crate::job::BackendKind;
-use crate::types::Vectors;
+use crate::types::{Usage, Vectors};
 
 /// What a backend embeds with.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -43,12 +43,35 @@ impl BackendInfo {
     }
 }
 
-/// A request that failed for good. The pipeline splits `TooLarge` batches
-/// and stops the run on the others.
+/// A limit of the service's on whole requests that a request went over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RequestLimit {
+    /// Inputs per request; the most, when the service said.
+    Inputs(Option<usize>),
+    /// Tokens per request; the most, when the service said.
+    Tokens(Option<u64>),
+    /// The request took longer than the client waits: the server may still
+    /// bill it, so it is not sent again whole.
+    Time,
+}
+
+/// A request that failed for good. The pipeline splits `TooLarge` and
+/// `OverLimit` batches and stops the run on the others.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum BackendError {
+    /// One of the inputs is too large for the model: the batch is split until
+    /// that input is alone, and then quarantined.
     #[error("too large: {message}")]
     TooLarge {
+        status: Option<u16>,
+        message: String,
+    },
+    /// The request as a whole went over a limit: the rest of the run sends
+    /// smaller requests.
+    #[error("over the service's limit: {message}")]
+    OverLimit {
+        limit: RequestLimit,
         status: Option<u16>,
         message: String,
     },
@@ -64,9 +87,9 @@ pub enum BackendError {
 impl BackendError {
     pub fn status(&self) -> Option<u16> {
         match self {
-            BackendError::TooLarge { status, .. } | BackendError::Permanent { status, .. } => {
-                *status
-            }
+            BackendError::TooLarge { status, .. }
+            | BackendError::OverLimit { status, .. }
+            | BackendError::Permanent { status, .. } => *status,
             BackendError::Exhausted { .. } => None,
         }
     }
@@ -75,7 +98,8 @@ impl BackendError {
 /// Counters a backend keeps while it works.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct BackendStats {
-    /// Requests answered with vectors that passed every check.
+    /// Requests answered whole (and so billed), whether or not their vectors
+    /// passed every check.
     pub requests: u64,
     /// Attempts that failed and were tried again.
     pub retries: u64,
@@ -83,6 +107,13 @@ pub struct BackendStats {
     pub invalid_responses: u64,
     /// Of the retries, 429 answers.
     pub throttled: u64,
+    /// Requests given up on after the client's timeout; the service may
+    /// have billed them.
+    pub timeouts: u64,
+    /// Every response's usage, kept or not: what the service billed.
+    pub billed: Usage,
+    /// The requests in flight allowed, when timeouts lowered it.
+    pub lowered_concurrency: Option<usize>,
 }
 
 /// Turns texts into checked vectors, in input order.
@@ -98,4 +129,10 @@ pub trait EmbeddingBackend: Send + Sync {
     ) -> BoxFuture<'a, Result<Vectors, BackendError>>;
 
     fn stats(&self) -> BackendStats;
+
+    /// What the backend could not find out or had to change about the
+    /// service, for stderr and the run's summary.
+    fn warnings(&self) -> Vec<String> {
+        Vec::new()
+    }
 }

@@ -26,6 +26,8 @@ pub struct Throttle {
 #[derive(Debug)]
 struct State {
     window: f64,
+    /// The most the window may grow to: `max`, until timeouts lower it.
+    ceiling: usize,
     in_flight: usize,
     paused_until: Option<Instant>,
     last_decrease: Option<Instant>,
@@ -53,6 +55,7 @@ impl Throttle {
             max,
             state: Mutex::new(State {
                 window: max as f64,
+                ceiling: max,
                 in_flight: 0,
                 paused_until: None,
                 last_decrease: None,
@@ -99,7 +102,7 @@ impl Throttle {
     pub fn on_success(&self) {
         let mut state = self.lock();
         let grown = state.window + 1.0 / state.window;
-        state.window = grown.min(self.max as f64);
+        state.window = grown.min(state.ceiling as f64);
         drop(state);
         self.notify.notify_waiters();
     }
@@ -120,6 +123,31 @@ impl Throttle {
             let until = now + delay;
             state.paused_until = Some(state.paused_until.map_or(until, |p| p.max(until)));
         }
+    }
+
+    /// A request timed out: the server is slower than the client waits, so
+    /// fewer requests go in flight, for the rest of the run. Timeouts close
+    /// together count once, as 429s do.
+    pub fn on_timeout(&self) {
+        let mut state = self.lock();
+        let now = Instant::now();
+        let recent = state
+            .last_decrease
+            .is_some_and(|at| now.duration_since(at) < DECREASE_SPACING);
+        if !recent {
+            let lowered = (state.window / 2.0).floor().max(1.0);
+            state.window = lowered;
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            let ceiling = lowered as usize;
+            state.ceiling = state.ceiling.min(ceiling);
+            state.last_decrease = Some(now);
+        }
+    }
+
+    /// The requests in flight allowed, when timeouts lowered it below the configured most.
+    pub fn lowered(&self) -> Option<usize> {
+        let ceiling = self.lock().ceiling;
+        (ceiling < self.max).then_some(ceiling)
     }
 
     /// The current window, in requests.
@@ -185,6 +213,20 @@ mod tests {
         throttle.on_throttled(Some(Duration::from_secs(3)));
         let _permit = throttle.acquire().await;
         assert!(start.elapsed() >= Duration::from_secs(3));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_timeout_lowers_the_ceiling_for_good() {
+        let throttle = Throttle::new(8);
+        assert_eq!(throttle.lowered(), None);
+        throttle.on_timeout();
+        throttle.on_timeout();
+        assert_eq!(throttle.window(), 4.0, "timeouts together are one event");
+        assert_eq!(throttle.lowered(), Some(4));
+        for _ in 0..1000 {
+            throttle.on_success();
+        }
+        assert_eq!(throttle.window(), 4.0, "successes do not climb past it");
     }
 
     #[tokio::test(start_paused = true)]

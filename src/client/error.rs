@@ -44,6 +44,9 @@ pub struct ApiError {
     pub message: String,
     /// The delay the server asked for (`retry-after-ms` or `Retry-After`).
     pub retry_after: Option<Duration>,
+    /// No answer came within the client's timeout. The server may still
+    /// compute, and bill, the request.
+    pub timed_out: bool,
 }
 
 impl fmt::Display for ApiError {
@@ -73,6 +76,7 @@ impl ApiError {
             status: None,
             message: message.into(),
             retry_after: None,
+            timed_out: false,
         }
     }
 
@@ -90,7 +94,76 @@ impl ApiError {
                 message
             },
             retry_after: retry_after(headers, SystemTime::now()),
+            timed_out: false,
         }
+    }
+
+    /// The error an OpenAI-style `{"error": ...}` object in a successful
+    /// (200) body stands for, if the body is one: some gateways report
+    /// failures, rate limits among them, that way. Sorted by the status the
+    /// object names, if any, else by its words; the server's message is kept.
+    pub fn from_error_body(endpoint: &str, body: &[u8]) -> Option<Self> {
+        let value: serde_json::Value = serde_json::from_slice(body).ok()?;
+        let object = value.as_object()?;
+        if object.contains_key("data") || object.get("error").is_none_or(serde_json::Value::is_null)
+        {
+            return None;
+        }
+        let error = &object["error"];
+        let status = ["code", "status", "status_code"].iter().find_map(|key| {
+            error
+                .get(key)
+                .and_then(|v| {
+                    v.as_u64()
+                        .or_else(|| v.as_str().and_then(|s| s.parse().ok()))
+                })
+                .filter(|code| (400..600).contains(code))
+        });
+        let message = server_message(body);
+        let lower = message.to_ascii_lowercase();
+        let kind = match status {
+            Some(code) => classify(u16::try_from(code).unwrap_or(500), &message),
+            None if says_too_large(&message) => ErrorKind::TooLarge,
+            None if ["api key", "unauthorized", "authentication", "permission"]
+                .iter()
+                .any(|w| lower.contains(w)) =>
+            {
+                ErrorKind::Permanent
+            }
+            None => ErrorKind::Transient,
+        };
+        Some(ApiError {
+            kind,
+            endpoint: endpoint.to_string(),
+            status: Some(200),
+            message: format!("an error in a successful response: {message}"),
+            retry_after: None,
+            timed_out: false,
+        })
+    }
+
+    /// Whether the service said the model does not exist (OpenAI's
+    /// `model_not_found`, or a message saying so), as opposed to a route the
+    /// server does not have.
+    pub fn is_unknown_model(&self) -> bool {
+        let m = self.message.to_ascii_lowercase();
+        m.contains("model_not_found")
+            || (m.contains("model")
+                && [
+                    "does not exist",
+                    "not found",
+                    "unknown model",
+                    "no such model",
+                ]
+                .iter()
+                .any(|w| m.contains(w))
+                && !m.contains("unknown request url")
+                && !m.contains("file not found"))
+    }
+
+    /// What a too-large answer was about, read from the server's message.
+    pub fn size_limit(&self) -> SizeLimit {
+        size_limit(&self.message)
     }
 
     /// Builds the error for a transport failure (connect, timeout, reset, cut-off body).
@@ -111,7 +184,10 @@ impl ApiError {
         } else {
             ErrorKind::Transient
         };
-        ApiError::without_status(kind, endpoint, message)
+        ApiError {
+            timed_out: err.is_timeout(),
+            ..ApiError::without_status(kind, endpoint, message)
+        }
     }
 
     /// Removes every occurrence of `secret` from the message. Some services
@@ -144,13 +220,16 @@ fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
     text
 }
 
-/// Sorts a status (and, for 400, the message) into transient, permanent or too large.
+/// Sorts a status (and, for 400 and 422, the message) into transient,
+/// permanent or too large.
 pub fn classify(status: u16, message: &str) -> ErrorKind {
     match status {
         413 => ErrorKind::TooLarge,
-        400 if says_too_large(message) => ErrorKind::TooLarge,
+        400 | 422 if says_too_large(message) => ErrorKind::TooLarge,
         // 409 is what OpenAI-style services send for a lock or conflict that clears on its own.
         408 | 409 | 425 | 429 => ErrorKind::Transient,
+        // Not Implemented: the server lacks the route, and always will.
+        501 => ErrorKind::Permanent,
         500..=599 => ErrorKind::Transient,
         _ => ErrorKind::Permanent,
     }
@@ -162,15 +241,96 @@ fn says_too_large(message: &str) -> bool {
         "too large",
         "too long",
         "too many",
+        "too_long",
         "maximum context length",
         "context_length_exceeded",
         "too many tokens",
         "tokens per request",
         "exceeds the maximum",
         "reduce your",
+        "maximum allowed batch size",
+        "must have less than",
+        "items after validation",
     ]
     .iter()
     .any(|needle| m.contains(needle))
+}
+
+/// What a request was too large in, as far as the server's message tells.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SizeLimit {
+    /// One input is longer than the model takes: only that input is at fault.
+    Input,
+    /// The request has more inputs than the server takes (the most, when said).
+    Inputs(Option<usize>),
+    /// The request has more tokens than the server takes (the most, when said).
+    Tokens(Option<u64>),
+    /// The request as a whole, in a way the message does not say (a bare 413).
+    Request,
+}
+
+/// Reads a too-large message as OpenAI, TEI, vLLM and FastAPI (pydantic)
+/// servers word it.
+pub fn size_limit(message: &str) -> SizeLimit {
+    let m = message.to_ascii_lowercase();
+    let has = |words: &[&str]| words.iter().any(|w| m.contains(w));
+    if has(&[
+        "context length",
+        "context_length",
+        "input is too long",
+        "inputs` must have less than",
+        "string should have at most",
+        "string_too_long",
+        "in the input",
+        "input length",
+    ]) {
+        return SizeLimit::Input;
+    }
+    let most = number_after(
+        &m,
+        &[
+            "maximum allowed batch size",
+            "at most",
+            "the maximum is",
+            "maximum of",
+            "max_length",
+            "maximum",
+            "limit of",
+            "limit is",
+            "max",
+        ],
+    );
+    if has(&[
+        "items",
+        "inputs",
+        "batch size",
+        "batch_size",
+        "list should have",
+        "too many input",
+    ]) {
+        return SizeLimit::Inputs(most.and_then(|n| usize::try_from(n).ok()));
+    }
+    if m.contains("token") {
+        return SizeLimit::Tokens(most);
+    }
+    SizeLimit::Request
+}
+
+/// The first number within a few words after the first of `markers` found.
+fn number_after(text: &str, markers: &[&str]) -> Option<u64> {
+    markers.iter().find_map(|marker| {
+        let at = text.find(marker)? + marker.len();
+        let rest = &text[at..];
+        let start = rest.find(|c: char| c.is_ascii_digit())?;
+        if start > 24 {
+            return None;
+        }
+        let digits: String = rest[start..]
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect();
+        digits.parse().ok().filter(|&n| n > 0)
+    })
 }
 
 /// Extracts the message from an OpenAI-style `{"error": {...}}` body, a few
@@ -194,6 +354,11 @@ fn json_message(value: &serde_json::Value) -> Option<String> {
         Some(obj @ Value::Object(_)) => obj,
         _ => value,
     };
+    if let Some(Value::Array(details)) = object.get("detail") {
+        if let Some(message) = pydantic_message(details) {
+            return Some(message);
+        }
+    }
     let message = object
         .get("message")
         .or_else(|| object.get("detail"))
@@ -210,6 +375,45 @@ fn json_message(value: &serde_json::Value) -> Option<String> {
         Some(code) if !message.contains(code) => format!("{message} [{code}]"),
         _ => message,
     })
+}
+
+/// FastAPI's validation errors (`detail: [{loc, msg, ctx}, ...]`), without
+/// the `input` they echo, which can be the whole request.
+fn pydantic_message(details: &[serde_json::Value]) -> Option<String> {
+    let parts: Vec<String> = details
+        .iter()
+        .filter_map(|detail| {
+            let msg = detail.get("msg")?.as_str()?;
+            let loc: Vec<String> = detail
+                .get("loc")
+                .and_then(serde_json::Value::as_array)
+                .map(|items| {
+                    items
+                        .iter()
+                        .map(|l| l.as_str().map_or_else(|| l.to_string(), str::to_string))
+                        .collect()
+                })
+                .unwrap_or_default();
+            let kind = detail.get("type").and_then(serde_json::Value::as_str);
+            let most = detail
+                .get("ctx")
+                .and_then(|c| c.get("max_length"))
+                .and_then(serde_json::Value::as_u64);
+            let mut text = if loc.is_empty() {
+                msg.to_string()
+            } else {
+                format!("{}: {msg}", loc.join("."))
+            };
+            if let Some(kind) = kind {
+                text.push_str(&format!(" [{kind}]"));
+            }
+            if let Some(most) = most {
+                text.push_str(&format!(" (max_length {most})"));
+            }
+            Some(text)
+        })
+        .collect();
+    (!parts.is_empty()).then(|| parts.join("; "))
 }
 
 pub(crate) fn truncate_chars(text: &mut String, max: usize) {
@@ -296,6 +500,13 @@ mod tests {
         for status in [400, 401, 403, 404, 422] {
             assert_eq!(classify(status, "bad"), ErrorKind::Permanent, "{status}");
         }
+        assert_eq!(
+            classify(
+                422,
+                "body.input: List should have at most 32 items after validation, not 33"
+            ),
+            ErrorKind::TooLarge
+        );
         assert_eq!(classify(413, ""), ErrorKind::TooLarge);
         assert_eq!(
             classify(400, "This model's maximum context length is 8192 tokens"),
@@ -328,6 +539,83 @@ mod tests {
             server_message(long.as_bytes()).chars().count(),
             MAX_MESSAGE_CHARS + 1
         );
+    }
+
+    #[test]
+    fn too_large_messages_say_what_was_too_large() {
+        let cases = [
+            (
+                "This model's maximum context length is 8192 tokens, however you requested 9000 tokens",
+                SizeLimit::Input,
+            ),
+            (
+                "Input validation error: `inputs` must have less than 512 tokens. Given: 600",
+                SizeLimit::Input,
+            ),
+            (
+                "Too many inputs: got 33, the maximum is 32 per request.",
+                SizeLimit::Inputs(Some(32)),
+            ),
+            (
+                "batch size 64 > maximum allowed batch size 32",
+                SizeLimit::Inputs(Some(32)),
+            ),
+            (
+                "Requested 400000 tokens, max 300000 tokens per request",
+                SizeLimit::Tokens(Some(300_000)),
+            ),
+            ("Request body too large", SizeLimit::Request),
+        ];
+        for (message, expected) in cases {
+            assert_eq!(size_limit(message), expected, "{message}");
+        }
+        let body = br#"{"detail":[{"type":"too_long","loc":["body","input"],"msg":"List should have at most 32 items after validation, not 33","input":["a","b"],"ctx":{"field_type":"List","max_length":32,"actual_length":33}}]}"#;
+        let error = ApiError::from_response("POST /embeddings", 422, &HeaderMap::new(), body);
+        assert_eq!(error.kind, ErrorKind::TooLarge);
+        assert!(
+            !error.message.contains(r#""a""#),
+            "the echoed input is left out: {error}"
+        );
+        assert_eq!(error.size_limit(), SizeLimit::Inputs(Some(32)));
+    }
+
+    #[test]
+    fn an_error_in_a_successful_body_is_a_fault_with_its_message() {
+        let error = ApiError::from_error_body(
+            "POST /v1/embeddings",
+            br#"{"error":{"message":"upstream overloaded","type":"server_error","code":503}}"#,
+        )
+        .unwrap();
+        assert_eq!(error.kind, ErrorKind::Transient);
+        assert!(error.message.contains("upstream overloaded"), "{error}");
+        let limited = ApiError::from_error_body(
+            "POST /v1/embeddings",
+            br#"{"error":{"message":"Rate limit reached","code":"429"}}"#,
+        )
+        .unwrap();
+        assert_eq!(limited.kind, ErrorKind::Transient);
+        assert!(ApiError::from_error_body("x", br#"{"data":[],"error":null}"#).is_none());
+        assert!(ApiError::from_error_body("x", b"not json").is_none());
+    }
+
+    #[test]
+    fn an_unknown_model_is_told_from_a_missing_route() {
+        let unknown = ApiError::from_response(
+            "GET /v1/models/x",
+            404,
+            &HeaderMap::new(),
+            br#"{"error":{"message":"The model 'x' does not exist","code":"model_not_found"}}"#,
+        );
+        assert!(unknown.is_unknown_model());
+        for body in [
+            &br#"{"detail":"Not Found"}"#[..],
+            br#"{"error":{"code":404,"message":"File Not Found","type":"not_found_error"}}"#,
+            br#"{"error":{"message":"Unknown request URL: GET /v1/models/x.","code":"unknown_url"}}"#,
+            b"404 page not found",
+        ] {
+            let missing = ApiError::from_response("GET /v1/models/x", 404, &HeaderMap::new(), body);
+            assert!(!missing.is_unknown_model(), "{missing}");
+        }
     }
 
     #[test]

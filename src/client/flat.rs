@@ -8,8 +8,21 @@
 //! accepts (the same fields, the same leniency, the same errors), and
 //! [`validate::check`](crate::validate::check_flat) runs the same
 //! checks on it; a response in order needs no copy at all.
+//!
+//! A vector may come as numbers or, when asked for with
+//! `encoding_format: "base64"`, as one base64 string of little-endian
+//! `f32`s, as OpenAI sends it. Non-finite values are read as what they stand
+//! for, so that the check names the vector at fault and the rest of the
+//! answer is kept: a bare `NaN`, `Infinity` or `-Infinity` (as Python's
+//! `json` writes them), their quoted forms, and `null` (as `orjson` writes a
+//! NaN).
 
+use std::borrow::Cow;
 use std::fmt;
+
+use base64::engine::general_purpose::{GeneralPurpose, GeneralPurposeConfig};
+use base64::engine::DecodePaddingMode;
+use base64::Engine as _;
 
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
@@ -25,7 +38,115 @@ pub fn decode(body: &[u8], capacity: usize) -> serde_json::Result<RawVectors> {
     if let Some(flat) = fast::scan(body, capacity) {
         return Ok(flat);
     }
-    decode_with_serde(body, capacity)
+    match decode_with_serde(body, capacity) {
+        Err(e) => match with_non_finite_quoted(body) {
+            Cow::Owned(quoted) => decode_with_serde(&quoted, capacity),
+            Cow::Borrowed(_) => Err(e),
+        },
+        ok => ok,
+    }
+}
+
+/// The body with every bare `NaN`, `Infinity` and `-Infinity` outside a
+/// string quoted, so that `serde_json` reads it; borrowed when there is none.
+pub fn with_non_finite_quoted(body: &[u8]) -> Cow<'_, [u8]> {
+    const TOKENS: [&[u8]; 3] = [b"NaN", b"-Infinity", b"Infinity"];
+    let delimiter = |b: Option<&u8>| {
+        b.is_none_or(|b| {
+            matches!(b, b'[' | b']' | b',' | b':' | b'{' | b'}') || b.is_ascii_whitespace()
+        })
+    };
+    let mut out: Option<Vec<u8>> = None;
+    let (mut in_string, mut escaped, mut at, mut copied) = (false, false, 0, 0);
+    while at < body.len() {
+        let byte = body[at];
+        if in_string {
+            match byte {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            at += 1;
+            continue;
+        }
+        if byte == b'"' {
+            in_string = true;
+            at += 1;
+            continue;
+        }
+        let token = TOKENS.iter().find(|t| {
+            body[at..].starts_with(t)
+                && delimiter(at.checked_sub(1).and_then(|p| body.get(p)))
+                && delimiter(body.get(at + t.len()))
+        });
+        if let Some(token) = token {
+            let out = out.get_or_insert_with(|| Vec::with_capacity(body.len() + 16));
+            out.extend_from_slice(&body[copied..at]);
+            out.push(b'"');
+            out.extend_from_slice(token);
+            out.push(b'"');
+            at += token.len();
+            copied = at;
+        } else {
+            at += 1;
+        }
+    }
+    match out {
+        Some(mut out) => {
+            out.extend_from_slice(&body[copied..]);
+            Cow::Owned(out)
+        }
+        None => Cow::Borrowed(body),
+    }
+}
+
+/// Standard base64, with or without padding.
+const BASE64: GeneralPurpose = GeneralPurpose::new(
+    &base64::alphabet::STANDARD,
+    GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent),
+);
+
+/// Appends the little-endian `f32`s a base64 string holds to `values`,
+/// decoding through `scratch`.
+fn push_base64(
+    text: &[u8],
+    values: &mut Vec<f32>,
+    scratch: &mut Vec<u8>,
+) -> Result<(), &'static str> {
+    scratch.clear();
+    BASE64
+        .decode_vec(text, scratch)
+        .map_err(|_| "an embedding string that is not base64")?;
+    if !scratch.len().is_multiple_of(4) {
+        return Err("a base64 embedding that is not a whole number of 32-bit floats");
+    }
+    values.extend(
+        scratch
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+    );
+    Ok(())
+}
+
+/// A non-finite value written as a string, as `with_non_finite_quoted` leaves it.
+fn non_finite(text: &str) -> Option<f32> {
+    match text {
+        "NaN" | "nan" => Some(f32::NAN),
+        "Infinity" | "+Infinity" | "inf" => Some(f32::INFINITY),
+        "-Infinity" | "-inf" => Some(f32::NEG_INFINITY),
+        _ => None,
+    }
+}
+
+/// `embedding` as `EmbeddingItem` reads it: numbers, or one base64 string.
+pub(super) fn vector<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<f32>, D::Error> {
+    let mut values = Vec::new();
+    VectorSeed {
+        values: &mut values,
+    }
+    .deserialize(deserializer)?;
+    Ok(values)
 }
 
 /// The general path, through `serde_json`'s deserializer.
@@ -246,14 +367,15 @@ mod fast {
         fn data(&mut self, capacity: usize) -> Option<(Vec<RawItem>, Vec<f32>)> {
             let mut items = Vec::new();
             let mut values = Vec::with_capacity(capacity);
+            let mut scratch = Vec::new();
             self.array(|scan| {
-                items.push(scan.item(&mut values)?);
+                items.push(scan.item(&mut values, &mut scratch)?);
                 Some(())
             })?;
             Some((items, values))
         }
 
-        fn item(&mut self, values: &mut Vec<f32>) -> Option<RawItem> {
+        fn item(&mut self, values: &mut Vec<f32>, scratch: &mut Vec<u8>) -> Option<RawItem> {
             let mut index = None;
             let mut vector = None;
             let mut object = false;
@@ -264,10 +386,16 @@ mod fast {
                 }
                 b"embedding" if vector.is_none() => {
                     let start = values.len();
-                    scan.array(|scan| {
-                        values.push(scan.number()?);
-                        Some(())
-                    })?;
+                    scan.whitespace();
+                    if scan.peek()? == b'"' {
+                        let text = scan.string()?;
+                        super::push_base64(text, values, scratch).ok()?;
+                    } else {
+                        scan.array(|scan| {
+                            values.push(scan.element()?);
+                            Some(())
+                        })?;
+                    }
                     vector = Some((start, values.len() - start));
                     Some(())
                 }
@@ -338,6 +466,25 @@ mod fast {
             } else {
                 i64::try_from(significand).ok()
             }
+        }
+
+        /// A vector element: a number, or a bare `NaN`, `Infinity`,
+        /// `-Infinity` or `null`, read as the non-finite value it stands for.
+        fn element(&mut self) -> Option<f32> {
+            self.whitespace();
+            let rest = &self.bytes[self.at..];
+            for (token, value) in [
+                (&b"NaN"[..], f32::NAN),
+                (b"null", f32::NAN),
+                (b"Infinity", f32::INFINITY),
+                (b"-Infinity", f32::NEG_INFINITY),
+            ] {
+                if rest.starts_with(token) {
+                    self.at += token.len();
+                    return Some(value);
+                }
+            }
+            self.number()
         }
 
         /// A number read into an `f32` exactly as `serde_json` does it for a
@@ -682,7 +829,7 @@ impl<'de> DeserializeSeed<'de> for VectorSeed<'_> {
     type Value = ();
 
     fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
-        deserializer.deserialize_seq(self)
+        deserializer.deserialize_any(self)
     }
 }
 
@@ -690,14 +837,62 @@ impl<'de> Visitor<'de> for VectorSeed<'_> {
     type Value = ();
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a sequence")
+        f.write_str("a sequence of numbers or a base64 string")
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
-        while let Some(value) = seq.next_element::<f32>()? {
+        while let Some(Element(value)) = seq.next_element::<Element>()? {
             self.values.push(value);
         }
         Ok(())
+    }
+
+    fn visit_str<E: de::Error>(self, text: &str) -> Result<(), E> {
+        push_base64(text.as_bytes(), self.values, &mut Vec::new()).map_err(E::custom)
+    }
+}
+
+/// One value of a vector: a number, `null` (NaN), or a non-finite value's name.
+struct Element(f32);
+
+impl<'de> de::Deserialize<'de> for Element {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(ElementVisitor)
+    }
+}
+
+struct ElementVisitor;
+
+impl Visitor<'_> for ElementVisitor {
+    type Value = Element;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("f32")
+    }
+
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Element, E> {
+        #[allow(clippy::cast_possible_truncation)]
+        Ok(Element(v as f32))
+    }
+
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Element, E> {
+        #[allow(clippy::cast_precision_loss)]
+        Ok(Element(v as f32))
+    }
+
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Element, E> {
+        #[allow(clippy::cast_precision_loss)]
+        Ok(Element(v as f32))
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<Element, E> {
+        Ok(Element(f32::NAN))
+    }
+
+    fn visit_str<E: de::Error>(self, text: &str) -> Result<Element, E> {
+        non_finite(text)
+            .map(Element)
+            .ok_or_else(|| E::invalid_value(de::Unexpected::Str(text), &self))
     }
 }
 
@@ -718,6 +913,10 @@ mod tests {
         dims: Option<usize>,
     ) -> Result<Result<Vectors, ValidationError>, String> {
         serde_json::from_slice::<EmbeddingResponse>(body)
+            .or_else(|e| match with_non_finite_quoted(body) {
+                Cow::Owned(quoted) => serde_json::from_slice::<EmbeddingResponse>(&quoted),
+                Cow::Borrowed(_) => Err(e),
+            })
             .map(|response| validate::check(response, inputs, dims))
             .map_err(|e| e.to_string())
     }
@@ -743,7 +942,8 @@ mod tests {
         let old = old_way(body, inputs, dims);
         let new = new_way(body, inputs, dims);
         let text = String::from_utf8_lossy(body);
-        assert_eq!(old, new, "{text}");
+        // Debug text, as a NaN in an error is not equal to itself.
+        assert_eq!(format!("{old:?}"), format!("{new:?}"), "{text}");
         // PartialEq on f32 says nothing of -0.0 against 0.0: compare the bits.
         assert_eq!(bits(&old), bits(&new), "{text}");
     }
@@ -825,11 +1025,59 @@ mod tests {
     }
 
     #[test]
-    fn a_bare_nan_is_reported_as_a_non_finite_value() {
-        let text = r#"{"data":[{"index":0,"embedding":[0.5,NaN]}]}"#;
-        let err = decode_embeddings(text.as_bytes(), 2).unwrap_err();
-        assert!(err.is_transient(), "{err}");
-        assert!(err.message.contains("non-finite value"), "{err}");
+    fn non_finite_values_are_read_for_the_check_to_name() {
+        for text in [
+            r#"{"data":[{"index":0,"embedding":[0.5,NaN]}]}"#,
+            r#"{"data":[{"index":0,"embedding":[0.5,null]}]}"#,
+            r#"{"data":[{"index":0,"embedding":[0.5,-Infinity]}]}"#,
+            r#"{"data":[{"embedding":[0.5, Infinity], "index":0, "x":"NaN"}]}"#,
+            r#"{"data":[{"index":0,"embedding":[0.5,"NaN"]}],"extra":1}"#,
+        ] {
+            let flat = decode_embeddings(text.as_bytes(), 2).unwrap();
+            let err = validate::check(flat, 1, Some(2)).unwrap_err();
+            assert!(
+                err.to_string().starts_with("finite values"),
+                "{text}: {err}"
+            );
+            assert_same(text.as_bytes(), 1, Some(2));
+        }
+        let quoted =
+            with_non_finite_quoted(br#"{"a":"NaN in a string","b":[NaN,Infinity],"c":NaNo}"#);
+        assert_eq!(
+            &*quoted,
+            &br#"{"a":"NaN in a string","b":["NaN","Infinity"],"c":NaNo}"#[..]
+        );
+    }
+
+    fn base64_of(values: &[f32]) -> String {
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        BASE64.encode(bytes)
+    }
+
+    #[test]
+    fn base64_vectors_decode_to_the_same_floats() {
+        let a = [0.5f32, -1.25, 3.0e-7, f32::MIN_POSITIVE];
+        let b = [1.0f32, 2.0, -0.0, 7.5];
+        let text = format!(
+            r#"{{"object":"list","data":[{{"object":"embedding","index":1,"embedding":"{}"}},{{"object":"embedding","index":0,"embedding":"{}"}}],"model":"m","usage":{{"prompt_tokens":2,"total_tokens":2}}}}"#,
+            base64_of(&b),
+            base64_of(&a)
+        );
+        assert!(assert_fast_agrees(text.as_bytes()));
+        let vectors =
+            validate::check(decode_embeddings(text.as_bytes(), 8).unwrap(), 2, Some(4)).unwrap();
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(vectors.row(0)), bits(&a));
+        assert_eq!(bits(vectors.row(1)), bits(&b));
+        // An escaped slash leaves the fast path; the general one reads it the same.
+        let escaped = text.replacen('/', "\\/", 1);
+        assert_same(escaped.as_bytes(), 2, Some(4));
+        for bad in ["\"AAAA\"", "\"AAA\"", "\"!!!!\""] {
+            let text = format!(r#"{{"data":[{{"index":0,"embedding":{bad}}}]}}"#);
+            let err = decode_embeddings(text.as_bytes(), 0).unwrap_err();
+            assert!(err.is_transient(), "{bad}: {err}");
+            assert_same(text.as_bytes(), 1, None);
+        }
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //! delay the server asked for. The API key is sent as a bearer token and is
 //! scrubbed from every message that comes back.
 
+mod discovery;
 mod error;
 mod flat;
 mod sse;
@@ -18,7 +19,11 @@ use futures::{Stream, StreamExt};
 use reqwest::{header, Method};
 use serde::de::DeserializeOwned;
 
-pub use error::{classify, retry_after, server_message, ApiError, ErrorKind};
+pub use discovery::{discover, Discovery, DiscoveryError};
+pub use error::{
+    classify, retry_after, server_message, size_limit, ApiError, ErrorKind, SizeLimit,
+};
+pub use flat::with_non_finite_quoted;
 pub use sse::{SseDecoder, SseError};
 pub use wire::{
     ChatMessage, ChatRequest, EmbeddingInput, EmbeddingItem, EmbeddingRequest, EmbeddingResponse,
@@ -56,6 +61,11 @@ impl fmt::Display for ApiKey {
 pub struct ClientConfig {
     /// The service's address; endpoint paths (`/v1/...`) are appended to it.
     pub base_url: String,
+    /// The path the API's routes sit under, between the base URL and
+    /// `/embeddings`: `None` for `/v1` (a trailing `/v1` on the base URL is
+    /// then taken as this prefix), `Some("")` for routes at the root, as
+    /// infinity serves them by default, `Some("/openai/v1")` for others.
+    pub api_path: Option<String>,
     pub api_key: ApiKey,
     /// Whole-request limit for plain calls; the idle limit between reads of a stream.
     pub timeout: Duration,
@@ -66,6 +76,7 @@ impl ClientConfig {
     pub fn new(base_url: impl Into<String>, api_key: ApiKey) -> Self {
         ClientConfig {
             base_url: base_url.into(),
+            api_path: None,
             api_key,
             timeout: Duration::from_secs(60),
             connect_timeout: Duration::from_secs(10),
@@ -78,6 +89,8 @@ impl ClientConfig {
 pub enum ConfigError {
     #[error("base URL {url:?} is not valid: {reason}")]
     BaseUrl { url: String, reason: String },
+    #[error("API path {path:?} is not valid: {reason}")]
+    ApiPath { path: String, reason: String },
     #[error("the API key is empty")]
     EmptyKey,
     #[error("the API key contains characters that cannot be sent in an HTTP header")]
@@ -90,6 +103,8 @@ pub enum ConfigError {
 pub struct Client {
     http: reqwest::Client,
     base: String,
+    /// `/v1`, `` or another prefix of every route.
+    prefix: String,
     key: ApiKey,
     timeout: Duration,
 }
@@ -108,7 +123,13 @@ pub type ChatStream = std::pin::Pin<Box<dyn Stream<Item = Result<String, ApiErro
 
 impl Client {
     pub fn new(config: ClientConfig) -> Result<Self, ConfigError> {
-        let base = normalize_base_url(&config.base_url)?;
+        let (base, prefix) = match &config.api_path {
+            None => (normalize_base_url(&config.base_url)?, "/v1".to_string()),
+            Some(path) => (
+                base_url_as_given(&config.base_url)?,
+                normalize_api_path(path)?,
+            ),
+        };
         let key = config.api_key;
         if key.expose().trim().is_empty() {
             return Err(ConfigError::EmptyKey);
@@ -125,14 +146,25 @@ impl Client {
         Ok(Client {
             http,
             base,
+            prefix,
             key,
             timeout: config.timeout,
         })
     }
 
-    /// The normalised base URL (no trailing slash, no trailing `/v1`).
+    /// The normalised base URL (no trailing slash; without `/v1` unless an
+    /// API path was given).
     pub fn base_url(&self) -> &str {
         &self.base
+    }
+
+    /// The path every route sits under: `/v1` unless configured otherwise.
+    pub fn api_path(&self) -> &str {
+        &self.prefix
+    }
+
+    fn route(&self, path: &str) -> String {
+        format!("{}{path}", self.prefix)
     }
 
     /// `POST /v1/embeddings`. The response is returned as sent; check it with
@@ -142,8 +174,9 @@ impl Client {
         model: &str,
         input: EmbeddingInput<'_>,
     ) -> Result<EmbeddingResponse, ApiError> {
-        let body = EmbeddingRequest { model, input };
-        self.call(Method::POST, "/v1/embeddings", Some(&body)).await
+        let body = EmbeddingRequest::new(model, input);
+        self.call(Method::POST, &self.route("/embeddings"), Some(&body))
+            .await
     }
 
     /// `POST /v1/embeddings`, decoded straight into one buffer of values
@@ -156,8 +189,19 @@ impl Client {
         input: EmbeddingInput<'_>,
         capacity: usize,
     ) -> Result<crate::types::RawVectors, ApiError> {
-        let body = EmbeddingRequest { model, input };
-        self.call_with(Method::POST, "/v1/embeddings", Some(&body), |bytes| {
+        self.embed_request(&EmbeddingRequest::new(model, input), capacity)
+            .await
+    }
+
+    /// `POST /v1/embeddings` with the request as given (its encoding and
+    /// dimensions), decoded as [`Client::embeddings_flat`] decodes.
+    pub async fn embed_request(
+        &self,
+        request: &EmbeddingRequest<'_>,
+        capacity: usize,
+    ) -> Result<crate::types::RawVectors, ApiError> {
+        let path = self.route("/embeddings");
+        self.call_with(Method::POST, &path, Some(request), |bytes| {
             decode_embeddings(bytes, capacity)
         })
         .await
@@ -165,13 +209,15 @@ impl Client {
 
     /// `GET /v1/models`: the models the key can see.
     pub async fn models(&self) -> Result<Vec<Model>, ApiError> {
-        let list: wire::ModelList = self.call(Method::GET, "/v1/models", None::<&()>).await?;
-        Ok(list.data)
+        let list: wire::ModelList = self
+            .call(Method::GET, &self.route("/models"), None::<&()>)
+            .await?;
+        Ok(list.models())
     }
 
     /// `GET /v1/models/{id}`.
     pub async fn model(&self, id: &str) -> Result<Model, ApiError> {
-        let path = format!("/v1/models/{}", encode_path_segment(id));
+        let path = self.route(&format!("/models/{}", encode_path_segment(id)));
         self.call(Method::GET, &path, None::<&()>).await
     }
 
@@ -179,10 +225,10 @@ impl Client {
     pub async fn chat(&self, request: &ChatRequest) -> Result<String, ApiError> {
         let mut request = request.clone();
         request.stream = false;
-        let endpoint = "POST /v1/chat/completions";
-        let reply: wire::ChatResponse = self
-            .call(Method::POST, "/v1/chat/completions", Some(&request))
-            .await?;
+        let path = self.route("/chat/completions");
+        let endpoint = format!("POST {path}");
+        let endpoint = endpoint.as_str();
+        let reply: wire::ChatResponse = self.call(Method::POST, &path, Some(&request)).await?;
         let choice = reply
             .choices
             .into_iter()
@@ -197,9 +243,10 @@ impl Client {
     pub async fn chat_stream(&self, request: &ChatRequest) -> Result<ChatStream, ApiError> {
         let mut request = request.clone();
         request.stream = true;
+        let path = self.route("/chat/completions");
         let endpoint = "POST /v1/chat/completions";
         let response = self
-            .send(Method::POST, "/v1/chat/completions", Some(&request), false)
+            .send(Method::POST, &path, Some(&request), false)
             .await?;
         let key = self.key.clone();
         let bytes = response.bytes_stream();
@@ -247,7 +294,12 @@ impl Client {
             .bytes()
             .await
             .map_err(|e| ApiError::from_transport(&endpoint, &e).redact(self.key.expose()))?;
-        decode(&bytes)
+        decode(&bytes).map_err(|e| {
+            // Some gateways answer 200 with an error object instead of a status.
+            ApiError::from_error_body(&endpoint, &bytes)
+                .unwrap_or(e)
+                .redact(self.key.expose())
+        })
     }
 
     /// Sends a request and returns the response if its status is a success.
@@ -435,6 +487,42 @@ fn normalize_base_url(url: &str) -> Result<String, ConfigError> {
     Ok(base)
 }
 
+/// A base URL used as given, for a client told its API path explicitly.
+fn base_url_as_given(url: &str) -> Result<String, ConfigError> {
+    let normalized = normalize_base_url(url)?;
+    // normalize_base_url checked it; only the trailing `/v1` is kept here.
+    let trimmed = url.trim().trim_end_matches('/');
+    Ok(
+        if trimmed.ends_with("/v1") && !normalized.ends_with("/v1") {
+            format!("{normalized}/v1")
+        } else {
+            normalized
+        },
+    )
+}
+
+/// `""`, or a path of `/`-separated segments: `/v1`, `/openai/v1`.
+fn normalize_api_path(path: &str) -> Result<String, ConfigError> {
+    let fail = |reason: &str| ConfigError::ApiPath {
+        path: path.to_string(),
+        reason: reason.to_string(),
+    };
+    let trimmed = path.trim().trim_end_matches('/');
+    if trimmed.is_empty() {
+        return Ok(String::new());
+    }
+    if !trimmed.starts_with('/') {
+        return Err(fail("it must start with / (or be empty)"));
+    }
+    let allowed = |c: char| c.is_ascii_alphanumeric() || "/-._~".contains(c);
+    if !trimmed.chars().all(allowed) || trimmed.contains("//") {
+        return Err(fail(
+            "only letters, digits, - . _ ~ and single / are allowed",
+        ));
+    }
+    Ok(trimmed.to_string())
+}
+
 fn encode_path_segment(segment: &str) -> String {
     let mut out = String::with_capacity(segment.len());
     for byte in segment.bytes() {
@@ -482,6 +570,35 @@ mod tests {
         assert!(!format!("{config:?}").contains("sk-very-secret"));
         let client = Client::new(config).unwrap();
         assert!(!format!("{client:?}").contains("sk-very-secret"));
+    }
+
+    #[test]
+    fn an_api_path_replaces_the_v1_prefix() {
+        let key = || ApiKey::new("k");
+        let with = |base: &str, path: Option<&str>| {
+            let mut config = ClientConfig::new(base, key());
+            config.api_path = path.map(str::to_string);
+            Client::new(config).map(|c| format!("{}{}", c.base_url(), c.route("/embeddings")))
+        };
+        assert_eq!(
+            with("http://h:1/v1", None).unwrap(),
+            "http://h:1/v1/embeddings"
+        );
+        assert_eq!(
+            with("http://h:1/", Some("")).unwrap(),
+            "http://h:1/embeddings"
+        );
+        assert_eq!(
+            with("http://h:1/v1", Some("")).unwrap(),
+            "http://h:1/v1/embeddings",
+            "a base URL is taken as given when the path is set"
+        );
+        assert_eq!(
+            with("http://h:1", Some("/openai/v1/")).unwrap(),
+            "http://h:1/openai/v1/embeddings"
+        );
+        assert!(with("http://h:1", Some("v1")).is_err());
+        assert!(with("http://h:1", Some("/v1?x=1")).is_err());
     }
 
     #[test]

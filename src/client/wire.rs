@@ -33,6 +33,25 @@ impl EmbeddingInput<'_> {
 pub struct EmbeddingRequest<'a> {
     pub model: &'a str,
     pub input: EmbeddingInput<'a>,
+    /// `"base64"` asks for little-endian `f32` arrays in base64; absent, the
+    /// service's default (floats).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub encoding_format: Option<&'a str>,
+    /// The vector length asked for, for models that can shorten their vectors.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dimensions: Option<usize>,
+}
+
+impl<'a> EmbeddingRequest<'a> {
+    /// A request with the service's defaults: floats, the model's own length.
+    pub fn new(model: &'a str, input: EmbeddingInput<'a>) -> Self {
+        EmbeddingRequest {
+            model,
+            input,
+            encoding_format: None,
+            dimensions: None,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -48,10 +67,16 @@ pub struct EmbeddingResponse {
 pub struct EmbeddingItem {
     /// Kept signed so that a negative index is reported as such, not as a parse error.
     pub index: i64,
+    /// Numbers (a `null`, `"NaN"` or `"Infinity"` read as the non-finite
+    /// value it stands for), or one base64 string of little-endian `f32`s.
+    #[serde(deserialize_with = "super::flat::vector")]
     pub embedding: Vec<f32>,
 }
 
+/// A model as the service describes it. Servers name the same facts
+/// differently, so a listing entry is read leniently (see [`Model::from_json`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "serde_json::Value")]
 pub struct Model {
     pub id: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -70,9 +95,119 @@ pub struct Pricing {
     pub output_per_1k: Option<f64>,
 }
 
+/// Where servers put a model's context window, in the order they are trusted:
+/// the service's own name, vLLM's, LiteLLM's, and others seen in listings.
+const WINDOW_KEYS: [&str; 9] = [
+    "context_window",
+    "max_model_len",
+    "max_input_tokens",
+    "context_length",
+    "max_context_length",
+    "max_input_length",
+    "max_seq_len",
+    "max_sequence_length",
+    "n_ctx_train",
+];
+
+/// Objects inside a model entry where some servers keep its details.
+const DETAIL_KEYS: [&str; 4] = ["model_info", "meta", "info", "limits"];
+
+impl TryFrom<serde_json::Value> for Model {
+    type Error = String;
+
+    fn try_from(value: serde_json::Value) -> Result<Self, Self::Error> {
+        Model::from_json(&value)
+            .ok_or_else(|| "a model must be an object with a string `id`".into())
+    }
+}
+
+impl Model {
+    /// Reads one model entry: its `id`, a context window under any of the
+    /// names servers use (also inside `model_info`, `meta`, …), and the price
+    /// per 1000 input tokens as `pricing.input_per_1k`, LiteLLM's
+    /// `input_cost_per_token` or a per-token `pricing.prompt`.
+    pub fn from_json(value: &serde_json::Value) -> Option<Model> {
+        let object = value.as_object()?;
+        let id = object.get("id")?.as_str()?.to_string();
+        let places: Vec<&serde_json::Map<String, serde_json::Value>> = std::iter::once(object)
+            .chain(
+                DETAIL_KEYS
+                    .iter()
+                    .filter_map(|key| object.get(*key).and_then(serde_json::Value::as_object)),
+            )
+            .collect();
+        let find = |key: &str| places.iter().find_map(|place| place.get(key));
+        let context_window = WINDOW_KEYS
+            .iter()
+            .find_map(|key| find(key).and_then(positive_integer));
+        let modalities = object
+            .get("modalities")
+            .and_then(serde_json::Value::as_array)
+            .map(|items| {
+                items
+                    .iter()
+                    .filter_map(|m| m.as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let pricing = object.get("pricing").and_then(serde_json::Value::as_object);
+        let price = |per_1k: &str, per_token: &str, per_token_in_pricing: &str| {
+            let per_1k = pricing.and_then(|p| p.get(per_1k)).and_then(amount);
+            per_1k
+                .or_else(|| find(per_token).and_then(amount).map(|p| p * 1000.0))
+                .or_else(|| {
+                    pricing
+                        .and_then(|p| p.get(per_token_in_pricing))
+                        .and_then(amount)
+                        .map(|p| p * 1000.0)
+                })
+        };
+        let input_per_1k = price("input_per_1k", "input_cost_per_token", "prompt");
+        let output_per_1k = price("output_per_1k", "output_cost_per_token", "completion");
+        let pricing = (input_per_1k.is_some() || output_per_1k.is_some()).then_some(Pricing {
+            input_per_1k,
+            output_per_1k,
+        });
+        Some(Model {
+            id,
+            context_window,
+            modalities,
+            pricing,
+        })
+    }
+}
+
+/// A count written as a number or a numeric string.
+fn positive_integer(value: &serde_json::Value) -> Option<u64> {
+    match value {
+        serde_json::Value::Number(n) => n.as_u64(),
+        serde_json::Value::String(s) => s.trim().parse().ok(),
+        _ => None,
+    }
+    .filter(|&n| n > 0)
+}
+
+/// A price written as a number or a numeric string; never negative or infinite.
+fn amount(value: &serde_json::Value) -> Option<f64> {
+    match value {
+        serde_json::Value::Number(n) => n.as_f64(),
+        serde_json::Value::String(s) => s.trim().parse().ok(),
+        _ => None,
+    }
+    .filter(|p| p.is_finite() && *p >= 0.0)
+}
+
+/// `GET /v1/models`: entries without a string `id` are skipped rather than
+/// failing the listing.
 #[derive(Debug, Deserialize)]
 pub(crate) struct ModelList {
-    pub data: Vec<Model>,
+    pub data: Vec<serde_json::Value>,
+}
+
+impl ModelList {
+    pub(crate) fn models(&self) -> Vec<Model> {
+        self.data.iter().filter_map(Model::from_json).collect()
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -16,6 +16,9 @@ pub async fn run(args: &RunArgs) -> Outcome {
     }
     let job = crate::job::load(&args.job.job, &overrides).map_err(Failure::usage)?;
     let stages = crate::stages::build(&job).await?;
+    for warning in stages.backend.warnings() {
+        eprintln!("embedjob: warning: {warning}");
+    }
     if job.budget.max_cost.is_some() && stages.backend.info().input_per_1k.is_none() {
         return Err(Failure::usage(anyhow::anyhow!(
             "`budget.max_cost` is set, but model {} has no price to count it with",
@@ -135,26 +138,35 @@ pub async fn estimate(args: &EstimateArgs) -> Outcome {
     // The run's own set-up: the same key checks, model listing and chunker.
     let Embedding { backend, chunker } = crate::stages::build_embedding(&job).await?;
     let info = backend.info().clone();
+    let warnings = backend.warnings();
+    for warning in &warnings {
+        eprintln!("embedjob: warning: {warning}");
+    }
     let fresh = args.fresh;
     let sink = crate::sink::open(&job.output)
         .await
         .map_err(crate::stages::sink_failure)?;
     let estimate = tokio::task::spawn_blocking(move || {
         // What a run would reuse, found as the run finds it, without its lock or clean-up.
-        let held = if fresh {
-            None
-        } else {
-            sink.held().map_err(Failure::failed)?
-        };
+        let held = sink.held().map_err(Failure::failed)?;
         let fingerprint = Fingerprint::new(&job, &info);
+        let ratio = held
+            .as_ref()
+            .and_then(|held| learned_ratio(held.metadata(), &fingerprint));
+        let held = if fresh { None } else { held };
         let location = StateLocation::for_job(&job);
         let reuse = crate::state::peek(&job.name, &location, &fingerprint, held, fresh)
             .map_err(state_failure)?;
         let classifier = Classifier::new(reuse.store, reuse.held_ids, sink.keeps_rows());
-        crate::estimate::estimate(&job, chunker.as_ref(), &info, classifier).map_err(|e| Failure {
-            exit: e.exit(),
-            error: e.into(),
-        })
+        crate::estimate::estimate(&job, chunker.as_ref(), &info, classifier)
+            .map(|e| crate::estimate::Estimate {
+                warnings,
+                ..e.with_billed_ratio(ratio)
+            })
+            .map_err(|e| Failure {
+                exit: e.exit(),
+                error: e.into(),
+            })
     })
     .await
     .map_err(|e| Failure::failed(anyhow::anyhow!("the estimate stopped unexpectedly: {e}")))??;
@@ -164,6 +176,23 @@ pub async fn estimate(args: &EstimateArgs) -> Outcome {
         print!("{}", crate::estimate::table(&estimate));
     }
     Ok(Exit::Success)
+}
+
+/// The ratio of billed to local tokens the job's last output recorded, when
+/// it was made under the same fingerprint (the same tokenizer and model).
+fn learned_ratio(
+    metadata: &std::collections::BTreeMap<String, String>,
+    fingerprint: &Fingerprint,
+) -> Option<f64> {
+    let made_under = Fingerprint::from_json(metadata.get(crate::parquet_io::FINGERPRINT_KEY)?)?;
+    if !fingerprint.differences(&made_under).is_empty() {
+        return None;
+    }
+    metadata
+        .get(crate::types::TOKEN_RATIO_KEY)?
+        .parse::<f64>()
+        .ok()
+        .filter(|r| r.is_finite() && *r > 0.0)
 }
 
 fn state_failure(e: StateError) -> Failure {

@@ -25,6 +25,8 @@ pub use self::service::{chat, embed, models, models_table};
 pub const API_KEY_ENV: &str = "EMBEDJOB_API_KEY";
 pub const BASE_URL_ENV: &str = "EMBEDJOB_BASE_URL";
 pub const TIMEOUT_ENV: &str = "EMBEDJOB_TIMEOUT_SECONDS";
+/// The path the service's routes sit under, when not `/v1` (`""` for the root).
+pub const API_PATH_ENV: &str = "EMBEDJOB_API_PATH";
 
 /// The commands retry transient faults a few times, honouring Retry-After.
 pub(crate) const COMMAND_RETRIES: usize = 3;
@@ -74,6 +76,7 @@ pub fn client_from_env() -> Result<Client, Failure> {
         (Some(key), Some(base)) if problems.is_empty() => {
             let mut config = ClientConfig::new(base, ApiKey::new(key));
             config.timeout = timeout;
+            config.api_path = std::env::var(API_PATH_ENV).ok();
             Client::new(config).map_err(Failure::usage)
         }
         _ => Err(Failure::usage(anyhow::anyhow!(problems.join("; ")))),

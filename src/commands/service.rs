@@ -20,9 +20,21 @@ pub async fn models(args: &ModelsArgs) -> Outcome {
     let client = client_from_env()?;
     let policy = RetryPolicy::with_max_retries(COMMAND_RETRIES);
     let models = match &args.id {
-        Some(id) => vec![with_retries(&policy, || client.model(id))
-            .await
-            .map_err(Failure::failed)?],
+        // A server without GET /v1/models/{id} is asked for its listing.
+        Some(id) => {
+            let found = crate::client::discover(&client, id, &policy)
+                .await
+                .map_err(Failure::failed)?;
+            match found.model {
+                Some(model) => vec![model],
+                None => {
+                    return Err(Failure::failed(anyhow::anyhow!(
+                        "model {id}: {}",
+                        found.warnings.join("; ")
+                    )))
+                }
+            }
+        }
         None => with_retries(&policy, || client.models())
             .await
             .map_err(Failure::failed)?,
@@ -179,13 +191,8 @@ async fn embed_backend(
     let backend = ApiBackend::new(
         client,
         ApiSettings {
-            model: model.clone(),
-            dimensions: None,
-            concurrency: 1,
-            requests_per_minute: 0,
-            tokens_per_minute: 0,
-            max_tokens_per_request: 0,
             retry: RetryPolicy::with_max_retries(COMMAND_RETRIES),
+            ..ApiSettings::new(model.clone())
         },
         None,
     );

@@ -24,10 +24,10 @@ use crate::validate::known_model_dimensions;
 pub use self::params::{metadata_column, metadata_problems, OnInvalid, STDIN, STDIN_NAME};
 use self::params::{one_line, Parsed};
 pub use self::params::{
-    ApiParams, BackendConfig, BackendKind, BackendParams, BackendShared, FilesSource, LocalParams,
-    OutputConfig, OutputKind, OutputParams, ParquetOutput, PgvectorOutput, RecordsSource,
-    SourceConfig, SourceKind, VectorIndex, DEFAULT_API_KEY_ENV, HNSW_MAX_DIMENSIONS,
-    METADATA_TABLE_SUFFIX,
+    ApiParams, BackendConfig, BackendKind, BackendParams, BackendShared, EncodingFormat,
+    FilesSource, LocalParams, OutputConfig, OutputKind, OutputParams, ParquetOutput,
+    PgvectorOutput, RecordsSource, SourceConfig, SourceKind, VectorIndex, DEFAULT_API_KEY_ENV,
+    HNSW_MAX_DIMENSIONS, METADATA_TABLE_SUFFIX,
 };
 
 #[derive(Debug, Clone, PartialEq)]
@@ -65,7 +65,15 @@ pub struct ChunkingConfig {
     /// Split along markdown structure: `true`, `false`, or absent to decide
     /// by file extension (`.md`, `.markdown`).
     pub markdown: Option<bool>,
+    /// What counts tokens for an api backend: `cl100k_base` (absent),
+    /// `o200k_base`, or the path of a Hugging Face `tokenizer.json`, so that
+    /// chunks fit the model's window as the model counts. A local model
+    /// counts with its own.
+    pub tokenizer: Option<String>,
 }
+
+/// The tokenizer counting when `chunking.tokenizer` is absent.
+pub const DEFAULT_TOKENIZER: &str = "cl100k_base";
 
 impl Default for ChunkingConfig {
     fn default() -> Self {
@@ -73,6 +81,7 @@ impl Default for ChunkingConfig {
             max_tokens: DEFAULT_MAX_TOKENS,
             overlap_tokens: DEFAULT_OVERLAP_TOKENS,
             markdown: None,
+            tokenizer: None,
         }
     }
 }
@@ -382,6 +391,12 @@ fn name_problems(name: &str, p: &mut Vec<String>) {
 }
 
 fn chunking_problems(c: &ChunkingConfig, p: &mut Vec<String>) {
+    if c.tokenizer.as_deref().is_some_and(|t| t.trim().is_empty()) {
+        p.push(
+            "`chunking.tokenizer` must name cl100k_base, o200k_base or a tokenizer.json file"
+                .to_string(),
+        );
+    }
     if c.max_tokens == 0 {
         p.push("`chunking.max_tokens` must be at least 1".to_string());
     }
@@ -447,16 +462,35 @@ fn backend_problems(
     }
     if let (Some(model), Some(declared)) = (&b.model, b.dimensions) {
         if let Some(known) = known_model_dimensions(model) {
-            if known != declared {
+            if declared > known {
                 p.push(format!(
-                    "`backend.dimensions` is {declared} but model {model} returns vectors of length {known}"
+                    "`backend.dimensions` is {declared} but model {model} returns vectors of length {known}: \
+                     it can shorten them, not lengthen them"
                 ));
             }
         }
     }
     match &backend.params {
-        BackendParams::Api(api) => api_problems(b, api, p),
-        BackendParams::Local(local) => local_problems(local, p),
+        BackendParams::Api(api) => {
+            api_problems(b, api, p);
+            if let (Some(window), Some(c)) = (api.context_window, chunking) {
+                if (c.max_tokens as u64) > window {
+                    p.push(format!(
+                        "`chunking.max_tokens` ({}) is larger than `backend.context_window` ({window})",
+                        c.max_tokens
+                    ));
+                }
+            }
+        }
+        BackendParams::Local(local) => {
+            local_problems(local, p);
+            if chunking.is_some_and(|c| c.tokenizer.is_some()) {
+                p.push(
+                    "`chunking.tokenizer` does not apply to backend kind \"local\": the model counts with its own"
+                        .to_string(),
+                );
+            }
+        }
     }
 }
 
@@ -514,11 +548,58 @@ impl Job {
             self.chunking.overlap_tokens.to_string(),
         );
         f.insert("chunking.markdown", format!("{:?}", self.chunking.markdown));
+        // Absent under the default, so that vectors made before the key existed stay reusable.
+        if let Some(tokenizer) = self
+            .chunking
+            .tokenizer
+            .as_deref()
+            .filter(|t| *t != DEFAULT_TOKENIZER)
+        {
+            f.insert("chunking.tokenizer", tokenizer_identity(tokenizer));
+        }
         f
     }
 }
 
+/// A tokenizer as the fingerprint records it: its name, or a file's path
+/// with the start of the SHA-256 of its content, so that an edited file counts
+/// as another tokenizer.
+fn tokenizer_identity(tokenizer: &str) -> String {
+    if crate::chunk::named_encoding(tokenizer) {
+        return tokenizer.to_string();
+    }
+    match std::fs::read(tokenizer) {
+        Ok(bytes) => {
+            use sha2::Digest;
+            let digest = sha2::Sha256::digest(&bytes);
+            format!("{tokenizer} (sha256 {})", &hex::encode(digest)[..16])
+        }
+        Err(_) => tokenizer.to_string(),
+    }
+}
+
 fn api_problems(b: &BackendShared, api: &ApiParams, p: &mut Vec<String>) {
+    if let Some(path) = &api.api_path {
+        let trimmed = path.trim();
+        if !(trimmed.is_empty() || trimmed.starts_with('/'))
+            || trimmed.contains(['?', '#', ' '])
+            || trimmed.contains("//")
+        {
+            p.push(format!(
+                "`backend.api_path` {path:?} must be empty or a path such as \"/v1\""
+            ));
+        }
+    }
+    if api.context_window == Some(0) {
+        p.push("`backend.context_window` must be at least 1".to_string());
+    }
+    if let Some(price) = api.input_per_1k {
+        if !price.is_finite() || price < 0.0 {
+            p.push(format!(
+                "`backend.input_per_1k` must be a price of 0 or more, not {price}"
+            ));
+        }
+    }
     match &api.base_url {
         None => p.push("`backend.base_url` is required for kind \"api\"".to_string()),
         Some(url) => {

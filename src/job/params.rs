@@ -450,11 +450,45 @@ pub enum BackendParams {
     Local(LocalParams),
 }
 
+/// How vectors travel in an embeddings response (`backend.encoding_format`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EncodingFormat {
+    /// Ask for base64, take floats if they come, and ask for floats for the
+    /// rest of the run if the service refuses the parameter.
+    #[default]
+    Auto,
+    /// JSON numbers: the parameter is not sent.
+    Float,
+    /// Little-endian `f32`s in base64, as OpenAI sends them; a refusal stops the run.
+    Base64,
+}
+
+impl fmt::Display for EncodingFormat {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            EncodingFormat::Auto => "auto",
+            EncodingFormat::Float => "float",
+            EncodingFormat::Base64 => "base64",
+        })
+    }
+}
+
 /// `kind = "api"`: an OpenAI-style service.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default)]
 pub struct ApiParams {
     pub base_url: Option<String>,
+    /// The path the API's routes sit under (`/v1` when absent; `""` for
+    /// servers that serve them at the root, as infinity does by default).
+    pub api_path: Option<String>,
+    /// The model's context window, in tokens, for servers that do not list
+    /// it; it takes precedence over the listing.
+    pub context_window: Option<u64>,
+    /// The price per 1000 input tokens, for servers that do not list it; it
+    /// takes precedence over the listing.
+    pub input_per_1k: Option<f64>,
+    pub encoding_format: EncodingFormat,
     /// The environment variable that holds the API key (never the key itself).
     pub api_key_env: String,
     /// 0 = no client-side limit.
@@ -468,6 +502,10 @@ impl Default for ApiParams {
     fn default() -> Self {
         ApiParams {
             base_url: None,
+            api_path: None,
+            context_window: None,
+            input_per_1k: None,
+            encoding_format: EncodingFormat::Auto,
             api_key_env: DEFAULT_API_KEY_ENV.to_string(),
             requests_per_minute: 0,
             tokens_per_minute: 0,
@@ -492,6 +530,10 @@ pub struct LocalParams {
 
 const API_KEYS: &[&str] = &[
     "base_url",
+    "api_path",
+    "context_window",
+    "input_per_1k",
+    "encoding_format",
     "api_key_env",
     "requests_per_minute",
     "tokens_per_minute",

@@ -173,7 +173,7 @@ pub struct WrittenFile {
 ///     token_count: 1,
 ///     metadata: None,
 /// };
-/// let vectors = |values: Vec<f32>| Vectors { dimensions: 2, values, usage: Usage::default() };
+/// let vectors = |values: Vec<f32>| Vectors { dimensions: 2, values, usage: Usage::default(), discarded: Usage::default() };
 ///
 /// let options = FileOptions { include_text: true, row_group_bytes: 1 << 20, compression: Compression::Zstd };
 /// let mut sink = VectorFile::create(&path, 2, options)?;
@@ -1231,6 +1231,7 @@ mod tests {
                 dimensions: 2,
                 values: Vec::new(),
                 usage: Usage::default(),
+                discarded: Usage::default(),
             },
         })
         .unwrap();

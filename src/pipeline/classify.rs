@@ -168,6 +168,7 @@ mod tests {
                 dimensions: 1,
                 values: vec![1.0; held.len()],
                 usage: Usage::default(),
+                discarded: Usage::default(),
             },
         })
         .unwrap();

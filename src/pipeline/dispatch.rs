@@ -3,8 +3,8 @@
 //! passes every answer to the writer as it arrives, until the batches run
 //! out, the run fails, or it is asked to stop.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::Poll;
 use std::time::Duration;
 
@@ -14,8 +14,8 @@ use tokio::sync::mpsc;
 use super::stop::{Budget, Stopping, Stops};
 use super::write::SinkMessage;
 use super::RunError;
-use crate::backend::{BackendError, EmbeddingBackend};
-use crate::batch::Batch;
+use crate::backend::{BackendError, EmbeddingBackend, RequestLimit};
+use crate::batch::{Batch, Batcher};
 use crate::progress::{Progress, Snapshot};
 use crate::types::{Chunk, EmbeddedBatch, Usage};
 
@@ -34,8 +34,14 @@ pub(super) enum Piece {
 pub(super) struct Dispatched {
     /// Billed by the requests whose vectors went to the writer.
     pub usage: Usage,
+    /// Of `usage`, what paid for vectors that failed a check.
+    pub discarded: Usage,
     /// Chunks embedded by those requests.
     pub embedded: u64,
+    /// Their local token count.
+    pub local_tokens: u64,
+    /// Batches whose vectors went to the writer.
+    pub batches: u64,
     pub stopped: Option<String>,
     pub failure: Option<RunError>,
     /// The writer stopped taking messages: it failed.
@@ -53,6 +59,97 @@ pub(super) struct Dispatch {
     pub drain: Duration,
     /// Chunks the reader settled without a request, for progress.
     pub settled: Arc<AtomicU64>,
+    /// What the service's refusals taught about the size of requests.
+    pub limits: Arc<Limits>,
+}
+
+/// Limits on requests learned from the service during a run: a request it
+/// refused as too large, or that timed out, is sent again in smaller ones,
+/// and so is every later request that would go over.
+#[derive(Debug)]
+pub(super) struct Limits {
+    inputs: AtomicUsize,
+    tokens: AtomicU64,
+    notes: Mutex<Vec<String>>,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            inputs: AtomicUsize::new(usize::MAX),
+            tokens: AtomicU64::new(u64::MAX),
+            notes: Mutex::default(),
+        }
+    }
+}
+
+impl Limits {
+    /// The most inputs a request may hold, once learned.
+    pub(super) fn inputs(&self) -> Option<usize> {
+        Some(self.inputs.load(Ordering::Relaxed)).filter(|&n| n != usize::MAX)
+    }
+
+    /// The most tokens a request may hold, once learned.
+    pub(super) fn tokens(&self) -> Option<u64> {
+        Some(self.tokens.load(Ordering::Relaxed)).filter(|&n| n != u64::MAX)
+    }
+
+    pub(super) fn notes(&self) -> Vec<String> {
+        self.notes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Lowers the limit `batch` went over so that it no longer fits: to what
+    /// the service said, or else to half of the batch.
+    fn lower(&self, limit: RequestLimit, batch: &Batch, message: &str) {
+        let len = batch.len();
+        let (what, value) = match limit {
+            RequestLimit::Inputs(Some(most)) if most < len => ("inputs", most as u64),
+            RequestLimit::Inputs(_) | RequestLimit::Time => ("inputs", len.div_ceil(2) as u64),
+            RequestLimit::Tokens(Some(most)) if most < batch.tokens => ("tokens", most),
+            RequestLimit::Tokens(_) => ("tokens", (batch.tokens / 2).max(1)),
+        };
+        let before = if what == "inputs" {
+            let value = usize::try_from(value).unwrap_or(usize::MAX);
+            self.inputs.fetch_min(value, Ordering::Relaxed) as u64
+        } else {
+            self.tokens.fetch_min(value, Ordering::Relaxed)
+        };
+        if value < before {
+            let why = match limit {
+                RequestLimit::Time => format!("a request of {len} inputs timed out ({message})"),
+                _ => format!(
+                    "the service refused a request of {len} inputs and {} tokens ({message})",
+                    batch.tokens
+                ),
+            };
+            self.notes
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push(format!(
+                    "{why}: requests of at most {value} {what} for the rest of the run"
+                ));
+        }
+    }
+
+    /// `batch`, cut in order into requests within the limits learned so far.
+    fn fit(&self, batch: Batch) -> Vec<Batch> {
+        let inputs = self.inputs.load(Ordering::Relaxed);
+        let tokens = self.tokens.load(Ordering::Relaxed);
+        if batch.len() <= inputs && batch.tokens <= tokens {
+            return vec![batch];
+        }
+        let mut batcher = Batcher::new(inputs, tokens);
+        let mut pieces: Vec<Batch> = batch
+            .chunks
+            .into_iter()
+            .filter_map(|chunk| batcher.push(chunk))
+            .collect();
+        pieces.extend(batcher.finish());
+        pieces
+    }
 }
 
 impl Dispatch {
@@ -147,7 +244,14 @@ impl Dispatch {
             let message = match piece {
                 Piece::Embedded(batch) => {
                     out.usage += batch.vectors.usage;
+                    out.discarded += batch.vectors.discarded;
                     out.embedded += batch.chunks.len() as u64;
+                    out.local_tokens += batch
+                        .chunks
+                        .iter()
+                        .map(|c| u64::from(c.token_count))
+                        .sum::<u64>();
+                    out.batches += 1;
                     SinkMessage::Embedded(batch)
                 }
                 Piece::Quarantined {
@@ -193,12 +297,14 @@ impl Dispatch {
             }
         });
         let backend = Arc::clone(&self.backend);
+        let limits = Arc::clone(&self.limits);
         admitted
             .map(move |item| {
                 let backend = Arc::clone(&backend);
+                let limits = Arc::clone(&limits);
                 async move {
                     match item {
-                        Ok(batch) => embed_or_split(backend.as_ref(), batch).await,
+                        Ok(batch) => embed_or_split(backend.as_ref(), batch, &limits).await,
                         Err(e) => Err(e),
                     }
                 }
@@ -207,13 +313,27 @@ impl Dispatch {
     }
 }
 
-/// Embeds a batch; a batch the service finds too large is split in half
-/// until it fits, and a single chunk that still doesn't is quarantined.
-fn embed_or_split(
-    backend: &dyn EmbeddingBackend,
+/// Embeds a batch within the limits learned so far. A batch with an input
+/// the service finds too large is split in half until that input is alone,
+/// and then quarantined; a batch over a limit on whole requests lowers the
+/// limit for the rest of the run and is sent again in smaller requests.
+fn embed_or_split<'a>(
+    backend: &'a dyn EmbeddingBackend,
     batch: Batch,
-) -> futures::future::BoxFuture<'_, Result<Vec<Piece>, RunError>> {
+    limits: &'a Limits,
+) -> futures::future::BoxFuture<'a, Result<Vec<Piece>, RunError>> {
     async move {
+        let mut fitted = limits.fit(batch);
+        if fitted.len() > 1 {
+            let mut pieces = Vec::new();
+            for part in fitted {
+                pieces.extend(embed_or_split(backend, part, limits).await?);
+            }
+            return Ok(pieces);
+        }
+        let Some(batch) = fitted.pop() else {
+            return Ok(Vec::new());
+        };
         let texts: Vec<&str> = batch.chunks.iter().map(|c| c.text.as_str()).collect();
         let result = backend.embed(&texts, batch.tokens).await;
         drop(texts);
@@ -224,20 +344,27 @@ fn embed_or_split(
             })]),
             Err(BackendError::TooLarge { status, message }) => match batch.split_in_half() {
                 Ok((left, right)) => {
-                    let mut pieces = embed_or_split(backend, left).await?;
-                    pieces.extend(embed_or_split(backend, right).await?);
+                    let mut pieces = embed_or_split(backend, left, limits).await?;
+                    pieces.extend(embed_or_split(backend, right, limits).await?);
                     Ok(pieces)
                 }
-                Err(lone) => Ok(lone
-                    .chunks
-                    .into_iter()
-                    .map(|chunk| Piece::Quarantined {
-                        chunk,
-                        reason: message.clone(),
-                        status,
-                    })
-                    .collect()),
+                Err(lone) => Ok(quarantine(lone, &message, status)),
             },
+            Err(BackendError::OverLimit {
+                limit,
+                status,
+                message,
+            }) => {
+                if batch.len() < 2 {
+                    return Ok(quarantine(batch, &message, status));
+                }
+                limits.lower(limit, &batch, &message);
+                if limits.fit(batch.clone()).len() < 2 {
+                    // Tokens too few to halve: halve the inputs instead.
+                    limits.lower(RequestLimit::Inputs(None), &batch, &message);
+                }
+                embed_or_split(backend, batch, limits).await
+            }
             Err(error) => Err(RunError::Backend {
                 first: batch
                     .chunks
@@ -254,4 +381,17 @@ fn embed_or_split(
         }
     }
     .boxed()
+}
+
+/// A lone chunk the service refuses, with its reason.
+fn quarantine(batch: Batch, reason: &str, status: Option<u16>) -> Vec<Piece> {
+    batch
+        .chunks
+        .into_iter()
+        .map(|chunk| Piece::Quarantined {
+            chunk,
+            reason: reason.to_string(),
+            status,
+        })
+        .collect()
 }

@@ -8,6 +8,7 @@
 //! arrives, and chunks whose vector is already stored (held by the sink, or
 //! in the checkpoint, see [`crate::state`]) are not sent again.
 
+mod bill;
 mod classify;
 mod dispatch;
 mod read;
@@ -23,25 +24,25 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, watch};
 
-use crate::backend::{BackendError, BackendInfo, EmbeddingBackend};
+use crate::backend::{BackendError, EmbeddingBackend};
 use crate::batch::{Batch, Batcher};
 use crate::chunk::Chunker;
 use crate::exit::Exit;
 use crate::fsio::FsError;
 use crate::job::Job;
-use crate::parquet_io::{FINGERPRINT_KEY, JOB_KEY};
 use crate::progress::{Mode, Progress};
 use crate::sink::{Sink, SinkError};
 use crate::source::{Source, SourceError};
+use crate::state::Billed;
 use crate::state::{Fingerprint, JobState, Reuse, StateError};
 use crate::store::StoreError;
-use crate::types::OutputMetadata;
+use crate::types::TOKEN_RATIO_KEY;
 
 pub use self::classify::{Class, Classifier, Counts};
 pub use self::stop::StopRequest;
-pub use self::summary::Summary;
+pub use self::summary::{LearnedLimits, Summary};
 
-use self::dispatch::{Dispatch, Dispatched};
+use self::dispatch::{Dispatch, Dispatched, Limits};
 use self::read::{ReadReport, Reading};
 use self::stop::{Budget, Stops};
 use self::write::{SinkMessage, Writing, Written};
@@ -125,8 +126,9 @@ pub async fn execute(
     let fingerprint = Fingerprint::new(job, &info);
     let keeps_rows = sink.keeps_rows();
     let target = sink.target();
-    let (reuse, sink, state) = load_reuse(sink, state, options.fresh).await?;
+    let (reuse, sink, state, previous_ratio) = load_reuse(sink, state, options.fresh).await?;
     let earlier = reuse.store.earlier();
+    let checkpoint_dimensions = reuse.store.dimensions().filter(|_| earlier.parts > 0);
     let capacity = job.pipeline.channel_capacity;
     let mut display = Progress::new(
         Mode::for_stderr(options.progress),
@@ -149,30 +151,19 @@ pub async fn execute(
         reuse_batch: job.backend.shared.max_inputs_per_request.max(1),
     };
     let reader = tokio::task::spawn_blocking(move || reading.run(source, chunker.as_ref()));
-    let writing = Writing::new(
-        sink,
-        state.part_writer(
-            &info.model,
-            &info.kind.to_string(),
-            output_row_group_bytes(job),
-        ),
-        state.failures(),
-    );
+    let writing = writing(job, &info, &state, sink, checkpoint_dimensions);
     let writer = tokio::task::spawn_blocking(move || writing.run(sink_rx));
 
     let dispatch = Dispatch {
         backend: Arc::clone(&backend),
         concurrency: job.backend.shared.concurrency,
-        budget: job.budget.max_cost.map(|max_cost| {
-            Arc::new(Budget::new(
-                max_cost,
-                info.input_per_1k.unwrap_or(0.0) / 1000.0,
-            ))
-        }),
+        budget: budget(job, &info),
         halt,
         drain: Duration::from_secs_f64(job.backend.shared.timeout_seconds),
         settled,
+        limits: Arc::new(Limits::default()),
     };
+    let limits = Arc::clone(&dispatch.limits);
     let stops = Stops::new(options.stop, started, options.max_duration);
     let dispatched = dispatch
         .run(batch_rx, &sink_tx, stops, &mut display, &|| {
@@ -183,20 +174,21 @@ pub async fn execute(
         .await
         .map_err(|e| RunError::stage_stopped("reading", &e));
     let (read, mut dispatched) = settle(read, dispatched);
-    let ending = if dispatched.failure.is_some() || dispatched.stopped.is_some() {
-        // Keeps what was paid for in the checkpoint; the output is left as it was.
-        SinkMessage::Stop
-    } else {
-        let requests = backend.stats().requests + earlier.requests;
-        SinkMessage::Finish(output_metadata(
-            job,
-            &info,
-            &fingerprint,
-            &dispatched,
-            earlier,
-            requests,
-        ))
-    };
+    let stats = backend.stats();
+    let (bill, unseen) = bill::reckon(&dispatched, &stats);
+    let ending = ending(&bill::Ending {
+        info: &info,
+        job: &job.name,
+        fingerprint: &fingerprint,
+        bill: &bill,
+        dispatched: &dispatched,
+        earlier: &earlier,
+        requests: stats.requests,
+        previous_ratio,
+    });
+    if !dispatched.writer_stopped && unseen != Billed::default() {
+        let _ = sink_tx.send(SinkMessage::Billed(unseen)).await;
+    }
     let written = finish_writing(ending, &mut dispatched, sink_tx, writer).await?;
     let location = state.location().clone();
     state.close();
@@ -208,8 +200,11 @@ pub async fn execute(
         read: &read,
         dispatched: &dispatched,
         written: &written,
-        stats: backend.stats(),
+        stats,
         earlier,
+        bill,
+        limits: learned(&limits, &stats),
+        warnings: [backend.warnings(), limits.notes()].concat(),
         elapsed_seconds: started.elapsed().as_secs_f64(),
     });
     let value = serde_json::to_value(&summary).map_err(|e| RunError::Internal(e.to_string()))?;
@@ -217,31 +212,50 @@ pub async fn execute(
     Ok(summary)
 }
 
-/// What the finished output records about the run: the model, the usage
-/// and requests that paid for its vectors (this run's and the earlier
-/// attempts' whose vectors it kept), the fingerprint and the job.
-fn output_metadata(
+/// The writing stage: the sink, the checkpoint's parts (which carry billing
+/// without vectors only once they hold vectors) and the failures file.
+fn writing(
     job: &Job,
-    info: &BackendInfo,
-    fingerprint: &Fingerprint,
-    dispatched: &Dispatched,
-    earlier: crate::store::Earlier,
-    requests: u64,
-) -> OutputMetadata {
-    let mut usage = dispatched.usage;
-    usage += earlier.usage;
-    OutputMetadata {
-        model: info.model.clone(),
-        dimensions: 0,
-        backend: info.kind.to_string(),
-        usage,
-        requests,
-        cost: summary::cost(info, usage),
-        extra: [
-            (FINGERPRINT_KEY.to_string(), fingerprint.to_json()),
-            (JOB_KEY.to_string(), job.name.clone()),
-        ]
-        .into(),
+    info: &crate::backend::BackendInfo,
+    state: &JobState,
+    sink: Box<dyn Sink>,
+    checkpoint_dimensions: Option<usize>,
+) -> Writing {
+    let parts = state
+        .part_writer(
+            &info.model,
+            &info.kind.to_string(),
+            output_row_group_bytes(job),
+        )
+        .with_dimensions(checkpoint_dimensions);
+    Writing::new(sink, parts, state.failures())
+}
+
+/// What the writer is told at the end: finish the output, or, after a
+/// failure or a stop, keep what was paid for in the checkpoint and leave the
+/// output as it was.
+fn ending(ending: &bill::Ending<'_>) -> SinkMessage {
+    if ending.dispatched.failure.is_some() || ending.dispatched.stopped.is_some() {
+        SinkMessage::Stop
+    } else {
+        SinkMessage::Finish(bill::output_metadata(ending))
+    }
+}
+
+/// `budget.max_cost`, priced by the model's price per token.
+fn budget(job: &Job, info: &crate::backend::BackendInfo) -> Option<Arc<Budget>> {
+    let price_per_token = info.input_per_1k.unwrap_or(0.0) / 1000.0;
+    job.budget
+        .max_cost
+        .map(|max_cost| Arc::new(Budget::new(max_cost, price_per_token)))
+}
+
+/// The limits the service's answers lowered during the run.
+fn learned(limits: &Limits, stats: &crate::backend::BackendStats) -> LearnedLimits {
+    LearnedLimits {
+        max_inputs_per_request: limits.inputs(),
+        max_tokens_per_request: limits.tokens(),
+        concurrency: stats.lowered_concurrency,
     }
 }
 
@@ -252,16 +266,22 @@ fn output_row_group_bytes(job: &Job) -> u64 {
     }
 }
 
-/// What the sink holds and the checkpoint's parts, indexed off the runtime.
+/// What the sink holds and the checkpoint's parts, indexed off the runtime,
+/// with the token ratio the held output recorded.
 async fn load_reuse(
     sink: Box<dyn Sink>,
     state: JobState,
     fresh: bool,
-) -> Result<(Reuse, Box<dyn Sink>, JobState), RunError> {
+) -> Result<(Reuse, Box<dyn Sink>, JobState, Option<f64>), RunError> {
     tokio::task::spawn_blocking(move || {
         let held = if fresh { None } else { sink.held()? };
+        let ratio = held
+            .as_ref()
+            .and_then(|h| h.metadata().get(TOKEN_RATIO_KEY))
+            .and_then(|r| r.parse::<f64>().ok())
+            .filter(|r| r.is_finite() && *r > 0.0);
         let reuse = state.reuse(held, fresh)?;
-        Ok((reuse, sink, state))
+        Ok((reuse, sink, state, ratio))
     })
     .await
     .map_err(|e| {

@@ -149,6 +149,7 @@ impl Reading {
                 dimensions,
                 values,
                 usage: Usage::default(),
+                discarded: Usage::default(),
             },
         };
         Ok(self.sink.blocking_send(SinkMessage::Reused(batch)).is_ok())

@@ -54,14 +54,28 @@ pub struct Summary {
     pub estimated_tokens: u64,
     /// Local token count of the chunks not sent because their vector was at hand.
     pub tokens_saved: u64,
+    /// Every response that carried usage, whether or not its vectors passed.
     pub usage: Usage,
+    /// Of `usage.prompt_tokens`, the tokens that paid for vectors that failed
+    /// a check and were discarded.
+    pub discarded_tokens: u64,
+    /// Billed tokens (those discarded left out) over the local count of the
+    /// same chunks; the next estimate scales by it.
+    pub billed_token_ratio: Option<f64>,
     /// Billed by earlier, unfinished runs for vectors this run reused.
     pub resumed_usage: Usage,
     pub requests: u64,
     pub retries: u64,
     pub invalid_responses: u64,
     pub throttled: u64,
+    /// Requests given up on after `backend.timeout_seconds`; the service may
+    /// have billed them without `usage` reaching this run.
+    pub timeouts: u64,
     pub cost: Option<f64>,
+    /// Limits on requests the service's answers taught this run.
+    pub learned_limits: LearnedLimits,
+    /// What the service does not tell, and what had to change to work with it.
+    pub warnings: Vec<String>,
     /// Why the run stopped before the end, when it did.
     pub stopped: Option<String>,
     /// Vectors the checkpoint holds for the next run when this one stopped
@@ -76,6 +90,30 @@ pub struct Summary {
     pub exit_code: u8,
 }
 
+/// Limits on requests learned from the service during a run; `None` where
+/// the configured one held.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct LearnedLimits {
+    pub max_inputs_per_request: Option<usize>,
+    pub max_tokens_per_request: Option<u64>,
+    /// Requests in flight, when timeouts lowered it.
+    pub concurrency: Option<usize>,
+}
+
+impl LearnedLimits {
+    fn is_empty(&self) -> bool {
+        *self == LearnedLimits::default()
+    }
+}
+
+/// What a run was billed, all responses counted.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Bill {
+    pub usage: Usage,
+    pub discarded_tokens: u64,
+    pub ratio: Option<f64>,
+}
+
 /// Everything a finished run reports, gathered from its stages.
 pub(super) struct Outcome<'a> {
     pub job: &'a str,
@@ -87,6 +125,9 @@ pub(super) struct Outcome<'a> {
     pub written: &'a Written,
     pub stats: BackendStats,
     pub earlier: Earlier,
+    pub bill: Bill,
+    pub limits: LearnedLimits,
+    pub warnings: Vec<String>,
     pub elapsed_seconds: f64,
 }
 
@@ -125,13 +166,18 @@ impl Summary {
             removed: if stopped.is_none() { c.removed } else { 0 },
             estimated_tokens: c.sent_tokens,
             tokens_saved: c.tokens_saved,
-            usage: o.dispatched.usage,
+            usage: o.bill.usage,
+            discarded_tokens: o.bill.discarded_tokens,
+            billed_token_ratio: o.bill.ratio,
             resumed_usage: o.earlier.usage,
             requests: o.stats.requests,
             retries: o.stats.retries,
             invalid_responses: o.stats.invalid_responses,
             throttled: o.stats.throttled,
-            cost: cost(o.info, o.dispatched.usage),
+            timeouts: o.stats.timeouts,
+            cost: cost(o.info, o.bill.usage),
+            learned_limits: o.limits,
+            warnings: o.warnings.clone(),
             committed: if stopped.is_some() {
                 o.earlier.rows + o.dispatched.embedded
             } else {
@@ -181,31 +227,7 @@ impl Summary {
             s.dimensions
                 .map_or_else(|| "?".to_string(), |d| d.to_string())
         );
-        let retries = format!(
-            "{} ({} throttled, {})",
-            count(s.retries, "retry", "retries"),
-            s.throttled,
-            counted(s.invalid_responses, "invalid response")
-        );
-        if s.backend == BackendKind::Local.to_string() {
-            let _ = writeln!(
-                out,
-                "  tokens: {} counted locally; {}; the local model bills nothing",
-                s.estimated_tokens,
-                counted(s.requests, "request")
-            );
-        } else {
-            let _ = writeln!(
-                out,
-                "  tokens: {} billed, {} estimated locally; {}, {retries}",
-                s.usage.prompt_tokens,
-                s.estimated_tokens,
-                counted(s.requests, "request")
-            );
-            if let Some(cost) = s.cost {
-                let _ = writeln!(out, "  cost: {cost:.6}");
-            }
-        }
+        self.service_text(&mut out);
         let _ = writeln!(
             out,
             "  chunks: {} embedded, {} reused from the last output, {} resumed, {}; \
@@ -228,6 +250,9 @@ impl Summary {
                 counted(s.quarantined, "chunk"),
                 s.failures_file
             );
+        }
+        for warning in &s.warnings {
+            let _ = writeln!(out, "  warning: {warning}");
         }
         let _ = writeln!(
             out,
@@ -260,6 +285,68 @@ impl Summary {
             "  to carry on: {carry_on} (only what is not committed is sent)"
         );
         out
+    }
+
+    /// Tokens, requests and what the service taught the run.
+    fn service_text(&self, out: &mut String) {
+        let s = self;
+        let retries = format!(
+            "{} ({} throttled, {})",
+            count(s.retries, "retry", "retries"),
+            s.throttled,
+            counted(s.invalid_responses, "invalid response")
+        );
+        if s.backend == BackendKind::Local.to_string() {
+            let _ = writeln!(
+                out,
+                "  tokens: {} counted locally; {}; the local model bills nothing",
+                s.estimated_tokens,
+                counted(s.requests, "request")
+            );
+        } else {
+            let _ = writeln!(
+                out,
+                "  tokens: {} billed, {} estimated locally; {}, {retries}",
+                s.usage.prompt_tokens,
+                s.estimated_tokens,
+                counted(s.requests, "request")
+            );
+            if let Some(cost) = s.cost {
+                let _ = writeln!(out, "  cost: {cost:.6}");
+            }
+            if s.discarded_tokens > 0 {
+                let _ = writeln!(
+                    out,
+                    "  of the tokens billed, {} paid for vectors that failed a check and were sent again",
+                    s.discarded_tokens
+                );
+            }
+        }
+        if s.timeouts > 0 {
+            let _ = writeln!(
+                out,
+                "  {} timed out; the service may have billed them too",
+                counted(s.timeouts, "request")
+            );
+        }
+        if !s.learned_limits.is_empty() {
+            let l = &s.learned_limits;
+            let mut parts = Vec::new();
+            if let Some(n) = l.max_inputs_per_request {
+                parts.push(format!("{n} inputs per request"));
+            }
+            if let Some(n) = l.max_tokens_per_request {
+                parts.push(format!("{n} tokens per request"));
+            }
+            if let Some(n) = l.concurrency {
+                parts.push(format!("{n} requests in flight"));
+            }
+            let _ = writeln!(
+                out,
+                "  learned from the service: at most {}",
+                parts.join(", ")
+            );
+        }
     }
 
     fn skipped_text(&self, out: &mut String) {

@@ -10,11 +10,14 @@ use futures::future::BoxFuture;
 use super::*;
 use crate::backend::{BackendInfo, BackendStats};
 use crate::job::BackendKind;
+use crate::parquet_io::FINGERPRINT_KEY;
 use crate::sink::SinkReport;
 use crate::source::SourceStats;
 use crate::state::StateLocation;
 use crate::store::{ReadRow, Row, StoredRows};
-use crate::types::{content_hash, Chunk, Document, EmbeddedBatch, RawVectors, Usage, Vectors};
+use crate::types::{
+    content_hash, Chunk, Document, EmbeddedBatch, OutputMetadata, RawVectors, Usage, Vectors,
+};
 
 struct Documents(std::vec::IntoIter<Document>, SourceStats);
 

@@ -10,7 +10,7 @@ use tokio::sync::mpsc;
 use super::RunError;
 use crate::parquet_io::ParquetRows;
 use crate::sink::Sink;
-use crate::state::{FailuresFile, PartWriter};
+use crate::state::{Billed, FailuresFile, PartWriter};
 use crate::store::{hash_key, Location, Origin, Store};
 use crate::types::{Chunk, EmbeddedBatch, OutputMetadata, Usage, Vectors};
 
@@ -31,6 +31,8 @@ pub(super) enum SinkMessage {
     },
     /// Rows the sink held whose ids no chunk of this run has.
     Remove(Vec<String>),
+    /// Billing no vector carries, for the checkpoint.
+    Billed(Billed),
     Finish(OutputMetadata),
     /// Commit what was paid for and leave the sink as it was.
     Stop,
@@ -127,6 +129,7 @@ impl Writing {
                         .insert(hash_key(&chunk.content_hash), (reason, status));
                 }
                 SinkMessage::Remove(ids) => self.sink.remove(&ids)?,
+                SinkMessage::Billed(billed) => self.parts.add_billed(billed)?,
                 SinkMessage::Finish(metadata) => return Ok(Some(metadata)),
                 SinkMessage::Stop => return Ok(None),
             }
@@ -225,6 +228,7 @@ impl Writing {
                     dimensions: store.dimensions().unwrap_or(0),
                     values,
                     usage: Usage::default(),
+                    discarded: Usage::default(),
                 },
             };
             self.write(&batch)?;

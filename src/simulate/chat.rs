@@ -30,6 +30,8 @@ struct ChatRequest {
     messages: Vec<(String, String)>,
     max_tokens: Option<u64>,
     stream: bool,
+    /// `stream_options.include_usage`: a last chunk with the usage, before `[DONE]`.
+    include_usage: bool,
 }
 
 impl ChatRequest {
@@ -73,11 +75,13 @@ impl ChatRequest {
             Some(Value::Bool(stream)) => *stream,
             Some(other) => return Err(wrong_type("stream", "a boolean", other)),
         };
+        let include_usage = stream_options(&object, stream)?;
         Ok(ChatRequest {
             model,
             messages,
             max_tokens,
             stream,
+            include_usage,
         })
     }
 
@@ -143,6 +147,31 @@ fn parse_message(i: usize, item: &Value) -> Result<(String, String), ApiError> {
         }
     };
     Ok((role, content))
+}
+
+/// `stream_options`, allowed only with `stream`, as OpenAI has it: whether
+/// to end the stream with the usage.
+fn stream_options(object: &Map<String, Value>, stream: bool) -> Result<bool, ApiError> {
+    let options = match object.get("stream_options") {
+        None | Some(Value::Null) => return Ok(false),
+        Some(Value::Object(options)) => options,
+        Some(other) => return Err(wrong_type("stream_options", "an object", other)),
+    };
+    if !stream {
+        return Err(ApiError::invalid(
+            "stream_options",
+            "The 'stream_options' parameter is only allowed when 'stream' is enabled.",
+        ));
+    }
+    match options.get("include_usage") {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Bool(include)) => Ok(*include),
+        Some(other) => Err(wrong_type(
+            "stream_options.include_usage",
+            "a boolean",
+            other,
+        )),
+    }
 }
 
 fn optional_count(object: &Map<String, Value>, name: &str) -> Result<Option<u64>, ApiError> {
@@ -219,6 +248,9 @@ async fn chat_response(
         Some(Fault::Drop) if request.stream => return Ok(event_stream(dropped_body())),
         Some(Fault::Drop) => return Ok(json_response(dropped_body())),
         Some(Fault::Slow) => sleep_ms(shared.config.faults.slow_ms).await,
+        Some(Fault::ErrorIn200) if !request.stream => {
+            return Ok(json_response(ApiError::error_in_200_body().into()))
+        }
         _ => {}
     }
     let truncate = fault == Some(Fault::Truncate);
@@ -229,14 +261,26 @@ async fn chat_response(
         "chatcmpl-sim-{}",
         shared.chat_ids.fetch_add(1, Ordering::Relaxed)
     );
+    let completion_tokens = u64::from(count_tokens(&reply));
+    let usage = json!({
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    });
     if request.stream {
-        let events = stream_events(&id, &request.model, &reply, finish_reason, truncate);
+        let reply = Reply {
+            id: &id,
+            model: &request.model,
+            text: &reply,
+            finish_reason,
+        };
+        let usage = request.include_usage.then_some(usage);
+        let events = stream_events(&reply, usage, truncate);
         let body = Body::from_stream(futures::stream::iter(
             events.into_iter().map(Ok::<Bytes, io::Error>),
         ));
         return Ok(event_stream(body));
     }
-    let completion_tokens = u64::from(count_tokens(&reply));
     let body = json!({
         "id": id,
         "object": "chat.completion",
@@ -247,11 +291,7 @@ async fn chat_response(
             "message": { "role": "assistant", "content": reply },
             "finish_reason": finish_reason,
         }],
-        "usage": {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-        },
+        "usage": usage,
     })
     .to_string()
     .into_bytes();
@@ -273,26 +313,37 @@ fn event_stream(body: Body) -> Response {
     response
 }
 
+/// A reply to stream.
+struct Reply<'a> {
+    id: &'a str,
+    model: &'a str,
+    text: &'a str,
+    finish_reason: &'a str,
+}
+
 /// The SSE events of a streamed reply. A truncated stream stops after about half
-/// of the content, without the final chunk and without `[DONE]`.
-fn stream_events(
-    id: &str,
-    model: &str,
-    reply: &str,
-    finish_reason: &str,
-    truncate: bool,
-) -> Vec<Bytes> {
-    let chunk = |delta: Value, finish: Option<&str>| {
-        let chunk = json!({
-            "id": id,
-            "object": "chat.completion.chunk",
-            "created": CREATED,
-            "model": model,
-            "choices": [{ "index": 0, "delta": delta, "finish_reason": finish }],
-        });
+/// of the content, without the final chunk and without `[DONE]`. With `usage`
+/// (`stream_options.include_usage`), every chunk has `"usage": null` and a
+/// last chunk without choices carries the usage, as OpenAI sends it.
+fn stream_events(reply: &Reply<'_>, usage: Option<Value>, truncate: bool) -> Vec<Bytes> {
+    let with_usage = usage.is_some();
+    let event = |mut chunk: Value| {
+        if with_usage && chunk.get("usage").is_none() {
+            chunk["usage"] = Value::Null;
+        }
         Bytes::from(format!("data: {chunk}\n\n"))
     };
-    let pieces = fragments(reply);
+    let chunk = |delta: Value, finish: Option<&str>| {
+        event(json!({
+            "id": reply.id,
+            "object": "chat.completion.chunk",
+            "created": CREATED,
+            "model": reply.model,
+            "choices": [{ "index": 0, "delta": delta, "finish_reason": finish }],
+        }))
+    };
+    let finish_reason = reply.finish_reason;
+    let pieces = fragments(reply.text);
     let mut events = Vec::with_capacity(pieces.len() + 4);
     events.push(chunk(json!({ "role": "assistant" }), None));
     events.push(Bytes::from_static(b": keep-alive\n\n"));
@@ -309,6 +360,16 @@ fn stream_events(
     );
     if !truncate {
         events.push(chunk(json!({}), Some(finish_reason)));
+        if let Some(usage) = usage {
+            events.push(event(json!({
+                "id": reply.id,
+                "object": "chat.completion.chunk",
+                "created": CREATED,
+                "model": reply.model,
+                "choices": [],
+                "usage": usage,
+            })));
+        }
         events.push(Bytes::from_static(b"data: [DONE]\n\n"));
     }
     events

@@ -16,11 +16,27 @@ pub struct SimConfig {
     pub keys: Vec<KeySpec>,
     /// Fixed delay before every embeddings and chat request is handled. Not a fault.
     pub latency_ms: u64,
+    /// Time an embeddings request takes to compute, per input, as on a slow
+    /// CPU server. The answer is billed when computed, even if the client
+    /// has given up waiting by then.
+    pub latency_per_input_ms: u64,
+    /// The path the API's routes sit under: `/v1` (the default), or `""`
+    /// for routes at the root, as infinity serves them by default.
+    pub url_prefix: String,
+    /// Serve `GET /v1/models/{id}`. Without it the route answers a FastAPI
+    /// 404 (`{"detail":"Not Found"}`), as infinity and llama-cpp-python do.
+    pub model_route: bool,
+    /// Describe models by `id`, `object`, `created` and `owned_by` only, without
+    /// a context window or a price, as most servers list them.
+    pub bare_listing: bool,
+    /// How the tokens reported in `usage` (and billed) are counted.
+    pub billing: Billing,
     /// Most inputs one embeddings request may carry.
     pub max_inputs_per_request: Option<usize>,
     /// Most tokens (summed over the inputs) one embeddings request may carry.
     pub max_tokens_per_request: Option<u64>,
-    /// Status for the two request-level too-large errors: 400 or 413.
+    /// Status for the two request-level too-large errors: 400, 413, or 422
+    /// (with a FastAPI/pydantic body, as infinity answers too many inputs).
     pub too_large_status: u16,
     /// An input containing this text is rejected as longer than the context window.
     pub poison: Option<String>,
@@ -40,6 +56,11 @@ impl Default for SimConfig {
             models: ModelSpec::defaults(),
             keys: Vec::new(),
             latency_ms: 0,
+            latency_per_input_ms: 0,
+            url_prefix: "/v1".to_string(),
+            model_route: true,
+            bare_listing: false,
+            billing: Billing::default(),
             max_inputs_per_request: None,
             max_tokens_per_request: None,
             too_large_status: 413,
@@ -61,10 +82,27 @@ impl SimConfig {
     /// A message naming each invalid setting.
     pub fn validate(&self) -> Result<(), String> {
         let mut problems = Vec::new();
-        if self.too_large_status != 400 && self.too_large_status != 413 {
+        if ![400, 413, 422].contains(&self.too_large_status) {
             problems.push(format!(
-                "too_large_status must be 400 or 413, got {}",
+                "too_large_status must be 400, 413 or 422, got {}",
                 self.too_large_status
+            ));
+        }
+        let prefix = &self.url_prefix;
+        if !(prefix.is_empty() || (prefix.starts_with('/') && !prefix.ends_with('/')))
+            || prefix.starts_with("/_ledger")
+        {
+            problems.push(format!(
+                "url_prefix must be empty or a path such as /v1 (no trailing /), got {prefix:?}"
+            ));
+        }
+        if !(self.billing.factor.is_finite()
+            && self.billing.factor > 0.0
+            && self.billing.factor <= 1000.0)
+        {
+            problems.push(format!(
+                "bill_factor must be more than 0 and at most 1000, got {}",
+                self.billing.factor
             ));
         }
         if self.max_inputs_per_request == Some(0) {
@@ -126,11 +164,51 @@ impl SimConfig {
     }
 }
 
+/// How the tokens of an embeddings request are counted for `usage` and the bill.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Billing {
+    pub count: TokenCount,
+    /// Each input's count is multiplied by this and rounded up.
+    pub factor: f64,
+}
+
+impl Default for Billing {
+    fn default() -> Self {
+        Billing {
+            count: TokenCount::Cl100k,
+            factor: 1.0,
+        }
+    }
+}
+
+/// What a service counts as an input's tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TokenCount {
+    /// `cl100k_base` tokens, as the hosted models count (and embedjob by default).
+    Cl100k,
+    /// UTF-8 bytes divided by 4, rounded up, as OpenAI's request cap counts.
+    Bytes,
+}
+
+/// What a model does with a request's `dimensions`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DimensionsParam {
+    /// Truncates its vectors to the length asked for and renormalises them
+    /// (Matryoshka models, as OpenAI's v3 models do).
+    Truncate,
+    /// Answers 400, as vLLM does for models not trained for it.
+    Refuse,
+    /// Ignores it and sends its own length, as some servers do.
+    Ignore,
+}
+
 /// One model the simulator serves.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModelSpec {
     pub id: String,
     pub kind: ModelKind,
+    /// What an embeddings request's `dimensions` does.
+    pub dimensions_param: DimensionsParam,
     /// Largest input, in tokens, for one text (embeddings) or one conversation (chat).
     pub context_window: u32,
     pub modalities: Vec<String>,
@@ -151,11 +229,13 @@ pub enum ModelKind {
 
 impl ModelSpec {
     /// An embedding model with the given vector length, a context window of
-    /// 8192 tokens and a price of 0.0001 per 1000 input tokens.
+    /// 8192 tokens and a price of 0.0001 per 1000 input tokens, that refuses
+    /// `dimensions` as vLLM does.
     pub fn embedding(id: impl Into<String>, dimensions: usize) -> ModelSpec {
         ModelSpec {
             id: id.into(),
             kind: ModelKind::Embedding { dimensions },
+            dimensions_param: DimensionsParam::Refuse,
             context_window: 8192,
             modalities: vec!["text".to_string()],
             input_per_1k: 0.0001,
@@ -167,14 +247,19 @@ impl ModelSpec {
     pub fn defaults() -> Vec<ModelSpec> {
         let text = || vec!["text".to_string()];
         vec![
-            ModelSpec::embedding("svc-embed-1", 1024),
+            ModelSpec {
+                dimensions_param: DimensionsParam::Truncate,
+                ..ModelSpec::embedding("svc-embed-1", 1024)
+            },
             ModelSpec {
                 input_per_1k: 0.00013,
+                dimensions_param: DimensionsParam::Truncate,
                 ..ModelSpec::embedding("svc-embed-1-l", 3072)
             },
             ModelSpec {
                 id: "svc-base".to_string(),
                 kind: ModelKind::Chat,
+                dimensions_param: DimensionsParam::Refuse,
                 context_window: 128_000,
                 modalities: text(),
                 input_per_1k: 0.0005,
@@ -183,6 +268,7 @@ impl ModelSpec {
             ModelSpec {
                 id: "svc-pro".to_string(),
                 kind: ModelKind::Chat,
+                dimensions_param: DimensionsParam::Refuse,
                 context_window: 128_000,
                 modalities: vec!["text".to_string(), "vision".to_string()],
                 input_per_1k: 0.003,
@@ -245,6 +331,8 @@ pub struct Faults {
     pub rate_wrong_dimensions: f64,
     /// Embeddings only: one value written as the bare token `NaN`.
     pub rate_nan: f64,
+    /// A 200 whose body is an error object, as some gateways answer; not billed.
+    pub rate_error_200: f64,
     /// Most faults injected in total; `None`: no limit.
     pub limit: Option<u64>,
 }
@@ -264,6 +352,7 @@ impl Default for Faults {
             rate_shuffle: 0.0,
             rate_wrong_dimensions: 0.0,
             rate_nan: 0.0,
+            rate_error_200: 0.0,
             limit: None,
         }
     }
@@ -271,7 +360,7 @@ impl Default for Faults {
 
 impl Faults {
     /// Each fault's name (as recorded in the ledger) and probability, in drawing order.
-    pub(crate) fn rates(&self) -> [(&'static str, f64); 9] {
+    pub(crate) fn rates(&self) -> [(&'static str, f64); 10] {
         [
             ("429", self.rate_429),
             ("500", self.rate_500),
@@ -282,6 +371,7 @@ impl Faults {
             ("shuffle", self.rate_shuffle),
             ("wrong_dimensions", self.rate_wrong_dimensions),
             ("nan", self.rate_nan),
+            ("error_200", self.rate_error_200),
         ]
     }
 

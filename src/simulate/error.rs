@@ -13,9 +13,11 @@ pub(crate) struct ApiError {
     pub kind: &'static str,
     pub param: Option<String>,
     pub code: Option<&'static str>,
-    pub retry_after_seconds: Option<u64>,
+    pub retry_after_seconds: Option<u32>,
     /// Name under which the ledger counts this error as a fault.
     pub fault: Option<&'static str>,
+    /// A body of another shape than OpenAI's, sent as it is.
+    pub body: Option<Box<serde_json::Value>>,
 }
 
 impl ApiError {
@@ -28,6 +30,7 @@ impl ApiError {
             code: None,
             retry_after_seconds: None,
             fault: None,
+            body: None,
         }
     }
 
@@ -104,7 +107,7 @@ impl ApiError {
         )
     }
 
-    /// A request-level too-large rejection, with the configured status (400 or 413).
+    /// A request-level too-large rejection, with the configured status (400, 413 or 422).
     pub fn too_large(status: u16, code: &'static str, message: String) -> Self {
         ApiError {
             param: Some("input".to_string()),
@@ -116,6 +119,46 @@ impl ApiError {
                 message,
             )
         }
+    }
+
+    /// FastAPI's 422 for a list longer than a pydantic model allows, as
+    /// infinity answers too many inputs; it echoes the input, as FastAPI does.
+    pub fn pydantic_too_long(max: usize, inputs: &[&str]) -> Self {
+        let body = serde_json::json!({
+            "detail": [{
+                "type": "too_long",
+                "loc": ["body", "input"],
+                "msg": format!(
+                    "List should have at most {max} items after validation, not {}",
+                    inputs.len()
+                ),
+                "input": inputs,
+                "ctx": {"field_type": "List", "max_length": max, "actual_length": inputs.len()},
+            }]
+        });
+        ApiError {
+            fault: Some("too_large"),
+            body: Some(Box::new(body)),
+            ..ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                INVALID_REQUEST,
+                "too many inputs",
+            )
+        }
+    }
+
+    /// The body of a 200 that carries an error, as some gateways send.
+    pub fn error_in_200_body() -> Vec<u8> {
+        serde_json::json!({
+            "error": {
+                "message": "The upstream server failed to answer; try again.",
+                "type": "server_error",
+                "param": null,
+                "code": null,
+            }
+        })
+        .to_string()
+        .into_bytes()
     }
 
     pub fn context_length_exceeded(context_window: u32, tokens: u64) -> Self {
@@ -133,7 +176,7 @@ impl ApiError {
     pub fn rate_limited(retry_after_seconds: u64) -> Self {
         ApiError {
             code: Some("rate_limit_exceeded"),
-            retry_after_seconds: Some(retry_after_seconds),
+            retry_after_seconds: Some(u32::try_from(retry_after_seconds).unwrap_or(u32::MAX)),
             ..ApiError::new(
                 StatusCode::TOO_MANY_REQUESTS,
                 "rate_limit_exceeded",
@@ -163,21 +206,26 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = serde_json::json!({
-            "error": {
-                "message": self.message,
-                "type": self.kind,
-                "param": self.param,
-                "code": self.code,
-            }
-        });
+        let body = self.body.map_or_else(
+            || {
+                serde_json::json!({
+                    "error": {
+                        "message": self.message,
+                        "type": self.kind,
+                        "param": self.param,
+                        "code": self.code,
+                    }
+                })
+            },
+            |body| *body,
+        );
         let mut response = (self.status, axum::Json(body)).into_response();
         if let Some(seconds) = self.retry_after_seconds {
             let headers = response.headers_mut();
             headers.insert("retry-after", HeaderValue::from(seconds));
             headers.insert(
                 "retry-after-ms",
-                HeaderValue::from(seconds.saturating_mul(1000)),
+                HeaderValue::from(u64::from(seconds) * 1000),
             );
         }
         response

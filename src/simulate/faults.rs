@@ -23,10 +23,11 @@ pub(crate) enum Fault {
     Shuffle,
     WrongDimensions,
     Nan,
+    ErrorIn200,
 }
 
 impl Fault {
-    const DRAW_ORDER: [Fault; 9] = [
+    const DRAW_ORDER: [Fault; 10] = [
         Fault::RateLimited,
         Fault::Internal,
         Fault::Overloaded,
@@ -36,6 +37,7 @@ impl Fault {
         Fault::Shuffle,
         Fault::WrongDimensions,
         Fault::Nan,
+        Fault::ErrorIn200,
     ];
 
     /// The name the ledger records it under.
@@ -50,6 +52,7 @@ impl Fault {
             Fault::Shuffle => "shuffle",
             Fault::WrongDimensions => "wrong_dimensions",
             Fault::Nan => "nan",
+            Fault::ErrorIn200 => "error_200",
         }
     }
 
@@ -62,7 +65,7 @@ impl Fault {
 /// The seeded generator and the number of faults injected so far.
 #[derive(Debug)]
 pub(crate) struct FaultDice {
-    rates: [(&'static str, f64); 9],
+    rates: [(&'static str, f64); 10],
     limit: Option<u64>,
     rng: StdRng,
     injected: u64,

@@ -15,11 +15,11 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use serde_json::{json, Map, Value};
 
-use super::config::{ModelSpec, SimConfig};
+use super::config::{DimensionsParam, ModelSpec, SimConfig, TokenCount};
 use super::error::ApiError;
 use super::faults::{dropped_body, truncated_body, Fault, FaultDice};
 use super::ledger::Ledger;
-use super::vectors::{count_tokens, embeddings_body, text_digest, Damage, Item};
+use super::vectors::{count_tokens, embeddings_body, Damage, Item, Shape};
 
 /// The fixed `created` timestamp of every model and completion.
 pub(crate) const CREATED: u64 = 1_700_000_000;
@@ -162,13 +162,18 @@ pub(crate) async fn count_requests(
     next: Next,
 ) -> Response {
     let path = request.uri().path();
-    if path == "/v1" || path.starts_with("/v1/") {
+    let prefix = shared.config.url_prefix.as_str();
+    if let Some(route) = path
+        .strip_prefix(prefix)
+        .filter(|route| route.is_empty() || route.starts_with('/'))
+        .filter(|_| !path.starts_with("/_ledger"))
+    {
         let mut ledger = shared.ledger();
         ledger.requests += 1;
         if request.method() == Method::POST {
-            match path {
-                "/v1/embeddings" => ledger.embedding_requests += 1,
-                "/v1/chat/completions" => ledger.chat_requests += 1,
+            match route {
+                "/embeddings" => ledger.embedding_requests += 1,
+                "/chat/completions" => ledger.chat_requests += 1,
                 _ => {}
             }
         }
@@ -247,41 +252,94 @@ pub(crate) fn wrong_type(param: &str, expected: &str, got: &Value) -> ApiError {
     )
 }
 
-fn parse_inputs(value: Option<Value>) -> Result<Vec<String>, ApiError> {
+/// One input of an embeddings request: a text, or token ids (cl100k) and
+/// the text they decode to.
+pub(crate) struct Input {
+    pub text: String,
+    /// The number of token ids, when the input came as ids.
+    pub ids: Option<u32>,
+}
+
+/// `input`: a string, an array of strings, an array of token ids (one
+/// input), or an array of such arrays, as OpenAI accepts (LangChain sends ids).
+fn parse_inputs(value: Option<Value>) -> Result<Vec<Input>, ApiError> {
     let empty_text = |param: String| {
         ApiError::invalid(
             param.clone(),
             format!("Invalid '{param}': the text must not be empty."),
         )
     };
+    let text = |text: String| Input { text, ids: None };
     match value {
         None | Some(Value::Null) => Err(ApiError::missing("input")),
-        Some(Value::String(text)) if text.is_empty() => Err(empty_text("input".to_string())),
-        Some(Value::String(text)) => Ok(vec![text]),
+        Some(Value::String(t)) if t.is_empty() => Err(empty_text("input".to_string())),
+        Some(Value::String(t)) => Ok(vec![text(t)]),
         Some(Value::Array(items)) if items.is_empty() => Err(ApiError::invalid(
             "input",
             "Invalid 'input': the list of inputs must not be empty.",
         )),
+        Some(Value::Array(items)) if items[0].is_number() => {
+            Ok(vec![token_input("input", &items)?])
+        }
         Some(Value::Array(items)) => items
             .into_iter()
             .enumerate()
             .map(|(i, item)| match item {
-                Value::String(text) if text.is_empty() => Err(empty_text(format!("input[{i}]"))),
-                Value::String(text) => Ok(text),
-                other => Err(wrong_type(&format!("input[{i}]"), "a string", &other)),
+                Value::String(t) if t.is_empty() => Err(empty_text(format!("input[{i}]"))),
+                Value::String(t) => Ok(text(t)),
+                Value::Array(ids) if !ids.is_empty() => token_input(&format!("input[{i}]"), &ids),
+                other => Err(wrong_type(
+                    &format!("input[{i}]"),
+                    "a string or an array of token ids",
+                    &other,
+                )),
             })
             .collect(),
         Some(other) => Err(wrong_type(
             "input",
-            "a string or an array of strings",
+            "a string, an array of strings, or an array of token ids",
             &other,
         )),
     }
 }
 
+/// Token ids of the `cl100k_base` encoding, decoded to their text.
+fn token_input(param: &str, ids: &[Value]) -> Result<Input, ApiError> {
+    let ids: Vec<u32> = ids
+        .iter()
+        .map(|id| id.as_u64().and_then(|id| u32::try_from(id).ok()))
+        .collect::<Option<_>>()
+        .ok_or_else(|| {
+            ApiError::invalid(
+                param,
+                format!("Invalid '{param}': token ids must be integers of 0 or more."),
+            )
+        })?;
+    let bytes = tiktoken_rs::cl100k_base_singleton()
+        .decode_bytes(&ids)
+        .map_err(|_| {
+            ApiError::invalid(
+                param,
+                format!("Invalid '{param}': a token id is not in the model's vocabulary."),
+            )
+        })?;
+    Ok(Input {
+        text: String::from_utf8_lossy(&bytes).into_owned(),
+        ids: Some(u32::try_from(ids.len()).unwrap_or(u32::MAX)),
+    })
+}
+
 // ---- models ---------------------------------------------------------------------------------
 
-fn model_json(model: &ModelSpec) -> Value {
+fn model_json(model: &ModelSpec, bare: bool) -> Value {
+    if bare {
+        return json!({
+            "id": model.id,
+            "object": "model",
+            "created": CREATED,
+            "owned_by": "svc",
+        });
+    }
     json!({
         "id": model.id,
         "object": "model",
@@ -306,7 +364,7 @@ pub(crate) async fn list_models(State(shared): State<Arc<Shared>>, headers: Head
         .models
         .iter()
         .filter(|model| caller.sees(&shared.config, &model.id))
-        .map(model_json)
+        .map(|model| model_json(model, shared.config.bare_listing))
         .collect();
     axum::Json(json!({ "object": "list", "data": data })).into_response()
 }
@@ -319,12 +377,21 @@ pub(crate) async fn get_model(
     let found = authorize(&shared, &headers).and_then(|caller| {
         let Path(id) =
             id.map_err(|_| ApiError::bad_request("The model id in the URL is not valid."))?;
-        shared.visible_model(caller, &id).map(model_json)
+        shared
+            .visible_model(caller, &id)
+            .map(|model| model_json(model, shared.config.bare_listing))
     });
     match found {
         Ok(model) => axum::Json(model).into_response(),
         Err(error) => shared.fail(error),
     }
+}
+
+/// `GET /v1/models/{id}` on a server without the route: FastAPI's 404.
+pub(crate) async fn no_model_route() -> Response {
+    let mut response = axum::Json(json!({ "detail": "Not Found" })).into_response();
+    *response.status_mut() = StatusCode::NOT_FOUND;
+    response
 }
 
 // ---- embeddings -----------------------------------------------------------------------------
@@ -337,6 +404,7 @@ struct Prepared {
     tokens: u64,
     /// Hex SHA-256 of each input, for billing; empty when the response is not billed.
     hashes: Vec<String>,
+    inputs: usize,
 }
 
 pub(crate) async fn embeddings(
@@ -373,15 +441,87 @@ async fn embeddings_response(
         Some(Fault::Overloaded) => Err(ApiError::overloaded()),
         Some(Fault::Drop) => Ok(json_response(dropped_body())),
         Some(Fault::Truncate) => Ok(json_response(truncated_body(prepared.body))),
-        Some(Fault::WrongDimensions | Fault::Nan) => Ok(json_response(prepared.body.into())),
-        Some(Fault::Slow | Fault::Shuffle) | None => {
+        Some(Fault::ErrorIn200) => Ok(json_response(ApiError::error_in_200_body().into())),
+        Some(Fault::Slow | Fault::Shuffle | Fault::WrongDimensions | Fault::Nan) | None => {
+            let mut compute = shared
+                .config
+                .latency_per_input_ms
+                .saturating_mul(prepared.inputs as u64);
             if prepared.fault == Some(Fault::Slow) {
-                sleep_ms(shared.config.faults.slow_ms).await;
+                compute = compute.saturating_add(shared.config.faults.slow_ms);
             }
-            shared.ledger().bill(prepared.tokens, prepared.hashes);
+            if compute == 0 {
+                shared.ledger().bill(prepared.tokens, prepared.hashes);
+            } else {
+                // A slow answer is computed, and billed, whether or not the
+                // client is still waiting for it.
+                let billing = Arc::clone(shared);
+                let billed = tokio::spawn(async move {
+                    sleep_ms(compute).await;
+                    billing.ledger().bill(prepared.tokens, prepared.hashes);
+                });
+                let _ = billed.await;
+            }
             Ok(json_response(prepared.body.into()))
         }
     }
+}
+
+/// The request's `dimensions`, if any, as the model takes it: the length
+/// to send, or the refusal.
+fn requested_dimensions(
+    object: &Map<String, Value>,
+    model: &ModelSpec,
+    dimensions: usize,
+) -> Result<usize, ApiError> {
+    let asked = match object.get("dimensions") {
+        None | Some(Value::Null) => return Ok(dimensions),
+        Some(Value::Number(n)) => n
+            .as_u64()
+            .and_then(|n| usize::try_from(n).ok())
+            .filter(|&n| n >= 1)
+            .ok_or_else(|| {
+                ApiError::invalid(
+                    "dimensions",
+                    format!("Invalid 'dimensions': expected an integer of at least 1, got {n}."),
+                )
+            })?,
+        Some(other) => return Err(wrong_type("dimensions", "an integer", other)),
+    };
+    match model.dimensions_param {
+        DimensionsParam::Ignore => Ok(dimensions),
+        DimensionsParam::Refuse => Err(ApiError::invalid(
+            "dimensions",
+            format!(
+                "Model \"{}\" does not support matryoshka representation, changing output \
+                 dimensions will lead to poor results.",
+                model.id
+            ),
+        )),
+        DimensionsParam::Truncate if asked > dimensions => Err(ApiError::invalid(
+            "dimensions",
+            format!(
+                "Invalid 'dimensions': {asked} is more than the {dimensions} of model '{}'.",
+                model.id
+            ),
+        )),
+        DimensionsParam::Truncate => Ok(asked),
+    }
+}
+
+/// The tokens `usage` reports for one input, as the simulator is set to count.
+fn billed_tokens(config: &SimConfig, input: &Input, cl100k: u32) -> u64 {
+    let count = match config.billing.count {
+        TokenCount::Cl100k => u64::from(cl100k),
+        TokenCount::Bytes => (input.text.len() as u64).div_ceil(4),
+    };
+    #[allow(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_precision_loss
+    )]
+    let scaled = (count as f64 * config.billing.factor).ceil() as u64;
+    scaled
 }
 
 fn prepare_embeddings(shared: &Shared, caller: Caller, body: &[u8]) -> Result<Prepared, ApiError> {
@@ -389,19 +529,28 @@ fn prepare_embeddings(shared: &Shared, caller: Caller, body: &[u8]) -> Result<Pr
     let mut object = parse_object(body)?;
     let model_id = required_string(&object, "model")?;
     let inputs = parse_inputs(object.remove("input"))?;
-    check_encoding_format(&object)?;
+    let base64 = encoding_is_base64(&object)?;
     let model = shared.visible_model(caller, &model_id)?;
-    let Some(dimensions) = model.dimensions() else {
+    let Some(model_dimensions) = model.dimensions() else {
         return Err(ApiError::invalid(
             "model",
             format!("The model '{model_id}' is a chat model and does not support embeddings."),
         ));
     };
+    let dimensions = requested_dimensions(&object, model, model_dimensions)?;
 
     // Too-large checks come before the fault draw, and are never billed.
-    let counts: Vec<u32> = inputs.iter().map(|text| count_tokens(text)).collect();
+    let counts: Vec<u32> = inputs
+        .iter()
+        .map(|input| input.ids.unwrap_or_else(|| count_tokens(&input.text)))
+        .collect();
     let tokens: u64 = counts.iter().map(|&n| u64::from(n)).sum();
     check_size(config, model.context_window, &inputs, &counts, tokens)?;
+    let billed: u64 = inputs
+        .iter()
+        .zip(&counts)
+        .map(|(input, &n)| billed_tokens(config, input, n))
+        .sum();
 
     let count = inputs.len();
     let (fault, order, damaged) = {
@@ -422,17 +571,27 @@ fn prepare_embeddings(shared: &Shared, caller: Caller, body: &[u8]) -> Result<Pr
     shared.record(fault);
     if matches!(
         fault,
-        Some(Fault::RateLimited | Fault::Internal | Fault::Overloaded | Fault::Drop)
+        Some(
+            Fault::RateLimited
+                | Fault::Internal
+                | Fault::Overloaded
+                | Fault::Drop
+                | Fault::ErrorIn200
+        )
     ) {
         return Ok(Prepared {
             fault,
             body: Vec::new(),
-            tokens,
+            tokens: billed,
             hashes: Vec::new(),
+            inputs: count,
         });
     }
 
-    let digests: Vec<[u8; 32]> = inputs.iter().map(|text| text_digest(text)).collect();
+    let digests: Vec<[u8; 32]> = inputs
+        .iter()
+        .map(|input| super::vectors::text_digest(&input.text))
+        .collect();
     let items: Vec<Item> = order
         .into_iter()
         .map(|index| Item {
@@ -444,29 +603,37 @@ fn prepare_embeddings(shared: &Shared, caller: Caller, body: &[u8]) -> Result<Pr
             },
         })
         .collect();
-    let body = embeddings_body(&model_id, dimensions, &items, tokens);
-    let billed = matches!(fault, None | Some(Fault::Slow | Fault::Shuffle));
-    let hashes = if billed {
-        digests.iter().map(hex::encode).collect()
-    } else {
+    let shape = Shape {
+        model: &model_id,
+        model_dimensions,
+        dimensions,
+        base64,
+    };
+    let body = embeddings_body(&shape, &items, billed);
+    // A response that arrives whole is billed, whatever the client makes of it.
+    let hashes = if fault == Some(Fault::Truncate) {
         Vec::new()
+    } else {
+        digests.iter().map(hex::encode).collect()
     };
     Ok(Prepared {
         fault,
         body,
-        tokens,
+        tokens: billed,
         hashes,
+        inputs: count,
     })
 }
 
-/// Only floats are served.
-fn check_encoding_format(object: &serde_json::Map<String, Value>) -> Result<(), ApiError> {
+/// `encoding_format`: `"float"` (the default) or `"base64"`.
+fn encoding_is_base64(object: &serde_json::Map<String, Value>) -> Result<bool, ApiError> {
     match object.get("encoding_format") {
-        None | Some(Value::Null) => Ok(()),
-        Some(Value::String(format)) if format == "float" => Ok(()),
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::String(format)) if format == "float" => Ok(false),
+        Some(Value::String(format)) if format == "base64" => Ok(true),
         Some(other) => Err(ApiError::invalid(
             "encoding_format",
-            format!("Invalid 'encoding_format': only \"float\" is supported, got {other}."),
+            format!("Invalid 'encoding_format': expected \"float\" or \"base64\", got {other}."),
         )),
     }
 }
@@ -476,12 +643,16 @@ fn check_encoding_format(object: &serde_json::Map<String, Value>) -> Result<(), 
 fn check_size(
     config: &SimConfig,
     context_window: u32,
-    inputs: &[String],
+    inputs: &[Input],
     counts: &[u32],
     tokens: u64,
 ) -> Result<(), ApiError> {
     if let Some(max) = config.max_inputs_per_request {
         if inputs.len() > max {
+            if config.too_large_status == 422 {
+                let texts: Vec<&str> = inputs.iter().map(|i| i.text.as_str()).collect();
+                return Err(ApiError::pydantic_too_long(max, &texts));
+            }
             return Err(ApiError::too_large(
                 config.too_large_status,
                 "too_many_inputs",
@@ -503,13 +674,13 @@ fn check_size(
             ));
         }
     }
-    for (text, &count) in inputs.iter().zip(counts) {
+    for (input, &count) in inputs.iter().zip(counts) {
         // A poisoned input stands for one the service refuses although the client
         // counted it as fitting; its real count is reported.
         let poisoned = config
             .poison
             .as_deref()
-            .is_some_and(|poison| text.contains(poison));
+            .is_some_and(|poison| input.text.contains(poison));
         if count > context_window || poisoned {
             return Err(ApiError::context_length_exceeded(
                 context_window,
@@ -543,6 +714,7 @@ pub(crate) async fn get_ledger(State(shared): State<Arc<Shared>>, uri: Uri) -> R
             let mut value = serde_json::to_value(Ledger {
                 texts: HashMap::new(),
                 faults: ledger.faults.clone(),
+                billed_sizes: ledger.billed_sizes.clone(),
                 ..*ledger
             });
             if let Ok(Value::Object(object)) = &mut value {

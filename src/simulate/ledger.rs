@@ -5,9 +5,11 @@ use std::collections::{BTreeMap, HashMap};
 /// Counters of everything the simulator saw, so that tests can check what a
 /// client sent and what it paid for.
 ///
-/// Only embeddings responses delivered intact and valid are billed: a normal,
-/// slow or shuffled response. Billing happens when the response is produced, as
-/// a real service would bill, whether or not the client reads it.
+/// An embeddings response is billed once it is computed, as a real service
+/// bills, whether or not the client reads it, and whether or not its vectors
+/// are valid: a normal, slow or shuffled response, and one with a short or a
+/// NaN vector. A refused request, a dropped or cut-off one, and an error in a
+/// 200 body are not billed.
 ///
 /// `texts` grows with the number of distinct texts billed; it is the only
 /// state of the simulator that is not bounded. Leave it out of
@@ -31,6 +33,8 @@ pub struct Ledger {
     pub faults: BTreeMap<String, u64>,
     /// Hex SHA-256 of each billed input text, and how many times it was billed.
     pub texts: HashMap<String, u64>,
+    /// Billed requests by their number of inputs.
+    pub billed_sizes: BTreeMap<u64, u64>,
 }
 
 impl Ledger {
@@ -43,6 +47,10 @@ impl Ledger {
         self.billed_requests += 1;
         self.prompt_tokens += tokens;
         self.total_tokens += tokens;
+        *self
+            .billed_sizes
+            .entry(text_hashes.len() as u64)
+            .or_insert(0) += 1;
         for hash in text_hashes {
             *self.texts.entry(hash).or_insert(0) += 1;
         }

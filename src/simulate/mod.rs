@@ -51,10 +51,16 @@ use axum::Router;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-pub use config::{Faults, KeySpec, ModelKind, ModelSpec, SimConfig, DEFAULT_MAX_BODY_BYTES};
+pub use config::{
+    Billing, DimensionsParam, Faults, KeySpec, ModelKind, ModelSpec, SimConfig, TokenCount,
+    DEFAULT_MAX_BODY_BYTES,
+};
 pub use ledger::Ledger;
 pub use options::SimulateOptions;
-pub use vectors::{count_tokens, embedding_vector, embeddings_response_body};
+pub use vectors::{
+    count_tokens, embedding_vector, embedding_vector_shortened, embeddings_response_body,
+    embeddings_response_body_base64,
+};
 
 use handlers::Shared;
 
@@ -109,7 +115,8 @@ impl Simulator {
         self.addr
     }
 
-    /// `http://127.0.0.1:PORT`, without `/v1`: every endpoint path starts with `/v1`.
+    /// `http://127.0.0.1:PORT`, without `/v1`: every endpoint path starts
+    /// with the configured prefix (`/v1` unless set otherwise).
     pub fn base_url(&self) -> String {
         format!("http://{}", self.addr)
     }
@@ -150,11 +157,20 @@ impl Drop for Simulator {
 }
 
 fn router(shared: Arc<Shared>) -> Router {
+    let prefix = shared.config.url_prefix.clone();
+    let model_route = if shared.config.model_route {
+        get(handlers::get_model)
+    } else {
+        get(handlers::no_model_route)
+    };
     Router::new()
-        .route("/v1/embeddings", post(handlers::embeddings))
-        .route("/v1/chat/completions", post(chat::chat_completions))
-        .route("/v1/models", get(handlers::list_models))
-        .route("/v1/models/{id}", get(handlers::get_model))
+        .route(&format!("{prefix}/embeddings"), post(handlers::embeddings))
+        .route(
+            &format!("{prefix}/chat/completions"),
+            post(chat::chat_completions),
+        )
+        .route(&format!("{prefix}/models"), get(handlers::list_models))
+        .route(&format!("{prefix}/models/{{id}}"), model_route)
         .route("/_ledger", get(handlers::get_ledger))
         .route("/_ledger/reset", post(handlers::reset_ledger))
         .fallback(handlers::unknown_url)
@@ -240,8 +256,36 @@ fn describe(config: &SimConfig) -> String {
         format!("  keys: {keys}"),
         format!("  faults: {faults}"),
     ];
+    if config.url_prefix != "/v1" || !config.model_route || config.bare_listing {
+        lines.push(format!(
+            "  routes under {:?}{}{}",
+            config.url_prefix,
+            if config.model_route {
+                ""
+            } else {
+                ", no GET /models/{id}"
+            },
+            if config.bare_listing {
+                ", a listing without window or price"
+            } else {
+                ""
+            }
+        ));
+    }
+    if config.billing != Billing::default() {
+        lines.push(format!(
+            "  usage counts {:?} tokens times {}",
+            config.billing.count, config.billing.factor
+        ));
+    }
     if config.latency_ms > 0 {
         lines.push(format!("  latency: {} ms per request", config.latency_ms));
+    }
+    if config.latency_per_input_ms > 0 {
+        lines.push(format!(
+            "  computing: {} ms per input, billed even when the client gave up",
+            config.latency_per_input_ms
+        ));
     }
     let mut limits = Vec::new();
     if let Some(max) = config.max_inputs_per_request {

@@ -1,6 +1,6 @@
 //! The `embedjob simulate` flags, as typed, and the [`SimConfig`] built from them.
 
-use super::config::{Faults, KeySpec, ModelSpec, SimConfig};
+use super::config::{Billing, DimensionsParam, Faults, KeySpec, ModelSpec, SimConfig, TokenCount};
 
 /// Serve a simulator of the model service on 127.0.0.1, with fault injection.
 #[derive(clap::Args, Debug, Clone)]
@@ -13,13 +13,43 @@ pub struct SimulateOptions {
     #[arg(long = "key", value_name = "KEY[=MODEL,MODEL...]")]
     pub keys: Vec<String>,
 
-    /// Also serve an embedding model returning vectors of this length (repeatable)
-    #[arg(long = "model", value_name = "ID=DIMS")]
+    /// Also serve an embedding model returning vectors of this length (repeatable);
+    /// `:matryoshka` shortens them on `dimensions`, `:ignores-dimensions` ignores it,
+    /// and without either `dimensions` gets a 400, as vLLM answers
+    #[arg(
+        long = "model",
+        value_name = "ID=DIMS[:matryoshka|:ignores-dimensions]"
+    )]
     pub models: Vec<String>,
 
     /// Delay every embeddings and chat request by this many milliseconds
     #[arg(long, value_name = "MS", default_value_t = 0)]
     pub latency_ms: u64,
+
+    /// Take this many milliseconds per input to compute an embeddings request,
+    /// billing it even when the client has stopped waiting, as a slow CPU server does
+    #[arg(long, value_name = "MS", default_value_t = 0)]
+    pub latency_per_input_ms: u64,
+
+    /// Serve the routes under this path instead of /v1 ("" for the root, as infinity does)
+    #[arg(long, value_name = "PREFIX", default_value = "/v1")]
+    pub url_prefix: String,
+
+    /// Answer GET /v1/models/{id} with FastAPI's 404, as infinity and llama-cpp-python do
+    #[arg(long)]
+    pub no_model_route: bool,
+
+    /// List models without context window and price, as most servers do
+    #[arg(long)]
+    pub bare_listing: bool,
+
+    /// Count billed tokens as cl100k tokens or as UTF-8 bytes / 4
+    #[arg(long, value_name = "cl100k|bytes", default_value = "cl100k")]
+    pub bill_by: String,
+
+    /// Multiply each input's billed tokens by this (rounded up)
+    #[arg(long, value_name = "F", default_value_t = 1.0)]
+    pub bill_factor: f64,
 
     /// Answer 429 to embeddings requests beyond this many at once
     #[arg(long, value_name = "N")]
@@ -33,7 +63,8 @@ pub struct SimulateOptions {
     #[arg(long, value_name = "N")]
     pub max_tokens_per_request: Option<u64>,
 
-    /// Status of a too-many-inputs or too-many-tokens rejection: 400 or 413
+    /// Status of a too-many-inputs or too-many-tokens rejection: 400, 413, or 422
+    /// (too many inputs then gets FastAPI's pydantic body, as infinity sends)
     #[arg(long, value_name = "STATUS", default_value_t = 413)]
     pub too_large_status: u16,
 
@@ -89,6 +120,10 @@ pub struct SimulateOptions {
     #[arg(long, value_name = "P", default_value_t = 0.0)]
     pub rate_nan: f64,
 
+    /// Probability of a 200 whose body is an error object, as some gateways answer
+    #[arg(long = "rate-error-200", value_name = "P", default_value_t = 0.0)]
+    pub rate_error_200: f64,
+
     /// Inject at most this many faults in total
     #[arg(long, value_name = "N")]
     pub fault_limit: Option<u64>,
@@ -117,11 +152,27 @@ impl SimulateOptions {
             .iter()
             .filter_map(|spec| parse_key(spec).map_err(|p| problems.push(p)).ok())
             .collect();
+        let count = match self.bill_by.as_str() {
+            "cl100k" => TokenCount::Cl100k,
+            "bytes" => TokenCount::Bytes,
+            other => {
+                problems.push(format!("--bill-by {other}: expected cl100k or bytes"));
+                TokenCount::Cl100k
+            }
+        };
         let config = SimConfig {
             port: self.port,
             models,
             keys,
             latency_ms: self.latency_ms,
+            latency_per_input_ms: self.latency_per_input_ms,
+            url_prefix: self.url_prefix.clone(),
+            model_route: !self.no_model_route,
+            bare_listing: self.bare_listing,
+            billing: Billing {
+                count,
+                factor: self.bill_factor,
+            },
             max_inputs_per_request: self.max_inputs_per_request,
             max_tokens_per_request: self.max_tokens_per_request,
             max_concurrent_requests: self.max_concurrent_requests,
@@ -140,6 +191,7 @@ impl SimulateOptions {
                 rate_shuffle: self.rate_shuffle,
                 rate_wrong_dimensions: self.rate_wrong_dimensions,
                 rate_nan: self.rate_nan,
+                rate_error_200: self.rate_error_200,
                 limit: self.fault_limit,
             },
             ..SimConfig::default()
@@ -157,8 +209,11 @@ impl SimulateOptions {
 
 /// Names the flags the user typed rather than the configuration fields.
 fn flag_names(line: &str) -> String {
-    const FIELDS: [&str; 13] = [
+    const FIELDS: [&str; 16] = [
         "too_large_status",
+        "url_prefix",
+        "bill_factor",
+        "rate_error_200",
         "max_inputs_per_request",
         "max_tokens_per_request",
         "poison",
@@ -181,6 +236,16 @@ fn parse_model(spec: &str) -> Result<ModelSpec, String> {
     let (id, dims) = spec
         .split_once('=')
         .ok_or_else(|| format!("--model {spec}: expected ID=DIMS, e.g. my-embed=768"))?;
+    let (dims, dimensions_param) = match dims.split_once(':') {
+        None => (dims, DimensionsParam::Refuse),
+        Some((dims, "matryoshka")) => (dims, DimensionsParam::Truncate),
+        Some((dims, "ignores-dimensions")) => (dims, DimensionsParam::Ignore),
+        Some((_, other)) => {
+            return Err(format!(
+                "--model {spec}: '{other}' is not matryoshka or ignores-dimensions"
+            ))
+        }
+    };
     let id = id.trim();
     if id.is_empty() {
         return Err(format!("--model {spec}: the model id is empty"));
@@ -194,7 +259,10 @@ fn parse_model(spec: &str) -> Result<ModelSpec, String> {
             "--model {spec}: the vector length must be at least 1"
         ));
     }
-    Ok(ModelSpec::embedding(id, dims))
+    Ok(ModelSpec {
+        dimensions_param,
+        ..ModelSpec::embedding(id, dims)
+    })
 }
 
 fn parse_key(spec: &str) -> Result<KeySpec, String> {

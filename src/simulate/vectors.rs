@@ -26,6 +26,42 @@ pub(crate) fn text_digest(text: &str) -> [u8; 32] {
     Sha256::digest(text.as_bytes()).into()
 }
 
+/// The vector for `text` from a model of `model_dimensions` values asked for
+/// `dimensions` of them: the model's vector cut to that length,
+/// L2-normalised again and rounded as [`embedding_vector`] rounds, as
+/// Matryoshka models shorten their vectors.
+pub fn embedding_vector_shortened(
+    model_dimensions: usize,
+    dimensions: usize,
+    text: &str,
+) -> Vec<f32> {
+    shortened_from_digest(model_dimensions, dimensions, &text_digest(text))
+}
+
+pub(crate) fn shortened_from_digest(
+    model_dimensions: usize,
+    dimensions: usize,
+    digest: &[u8; 32],
+) -> Vec<f32> {
+    let full = vector_from_digest(model_dimensions, digest);
+    if dimensions >= full.len() {
+        return full;
+    }
+    let head = &full[..dimensions];
+    let norm = head
+        .iter()
+        .map(|&v| f64::from(v) * f64::from(v))
+        .sum::<f64>()
+        .sqrt();
+    #[allow(clippy::cast_possible_truncation)]
+    head.iter()
+        .map(|&v| {
+            let v = if norm > 0.0 { f64::from(v) / norm } else { 0.0 };
+            ((v * 65536.0).round() / 65536.0) as f32
+        })
+        .collect()
+}
+
 pub(crate) fn vector_from_digest(dimensions: usize, digest: &[u8; 32]) -> Vec<f32> {
     let mut seed = [0u8; 8];
     seed.copy_from_slice(&digest[..8]);
@@ -90,19 +126,54 @@ pub fn embeddings_response_body(model: &str, dimensions: usize, texts: &[&str]) 
         })
         .collect();
     let tokens = texts.iter().map(|text| u64::from(count_tokens(text))).sum();
-    embeddings_body(model, dimensions, &items, tokens)
+    let shape = Shape {
+        model,
+        model_dimensions: dimensions,
+        dimensions,
+        base64: false,
+    };
+    embeddings_body(&shape, &items, tokens)
+}
+
+/// The same body with its vectors in base64, as a service sends them for
+/// `encoding_format: "base64"`.
+pub fn embeddings_response_body_base64(model: &str, dimensions: usize, texts: &[&str]) -> Vec<u8> {
+    let items: Vec<Item> = texts
+        .iter()
+        .enumerate()
+        .map(|(index, text)| Item {
+            index,
+            digest: text_digest(text),
+            damage: Damage::None,
+        })
+        .collect();
+    let tokens = texts.iter().map(|text| u64::from(count_tokens(text))).sum();
+    let shape = Shape {
+        model,
+        model_dimensions: dimensions,
+        dimensions,
+        base64: true,
+    };
+    embeddings_body(&shape, &items, tokens)
+}
+
+/// How the vectors of an answer are made and written.
+pub(crate) struct Shape<'a> {
+    pub model: &'a str,
+    /// The model's own vector length.
+    pub model_dimensions: usize,
+    /// The length sent: the model's, or shorter when asked for.
+    pub dimensions: usize,
+    /// Little-endian `f32`s in base64 rather than JSON numbers.
+    pub base64: bool,
 }
 
 /// Writes an embeddings response body straight into bytes, without building a
 /// JSON tree: this is the simulator's hot path.
-pub(crate) fn embeddings_body(
-    model: &str,
-    dimensions: usize,
-    items: &[Item],
-    prompt_tokens: u64,
-) -> Vec<u8> {
+pub(crate) fn embeddings_body(shape: &Shape<'_>, items: &[Item], prompt_tokens: u64) -> Vec<u8> {
     // About 12 bytes per value ("-0.012345678,") plus the item's framing.
-    let mut body = Vec::with_capacity(128 + items.len() * (64 + dimensions * 12));
+    let per_value = if shape.base64 { 6 } else { 12 };
+    let mut body = Vec::with_capacity(128 + items.len() * (64 + shape.dimensions * per_value));
     body.extend_from_slice(br#"{"object":"list","data":["#);
     for (position, item) in items.iter().enumerate() {
         if position > 0 {
@@ -111,34 +182,72 @@ pub(crate) fn embeddings_body(
         body.extend_from_slice(br#"{"object":"embedding","index":"#);
         body.extend_from_slice(item.index.to_string().as_bytes());
         body.extend_from_slice(br#","embedding":"#);
-        let vector = vector_from_digest(dimensions, &item.digest);
-        let (values, nan_at) = match item.damage {
-            Damage::None => (&vector[..], None),
-            Damage::Short => (&vector[..vector.len().saturating_sub(1)], None),
-            Damage::Nan(at) => (&vector[..], Some(at)),
+        let mut vector = if shape.dimensions == shape.model_dimensions {
+            vector_from_digest(shape.dimensions, &item.digest)
+        } else {
+            shortened_from_digest(shape.model_dimensions, shape.dimensions, &item.digest)
         };
-        body.push(b'[');
-        for (i, &value) in values.iter().enumerate() {
-            if i > 0 {
-                body.push(b',');
+        let nan_at = match item.damage {
+            Damage::None => None,
+            Damage::Short => {
+                vector.pop();
+                None
             }
-            if nan_at == Some(i) {
-                body.extend_from_slice(b"NaN");
-            } else {
-                write_value(&mut body, value);
-            }
+            Damage::Nan(at) => Some(at),
+        };
+        if shape.base64 {
+            write_base64(&mut body, &vector, nan_at);
+        } else {
+            write_values(&mut body, &vector, nan_at);
         }
-        body.push(b']');
         body.push(b'}');
     }
     body.extend_from_slice(br#"],"model":"#);
-    write_json(&mut body, model);
+    write_json(&mut body, shape.model);
     body.extend_from_slice(br#","usage":{"prompt_tokens":"#);
     body.extend_from_slice(prompt_tokens.to_string().as_bytes());
     body.extend_from_slice(br#","total_tokens":"#);
     body.extend_from_slice(prompt_tokens.to_string().as_bytes());
     body.extend_from_slice(b"}}");
     body
+}
+
+/// `[v, v, ...]`, the value at `nan_at` written as the bare token `NaN`, as
+/// Python's `json` writes it.
+fn write_values(body: &mut Vec<u8>, values: &[f32], nan_at: Option<usize>) {
+    body.push(b'[');
+    for (i, &value) in values.iter().enumerate() {
+        if i > 0 {
+            body.push(b',');
+        }
+        if nan_at == Some(i) {
+            body.extend_from_slice(b"NaN");
+        } else {
+            write_value(body, value);
+        }
+    }
+    body.push(b']');
+}
+
+/// The vector as a base64 string of little-endian `f32`s; the value at
+/// `nan_at` is a NaN.
+fn write_base64(body: &mut Vec<u8>, values: &[f32], nan_at: Option<usize>) {
+    use base64::Engine as _;
+    let bytes: Vec<u8> = values
+        .iter()
+        .enumerate()
+        .flat_map(|(i, &v)| {
+            let v = if nan_at == Some(i) { f32::NAN } else { v };
+            v.to_le_bytes()
+        })
+        .collect();
+    body.push(b'"');
+    body.extend_from_slice(
+        base64::engine::general_purpose::STANDARD
+            .encode(bytes)
+            .as_bytes(),
+    );
+    body.push(b'"');
 }
 
 /// Writes a vector value as `serde_json` would. Every value the simulator

@@ -42,7 +42,7 @@ pub use self::checkpoint::Checkpoint;
 pub use self::failures::{FailuresFile, FailuresReport};
 pub use self::fingerprint::Fingerprint;
 pub use self::lock::JobLock;
-pub use self::parts::PartWriter;
+pub use self::parts::{Billed, PartWriter};
 
 /// Where a job's state lives: every file named after one stem.
 #[derive(Debug, Clone, PartialEq, Eq)]

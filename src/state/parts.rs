@@ -1,10 +1,13 @@
 //! Committing vectors as they are paid for: part files in the checkpoint.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use super::{Checkpoint, StateError};
 use crate::parquet_io::{Compression, FileOptions, VectorFile, FINGERPRINT_KEY};
-use crate::types::{EmbeddedBatch, OutputMetadata, Usage};
+use crate::types::{
+    EmbeddedBatch, MetadataSchema, OutputMetadata, Usage, DISCARDED_TOKENS_KEY, LOCAL_TOKENS_KEY,
+};
 
 /// The number of a part file, `part-000042.parquet` → 42.
 pub(super) fn part_number(path: &Path) -> Option<u64> {
@@ -20,8 +23,24 @@ struct OpenPart {
     file: VectorFile,
     usage: Usage,
     requests: u64,
+    /// Of `usage`, prompt tokens that paid for discarded vectors.
+    discarded_tokens: u64,
+    /// Local token count of the rows.
+    local_tokens: u64,
     /// Vector bytes written to the part.
     bytes: u64,
+    /// The metadata columns of its rows.
+    metadata: Option<Arc<MetadataSchema>>,
+}
+
+/// Billing that no vector carries: requests whose vectors were all
+/// discarded, or whose answers arrived after the run gave up on them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Billed {
+    pub usage: Usage,
+    pub requests: u64,
+    /// Of `usage.prompt_tokens`, those that paid for discarded vectors.
+    pub discarded_tokens: u64,
 }
 
 /// A part is committed once it holds this many bytes of vectors, even with
@@ -45,6 +64,14 @@ pub struct PartWriter {
     template: OutputMetadata,
     open: Option<OpenPart>,
     committed: Vec<PathBuf>,
+    /// The vector length of the checkpoint's parts, once known: billing
+    /// without vectors then goes into a part of no rows.
+    dimensions: Option<usize>,
+    /// Billing without vectors waiting for a part to carry it.
+    pending: Billed,
+    /// The metadata columns of the rows appended last (parts carry them
+    /// too, so they read like the output).
+    metadata: Option<Arc<MetadataSchema>>,
 }
 
 impl PartWriter {
@@ -75,41 +102,95 @@ impl PartWriter {
             template,
             open: None,
             committed: Vec::new(),
+            dimensions: None,
+            pending: Billed::default(),
+            metadata: None,
         }
+    }
+
+    /// Lets billing without vectors be committed in a part of no rows, for
+    /// a checkpoint whose parts hold vectors of `dimensions` values. (A
+    /// checkpoint that holds no vector yet is not started for it: a run
+    /// stopped by a wrong setting can then be run again with the right one.)
+    #[must_use]
+    pub fn with_dimensions(mut self, dimensions: Option<usize>) -> Self {
+        self.dimensions = dimensions;
+        self
+    }
+
+    fn open_part(&mut self, dimensions: usize) -> Result<(), StateError> {
+        if self.open.is_some() {
+            return Ok(());
+        }
+        self.checkpoint.create()?;
+        let path = self
+            .checkpoint
+            .dir()
+            .join(format!("part-{:06}.parquet", self.next_number));
+        let options = FileOptions {
+            include_text: false,
+            row_group_bytes: self.part_bytes,
+            compression: Compression::None,
+        };
+        let file =
+            VectorFile::create_with_metadata(&path, dimensions, options, self.metadata.clone())?;
+        self.next_number += 1;
+        self.dimensions = Some(dimensions);
+        let pending = std::mem::take(&mut self.pending);
+        self.open = Some(OpenPart {
+            file,
+            usage: pending.usage,
+            requests: pending.requests,
+            discarded_tokens: pending.discarded_tokens,
+            local_tokens: 0,
+            bytes: 0,
+            metadata: self.metadata.clone(),
+        });
+        Ok(())
+    }
+
+    /// Records billing that no vector carries, in the next part committed.
+    pub fn add_billed(&mut self, billed: Billed) -> Result<(), StateError> {
+        if billed == Billed::default() {
+            return Ok(());
+        }
+        if let Some(dimensions) = self.dimensions {
+            self.open_part(dimensions)?;
+        }
+        match self.open.as_mut() {
+            Some(part) => {
+                part.usage += billed.usage;
+                part.requests += billed.requests;
+                part.discarded_tokens += billed.discarded_tokens;
+            }
+            None => {
+                self.pending.usage += billed.usage;
+                self.pending.requests += billed.requests;
+                self.pending.discarded_tokens += billed.discarded_tokens;
+            }
+        }
+        Ok(())
     }
 
     /// Adds a batch that one successful request paid for.
     pub fn append(&mut self, batch: &EmbeddedBatch) -> Result<(), StateError> {
-        if self.open.is_none() {
-            self.checkpoint.create()?;
-            let path = self
-                .checkpoint
-                .dir()
-                .join(format!("part-{:06}.parquet", self.next_number));
-            let options = FileOptions {
-                include_text: false,
-                row_group_bytes: self.part_bytes,
-                compression: Compression::None,
-            };
-            // Parts carry the metadata columns too, so they read like the output.
-            let file = VectorFile::create_with_metadata(
-                &path,
-                batch.vectors.dimensions,
-                options,
-                batch.metadata_schema(),
-            )?;
-            self.next_number += 1;
-            self.open = Some(OpenPart {
-                file,
-                usage: Usage::default(),
-                requests: 0,
-                bytes: 0,
-            });
+        let metadata = batch.metadata_schema();
+        if self.open.as_ref().is_some_and(|p| p.metadata != metadata) {
+            // A part opened for billing alone before this run's first rows.
+            self.commit()?;
         }
+        self.metadata = metadata;
+        self.open_part(batch.vectors.dimensions)?;
         if let Some(part) = self.open.as_mut() {
             part.file.write(batch)?;
             part.usage += batch.vectors.usage;
             part.requests += 1;
+            part.discarded_tokens += batch.vectors.discarded.prompt_tokens;
+            part.local_tokens += batch
+                .chunks
+                .iter()
+                .map(|c| u64::from(c.token_count))
+                .sum::<u64>();
             part.bytes += 4 * batch.vectors.values.len() as u64;
             if part.bytes >= self.part_bytes {
                 return self.commit();
@@ -127,6 +208,13 @@ impl PartWriter {
         metadata.dimensions = part.file.dimensions();
         metadata.usage = part.usage;
         metadata.requests = part.requests;
+        metadata.extra.insert(
+            DISCARDED_TOKENS_KEY.to_string(),
+            part.discarded_tokens.to_string(),
+        );
+        metadata
+            .extra
+            .insert(LOCAL_TOKENS_KEY.to_string(), part.local_tokens.to_string());
         let report = part.file.finish(&metadata)?;
         self.committed.push(report.path);
         Ok(())
@@ -192,6 +280,10 @@ mod tests {
                     prompt_tokens: tokens,
                     total_tokens: tokens,
                 },
+                discarded: Usage {
+                    prompt_tokens: tokens / 5,
+                    total_tokens: tokens / 5,
+                },
             },
         };
         parts.append(&batch(&["a", "b"], 5)).unwrap();
@@ -216,14 +308,38 @@ mod tests {
         assert_eq!(store.earlier().usage.prompt_tokens, 8);
         assert_eq!(store.earlier().requests, 3);
         assert_eq!(store.earlier().rows, 4);
+        assert_eq!(store.earlier().discarded_tokens, 1, "5 / 5 + 2 / 5 + 1 / 5");
+        assert_eq!(store.earlier().local_tokens, 4);
         let (loc, _) = store.locate(&content_hash("d")).unwrap();
         assert_eq!(store.fetch(&[(loc, content_hash("d"))]).unwrap(), [1.0]);
-        let mut next = PartWriter::new(reopened, "m", "api", 8);
+        let mut next = PartWriter::new(reopened, "m", "api", 8).with_dimensions(Some(1));
         assert_eq!(next.next_number, 3);
+        // A run that paid only for vectors it discarded still records what it paid.
+        next.add_billed(Billed {
+            usage: Usage {
+                prompt_tokens: 6,
+                total_tokens: 6,
+            },
+            requests: 2,
+            discarded_tokens: 6,
+        })
+        .unwrap();
+        next.commit().unwrap();
+        let again = Checkpoint::open("docs", &output, &fingerprint, false).unwrap();
+        let mut store = Store::new();
+        for part in again.parts() {
+            let rows = ParquetRows::open(part).unwrap();
+            store.add(Box::new(rows), Origin::Checkpoint, None).unwrap();
+        }
+        assert_eq!(store.earlier().usage.prompt_tokens, 14);
+        assert_eq!(store.earlier().requests, 5);
+        assert_eq!(store.earlier().rows, 4, "a part of no rows");
+        assert_eq!(store.earlier().discarded_tokens, 7);
+        assert_eq!(next.next_number, 4);
         next.append(&batch(&["e", "f"], 1)).unwrap();
         assert_eq!(
             next.committed().len(),
-            1,
+            2,
             "a full part is committed at once"
         );
     }

@@ -13,7 +13,8 @@ pub fn bin() -> Command {
     command
         .env_remove("EMBEDJOB_API_KEY")
         .env_remove("EMBEDJOB_BASE_URL")
-        .env_remove("EMBEDJOB_TIMEOUT_SECONDS");
+        .env_remove("EMBEDJOB_TIMEOUT_SECONDS")
+        .env_remove("EMBEDJOB_API_PATH");
     command
 }
 

@@ -533,3 +533,203 @@ async fn shuffled_and_corrupt_responses_are_caught_by_the_checks() {
     let err = validate::check(response, refs.len(), Some(1024)).unwrap_err();
     assert!(err.to_string().starts_with("vector length"), "{err}");
 }
+
+// ---- servers that say less -------------------------------------------------------------------
+
+mod discovery {
+    use embedjob::client::{discover, DiscoveryError};
+    use embedjob::retry::RetryPolicy;
+
+    use crate::support::{client, scripted_server, Scripted};
+
+    async fn ask(replies: Vec<Scripted>) -> Result<embedjob::client::Discovery, DiscoveryError> {
+        let (base, _) = scripted_server(replies).await;
+        discover(&client(&base), "m", &RetryPolicy::with_max_retries(0)).await
+    }
+
+    #[tokio::test]
+    async fn the_listing_answers_when_the_model_route_is_missing() {
+        for missing in [
+            Scripted::json(404, r#"{"detail":"Not Found"}"#),
+            Scripted::json(405, r#"{"detail":"Method Not Allowed"}"#),
+            Scripted::json(501, "not implemented"),
+            Scripted::json(
+                404,
+                r#"{"error":{"code":404,"message":"File Not Found","type":"not_found_error"}}"#,
+            ),
+        ] {
+            let found = ask(vec![
+                missing,
+                Scripted::json(
+                    200,
+                    r#"{"object":"list","data":[{"id":"other"},{"id":"m","object":"model","max_model_len":512}]}"#,
+                ),
+            ])
+            .await
+            .unwrap();
+            assert_eq!(found.source, Some("listing"));
+            assert_eq!(found.model.unwrap().context_window, Some(512));
+            assert!(found.warnings.is_empty());
+        }
+    }
+
+    #[tokio::test]
+    async fn window_and_price_are_read_under_the_names_servers_use() {
+        let found = ask(vec![Scripted::json(
+            200,
+            r#"{"id":"m","model_info":{"max_input_tokens":8191,"input_cost_per_token":2e-8}}"#,
+        )])
+        .await
+        .unwrap();
+        assert_eq!(found.source, Some("model route"));
+        let model = found.model.unwrap();
+        assert_eq!(model.context_window, Some(8191));
+        let price = model.pricing.unwrap().input_per_1k.unwrap();
+        assert!((price - 2e-5).abs() < 1e-15, "{price}");
+        let found = ask(vec![Scripted::json(
+            200,
+            r#"{"id":"m","context_length":"4096","pricing":{"prompt":"0.000001"}}"#,
+        )])
+        .await
+        .unwrap();
+        let model = found.model.unwrap();
+        assert_eq!(model.context_window, Some(4096));
+        assert!((model.pricing.unwrap().input_per_1k.unwrap() - 0.001).abs() < 1e-15);
+    }
+
+    #[tokio::test]
+    async fn a_model_nowhere_to_be_found_leaves_a_warning() {
+        let unlisted = ask(vec![
+            Scripted::json(404, r#"{"detail":"Not Found"}"#),
+            Scripted::json(200, r#"{"data":[{"id":"other"},{"no_id":true}]}"#),
+        ])
+        .await
+        .unwrap();
+        assert!(unlisted.model.is_none());
+        assert!(
+            unlisted.warnings[0].contains("is not in the service's listing"),
+            "{:?}",
+            unlisted.warnings
+        );
+        let nothing = ask(vec![Scripted::json(404, "404 page not found")])
+            .await
+            .unwrap();
+        assert!(nothing.model.is_none());
+        assert!(
+            nothing.warnings[0].contains("describes no model"),
+            "{:?}",
+            nothing.warnings
+        );
+    }
+
+    #[tokio::test]
+    async fn a_refused_key_or_an_unknown_model_is_a_refusal() {
+        let refused = ask(vec![Scripted::json(
+            401,
+            r#"{"error":{"message":"Incorrect API key","code":"invalid_api_key"}}"#,
+        )])
+        .await
+        .unwrap_err();
+        assert!(
+            matches!(refused, DiscoveryError::RefusedKey(_)),
+            "{refused}"
+        );
+        let unknown = ask(vec![Scripted::json(
+            404,
+            r#"{"error":{"message":"The model 'm' does not exist","type":"invalid_request_error","code":"model_not_found"}}"#,
+        )])
+        .await
+        .unwrap_err();
+        assert!(
+            matches!(unknown, DiscoveryError::UnknownModel { .. }),
+            "{unknown}"
+        );
+        let listing_refused = ask(vec![
+            Scripted::json(404, r#"{"detail":"Not Found"}"#),
+            Scripted::json(403, r#"{"error":"forbidden"}"#),
+        ])
+        .await
+        .unwrap_err();
+        assert!(matches!(listing_refused, DiscoveryError::RefusedKey(_)));
+        let down = ask(vec![Scripted::json(503, "overloaded")])
+            .await
+            .unwrap_err();
+        assert!(matches!(down, DiscoveryError::Unreachable(_)), "{down}");
+    }
+}
+
+/// `encoding_format = "auto"` asks for base64 and, refused, asks for floats
+/// for the rest of the run; the answer is kept either way.
+#[tokio::test]
+async fn a_refused_base64_falls_back_to_floats() {
+    use embedjob::backend::api::{ApiBackend, ApiSettings};
+    use embedjob::backend::EmbeddingBackend;
+    use embedjob::job::EncodingFormat;
+
+    let floats =
+        String::from_utf8(simulate::embeddings_response_body("m", 4, &["a", "b"])).unwrap();
+    let (base, seen) = scripted_server(vec![
+        Scripted::json(
+            400,
+            r#"{"error":{"message":"encoding_format: unsupported value 'base64'","type":"invalid_request_error"}}"#,
+        ),
+        Scripted::json(200, &floats),
+    ])
+    .await;
+    let settings = ApiSettings {
+        encoding: EncodingFormat::Auto,
+        dimensions: Some(4),
+        ..ApiSettings::new("m")
+    };
+    let backend = ApiBackend::new(client(&base), settings, None);
+    let vectors = backend.embed(&["a", "b"], 2).await.unwrap();
+    assert_eq!(
+        vectors.row(1),
+        simulate::embedding_vector(4, "b").as_slice()
+    );
+    assert_eq!(seen.lock().unwrap().len(), 2, "sent again at once");
+    assert_eq!(backend.stats().retries, 0);
+    let warnings = backend.warnings();
+    assert!(
+        warnings[0].contains("asking for floats for the rest of the run"),
+        "{warnings:?}"
+    );
+    let sent = backend.embed(&["a", "b"], 2).await.unwrap();
+    assert_eq!(sent, vectors);
+    assert_eq!(seen.lock().unwrap().len(), 3, "floats from then on");
+
+    // Asked for explicitly, a refusal of base64 stops the request.
+    let (base, _) = scripted_server(vec![Scripted::json(
+        400,
+        r#"{"error":{"message":"encoding_format: unsupported value 'base64'"}}"#,
+    )])
+    .await;
+    let settings = ApiSettings {
+        encoding: EncodingFormat::Base64,
+        ..ApiSettings::new("m")
+    };
+    let backend = ApiBackend::new(client(&base), settings, None);
+    let error = backend.embed(&["a"], 1).await.unwrap_err();
+    assert!(error.to_string().contains("encoding_format"), "{error}");
+}
+
+/// Base64 answers decode to the same floats the JSON numbers carry.
+#[tokio::test]
+async fn base64_answers_decode_to_the_same_vectors() {
+    let texts = ["one", "two", "three"];
+    let body = String::from_utf8(simulate::embeddings_response_body_base64(
+        "svc-embed-1",
+        1024,
+        &texts,
+    ))
+    .unwrap();
+    let (base, _) = scripted_server(vec![Scripted::json(200, &body)]).await;
+    let raw = client(&base)
+        .embeddings_flat("svc-embed-1", EmbeddingInput::Many(texts.to_vec()), 0)
+        .await
+        .unwrap();
+    let vectors = validate::check(raw, 3, Some(1024)).unwrap();
+    for (row, text) in vectors.rows().zip(texts) {
+        assert_eq!(row, simulate::embedding_vector(1024, text).as_slice());
+    }
+}

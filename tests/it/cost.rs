@@ -287,3 +287,71 @@ async fn the_local_estimate_needs_no_key_and_costs_nothing() {
         )
     );
 }
+
+/// A service that counts tokens its own way: the next estimate scales the
+/// local count by what the last run was billed, and says so.
+#[tokio::test]
+async fn the_next_estimate_learns_what_the_service_bills() {
+    let dir = tempfile::tempdir().unwrap();
+    let sim = simulator(SimConfig {
+        billing: embedjob::simulate::Billing {
+            count: embedjob::simulate::TokenCount::Bytes,
+            factor: 1.25,
+        },
+        bare_listing: true,
+        ..SimConfig::default()
+    })
+    .await;
+    let job = write_job(dir.path(), &sim.base_url(), "input_per_1k = 0.5");
+
+    let before = json(&embedjob(&["estimate", path_arg(&job), "--json"]).await);
+    assert_eq!(before["billed_token_ratio"], Value::Null);
+    let local = before["tokens"].as_u64().unwrap();
+    let cost = before["cost"].as_f64().unwrap();
+    assert!(
+        (cost - local as f64 / 1000.0 * 0.5).abs() < 1e-12,
+        "the job's price prices a service that lists none: {before}"
+    );
+
+    let output = embedjob(&["run", path_arg(&job), "--json", "--quiet"]).await;
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    let summary = json(&output);
+    let billed = sim.ledger().prompt_tokens;
+    assert_ne!(billed, local);
+    let ratio = summary["billed_token_ratio"].as_f64().unwrap();
+    assert!((ratio - billed as f64 / local as f64).abs() < 1e-12);
+
+    let output = embedjob(&["estimate", path_arg(&job), "--json", "--fresh"]).await;
+    let after = json(&output);
+    assert_eq!(
+        after["tokens"].as_u64(),
+        Some(local),
+        "the local count stays"
+    );
+    assert_eq!(after["billed_token_ratio"].as_f64(), Some(ratio));
+    assert_eq!(after["expected_billed_tokens"].as_u64(), Some(billed));
+    let cost = after["cost"].as_f64().unwrap();
+    assert!(
+        (cost - billed as f64 / 1000.0 * 0.5).abs() < 1e-9,
+        "{after}"
+    );
+    let table = text(
+        &embedjob(&["estimate", path_arg(&job), "--fresh"])
+            .await
+            .stdout,
+    );
+    assert!(table.contains("expected billed"), "{table}");
+    assert!(table.contains(&format!("{billed} tokens")), "{table}");
+
+    // Another tokenizer is another count: the ratio is not carried over to it.
+    let output = embedjob(&[
+        "estimate",
+        path_arg(&job),
+        "--json",
+        "--fresh",
+        "--set",
+        "chunking.tokenizer=o200k_base",
+    ])
+    .await;
+    assert_eq!(json(&output)["billed_token_ratio"], Value::Null);
+}

@@ -11,6 +11,7 @@ mod query;
 mod regression;
 mod resume;
 mod run;
+mod servers;
 mod simulator;
 mod source;
 mod support;

@@ -711,3 +711,66 @@ async fn a_second_signal_stops_at_once() {
     assert_eq!(json(&output)["stopped"], "stopped by SIGTERM");
     assert_eq!(sim.ledger().billed_requests, 0);
 }
+
+/// Answers whose vectors failed a check were billed too: a run stopped
+/// and resumed under such faults puts every one of them in its output's bill.
+#[tokio::test]
+async fn a_resumed_run_bills_the_discarded_answers_of_the_runs_before_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = corpus(dir.path(), 30);
+    let expected = expected_chunks(&root);
+    let sim = simulator(SimConfig {
+        latency_ms: 30,
+        faults: embedjob::simulate::Faults {
+            seed: 3,
+            rate_nan: 0.2,
+            rate_wrong_dimensions: 0.2,
+            ..embedjob::simulate::Faults::default()
+        },
+        ..SimConfig::default()
+    })
+    .await;
+    let job = write_job(dir.path(), &sim.base_url(), &files_source(&root), "");
+    let settings = ["--json", "--set", "backend.max_inputs_per_request=3"];
+    let mut child = spawn_job(&job, &settings);
+    assert!(wait_for_billed(&sim, &mut child, 8).await);
+    signal(&child, "TERM");
+    let output = wait(child).await;
+    expect_exit(&output, 4);
+    let first = json(&output);
+    let ledger = sim.ledger();
+    assert_eq!(
+        first["usage"]["prompt_tokens"].as_u64(),
+        Some(ledger.prompt_tokens),
+        "{first}"
+    );
+
+    let output = run_job(&job, &settings).await;
+    expect_exit(&output, 0);
+    let rows = read_output(&dir.path().join("out/result.parquet"));
+    assert_complete(&rows, &expected, 1024);
+    let ledger = sim.ledger();
+    assert!(
+        ledger.faults.values().sum::<u64>() >= 3,
+        "{:?}",
+        ledger.faults
+    );
+    let by_hash: HashMap<String, &String> = expected.values().map(|t| (text_hash(t), t)).collect();
+    let discarded: u64 = ledger
+        .texts
+        .iter()
+        .map(|(hash, &n)| (n - 1) * u64::from(embedjob::simulate::count_tokens(by_hash[hash])))
+        .sum();
+    assert_eq!(
+        rows.metadata["embedjob.usage.prompt_tokens"],
+        ledger.prompt_tokens.to_string()
+    );
+    assert_eq!(
+        rows.metadata["embedjob.usage.discarded_tokens"],
+        discarded.to_string()
+    );
+    assert_eq!(
+        rows.metadata["embedjob.requests"],
+        ledger.billed_requests.to_string()
+    );
+}

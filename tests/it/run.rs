@@ -75,6 +75,7 @@ pub(crate) fn expected_chunks(root: &Path) -> BTreeMap<String, String> {
         max_tokens: 64,
         overlap_tokens: 8,
         markdown: None,
+        tokenizer: None,
     })
     .unwrap();
     let mut expected = BTreeMap::new();
@@ -273,11 +274,19 @@ async fn a_job_survives_a_fault_mix_and_matches_the_ledger() {
         summary["invalid_responses"].as_u64().unwrap() > 0,
         "{summary}"
     );
-    // Local token counts equal what the service billed (both cl100k).
+    // Invalid answers were billed too; less what paid for vectors discarded,
+    // local token counts equal what the service billed (both cl100k).
+    let discarded = summary["discarded_tokens"].as_u64().unwrap();
+    assert!(discarded > 0, "{summary}");
+    assert_eq!(
+        rows.metadata["embedjob.usage.discarded_tokens"],
+        discarded.to_string()
+    );
     assert_eq!(
         rows.token_counts.iter().map(|&t| u64::from(t)).sum::<u64>(),
-        tokens
+        tokens - discarded
     );
+    assert_eq!(rows.metadata["embedjob.billed_token_ratio"], "1");
     // Every chunk was billed; only identical texts may be billed together.
     for text in expected.values() {
         let hash = hex::encode(embedjob::types::content_hash(text));

@@ -836,7 +836,7 @@ async fn fault_shuffle_keeps_correct_indices_and_is_billed() {
 }
 
 #[tokio::test]
-async fn fault_wrong_dimensions_makes_one_vector_short_and_is_not_billed() {
+async fn fault_wrong_dimensions_makes_one_vector_short_and_is_billed() {
     let (outcomes, ledger) = two_faults_then_normal(
         Faults {
             rate_wrong_dimensions: 1.0,
@@ -857,8 +857,8 @@ async fn fault_wrong_dimensions_makes_one_vector_short_and_is_not_billed() {
         assert_eq!(lengths, [1023, 1024, 1024]);
     }
     assert_eq!(ledger.faults.get("wrong_dimensions"), Some(&2));
-    assert_eq!(ledger.billed_requests, 1);
-    assert_eq!(ledger.texts.get(&sha256_hex("a")), Some(&1));
+    assert_eq!(ledger.billed_requests, 3, "an answer computed is billed");
+    assert_eq!(ledger.texts.get(&sha256_hex("a")), Some(&3));
 }
 
 #[tokio::test]
@@ -879,7 +879,7 @@ async fn fault_nan_writes_a_bare_nan_that_is_not_json() {
         assert!(serde_json::from_slice::<Value>(&outcome.body).is_err());
     }
     assert_eq!(ledger.faults.get("nan"), Some(&2));
-    assert_eq!(ledger.billed_requests, 1);
+    assert_eq!(ledger.billed_requests, 3, "an answer computed is billed");
 }
 
 #[tokio::test]
@@ -1110,7 +1110,7 @@ async fn chat_gets_server_faults_but_not_embeddings_only_ones() {
 // ---- ledger -----------------------------------------------------------------------------------
 
 #[tokio::test]
-async fn the_ledger_counts_requests_and_bills_only_valid_responses() {
+async fn the_ledger_counts_requests_and_bills_every_answer_computed() {
     let sim = start(SimConfig {
         faults: Faults {
             rate_nan: 1.0,
@@ -1120,8 +1120,9 @@ async fn the_ledger_counts_requests_and_bills_only_valid_responses() {
         ..SimConfig::default()
     })
     .await;
-    // Not billed: invalid body (NaN), no key, bad request.
+    // Billed although a value is NaN, as a service bills what it computed.
     embed(&sim, "svc-embed-1", &["alpha", "beta"]).await;
+    // Not billed: no key, bad request.
     post(&sim, "/v1/embeddings", None, &json!({})).await;
     post(
         &sim,
@@ -1130,7 +1131,6 @@ async fn the_ledger_counts_requests_and_bills_only_valid_responses() {
         &json!({ "model": "svc-embed-1" }),
     )
     .await;
-    // Billed twice: "alpha" appears in both.
     embed(&sim, "svc-embed-1", &["alpha", "beta"]).await;
     embed(&sim, "svc-embed-1", &["alpha"]).await;
     get(&sim, "/v1/models", Some(KEY)).await;
@@ -1146,22 +1146,27 @@ async fn the_ledger_counts_requests_and_bills_only_valid_responses() {
     let ledger = sim.ledger();
     assert_eq!(ledger.requests, 8);
     assert_eq!(ledger.embedding_requests, 5);
-    assert_eq!(ledger.billed_requests, 2);
+    assert_eq!(ledger.billed_requests, 3);
     assert_eq!(ledger.chat_requests, 1);
-    let tokens = u64::from(2 * count_tokens("alpha") + count_tokens("beta"));
+    let tokens = u64::from(3 * count_tokens("alpha") + 2 * count_tokens("beta"));
     assert_eq!(ledger.prompt_tokens, tokens);
     assert_eq!(ledger.total_tokens, tokens);
     assert_eq!(ledger.faults.get("nan"), Some(&1));
     assert_eq!(ledger.texts.len(), 2);
-    assert_eq!(ledger.texts.get(&sha256_hex("alpha")), Some(&2));
-    assert_eq!(ledger.texts.get(&sha256_hex("beta")), Some(&1));
+    assert_eq!(ledger.texts.get(&sha256_hex("alpha")), Some(&3));
+    assert_eq!(ledger.texts.get(&sha256_hex("beta")), Some(&2));
+    assert_eq!(
+        ledger.billed_sizes,
+        [(1, 1), (2, 2)].into_iter().collect(),
+        "billed requests by their number of inputs"
+    );
 
     // The ledger endpoints need no key and are not counted.
     let served: Ledger = serde_json::from_value(get(&sim, "/_ledger", None).await.json()).unwrap();
     assert_eq!(served, ledger);
     let counts = get(&sim, "/_ledger?texts=false", None).await.json();
     assert!(counts.get("texts").is_none(), "{counts}");
-    assert_eq!(counts["billed_requests"], 2);
+    assert_eq!(counts["billed_requests"], 3);
     assert_eq!(counts["faults"]["nan"], 1);
     let without_texts: Ledger = serde_json::from_value(counts).unwrap();
     assert_eq!(
@@ -1292,4 +1297,365 @@ async fn the_simulator_listens_on_localhost_only() {
         .send()
         .await;
     assert!(after.is_err(), "nothing listens after shutdown");
+}
+
+// ---- what real servers accept, and how they differ ---------------------------------------------
+
+fn decode_base64(item: &Value) -> Vec<f32> {
+    use base64::Engine as _;
+    let text = item["embedding"].as_str().expect("a base64 string");
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(text)
+        .expect("valid base64");
+    bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
+}
+
+#[tokio::test]
+async fn base64_embeddings_are_the_vectors_as_little_endian_floats() {
+    let sim = start(SimConfig::default()).await;
+    let inputs = ["one", "two"];
+    let body = post(
+        &sim,
+        "/v1/embeddings",
+        Some(KEY),
+        &json!({ "model": "svc-embed-1", "input": inputs, "encoding_format": "base64" }),
+    )
+    .await
+    .json();
+    for (item, text) in body["data"].as_array().unwrap().iter().zip(inputs) {
+        assert_eq!(decode_base64(item), embedding_vector(1024, text));
+    }
+    let float = post(
+        &sim,
+        "/v1/embeddings",
+        Some(KEY),
+        &json!({ "model": "svc-embed-1", "input": "one", "encoding_format": "float" }),
+    )
+    .await
+    .json();
+    assert_eq!(vector(&float["data"][0]), embedding_vector(1024, "one"));
+    let message = post(
+        &sim,
+        "/v1/embeddings",
+        Some(KEY),
+        &json!({ "model": "svc-embed-1", "input": "one", "encoding_format": "int8" }),
+    )
+    .await
+    .error(400, "invalid_request_error", json!("invalid_value"));
+    assert!(message.contains("base64"), "{message}");
+}
+
+#[tokio::test]
+async fn token_id_inputs_are_embedded_as_the_text_they_encode() {
+    let sim = start(SimConfig::default()).await;
+    let bpe = tiktoken_rs::cl100k_base_singleton();
+    let (a, b) = ("token ids, as LangChain sends them", "and a second input");
+    let (ids_a, ids_b) = (bpe.encode_ordinary(a), bpe.encode_ordinary(b));
+    let one = post(
+        &sim,
+        "/v1/embeddings",
+        Some(KEY),
+        &json!({ "model": "svc-embed-1", "input": ids_a }),
+    )
+    .await
+    .json();
+    assert_eq!(one["data"].as_array().unwrap().len(), 1);
+    assert_eq!(vector(&one["data"][0]), embedding_vector(1024, a));
+    assert_eq!(one["usage"]["prompt_tokens"], ids_a.len());
+    let many = post(
+        &sim,
+        "/v1/embeddings",
+        Some(KEY),
+        &json!({ "model": "svc-embed-1", "input": [ids_a, ids_b] }),
+    )
+    .await
+    .json();
+    assert_eq!(vector(&many["data"][1]), embedding_vector(1024, b));
+    assert_eq!(many["usage"]["prompt_tokens"], ids_a.len() + ids_b.len());
+    for bad in [
+        json!([[1, -2]]),
+        json!([[4_000_000_000u64]]),
+        json!([[1], "x", 7]),
+    ] {
+        post(
+            &sim,
+            "/v1/embeddings",
+            Some(KEY),
+            &json!({ "model": "svc-embed-1", "input": bad }),
+        )
+        .await
+        .error(400, "invalid_request_error", json!("invalid_value"));
+    }
+    assert_eq!(sim.ledger().texts.get(&sha256_hex(a)), Some(&2));
+}
+
+#[tokio::test]
+async fn dimensions_shorten_refuse_or_are_ignored_as_the_model_does() {
+    let mut config = SimConfig::default();
+    let parsed = options(&[
+        "--model",
+        "plain=64",
+        "--model",
+        "wide=48:ignores-dimensions",
+    ])
+    .to_config()
+    .unwrap();
+    config.models = parsed.models;
+    let sim = start(config).await;
+    let ask = |model: &'static str, dimensions: u64| {
+        let sim = &sim;
+        async move {
+            post(
+                sim,
+                "/v1/embeddings",
+                Some(KEY),
+                &json!({ "model": model, "input": ["a text"], "dimensions": dimensions }),
+            )
+            .await
+        }
+    };
+    let short = ask("svc-embed-1", 256).await.json();
+    let vector = vector(&short["data"][0]);
+    assert_eq!(
+        vector,
+        embedjob::simulate::embedding_vector_shortened(1024, 256, "a text")
+    );
+    let norm: f64 = vector
+        .iter()
+        .map(|v| f64::from(*v).powi(2))
+        .sum::<f64>()
+        .sqrt();
+    assert!((norm - 1.0).abs() < 1e-3, "renormalised: {norm}");
+    assert_eq!(
+        &vector[..4],
+        &{
+            let full = embedding_vector(1024, "a text");
+            let n: f64 = full[..256]
+                .iter()
+                .map(|v| f64::from(*v).powi(2))
+                .sum::<f64>()
+                .sqrt();
+            full[..4]
+                .iter()
+                .map(|v| ((f64::from(*v) / n * 65536.0).round() / 65536.0) as f32)
+                .collect::<Vec<_>>()
+        }[..]
+    );
+    ask("svc-embed-1", 2048)
+        .await
+        .error(400, "invalid_request_error", json!("invalid_value"));
+    let refused =
+        ask("plain", 32)
+            .await
+            .error(400, "invalid_request_error", json!("invalid_value"));
+    assert!(refused.contains("does not support matryoshka"), "{refused}");
+    let ignored = ask("wide", 16).await.json();
+    assert_eq!(
+        ignored["data"][0]["embedding"].as_array().unwrap().len(),
+        48
+    );
+}
+
+#[tokio::test]
+async fn a_stream_can_end_with_its_usage() {
+    let sim = start(SimConfig::default()).await;
+    let reply = post(
+        &sim,
+        "/v1/chat/completions",
+        Some(KEY),
+        &chat_body(
+            "count me",
+            &json!({ "stream": true, "stream_options": { "include_usage": true } }),
+        ),
+    )
+    .await;
+    let text = reply.text();
+    let events: Vec<Value> = text
+        .lines()
+        .filter_map(|line| line.strip_prefix("data: "))
+        .filter(|data| *data != "[DONE]")
+        .map(|data| serde_json::from_str(data).unwrap())
+        .collect();
+    assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+    let (last, rest) = events.split_last().unwrap();
+    assert_eq!(last["choices"], json!([]));
+    assert!(last["usage"]["total_tokens"].as_u64().unwrap() > 0);
+    assert!(rest.iter().all(|e| e["usage"].is_null()));
+    let message = post(
+        &sim,
+        "/v1/chat/completions",
+        Some(KEY),
+        &chat_body("x", &json!({ "stream_options": { "include_usage": true } })),
+    )
+    .await
+    .error(400, "invalid_request_error", json!("invalid_value"));
+    assert!(message.contains("only allowed when 'stream'"), "{message}");
+}
+
+#[tokio::test]
+async fn the_simulator_can_serve_as_infinity_does() {
+    let sim = start(SimConfig {
+        url_prefix: String::new(),
+        model_route: false,
+        bare_listing: true,
+        max_inputs_per_request: Some(2),
+        too_large_status: 422,
+        ..SimConfig::default()
+    })
+    .await;
+    let body = post(
+        &sim,
+        "/embeddings",
+        Some(KEY),
+        &json!({ "model": "svc-embed-1", "input": ["a", "b"] }),
+    )
+    .await
+    .json();
+    assert_eq!(vector(&body["data"][1]), embedding_vector(1024, "b"));
+    let missing = embed(&sim, "svc-embed-1", &["a"]).await;
+    assert_eq!(missing.status, Some(StatusCode::NOT_FOUND), "no /v1 prefix");
+    let route = get(&sim, "/models/svc-embed-1", Some(KEY)).await;
+    assert_eq!(route.status, Some(StatusCode::NOT_FOUND));
+    assert_eq!(route.json(), json!({ "detail": "Not Found" }));
+    let listing = get(&sim, "/models", Some(KEY)).await.json();
+    let first = listing["data"][0].as_object().unwrap();
+    let keys: BTreeSet<&str> = first.keys().map(String::as_str).collect();
+    assert_eq!(
+        keys,
+        BTreeSet::from(["created", "id", "object", "owned_by"])
+    );
+    let refused = post(
+        &sim,
+        "/embeddings",
+        Some(KEY),
+        &json!({ "model": "svc-embed-1", "input": ["a", "b", "c"] }),
+    )
+    .await;
+    assert_eq!(refused.status, Some(StatusCode::UNPROCESSABLE_ENTITY));
+    let detail = &refused.json()["detail"][0];
+    assert_eq!(detail["type"], "too_long");
+    assert_eq!(detail["ctx"]["max_length"], 2);
+    assert_eq!(detail["loc"], json!(["body", "input"]));
+    let ledger = sim.ledger();
+    assert_eq!(ledger.billed_requests, 1);
+    assert_eq!(
+        ledger.embedding_requests, 2,
+        "a request outside the prefix is not one"
+    );
+}
+
+#[tokio::test]
+async fn an_error_in_a_200_body_is_not_billed() {
+    let sim = start(with_faults(Faults {
+        rate_error_200: 1.0,
+        ..Faults::default()
+    }))
+    .await;
+    let reply = embed(&sim, "svc-embed-1", &["a"]).await;
+    assert_eq!(reply.status, Some(StatusCode::OK));
+    assert!(reply.json()["error"]["message"].is_string());
+    let ledger = sim.ledger();
+    assert_eq!(ledger.billed_requests, 0);
+    assert_eq!(ledger.faults.get("error_200"), Some(&1));
+}
+
+#[tokio::test]
+async fn tokens_can_be_billed_by_another_count() {
+    let sim = start(SimConfig {
+        billing: embedjob::simulate::Billing {
+            count: embedjob::simulate::TokenCount::Bytes,
+            factor: 1.5,
+        },
+        ..SimConfig::default()
+    })
+    .await;
+    let inputs = ["twelve bytes", "a"];
+    let body = embed(&sim, "svc-embed-1", &inputs).await.json();
+    // ceil(12 / 4) * 1.5 = 4.5 → 5; ceil(1 / 4) * 1.5 = 1.5 → 2.
+    assert_eq!(body["usage"]["prompt_tokens"], 7);
+    assert_eq!(sim.ledger().prompt_tokens, 7);
+}
+
+#[tokio::test]
+async fn a_slow_answer_is_billed_when_computed_though_the_client_gave_up() {
+    let sim = start(SimConfig {
+        latency_per_input_ms: 150,
+        ..SimConfig::default()
+    })
+    .await;
+    let started = Instant::now();
+    let sent = client()
+        .post(format!("{}/v1/embeddings", sim.base_url()))
+        .bearer_auth(KEY)
+        .timeout(Duration::from_millis(200))
+        .json(&json!({ "model": "svc-embed-1", "input": ["a", "b", "c", "d"] }))
+        .send()
+        .await;
+    assert!(sent.is_err(), "the client gave up");
+    assert_eq!(sim.ledger().billed_requests, 0, "not computed yet");
+    while sim.ledger().billed_requests == 0 {
+        assert!(started.elapsed() < Duration::from_secs(5), "never billed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(started.elapsed() >= Duration::from_millis(600));
+    assert_eq!(sim.ledger().billed_sizes.get(&4), Some(&1));
+}
+
+#[test]
+fn options_configure_servers_as_people_run_them() {
+    let config = options(&[
+        "--url-prefix",
+        "",
+        "--no-model-route",
+        "--bare-listing",
+        "--bill-by",
+        "bytes",
+        "--bill-factor",
+        "1.5",
+        "--latency-per-input-ms",
+        "20",
+        "--too-large-status",
+        "422",
+        "--rate-error-200",
+        "0.1",
+        "--model",
+        "m=8:matryoshka",
+    ])
+    .to_config()
+    .expect("valid options");
+    assert_eq!(config.url_prefix, "");
+    assert!(!config.model_route && config.bare_listing);
+    assert_eq!(config.billing.count, embedjob::simulate::TokenCount::Bytes);
+    assert!((config.billing.factor - 1.5).abs() < f64::EPSILON);
+    assert_eq!(config.latency_per_input_ms, 20);
+    assert_eq!(config.too_large_status, 422);
+    assert!((config.faults.rate_error_200 - 0.1).abs() < f64::EPSILON);
+    let m = config.models.iter().find(|m| m.id == "m").unwrap();
+    assert_eq!(
+        m.dimensions_param,
+        embedjob::simulate::DimensionsParam::Truncate
+    );
+    let problems = options(&[
+        "--bill-by",
+        "words",
+        "--url-prefix",
+        "v1/",
+        "--model",
+        "m=8:other",
+        "--bill-factor",
+        "0",
+    ])
+    .to_config()
+    .expect_err("invalid options");
+    for expected in [
+        "--bill-by words",
+        "--url-prefix",
+        "--model m=8:other",
+        "--bill-factor",
+    ] {
+        assert!(problems.contains(expected), "{expected} in {problems}");
+    }
 }
