@@ -310,7 +310,7 @@ async fn run_with(
         backend,
         sink,
     };
-    run(job, stages, state, RunOptions::default())
+    execute(job, stages, state, RunOptions::default())
         .await
         .unwrap()
 }
