@@ -115,7 +115,10 @@ pub struct RunArgs {
     pub max_cost: Option<f64>,
 }
 
-/// `90`, `90s`, `30m`, `2h` or `1.5h`.
+/// The longest `--max-duration`: a year.
+pub const MAX_DURATION_HOURS: f64 = 8760.0;
+
+/// `90`, `90s`, `30m`, `2h` or `1.5h`, up to a year.
 pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
     let text = text.trim();
     let (number, unit) = match text.char_indices().find(|(_, c)| c.is_ascii_alphabetic()) {
@@ -129,7 +132,15 @@ pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
         _ => return Err(format!("unknown unit {unit:?}: use s, m or h")),
     };
     match number.trim().parse::<f64>() {
-        Ok(n) if n.is_finite() && n > 0.0 => Ok(std::time::Duration::from_secs_f64(n * scale)),
+        Ok(n) if n.is_finite() && n > 0.0 => {
+            let seconds = n * scale;
+            if seconds > MAX_DURATION_HOURS * 3600.0 {
+                return Err(format!(
+                    "{text:?} is longer than the longest time limit, {MAX_DURATION_HOURS}h (a year)"
+                ));
+            }
+            Ok(std::time::Duration::from_secs_f64(seconds))
+        }
         _ => Err(format!(
             "{text:?} is not a positive duration such as 90s, 30m or 2h"
         )),

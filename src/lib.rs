@@ -35,6 +35,7 @@ pub mod parquet_io;
 pub mod pipeline;
 pub mod progress;
 pub mod retry;
+pub mod secret;
 #[cfg(feature = "simulator")]
 pub mod simulate;
 pub mod sink;

@@ -97,7 +97,8 @@ async fn build_api(job: &Job) -> Result<Embedding, Failure> {
     let model = b.model.clone().unwrap_or_default();
     let key = std::env::var(&api.api_key_env).unwrap_or_default();
     let mut config = ClientConfig::new(api.base_url.clone().unwrap_or_default(), ApiKey::new(key));
-    config.timeout = Duration::from_secs_f64(b.timeout_seconds);
+    config.timeout =
+        crate::job::seconds_in_range(Some(b.timeout_seconds)).unwrap_or(Duration::from_secs(60));
     let client = Client::new(config).map_err(Failure::usage)?;
     let retry = RetryPolicy::with_max_retries(api.max_retries);
     let listing = with_retries(&retry, || client.model(&model))
@@ -124,6 +125,7 @@ async fn build_api(job: &Job) -> Result<Embedding, Failure> {
         tokens_per_minute: api.tokens_per_minute,
         max_tokens_per_request: b.max_tokens_per_request as u64,
         retry,
+        renames_models: api.server_renames_models,
     };
     let backend = ApiBackend::new(client, settings, Some(&listing));
     let chunker = TokenChunker::cl100k(&job.chunking).map_err(Failure::failed)?;

@@ -28,6 +28,10 @@ pub struct ApiSettings {
     /// The largest request the batcher makes, in tokens: the token bucket must hold one.
     pub max_tokens_per_request: u64,
     pub retry: RetryPolicy,
+    /// The service answers under another name than the model asked for (an
+    /// alias, a gateway): accept it, with a warning. Otherwise such an
+    /// answer is refused.
+    pub renames_models: bool,
 }
 
 pub struct ApiBackend {
@@ -38,6 +42,9 @@ pub struct ApiBackend {
     requests_limit: Option<DefaultDirectRateLimiter>,
     tokens_limit: Option<(DefaultDirectRateLimiter, NonZeroU32)>,
     learned_dimensions: OnceLock<usize>,
+    renames_models: bool,
+    /// The first other name the service answered with, once warned about.
+    renamed: OnceLock<String>,
     requests: AtomicU64,
     retries: AtomicU64,
     invalid: AtomicU64,
@@ -48,6 +55,8 @@ pub struct ApiBackend {
 enum Attempt {
     Api(ApiError),
     Invalid(ValidationError),
+    /// The answer names another model than the one asked for.
+    WrongModel(String),
 }
 
 impl Retryable for Attempt {
@@ -55,13 +64,14 @@ impl Retryable for Attempt {
         match self {
             Attempt::Api(e) => e.should_retry(),
             Attempt::Invalid(_) => true,
+            Attempt::WrongModel(_) => false,
         }
     }
 
     fn requested_delay(&self) -> Option<Duration> {
         match self {
             Attempt::Api(e) => e.requested_delay(),
-            Attempt::Invalid(_) => None,
+            Attempt::Invalid(_) | Attempt::WrongModel(_) => None,
         }
     }
 }
@@ -145,6 +155,21 @@ impl RateLimits {
     }
 }
 
+/// The listed price per 1000 input tokens, when it is a price: a negative,
+/// infinite or NaN one is taken as unknown.
+fn price_of(model: &crate::client::Model) -> Option<f64> {
+    let price = model.pricing.and_then(|p| p.input_per_1k)?;
+    if price.is_finite() && price >= 0.0 {
+        Some(price)
+    } else {
+        crate::progress::warn(&format!(
+            "model {}: the listed price {price} per 1000 tokens is not a price; the cost is unknown",
+            model.id
+        ));
+        None
+    }
+}
+
 /// A request larger than the bucket waits for a full bucket.
 fn token_cells(tokens: u64, burst: NonZeroU32) -> u32 {
     u32::try_from(tokens)
@@ -167,7 +192,7 @@ impl ApiBackend {
             model: settings.model.clone(),
             dimensions,
             context_window: model.and_then(|m| m.context_window),
-            input_per_1k: model.and_then(|m| m.pricing).and_then(|p| p.input_per_1k),
+            input_per_1k: model.and_then(price_of),
         };
         let limits = RateLimits::new(
             settings.requests_per_minute,
@@ -186,6 +211,8 @@ impl ApiBackend {
             requests_limit,
             tokens_limit,
             learned_dimensions: OnceLock::new(),
+            renames_models: settings.renames_models,
+            renamed: OnceLock::new(),
             requests: AtomicU64::new(0),
             retries: AtomicU64::new(0),
             invalid: AtomicU64::new(0),
@@ -225,11 +252,33 @@ impl ApiBackend {
                 }
                 Attempt::Api(e)
             })?;
+        if let Some(answered) = response.model.as_deref() {
+            self.check_model(answered)?;
+        }
         let vectors = validate::check(response, texts.len(), expected).map_err(Attempt::Invalid)?;
         let _ = self.learned_dimensions.set(vectors.dimensions);
         self.throttle.on_success();
         self.requests.fetch_add(1, Ordering::Relaxed);
         Ok(vectors)
+    }
+
+    /// An answer from another model than the one asked for is refused, or,
+    /// when the job says the service renames models, accepted with one warning.
+    fn check_model(&self, answered: &str) -> Result<(), Attempt> {
+        let asked = &self.info.model;
+        if answered == asked {
+            return Ok(());
+        }
+        if !self.renames_models {
+            return Err(Attempt::WrongModel(answered.to_string()));
+        }
+        if self.renamed.set(answered.to_string()).is_ok() {
+            crate::progress::warn(&format!(
+                "the service answers requests for model {asked:?} as model {answered:?}; \
+                 accepted because `backend.server_renames_models` is set"
+            ));
+        }
+        Ok(())
     }
 
     async fn embed_with_retries(
@@ -268,6 +317,15 @@ impl ApiBackend {
             Attempt::Invalid(e) => BackendError::Exhausted {
                 attempts,
                 message: format!("invalid response from POST /v1/embeddings: {e}"),
+            },
+            Attempt::WrongModel(answered) => BackendError::Permanent {
+                status: Some(200),
+                message: format!(
+                    "POST /v1/embeddings answered with vectors of model {answered:?}, not {:?} \
+                     as asked; if the service renames models (an alias or a gateway), set \
+                     `backend.server_renames_models = true`",
+                    self.info.model
+                ),
             },
         })
     }

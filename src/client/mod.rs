@@ -6,19 +6,24 @@
 //! delay the server asked for. The API key is sent as a bearer token and is
 //! scrubbed from every message that comes back.
 
+mod body;
 mod error;
 mod flat;
 mod sse;
 mod wire;
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
 use reqwest::{header, Method};
 use serde::de::DeserializeOwned;
 
-pub use error::{classify, retry_after, server_message, ApiError, ErrorKind};
+use crate::secret::Scrubber;
+
+pub use body::embeddings_limit;
+pub use error::{classify, retry_after, server_message, ApiError, ErrorKind, MAX_RETRY_AFTER};
 pub use sse::{SseDecoder, SseError};
 pub use wire::{
     ChatMessage, ChatRequest, EmbeddingInput, EmbeddingItem, EmbeddingRequest, EmbeddingResponse,
@@ -60,6 +65,9 @@ pub struct ClientConfig {
     /// Whole-request limit for plain calls; the idle limit between reads of a stream.
     pub timeout: Duration,
     pub connect_timeout: Duration,
+    /// The most a chat stream may take from the request to `[DONE]`, however
+    /// steadily it arrives.
+    pub stream_timeout: Duration,
 }
 
 impl ClientConfig {
@@ -69,6 +77,7 @@ impl ClientConfig {
             api_key,
             timeout: Duration::from_secs(60),
             connect_timeout: Duration::from_secs(10),
+            stream_timeout: Duration::from_secs(600),
         }
     }
 }
@@ -91,7 +100,9 @@ pub struct Client {
     http: reqwest::Client,
     base: String,
     key: ApiKey,
+    scrubber: Arc<Scrubber>,
     timeout: Duration,
+    stream_timeout: Duration,
 }
 
 impl fmt::Debug for Client {
@@ -116,6 +127,8 @@ impl Client {
         if header::HeaderValue::from_str(&format!("Bearer {}", key.expose())).is_err() {
             return Err(ConfigError::KeyNotHeaderSafe);
         }
+        let scrubber = Arc::new(Scrubber::new(key.expose()).ok_or(ConfigError::EmptyKey)?);
+        crate::secret::register(key.expose());
         let http = reqwest::Client::builder()
             .connect_timeout(config.connect_timeout)
             .read_timeout(config.timeout)
@@ -126,7 +139,9 @@ impl Client {
             http,
             base,
             key,
+            scrubber,
             timeout: config.timeout,
+            stream_timeout: config.stream_timeout,
         })
     }
 
@@ -142,24 +157,43 @@ impl Client {
         model: &str,
         input: EmbeddingInput<'_>,
     ) -> Result<EmbeddingResponse, ApiError> {
+        let limit = embeddings_limit(input.len(), None);
         let body = EmbeddingRequest { model, input };
-        self.call(Method::POST, "/v1/embeddings", Some(&body)).await
+        let endpoint = "POST /v1/embeddings";
+        self.call_with(
+            Method::POST,
+            "/v1/embeddings",
+            Some(&body),
+            limit,
+            |bytes| serde_json::from_slice(bytes).map_err(|e| unparseable(endpoint, &e, bytes)),
+        )
+        .await
     }
 
     /// `POST /v1/embeddings`, decoded straight into one buffer of values
     /// (see [`RawVectors`](crate::types::RawVectors)), with room for `capacity` values reserved
     /// (the inputs times the dimensions, when known). Check it with
     /// `validate::check` before trusting it.
+    ///
+    /// A body longer than such an answer can be (see [`embeddings_limit`])
+    /// is a transient fault, and is not kept.
     pub async fn embeddings_flat(
         &self,
         model: &str,
         input: EmbeddingInput<'_>,
         capacity: usize,
     ) -> Result<crate::types::RawVectors, ApiError> {
+        let inputs = input.len();
+        let dimensions = capacity.checked_div(inputs).filter(|&d| d > 0);
+        let limit = embeddings_limit(inputs, dimensions);
         let body = EmbeddingRequest { model, input };
-        self.call_with(Method::POST, "/v1/embeddings", Some(&body), |bytes| {
-            decode_embeddings(bytes, capacity)
-        })
+        self.call_with(
+            Method::POST,
+            "/v1/embeddings",
+            Some(&body),
+            limit,
+            |bytes| decode_embeddings(bytes, capacity),
+        )
         .await
     }
 
@@ -201,7 +235,7 @@ impl Client {
         let response = self
             .send(Method::POST, "/v1/chat/completions", Some(&request), false)
             .await?;
-        let key = self.key.clone();
+        let scrubber = Arc::clone(&self.scrubber);
         let bytes = response.bytes_stream();
         let state = StreamState {
             bytes: Box::pin(bytes),
@@ -209,12 +243,14 @@ impl Client {
             queue: std::collections::VecDeque::new(),
             ended: false,
             done: false,
+            deadline: tokio::time::Instant::now() + self.stream_timeout,
+            stream_timeout: self.stream_timeout,
         };
         let stream = futures::stream::unfold(state, move |mut state| {
-            let key = key.clone();
+            let scrubber = Arc::clone(&scrubber);
             async move {
                 let item = next_fragment(&mut state, endpoint).await;
-                item.map(|result| (result.map_err(|e| e.redact(key.expose())), state))
+                item.map(|result| (result.map_err(|e| e.redact(&scrubber)), state))
             }
         });
         Ok(Box::pin(stream))
@@ -227,27 +263,43 @@ impl Client {
         body: Option<&impl serde::Serialize>,
     ) -> Result<T, ApiError> {
         let endpoint = format!("{method} {path}");
-        self.call_with(method, path, body, |bytes| {
+        self.call_with(method, path, body, body::OTHER_BODY_BYTES, |bytes| {
             serde_json::from_slice(bytes).map_err(|e| unparseable(&endpoint, &e, bytes))
         })
         .await
     }
 
-    /// Sends a request and decodes a successful response's body with `decode`.
+    /// Sends a request and decodes a successful response's body, of at most
+    /// `limit` bytes, with `decode`.
     async fn call_with<T>(
         &self,
         method: Method,
         path: &str,
         body: Option<&impl serde::Serialize>,
+        limit: usize,
         decode: impl FnOnce(&[u8]) -> Result<T, ApiError>,
     ) -> Result<T, ApiError> {
         let endpoint = format!("{method} {path}");
         let response = self.send(method, path, body, true).await?;
-        let bytes = response
-            .bytes()
-            .await
-            .map_err(|e| ApiError::from_transport(&endpoint, &e).redact(self.key.expose()))?;
-        decode(&bytes)
+        let status = response.status().as_u16();
+        let bytes = body::read(response, limit).await.map_err(|e| {
+            let error = match e {
+                body::BodyError::Transport(e) => ApiError::from_transport(&endpoint, &e),
+                body::BodyError::TooLarge { limit } => {
+                    let mut error = ApiError::transient(
+                        &endpoint,
+                        format!(
+                            "the response body is longer than {limit} bytes, more than the \
+                             answer to this request can take; it was dropped"
+                        ),
+                    );
+                    error.status = Some(status);
+                    error
+                }
+            };
+            error.redact(&self.scrubber)
+        })?;
+        decode(&bytes).map_err(|e| e.redact(&self.scrubber))
     }
 
     /// Sends a request and returns the response if its status is a success.
@@ -272,7 +324,7 @@ impl Client {
         let response = request
             .send()
             .await
-            .map_err(|e| ApiError::from_transport(&endpoint, &e).redact(self.key.expose()))?;
+            .map_err(|e| ApiError::from_transport(&endpoint, &e).redact(&self.scrubber))?;
         let status = response.status();
         if status.is_success() {
             return Ok(response);
@@ -280,10 +332,10 @@ impl Client {
         let headers = response.headers().clone();
         // The error body is read only so far as a message needs; a cut-off
         // error body still yields the status.
-        let body = response.bytes().await.unwrap_or_default();
+        let body = body::prefix(response, body::ERROR_BODY_BYTES).await;
         Err(
             ApiError::from_response(&endpoint, status.as_u16(), &headers, &body)
-                .redact(self.key.expose()),
+                .redact(&self.scrubber),
         )
     }
 }
@@ -322,6 +374,9 @@ struct StreamState {
     /// The body has ended; only queued events remain.
     ended: bool,
     done: bool,
+    /// When the whole stream must have ended.
+    deadline: tokio::time::Instant,
+    stream_timeout: Duration,
 }
 
 /// The next reply fragment, `None` after `[DONE]`.
@@ -354,7 +409,17 @@ async fn next_fragment(
                 "the stream ended before data: [DONE]; the reply is incomplete",
             )));
         }
-        let decoded = match state.bytes.next().await {
+        let Ok(next) = tokio::time::timeout_at(state.deadline, state.bytes.next()).await else {
+            state.done = true;
+            return Some(Err(ApiError::transient(
+                endpoint,
+                format!(
+                    "timed out: the stream did not end within {:.0}s; the reply is incomplete",
+                    state.stream_timeout.as_secs_f64()
+                ),
+            )));
+        };
+        let decoded = match next {
             Some(Ok(bytes)) => state.decoder.push(&bytes),
             Some(Err(e)) => {
                 state.done = true;
