@@ -1,9 +1,11 @@
 //! Committing vectors as they are paid for: part files in the checkpoint.
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 use super::{Checkpoint, StateError};
 use crate::parquet_io::{Compression, FileOptions, VectorFile, FINGERPRINT_KEY};
+use crate::store::hash_key;
 use crate::types::{EmbeddedBatch, OutputMetadata, Usage};
 
 /// The number of a part file, `part-000042.parquet` → 42.
@@ -44,6 +46,8 @@ pub struct PartWriter {
     part_bytes: u64,
     template: OutputMetadata,
     open: Option<OpenPart>,
+    /// The content keys of the rows in the open part.
+    open_keys: HashSet<u128>,
     committed: Vec<PathBuf>,
 }
 
@@ -74,6 +78,7 @@ impl PartWriter {
             part_bytes: row_group_bytes.clamp(1, MAX_PART_BYTES),
             template,
             open: None,
+            open_keys: HashSet::new(),
             committed: Vec::new(),
         }
     }
@@ -102,6 +107,8 @@ impl PartWriter {
         }
         if let Some(part) = self.open.as_mut() {
             part.file.write(batch)?;
+            self.open_keys
+                .extend(batch.chunks.iter().map(|c| hash_key(&c.content_hash)));
             part.usage += batch.vectors.usage;
             part.requests += 1;
             part.bytes += 4 * batch.vectors.values.len() as u64;
@@ -117,6 +124,7 @@ impl PartWriter {
         let Some(part) = self.open.take() else {
             return Ok(());
         };
+        self.open_keys.clear();
         let mut metadata = self.template.clone();
         metadata.dimensions = part.file.dimensions();
         metadata.usage = part.usage;
@@ -124,6 +132,12 @@ impl PartWriter {
         let report = part.file.finish(&metadata)?;
         self.committed.push(report.path);
         Ok(())
+    }
+
+    /// Whether the part being written, not yet committed, holds a vector
+    /// for this content key ([`crate::store::hash_key`]).
+    pub fn holds_uncommitted(&self, key: u128) -> bool {
+        self.open_keys.contains(&key)
     }
 
     /// Parts this writer committed.
