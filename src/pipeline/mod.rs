@@ -11,6 +11,7 @@
 mod classify;
 mod dispatch;
 mod read;
+mod repeats;
 mod stop;
 mod summary;
 #[cfg(test)]
@@ -71,8 +72,9 @@ pub enum RunError {
 
 impl RunError {
     pub fn exit(&self) -> Exit {
+        // The source was opened and checked before the run started: what goes
+        // wrong with it now (a file gone, a bad row) happens during the work.
         match self {
-            RunError::Source(e) if e.is_found_at_open() => Exit::Usage,
             RunError::State(e) if e.is_found_before_work() => Exit::Usage,
             _ => Exit::Failed,
         }
@@ -105,15 +107,72 @@ pub struct RunOptions {
     pub stop: Option<watch::Receiver<StopRequest>>,
 }
 
+/// A run that failed once its state was opened: the error, and the summary
+/// written for it (exit 1, the error, and what was billed before it).
+#[derive(Debug)]
+pub struct Failed {
+    pub error: RunError,
+    pub summary: Summary,
+}
+
+/// What the stages reported, as far as the run got.
+#[derive(Default)]
+struct Report {
+    read: ReadReport,
+    dispatched: Dispatched,
+    written: Written,
+    earlier: crate::store::Earlier,
+}
+
 /// Runs a job's built stages, with its state opened (and locked), to the
-/// end or until asked to stop.
+/// end or until asked to stop. Whatever happens, the job's summary is
+/// written: a failed run's says so, with what it was billed.
 pub async fn execute(
     job: &Job,
     stages: Stages,
     state: JobState,
     options: RunOptions,
-) -> Result<Summary, RunError> {
+) -> Result<Summary, Failed> {
     let started = Instant::now();
+    let info = stages.backend.info().clone();
+    let backend = Arc::clone(&stages.backend);
+    let mut report = Report::default();
+    let result = run_stages(job, stages, state, options, started, &mut report).await;
+    let mut summary = Summary::new(&summary::Outcome {
+        job: &job.name,
+        output: job.output.state_stem().display().to_string(),
+        info: &info,
+        read: &report.read,
+        dispatched: &report.dispatched,
+        written: &report.written,
+        stats: backend.stats(),
+        earlier: report.earlier,
+        elapsed_seconds: started.elapsed().as_secs_f64(),
+        error: result.as_ref().err(),
+    });
+    let location = crate::state::StateLocation::for_job(job);
+    let saved = serde_json::to_value(&summary)
+        .map_err(|e| RunError::Internal(e.to_string()))
+        .and_then(|value| Ok(crate::state::write_summary(&location, &value)?));
+    match (result, saved) {
+        (Ok(()), Ok(())) => Ok(summary),
+        (Err(error), _) => Err(Failed { error, summary }),
+        (Ok(()), Err(error)) => {
+            summary.fail(&error);
+            Err(Failed { error, summary })
+        }
+    }
+}
+
+/// Runs the stages to the end, filling `report` as they finish.
+async fn run_stages(
+    job: &Job,
+    stages: Stages,
+    state: JobState,
+    options: RunOptions,
+    started: Instant,
+    report: &mut Report,
+) -> Result<(), RunError> {
     let Stages {
         source,
         chunker,
@@ -125,6 +184,7 @@ pub async fn execute(
     let keeps_rows = sink.keeps_rows();
     let (reuse, sink, state) = load_reuse(sink, state, options.fresh).await?;
     let earlier = reuse.store.earlier();
+    report.earlier = earlier;
     let capacity = job.pipeline.channel_capacity;
     let mut display = Progress::new(
         Mode::for_stderr(options.progress),
@@ -136,6 +196,7 @@ pub async fn execute(
 
     let (sink_tx, sink_rx) = mpsc::channel::<SinkMessage>(capacity);
     let (batch_tx, batch_rx) = mpsc::channel::<Result<Batch, RunError>>(capacity);
+    let gate = repeats::RepeatGate::new();
     let reading = Reading {
         classifier: Classifier::new(reuse.store, reuse.held_ids, keeps_rows),
         batcher: Batcher::for_backend(&job.backend),
@@ -144,6 +205,7 @@ pub async fn execute(
         settled: Arc::clone(&settled),
         batches: batch_tx,
         sink: sink_tx.clone(),
+        repeats: Arc::clone(&gate),
         reuse_batch: job.backend.shared.max_inputs_per_request.max(1),
     };
     let reader = tokio::task::spawn_blocking(move || reading.run(source, chunker.as_ref()));
@@ -155,6 +217,7 @@ pub async fn execute(
             output_row_group_bytes(job),
         ),
         state.failures(),
+        gate,
     );
     let writer = tokio::task::spawn_blocking(move || writing.run(sink_rx));
 
@@ -168,7 +231,8 @@ pub async fn execute(
             ))
         }),
         halt,
-        drain: Duration::from_secs_f64(job.backend.shared.timeout_seconds),
+        drain: crate::job::seconds_in_range(Some(job.backend.shared.timeout_seconds))
+            .unwrap_or_default(),
         settled,
     };
     let stops = Stops::new(options.stop, started, options.max_duration);
@@ -180,7 +244,10 @@ pub async fn execute(
     let read = reader
         .await
         .map_err(|e| RunError::stage_stopped("reading", &e));
-    let (read, mut dispatched) = settle(read, dispatched);
+    let (read, dispatched) = settle(read, dispatched);
+    report.read = read;
+    report.dispatched = dispatched;
+    let dispatched = &mut report.dispatched;
     let ending = if dispatched.failure.is_some() || dispatched.stopped.is_some() {
         // Keeps what was paid for in the checkpoint; the output is left as it was.
         SinkMessage::Stop
@@ -192,27 +259,14 @@ pub async fn execute(
             dimensions: 0,
             backend: info.kind.to_string(),
             usage,
-            requests: backend.stats().requests + earlier.requests,
+            requests: backend.stats().requests.saturating_add(earlier.requests),
             cost: summary::cost(&info, usage),
             extra: [(FINGERPRINT_KEY.to_string(), fingerprint.to_json())].into(),
         })
     };
-    let written = finish_writing(ending, &mut dispatched, sink_tx, writer).await?;
+    report.written = finish_writing(ending, dispatched, sink_tx, writer).await?;
     state.close();
-    let summary = Summary::new(&summary::Outcome {
-        job: &job.name,
-        output: job.output.state_stem().display().to_string(),
-        info: &info,
-        read: &read,
-        dispatched: &dispatched,
-        written: &written,
-        stats: backend.stats(),
-        earlier,
-        elapsed_seconds: started.elapsed().as_secs_f64(),
-    });
-    let value = serde_json::to_value(&summary).map_err(|e| RunError::Internal(e.to_string()))?;
-    crate::state::write_summary(&crate::state::StateLocation::for_job(job), &value)?;
-    Ok(summary)
+    Ok(())
 }
 
 fn output_row_group_bytes(job: &Job) -> u64 {
