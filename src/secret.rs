@@ -26,10 +26,12 @@ const REDACTED: &str = "[REDACTED]";
 /// Finds one secret in every form a server could echo it.
 #[derive(Clone)]
 pub struct Scrubber {
-    /// The length of the windows in `windows`: [`MIN_FRAGMENT`], or less for a shorter secret.
-    width: usize,
-    /// Every window of `width` bytes of every form of the secret.
+    /// Every window of [`MIN_FRAGMENT`] bytes of every form of the secret.
     windows: HashSet<Vec<u8>>,
+    /// A secret shorter than [`MIN_FRAGMENT`], matched whole. Its encoded
+    /// forms that are as short are not matched: the hex or base64 of a
+    /// character or two is in any text.
+    whole: Option<Vec<u8>>,
 }
 
 impl std::fmt::Debug for Scrubber {
@@ -47,14 +49,14 @@ impl Scrubber {
         if secret.is_empty() {
             return None;
         }
-        let width = secret.len().min(MIN_FRAGMENT);
         let mut windows = HashSet::new();
         for form in forms(secret) {
-            for window in form.as_bytes().windows(width) {
+            for window in form.as_bytes().windows(MIN_FRAGMENT) {
                 windows.insert(window.to_vec());
             }
         }
-        Some(Scrubber { width, windows })
+        let whole = (secret.len() < MIN_FRAGMENT).then(|| secret.as_bytes().to_vec());
+        Some(Scrubber { windows, whole })
     }
 
     /// `text` with every form of the secret, and every piece of one at least
@@ -101,15 +103,18 @@ impl Scrubber {
         spans: Option<&[(usize, usize)]>,
         covered: &mut Vec<(usize, usize)>,
     ) {
-        if bytes.len() < self.width {
-            return;
-        }
-        for start in 0..=bytes.len() - self.width {
-            let window = &bytes[start..start + self.width];
-            if !self.windows.contains(window) {
-                continue;
-            }
-            let end = start + self.width;
+        for start in 0..bytes.len() {
+            let width = if self.windows.contains(bytes_at(bytes, start, MIN_FRAGMENT)) {
+                MIN_FRAGMENT
+            } else {
+                match &self.whole {
+                    Some(whole) if bytes_at(bytes, start, whole.len()) == whole.as_slice() => {
+                        whole.len()
+                    }
+                    _ => continue,
+                }
+            };
+            let end = start + width;
             let span = match spans {
                 Some(spans) => (spans[start].0, spans[end - 1].1),
                 None => (start, end),
@@ -120,6 +125,11 @@ impl Scrubber {
             }
         }
     }
+}
+
+/// The `len` bytes of `bytes` from `start`, or fewer at its end.
+fn bytes_at(bytes: &[u8], start: usize, len: usize) -> &[u8] {
+    &bytes[start..bytes.len().min(start + len)]
 }
 
 /// The forms a server could echo the secret in. Percent- and JSON-escaped
@@ -272,7 +282,10 @@ pub fn register(secret: &str) {
         return;
     };
     let mut registered = REGISTERED.write().unwrap_or_else(PoisonError::into_inner);
-    if !registered.iter().any(|s| s.windows == scrubber.windows) {
+    if !registered
+        .iter()
+        .any(|s| s.windows == scrubber.windows && s.whole == scrubber.whole)
+    {
         registered.push(scrubber);
     }
 }
@@ -384,6 +397,19 @@ mod tests {
     fn a_short_key_is_scrubbed_whole() {
         let scrubber = Scrubber::new("abc").unwrap();
         assert_eq!(scrubber.scrub("key abc refused"), "key [REDACTED] refused");
+        assert_eq!(scrubber.scrub("key %61%62%63"), "key [REDACTED]");
+        assert_eq!(scrubber.scrub("hex 616263 b64 YWJj"), "hex 616263 b64 YWJj");
+    }
+
+    /// A key of a character or two scrubbed every character of its encoded
+    /// forms: with the key `x`, `{"chunks":133}` came out as
+    /// `{"[REDACTED]unks":[REDACTED]33}`.
+    #[test]
+    fn regression_a_short_key_scrubbed_every_character_of_its_encodings() {
+        let text = r#"{"chunks":133,"cost":0.02,"model":"svc-embed-1","job":"shape-one-line"}"#;
+        for key in ["x", "7", "bench"] {
+            assert_eq!(Scrubber::new(key).unwrap().scrub(text), text, "key {key:?}");
+        }
     }
 
     #[test]
