@@ -75,8 +75,16 @@ enum Counter {
     HuggingFace(Box<tokenizers::Tokenizer>),
 }
 
+#[cfg(test)]
+thread_local! {
+    /// Bytes this thread has counted tokens of: the work chunking does.
+    static COUNTED_BYTES: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
 impl Counter {
     fn count(&self, text: &str) -> usize {
+        #[cfg(test)]
+        COUNTED_BYTES.with(|n| n.set(n.get() + text.len()));
         match self {
             Counter::Bpe(bpe, _) => bpe.encode_ordinary(text).len(),
             // A tokenizer that cannot encode a text (a word-level model
@@ -365,15 +373,106 @@ impl TokenChunker {
         })
     }
 
+    /// Splits the document one window at a time (see [`windows`]), so that
+    /// the time taken grows with its length and not with its square. A
+    /// document that could fit one chunk (see [`TokenChunker::whole`]) is
+    /// never cut into windows.
     fn split(&self, document: &Document) -> Vec<Chunk> {
         let text = document.text.as_str();
         let log = CountLogSession::start();
-        if self.is_markdown(document) {
-            self.collect(document, self.markdown.chunk_indices(text), &log)
+        let markdown = self.is_markdown(document);
+        let size = if text.trim().len() > self.window_bytes() {
+            self.window_bytes()
         } else {
-            self.collect(document, self.text.chunk_indices(text), &log)
-        }
+            text.len()
+        };
+        let pieces = windows(text, size).flat_map(|(start, window)| {
+            let chunks: Box<dyn Iterator<Item = (usize, &str)>> = if markdown {
+                Box::new(self.markdown.chunk_indices(window))
+            } else {
+                Box::new(self.text.chunk_indices(window))
+            };
+            chunks.map(move |(offset, piece)| (start + offset, piece))
+        });
+        self.collect(document, pieces, &log)
     }
+
+    /// The longest text the splitter is given at once: room for a few
+    /// chunks of ordinary text (about 4 bytes a token), and for any text
+    /// [`TokenChunker::whole`] could take as one chunk.
+    fn window_bytes(&self) -> usize {
+        self.max_tokens
+            .saturating_mul(WINDOW_BYTES_PER_TOKEN)
+            .max(MIN_WINDOW_BYTES)
+    }
+}
+
+/// A window holds this many bytes per token of `max_tokens` (the 16 bytes a
+/// token past which [`TokenChunker::whole`] gives up)...
+const WINDOW_BYTES_PER_TOKEN: usize = 16;
+/// ...and at least this many.
+const MIN_WINDOW_BYTES: usize = 2048;
+
+/// `text` cut into windows of at most `size` bytes (each with its offset),
+/// each ending where the text breaks best in its second half: a blank line,
+/// else a line end, a sentence end, a space, or any character boundary.
+///
+/// The splitter looks ahead to the end of the text for the next break of
+/// each kind, and sizes the whole of a section that has no break: on a long
+/// line, or text without spaces, every chunk costs time in the length of the
+/// rest of the text. Given windows, no chunk looks further than one. A chunk
+/// never spans two windows, and there is no overlap across their boundary.
+fn windows(text: &str, size: usize) -> impl Iterator<Item = (usize, &str)> {
+    let size = size.max(8);
+    let mut start = 0;
+    std::iter::from_fn(move || {
+        if start >= text.len() {
+            return None;
+        }
+        let rest = &text[start..];
+        let end = if rest.len() <= size {
+            rest.len()
+        } else {
+            best_break(rest, size)
+        };
+        let window = (start, &rest[..end]);
+        start += end;
+        Some(window)
+    })
+}
+
+/// Where to end a window of at most `size` bytes of `text` (longer than that).
+fn best_break(text: &str, size: usize) -> usize {
+    let mut limit = size;
+    while !text.is_char_boundary(limit) {
+        limit -= 1;
+    }
+    let half = limit / 2;
+    let searched = &text.as_bytes()[half..limit];
+    let after = |needle: &[u8]| {
+        searched
+            .windows(needle.len())
+            .rposition(|w| w == needle)
+            .map(|at| half + at + needle.len())
+    };
+    let sentence_end = || {
+        searched
+            .windows(2)
+            .rposition(|w| matches!(w[0], b'.' | b'!' | b'?') && w[1].is_ascii_whitespace())
+            .map(|at| half + at + 2)
+    };
+    let space = || {
+        searched
+            .iter()
+            .rposition(u8::is_ascii_whitespace)
+            .map(|at| half + at + 1)
+    };
+    after(b"\n\n")
+        .or_else(|| after(b"\n"))
+        .or_else(sentence_end)
+        .or_else(space)
+        .filter(|&at| at > 0 && text.is_char_boundary(at))
+        .unwrap_or(limit)
 }
 
 impl Chunker for TokenChunker {
@@ -713,6 +812,117 @@ mod tests {
         ) {
             let doc = document("doc", "a.md", &text);
             let chunker = TokenChunker::with_tokenizer(&config, word_level_tokenizer()).unwrap();
+            check_invariants(&chunker, &config, &doc)?;
+        }
+    }
+
+    /// Texts of one shape, `bytes` long: words with a line end every so
+    /// often (the baseline), words on one line, letters without a space, and
+    /// a DNA-like run of four letters.
+    fn shaped(shape: &str, bytes: usize) -> String {
+        let mut state: u64 = 0x2545_f491_4f6c_dd1d;
+        let mut next = |n: u64| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state % n
+        };
+        let words = [
+            "vector",
+            "index",
+            "token",
+            "batch",
+            "embedding",
+            "service",
+            "chunk",
+        ];
+        let mut text = String::with_capacity(bytes + 16);
+        let mut n = 0;
+        while text.len() < bytes {
+            match shape {
+                "lines" | "one line" => {
+                    text.push_str(words[next(words.len() as u64) as usize]);
+                    n += 1;
+                    text.push_str(if shape == "lines" && n % 12 == 0 {
+                        ".\n"
+                    } else {
+                        " "
+                    });
+                }
+                "no space" => text.push(char::from(b'a' + next(26) as u8)),
+                _ => text.push(char::from(b"ACGT"[next(4) as usize])),
+            }
+        }
+        text
+    }
+
+    /// Bytes whose tokens were counted to chunk `text`, per byte of it.
+    fn work_per_byte(chunker: &TokenChunker, text: &str) -> f64 {
+        COUNTED_BYTES.with(|n| n.set(0));
+        let chunks = chunker.chunk(&document("d", "d.txt", text));
+        assert!(!chunks.is_empty());
+        COUNTED_BYTES.with(std::cell::Cell::get) as f64 / text.len() as f64
+    }
+
+    /// Chunking a long line, or text without a space, sized the whole rest
+    /// of the document for every chunk: 4 MB on one line took 82 s, 1 MB
+    /// without a space 138 s. The work per byte (bytes tokenized to place
+    /// the chunks, not time) must not grow with the length of a line.
+    #[test]
+    fn regression_chunking_work_grew_with_the_length_of_a_line() {
+        let chunker = TokenChunker::cl100k(&config(64, 8, Some(false))).unwrap();
+        let baseline = work_per_byte(&chunker, &shaped("lines", 128 << 10));
+        for shape in ["lines", "one line", "no space", "dna"] {
+            let short = work_per_byte(&chunker, &shaped(shape, 32 << 10));
+            let long = work_per_byte(&chunker, &shaped(shape, 128 << 10));
+            eprintln!("{shape}: {short:.1} bytes sized per byte at 32 KiB, {long:.1} at 128 KiB");
+            assert!(
+                long <= short * 1.25,
+                "{shape}: {long:.1} bytes sized per byte at 128 KiB, {short:.1} at 32 KiB"
+            );
+            assert!(
+                long <= baseline * 10.0,
+                "{shape}: {long:.1} bytes sized per byte, text with lines {baseline:.1}"
+            );
+        }
+    }
+
+    #[test]
+    fn windows_cover_the_text_in_order_and_end_at_breaks() {
+        let text = "First paragraph here.\n\nSecond one, longer. It goes on.\nA line.\n\nThird.";
+        for size in [8, 13, 20, 40, 1000] {
+            let windows: Vec<(usize, &str)> = windows(text, size).collect();
+            let mut at = 0;
+            for (start, window) in &windows {
+                assert_eq!(*start, at, "size {size}");
+                assert!(window.len() <= size.max(8), "size {size}: {window:?}");
+                at += window.len();
+            }
+            assert_eq!(at, text.len(), "size {size}");
+        }
+        let cut: Vec<&str> = windows(text, 40).map(|(_, w)| w).collect();
+        assert_eq!(
+            cut[0], "First paragraph here.\n\n",
+            "a blank line is the best break"
+        );
+        let accents = "é".repeat(100);
+        assert!(windows(&accents, 9).all(|(_, w)| w.chars().count() == 4));
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(8))]
+
+        /// Documents longer than a window keep every invariant across its cuts.
+        #[test]
+        fn long_documents_keep_their_invariants_across_windows(
+            shape in prop::sample::select(&["lines", "one line", "no space", "dna"][..]),
+            bytes in 17_000usize..40_000,
+            overlap in prop_oneof![Just(0usize), Just(8)],
+        ) {
+            let config = config(64, overlap, Some(false));
+            let chunker = TokenChunker::cl100k(&config).unwrap();
+            let doc = document("doc", "long.txt", &shaped(shape, bytes));
+            prop_assert!(doc.text.len() > chunker.window_bytes());
             check_invariants(&chunker, &config, &doc)?;
         }
     }

@@ -253,8 +253,12 @@ pub struct RunArgs {
     pub max_cost: Option<f64>,
 }
 
-/// A positive duration: `90` (seconds), or as `humantime` reads it (`90s`,
-/// `30m`, `1h30m`, `1h 30m`, `2h`, `1day`), or a decimal with one unit (`1.5h`).
+/// The longest `--max-duration`: a year.
+pub const MAX_DURATION_HOURS: f64 = 8760.0;
+
+/// A positive duration up to a year: `90` (seconds), or as `humantime` reads
+/// it (`90s`, `30m`, `1h30m`, `1h 30m`, `2h`, `1day`), or a decimal with one
+/// unit (`1.5h`).
 pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
     let text = text.trim();
     let invalid = || format!("{text:?} is not a positive duration such as 90s, 30m, 1h30m or 2h");
@@ -267,6 +271,11 @@ pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
     };
     if duration.is_zero() {
         return Err(invalid());
+    }
+    if duration.as_secs_f64() > MAX_DURATION_HOURS * 3600.0 {
+        return Err(format!(
+            "{text:?} is longer than the longest time limit, {MAX_DURATION_HOURS}h (a year)"
+        ));
     }
     Ok(duration)
 }

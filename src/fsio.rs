@@ -113,6 +113,37 @@ impl Drop for TempFile {
     }
 }
 
+/// Whether `file` is the temporary name of one of `finals` (file names in
+/// the same directory), left by a process that is gone: `.{final}.tmp-{pid}`.
+/// Another file that only looks like one (another job's, whose name starts
+/// like this one's, or a live process's) is not.
+pub fn is_stale_temporary(file: &str, finals: &[&str]) -> bool {
+    let Some((name, pid)) = file
+        .strip_prefix('.')
+        .and_then(|rest| rest.rsplit_once(".tmp-"))
+    else {
+        return false;
+    };
+    let Ok(pid) = pid.parse::<u32>() else {
+        return false;
+    };
+    finals.contains(&name) && !process_is_alive(pid)
+}
+
+/// Whether process `pid` still runs. Where that cannot be told, a process
+/// other than this one counts as gone: the caller holds the job's lock, so no
+/// other run of the job can be writing.
+fn process_is_alive(pid: u32) -> bool {
+    if pid == std::process::id() {
+        return true;
+    }
+    if cfg!(target_os = "linux") {
+        Path::new("/proc").join(pid.to_string()).exists()
+    } else {
+        false
+    }
+}
+
 /// The directory holding `path`; `.` for a bare file name.
 pub fn parent_dir(path: &Path) -> &Path {
     match path.parent() {
@@ -203,6 +234,30 @@ mod tests {
             names(&dir.path().join("out")),
             ["docs.parquet.summary.json"]
         );
+    }
+
+    #[test]
+    fn only_the_temporaries_of_the_given_names_and_of_dead_processes_are_stale() {
+        let finals = ["a.parquet", "a.parquet.summary.json"];
+        let dead = 999_999_999;
+        assert!(is_stale_temporary(
+            &format!(".a.parquet.tmp-{dead}"),
+            &finals
+        ));
+        assert!(is_stale_temporary(
+            &format!(".a.parquet.summary.json.tmp-{dead}"),
+            &finals
+        ));
+        for other in [
+            format!(".a.parquet.b.parquet.tmp-{dead}"),
+            format!(".a.parquet.b.parquet.summary.json.tmp-{dead}"),
+            format!(".a.parquet.tmp-{}", std::process::id()),
+            ".a.parquet.tmp-x".to_string(),
+            format!("a.parquet.tmp-{dead}"),
+            "a.parquet".to_string(),
+        ] {
+            assert!(!is_stale_temporary(&other, &finals), "{other}");
+        }
     }
 
     #[test]

@@ -37,6 +37,7 @@ pub mod pipeline;
 pub mod progress;
 pub mod query;
 pub mod retry;
+pub mod secret;
 #[cfg(feature = "simulator")]
 pub mod simulate;
 pub mod sink;

@@ -36,11 +36,17 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => ExitCode::from(code.code()),
         Err(failure) => {
-            eprintln!("embedjob: error: {}", error_chain(&failure.error));
+            let mut message = embedjob::secret::scrub(&error_chain(&failure.error)).into_owned();
+            embedjob::secret::truncate_chars(&mut message, MAX_ERROR_CHARS);
+            eprintln!("embedjob: error: {message}");
             ExitCode::from(failure.exit.code())
         }
     }
 }
+
+/// The longest error printed: room for every problem of a job file, not
+/// for a page a server sent.
+const MAX_ERROR_CHARS: usize = 8000;
 
 /// The error and its causes on one line, each cause once: many errors
 /// already quote their cause in their own message.

@@ -44,7 +44,7 @@ impl Default for RetryPolicy {
             max_retries: 8,
             min_delay: Duration::from_millis(250),
             max_delay: Duration::from_secs(30),
-            max_requested_delay: Duration::from_secs(120),
+            max_requested_delay: crate::client::MAX_RETRY_AFTER,
         }
     }
 }

@@ -186,7 +186,8 @@ async fn build_api(job: &Job) -> Result<Embedding, Failure> {
     let model = b.model.clone().unwrap_or_default();
     let key = std::env::var(&api.api_key_env).unwrap_or_default();
     let mut config = ClientConfig::new(api.base_url.clone().unwrap_or_default(), ApiKey::new(key));
-    config.timeout = Duration::from_secs_f64(b.timeout_seconds);
+    config.timeout =
+        crate::job::seconds_in_range(Some(b.timeout_seconds)).unwrap_or(Duration::from_secs(60));
     config.api_path.clone_from(&api.api_path);
     let client = Client::new(config).map_err(Failure::usage)?;
     let retry = RetryPolicy::with_max_retries(api.max_retries);
@@ -219,6 +220,7 @@ async fn build_api(job: &Job) -> Result<Embedding, Failure> {
         context_window: api.context_window,
         input_per_1k: api.input_per_1k,
         warnings,
+        renames_models: api.server_renames_models,
         ..ApiSettings::new(model)
     };
     let backend = ApiBackend::new(client, settings, listed);

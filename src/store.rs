@@ -30,6 +30,12 @@ pub trait StoredRows: Send {
     fn read(&mut self, rows: &[usize], found: &mut ReadRow<'_>) -> Result<(), StoreError>;
     /// Lets go of what was kept to read faster (a footer, a connection).
     fn release(&mut self) {}
+    /// Checks that the rows are still what was written, where a checksum
+    /// was recorded with them; the error says why not. Rows kept where they
+    /// cannot be damaged unnoticed (a database) need no check.
+    fn verify(&mut self) -> Result<(), StoreError> {
+        Ok(())
+    }
 }
 
 /// Called by [`StoredRows::read`] with each row's position in the rows
@@ -171,13 +177,10 @@ impl Store {
         let source = u32::try_from(self.sources.len())
             .map_err(|_| corrupt("too many files in the store".into()))?;
         let dimensions = rows.dimensions();
-        match self.dimensions {
-            Some(d) if d != dimensions => {
-                return Err(corrupt(format!(
-                    "holds {dimensions}-dimensional vectors where the rest hold {d}"
-                )))
-            }
-            _ => self.dimensions = Some(dimensions),
+        if let Some(d) = self.dimensions.filter(|&d| d != dimensions) {
+            return Err(corrupt(format!(
+                "holds {dimensions}-dimensional vectors where the rest hold {d}"
+            )));
         }
         if let Some(declared) = rows.metadata().get("embedjob.dimensions") {
             if declared.parse::<usize>().ok() != Some(dimensions) {
@@ -186,14 +189,11 @@ impl Store {
                 )));
             }
         }
-        if origin == Origin::Checkpoint {
-            self.count_earlier(rows.metadata());
-        }
         let mut count: u64 = 0;
         let mut ids = ids;
         let with_ids = ids.is_some();
         let index = &mut self.index;
-        rows.scan(with_ids, &mut |row| {
+        let scanned = rows.scan(with_ids, &mut |row| {
             if let Ok(at) = u32::try_from(count) {
                 index
                     .entry(hash_key(&row.content_hash))
@@ -203,11 +203,20 @@ impl Store {
                 ids.insert(crate::types::id_key(id), hash_prefix(&row.content_hash));
             }
             count += 1;
-        })?;
-        if u32::try_from(count).is_err() {
-            return Err(corrupt("more rows than a store file may hold".into()));
+        });
+        let scanned = scanned.and_then(|()| {
+            u32::try_from(count)
+                .map(drop)
+                .map_err(|_| corrupt("more rows than a store file may hold".into()))
+        });
+        if let Err(e) = scanned {
+            // Rows of a source that is not added must not be found.
+            self.index.retain(|_, location| location.source != source);
+            return Err(e);
         }
+        self.dimensions = Some(dimensions);
         if origin == Origin::Checkpoint {
+            self.count_earlier(rows.metadata());
             self.earlier.rows += count;
         }
         self.sources.push(Source {
@@ -231,9 +240,18 @@ impl Store {
             prompt_tokens: number("embedjob.usage.prompt_tokens"),
             total_tokens: number("embedjob.usage.total_tokens"),
         };
-        self.earlier.requests += number("embedjob.requests");
-        self.earlier.discarded_tokens += number(crate::types::DISCARDED_TOKENS_KEY);
-        self.earlier.local_tokens += number(crate::types::LOCAL_TOKENS_KEY);
+        self.earlier.requests = self
+            .earlier
+            .requests
+            .saturating_add(number("embedjob.requests"));
+        self.earlier.discarded_tokens = self
+            .earlier
+            .discarded_tokens
+            .saturating_add(number(crate::types::DISCARDED_TOKENS_KEY));
+        self.earlier.local_tokens = self
+            .earlier
+            .local_tokens
+            .saturating_add(number(crate::types::LOCAL_TOKENS_KEY));
     }
 
     /// Where the vector of a chunk with this content hash is stored.

@@ -105,10 +105,12 @@ pub struct Usage {
     pub total_tokens: u64,
 }
 
+/// Sums saturate: a server can claim any count, and a sum that wrapped
+/// would report a huge bill as a small one.
 impl std::ops::AddAssign for Usage {
     fn add_assign(&mut self, other: Usage) {
-        self.prompt_tokens += other.prompt_tokens;
-        self.total_tokens += other.total_tokens;
+        self.prompt_tokens = self.prompt_tokens.saturating_add(other.prompt_tokens);
+        self.total_tokens = self.total_tokens.saturating_add(other.total_tokens);
     }
 }
 

@@ -41,6 +41,8 @@ pub enum ValidationError {
     /// vectors of that length, and sending again cannot change it.
     #[error("vector length: every vector has {got} values, expected {expected}")]
     Length { expected: usize, got: usize },
+    #[error("non-zero vectors: index {index} is all zeros")]
+    AllZero { index: usize },
 }
 
 /// Checks an answer to a request of `inputs` texts, from any backend.
@@ -155,6 +157,10 @@ pub fn check_rows(
                 },
             });
             continue;
+        }
+        // A vector of zeros has no direction: every similarity with it is 0 or NaN.
+        if row.iter().all(|v| *v == 0.0) {
+            return Err(ValidationError::AllZero { index });
         }
         in_order &= item.start == index * expected;
     }
@@ -285,6 +291,12 @@ mod tests {
                 "finite values",
             ),
             (response(&[(0, vec![])]), 1, None, "vector length"),
+            (
+                response(&[(0, vec![1.0, 0.0]), (1, vec![0.0, -0.0])]),
+                2,
+                Some(2),
+                "non-zero vectors",
+            ),
         ];
         for (resp, inputs, dims, check_name) in cases {
             let err = check(resp, inputs, dims).unwrap_err();

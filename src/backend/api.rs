@@ -45,6 +45,10 @@ pub struct ApiSettings {
     pub input_per_1k: Option<f64>,
     /// What setting up found the service does not tell.
     pub warnings: Vec<String>,
+    /// The service answers under another name than the model asked for (an
+    /// alias, a gateway): accept it, with a warning. Otherwise such an
+    /// answer is refused.
+    pub renames_models: bool,
 }
 
 impl ApiSettings {
@@ -63,6 +67,7 @@ impl ApiSettings {
             context_window: None,
             input_per_1k: None,
             warnings: Vec::new(),
+            renames_models: false,
         }
     }
 }
@@ -107,6 +112,9 @@ pub struct ApiBackend {
     /// `dimensions` to send, until the service refuses it.
     send_dimensions: Option<usize>,
     dimensions_refused: AtomicBool,
+    renames_models: bool,
+    /// The first other name the service answered with, once warned about.
+    renamed: OnceLock<String>,
     requests: AtomicU64,
     retries: AtomicU64,
     invalid: AtomicU64,
@@ -125,6 +133,8 @@ enum Attempt {
     WrongLength(ValidationError),
     /// A request of several inputs got no answer in time: it is split, not sent again whole.
     TimedOut(ApiError),
+    /// The answer names another model than the one asked for.
+    WrongModel(String),
 }
 
 impl Retryable for Attempt {
@@ -132,7 +142,7 @@ impl Retryable for Attempt {
         match self {
             Attempt::Api(e) => e.should_retry(),
             Attempt::Invalid(_) => true,
-            Attempt::WrongLength(_) | Attempt::TimedOut(_) => false,
+            Attempt::WrongLength(_) | Attempt::TimedOut(_) | Attempt::WrongModel(_) => false,
         }
     }
 
@@ -232,6 +242,21 @@ impl RateLimits {
     }
 }
 
+/// The listed price per 1000 input tokens, when it is a price: a negative,
+/// infinite or NaN one is taken as unknown.
+fn price_of(model: &crate::client::Model) -> Option<f64> {
+    let price = model.pricing.and_then(|p| p.input_per_1k)?;
+    if price.is_finite() && price >= 0.0 {
+        Some(price)
+    } else {
+        crate::progress::warn(&format!(
+            "model {}: the listed price {price} per 1000 tokens is not a price; the cost is unknown",
+            model.id
+        ));
+        None
+    }
+}
+
 /// A request larger than the bucket waits for a full bucket.
 fn token_cells(tokens: u64, burst: NonZeroU32) -> u32 {
     u32::try_from(tokens)
@@ -255,9 +280,7 @@ impl ApiBackend {
             context_window: settings
                 .context_window
                 .or_else(|| model.and_then(|m| m.context_window)),
-            input_per_1k: settings
-                .input_per_1k
-                .or_else(|| model.and_then(|m| m.pricing).and_then(|p| p.input_per_1k)),
+            input_per_1k: settings.input_per_1k.or_else(|| model.and_then(price_of)),
         };
         let limits = RateLimits::new(
             settings.requests_per_minute,
@@ -281,6 +304,8 @@ impl ApiBackend {
             may_fall_back: settings.encoding == EncodingFormat::Auto,
             send_dimensions: settings.dimensions.filter(|&d| known != Some(d)),
             dimensions_refused: AtomicBool::new(false),
+            renames_models: settings.renames_models,
+            renamed: OnceLock::new(),
             requests: AtomicU64::new(0),
             retries: AtomicU64::new(0),
             invalid: AtomicU64::new(0),
@@ -318,6 +343,25 @@ impl ApiBackend {
             .or_else(|| self.learned_dimensions.get().copied())
     }
 
+    /// An answer from another model than the one asked for is refused, or,
+    /// when the job says the service renames models, accepted with one warning.
+    fn check_model(&self, answered: &str) -> Result<(), Attempt> {
+        let asked = &self.info.model;
+        if answered == asked {
+            return Ok(());
+        }
+        if !self.renames_models {
+            return Err(Attempt::WrongModel(answered.to_string()));
+        }
+        if self.renamed.set(answered.to_string()).is_ok() {
+            crate::progress::warn(&format!(
+                "the service answers requests for model {asked:?} as model {answered:?}; \
+                 accepted because `backend.server_renames_models` is set"
+            ));
+        }
+        Ok(())
+    }
+
     /// Sends one request and decodes its answer, which is billed from then
     /// on. A parameter the service refuses (`encoding_format: "base64"` under
     /// `auto`, `dimensions`) is dropped for the rest of the run and the
@@ -347,6 +391,9 @@ impl ApiBackend {
                     self.requests.fetch_add(1, Ordering::Relaxed);
                     self.billed.add(raw.usage.unwrap_or_default());
                     self.throttle.on_success();
+                    if let Some(answered) = raw.model.as_deref() {
+                        self.check_model(answered)?;
+                    }
                     return Ok(raw);
                 }
                 Err(e) => e,
@@ -449,6 +496,15 @@ impl ApiBackend {
                 limit: RequestLimit::Time,
                 status: None,
                 message: e.to_string(),
+            },
+            Attempt::WrongModel(answered) => BackendError::Permanent {
+                status: Some(200),
+                message: format!(
+                    "POST /v1/embeddings answered with vectors of model {answered:?}, not {:?} \
+                     as asked; if the service renames models (an alias or a gateway), set \
+                     `backend.server_renames_models = true`",
+                    self.info.model
+                ),
             },
         }
     }

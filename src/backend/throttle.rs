@@ -119,8 +119,7 @@ impl Throttle {
             state.window = (state.window / 2.0).max(1.0);
             state.last_decrease = Some(now);
         }
-        if let Some(delay) = retry_after {
-            let until = now + delay;
+        if let Some(until) = retry_after.and_then(|delay| now.checked_add(delay)) {
             state.paused_until = Some(state.paused_until.map_or(until, |p| p.max(until)));
         }
     }

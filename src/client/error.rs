@@ -5,9 +5,15 @@ use std::time::{Duration, SystemTime};
 
 use reqwest::header::HeaderMap;
 
+use crate::secret::Scrubber;
+
 /// The longest server message we keep; bodies past this are cut, so that a
 /// proxy's HTML error page cannot flood a log line.
 const MAX_MESSAGE_CHARS: usize = 500;
+
+/// The longest delay a server may ask for; a longer `Retry-After` is taken
+/// as this. It is also the most the retry policy waits on a server's word.
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(120);
 
 /// What a caller should do with a failed request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,9 +86,10 @@ impl ApiError {
         }
     }
 
-    /// Builds the error for a non-success HTTP response.
+    /// Builds the error for a non-success HTTP response. The message is
+    /// kept whole, so that [`ApiError::redact`] sees any key in it before it is cut.
     pub fn from_response(endpoint: &str, status: u16, headers: &HeaderMap, body: &[u8]) -> Self {
-        let message = server_message(body);
+        let message = message_of(body);
         let kind = classify(status, &message);
         ApiError {
             kind,
@@ -190,12 +197,15 @@ impl ApiError {
         }
     }
 
-    /// Removes every occurrence of `secret` from the message. Some services
-    /// echo the key they refused; it must never reach a log.
-    pub(crate) fn redact(mut self, secret: &str) -> Self {
-        if !secret.is_empty() && self.message.contains(secret) {
-            self.message = self.message.replace(secret, "[REDACTED]");
+    /// Removes the key, in any form a server could echo it (see
+    /// [`Scrubber`]), from the message, then cuts it to a sane length. Some
+    /// services echo the key they refused; it must never reach a log.
+    #[must_use]
+    pub fn redact(mut self, scrubber: &Scrubber) -> Self {
+        if let std::borrow::Cow::Owned(clean) = scrubber.scrub(&self.message) {
+            self.message = clean;
         }
+        truncate_chars(&mut self.message, MAX_MESSAGE_CHARS);
         self
     }
 
@@ -336,14 +346,19 @@ fn number_after(text: &str, markers: &[&str]) -> Option<u64> {
 /// Extracts the message from an OpenAI-style `{"error": {...}}` body, a few
 /// other common JSON shapes, or plain text.
 pub fn server_message(body: &[u8]) -> String {
-    let text = String::from_utf8_lossy(body);
-    let trimmed = text.trim();
-    let mut message = match serde_json::from_str::<serde_json::Value>(trimmed) {
-        Ok(value) => json_message(&value).unwrap_or_else(|| trimmed.to_string()),
-        Err(_) => trimmed.to_string(),
-    };
+    let mut message = message_of(body);
     truncate_chars(&mut message, MAX_MESSAGE_CHARS);
     message
+}
+
+/// [`server_message`] without the cut.
+fn message_of(body: &[u8]) -> String {
+    let text = String::from_utf8_lossy(body);
+    let trimmed = text.trim();
+    match serde_json::from_str::<serde_json::Value>(trimmed) {
+        Ok(value) => json_message(&value).unwrap_or_else(|| trimmed.to_string()),
+        Err(_) => trimmed.to_string(),
+    }
 }
 
 fn json_message(value: &serde_json::Value) -> Option<String> {
@@ -416,15 +431,10 @@ fn pydantic_message(details: &[serde_json::Value]) -> Option<String> {
     (!parts.is_empty()).then(|| parts.join("; "))
 }
 
-pub(crate) fn truncate_chars(text: &mut String, max: usize) {
-    if let Some((cut, _)) = text.char_indices().nth(max) {
-        text.truncate(cut);
-        text.push('…');
-    }
-}
+pub(crate) use crate::secret::truncate_chars;
 
 /// The delay the server asked for: `retry-after-ms`, else `Retry-After` in
-/// seconds (fractions allowed) or as an HTTP date.
+/// seconds (fractions allowed) or as an HTTP date; at most [`MAX_RETRY_AFTER`].
 pub fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
     let header = |name: &str| {
         headers
@@ -433,16 +443,30 @@ pub fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
             .map(str::trim)
     };
     if let Some(ms) = header("retry-after-ms").and_then(|v| v.parse::<f64>().ok()) {
-        if ms.is_finite() && ms >= 0.0 {
-            return Some(Duration::from_secs_f64(ms / 1000.0));
+        if let Some(delay) = capped_seconds(ms / 1000.0) {
+            return Some(delay);
         }
     }
     let value = header("retry-after")?;
     if let Ok(seconds) = value.parse::<f64>() {
-        return (seconds.is_finite() && seconds >= 0.0).then(|| Duration::from_secs_f64(seconds));
+        return capped_seconds(seconds);
     }
     let when = httpdate::parse_http_date(value).ok()?;
-    Some(when.duration_since(now).unwrap_or(Duration::ZERO))
+    Some(
+        when.duration_since(now)
+            .unwrap_or(Duration::ZERO)
+            .min(MAX_RETRY_AFTER),
+    )
+}
+
+/// A server's delay in seconds, capped; `None` for a negative or non-number.
+fn capped_seconds(seconds: f64) -> Option<Duration> {
+    if !(seconds.is_finite() && seconds >= 0.0) {
+        return None;
+    }
+    Some(Duration::from_secs_f64(
+        seconds.min(MAX_RETRY_AFTER.as_secs_f64()),
+    ))
 }
 
 #[cfg(test)]
@@ -488,6 +512,23 @@ mod tests {
             "retry-after-ms is the more precise of the two"
         );
         assert_eq!(retry_after(&headers(&[("retry-after", "soon")]), now), None);
+        for huge in [
+            ("retry-after", "99999999999"),
+            ("retry-after", "1e300"),
+            ("retry-after-ms", "99999999999"),
+            ("retry-after-ms", "1e300"),
+        ] {
+            assert_eq!(
+                retry_after(&headers(&[huge]), now),
+                Some(MAX_RETRY_AFTER),
+                "{huge:?}"
+            );
+        }
+        let far = httpdate::fmt_http_date(now + Duration::from_secs(100_000_000));
+        assert_eq!(
+            retry_after(&headers(&[("retry-after", &far)]), now),
+            Some(MAX_RETRY_AFTER)
+        );
         assert_eq!(retry_after(&headers(&[("retry-after", "-3")]), now), None);
         assert_eq!(retry_after(&HeaderMap::new(), now), None);
     }
@@ -621,9 +662,25 @@ mod tests {
     #[test]
     fn redaction_removes_the_key() {
         let body = br#"{"error":{"message":"Incorrect API key provided: sk-secret-123.","code":"invalid_api_key"}}"#;
+        let scrubber = Scrubber::new("sk-secret-123").unwrap();
         let err = ApiError::from_response("GET /v1/models", 401, &HeaderMap::new(), body)
-            .redact("sk-secret-123");
+            .redact(&scrubber);
         assert!(!err.to_string().contains("sk-secret-123"));
         assert!(err.to_string().contains("[REDACTED]"));
+    }
+
+    #[test]
+    fn a_key_cut_by_the_length_limit_is_scrubbed_before_the_cut() {
+        let key = "sk-secret-0123456789abcdef";
+        let body = format!("{}{key}", "x".repeat(MAX_MESSAGE_CHARS - 4));
+        let err = ApiError::from_response(
+            "POST /v1/embeddings",
+            500,
+            &HeaderMap::new(),
+            body.as_bytes(),
+        )
+        .redact(&Scrubber::new(key).unwrap());
+        assert!(!err.message.contains("sk-s"), "{}", err.message);
+        assert_eq!(err.message.chars().count(), MAX_MESSAGE_CHARS + 1);
     }
 }

@@ -978,10 +978,10 @@ mod tests {
 
     #[test]
     fn shuffled_items_are_placed_by_index() {
-        let text = body(&[(2, &[2.0]), (0, &[0.0]), (1, &[1.0])]);
+        let text = body(&[(2, &[2.0]), (0, &[0.5]), (1, &[1.0])]);
         let vectors =
             validate::check(decode_embeddings(text.as_bytes(), 3).unwrap(), 3, Some(1)).unwrap();
-        assert_eq!(vectors.values, [0.0, 1.0, 2.0]);
+        assert_eq!(vectors.values, [0.5, 1.0, 2.0]);
         assert_same(text.as_bytes(), 3, Some(1));
         assert_same(text.as_bytes(), 3, None);
     }

@@ -6,6 +6,7 @@
 //! delay the server asked for. The API key is sent as a bearer token and is
 //! scrubbed from every message that comes back.
 
+mod body;
 mod discovery;
 mod error;
 mod flat;
@@ -13,15 +14,20 @@ mod sse;
 mod wire;
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
 use reqwest::{header, Method};
 use serde::de::DeserializeOwned;
 
+use crate::secret::Scrubber;
+
+pub use body::embeddings_limit;
 pub use discovery::{discover, Discovery, DiscoveryError};
 pub use error::{
     classify, retry_after, server_message, size_limit, ApiError, ErrorKind, SizeLimit,
+    MAX_RETRY_AFTER,
 };
 pub use flat::with_non_finite_quoted;
 pub use sse::{SseDecoder, SseError};
@@ -70,6 +76,9 @@ pub struct ClientConfig {
     /// Whole-request limit for plain calls; the idle limit between reads of a stream.
     pub timeout: Duration,
     pub connect_timeout: Duration,
+    /// The most a chat stream may take from the request to `[DONE]`, however
+    /// steadily it arrives.
+    pub stream_timeout: Duration,
 }
 
 impl ClientConfig {
@@ -80,6 +89,7 @@ impl ClientConfig {
             api_key,
             timeout: Duration::from_secs(60),
             connect_timeout: Duration::from_secs(10),
+            stream_timeout: Duration::from_secs(600),
         }
     }
 }
@@ -106,7 +116,9 @@ pub struct Client {
     /// `/v1`, `` or another prefix of every route.
     prefix: String,
     key: ApiKey,
+    scrubber: Arc<Scrubber>,
     timeout: Duration,
+    stream_timeout: Duration,
 }
 
 impl fmt::Debug for Client {
@@ -137,6 +149,8 @@ impl Client {
         if header::HeaderValue::from_str(&format!("Bearer {}", key.expose())).is_err() {
             return Err(ConfigError::KeyNotHeaderSafe);
         }
+        let scrubber = Arc::new(Scrubber::new(key.expose()).ok_or(ConfigError::EmptyKey)?);
+        crate::secret::register(key.expose());
         let http = reqwest::Client::builder()
             .connect_timeout(config.connect_timeout)
             .read_timeout(config.timeout)
@@ -148,7 +162,9 @@ impl Client {
             base,
             prefix,
             key,
+            scrubber,
             timeout: config.timeout,
+            stream_timeout: config.stream_timeout,
         })
     }
 
@@ -174,15 +190,23 @@ impl Client {
         model: &str,
         input: EmbeddingInput<'_>,
     ) -> Result<EmbeddingResponse, ApiError> {
+        let limit = embeddings_limit(input.len(), None);
         let body = EmbeddingRequest::new(model, input);
-        self.call(Method::POST, &self.route("/embeddings"), Some(&body))
-            .await
+        let path = self.route("/embeddings");
+        let endpoint = format!("POST {path}");
+        self.call_with(Method::POST, &path, Some(&body), limit, |bytes| {
+            serde_json::from_slice(bytes).map_err(|e| unparseable(&endpoint, &e, bytes))
+        })
+        .await
     }
 
     /// `POST /v1/embeddings`, decoded straight into one buffer of values
     /// (see [`RawVectors`](crate::types::RawVectors)), with room for `capacity` values reserved
     /// (the inputs times the dimensions, when known). Check it with
     /// `validate::check` before trusting it.
+    ///
+    /// A body longer than such an answer can be (see [`embeddings_limit`])
+    /// is a transient fault, and is not kept.
     pub async fn embeddings_flat(
         &self,
         model: &str,
@@ -200,8 +224,11 @@ impl Client {
         request: &EmbeddingRequest<'_>,
         capacity: usize,
     ) -> Result<crate::types::RawVectors, ApiError> {
+        let inputs = request.input.len();
+        let dimensions = capacity.checked_div(inputs).filter(|&d| d > 0);
+        let limit = embeddings_limit(inputs, dimensions);
         let path = self.route("/embeddings");
-        self.call_with(Method::POST, &path, Some(request), |bytes| {
+        self.call_with(Method::POST, &path, Some(request), limit, |bytes| {
             decode_embeddings(bytes, capacity)
         })
         .await
@@ -248,7 +275,7 @@ impl Client {
         let response = self
             .send(Method::POST, &path, Some(&request), false)
             .await?;
-        let key = self.key.clone();
+        let scrubber = Arc::clone(&self.scrubber);
         let bytes = response.bytes_stream();
         let state = StreamState {
             bytes: Box::pin(bytes),
@@ -256,12 +283,14 @@ impl Client {
             queue: std::collections::VecDeque::new(),
             ended: false,
             done: false,
+            deadline: tokio::time::Instant::now() + self.stream_timeout,
+            stream_timeout: self.stream_timeout,
         };
         let stream = futures::stream::unfold(state, move |mut state| {
-            let key = key.clone();
+            let scrubber = Arc::clone(&scrubber);
             async move {
                 let item = next_fragment(&mut state, endpoint).await;
-                item.map(|result| (result.map_err(|e| e.redact(key.expose())), state))
+                item.map(|result| (result.map_err(|e| e.redact(&scrubber)), state))
             }
         });
         Ok(Box::pin(stream))
@@ -274,31 +303,47 @@ impl Client {
         body: Option<&impl serde::Serialize>,
     ) -> Result<T, ApiError> {
         let endpoint = format!("{method} {path}");
-        self.call_with(method, path, body, |bytes| {
+        self.call_with(method, path, body, body::OTHER_BODY_BYTES, |bytes| {
             serde_json::from_slice(bytes).map_err(|e| unparseable(&endpoint, &e, bytes))
         })
         .await
     }
 
-    /// Sends a request and decodes a successful response's body with `decode`.
+    /// Sends a request and decodes a successful response's body, of at most
+    /// `limit` bytes, with `decode`.
     async fn call_with<T>(
         &self,
         method: Method,
         path: &str,
         body: Option<&impl serde::Serialize>,
+        limit: usize,
         decode: impl FnOnce(&[u8]) -> Result<T, ApiError>,
     ) -> Result<T, ApiError> {
         let endpoint = format!("{method} {path}");
         let response = self.send(method, path, body, true).await?;
-        let bytes = response
-            .bytes()
-            .await
-            .map_err(|e| ApiError::from_transport(&endpoint, &e).redact(self.key.expose()))?;
+        let status = response.status().as_u16();
+        let bytes = body::read(response, limit).await.map_err(|e| {
+            let error = match e {
+                body::BodyError::Transport(e) => ApiError::from_transport(&endpoint, &e),
+                body::BodyError::TooLarge { limit } => {
+                    let mut error = ApiError::transient(
+                        &endpoint,
+                        format!(
+                            "the response body is longer than {limit} bytes, more than the \
+                             answer to this request can take; it was dropped"
+                        ),
+                    );
+                    error.status = Some(status);
+                    error
+                }
+            };
+            error.redact(&self.scrubber)
+        })?;
         decode(&bytes).map_err(|e| {
             // Some gateways answer 200 with an error object instead of a status.
             ApiError::from_error_body(&endpoint, &bytes)
                 .unwrap_or(e)
-                .redact(self.key.expose())
+                .redact(&self.scrubber)
         })
     }
 
@@ -324,7 +369,7 @@ impl Client {
         let response = request
             .send()
             .await
-            .map_err(|e| ApiError::from_transport(&endpoint, &e).redact(self.key.expose()))?;
+            .map_err(|e| ApiError::from_transport(&endpoint, &e).redact(&self.scrubber))?;
         let status = response.status();
         if status.is_success() {
             return Ok(response);
@@ -332,10 +377,10 @@ impl Client {
         let headers = response.headers().clone();
         // The error body is read only so far as a message needs; a cut-off
         // error body still yields the status.
-        let body = response.bytes().await.unwrap_or_default();
+        let body = body::prefix(response, body::ERROR_BODY_BYTES).await;
         Err(
             ApiError::from_response(&endpoint, status.as_u16(), &headers, &body)
-                .redact(self.key.expose()),
+                .redact(&self.scrubber),
         )
     }
 }
@@ -374,6 +419,9 @@ struct StreamState {
     /// The body has ended; only queued events remain.
     ended: bool,
     done: bool,
+    /// When the whole stream must have ended.
+    deadline: tokio::time::Instant,
+    stream_timeout: Duration,
 }
 
 /// The next reply fragment, `None` after `[DONE]`.
@@ -406,7 +454,17 @@ async fn next_fragment(
                 "the stream ended before data: [DONE]; the reply is incomplete",
             )));
         }
-        let decoded = match state.bytes.next().await {
+        let Ok(next) = tokio::time::timeout_at(state.deadline, state.bytes.next()).await else {
+            state.done = true;
+            return Some(Err(ApiError::transient(
+                endpoint,
+                format!(
+                    "timed out: the stream did not end within {:.0}s; the reply is incomplete",
+                    state.stream_timeout.as_secs_f64()
+                ),
+            )));
+        };
+        let decoded = match next {
             Some(Ok(bytes)) => state.decoder.push(&bytes),
             Some(Err(e)) => {
                 state.done = true;
@@ -574,7 +632,7 @@ mod tests {
 
     #[test]
     fn an_api_path_replaces_the_v1_prefix() {
-        let key = || ApiKey::new("k");
+        let key = || ApiKey::new("sk-api-path-test");
         let with = |base: &str, path: Option<&str>| {
             let mut config = ClientConfig::new(base, key());
             config.api_path = path.map(str::to_string);

@@ -5,7 +5,7 @@ use tokio::sync::watch;
 use super::{print_json, Outcome};
 use crate::cli::{EstimateArgs, RunArgs};
 use crate::exit::{Exit, Failure};
-use crate::pipeline::{Classifier, RunOptions, StopRequest};
+use crate::pipeline::{Classifier, Failed, RunOptions, StopRequest, Summary};
 use crate::stages::Embedding;
 use crate::state::{Fingerprint, JobState, StateError, StateLocation};
 
@@ -15,15 +15,20 @@ pub async fn run(args: &RunArgs) -> Outcome {
         overrides.push(format!("budget.max_cost={cost:?}"));
     }
     let job = crate::job::load(&args.job.job, &overrides).map_err(Failure::usage)?;
-    let stages = crate::stages::build(&job).await?;
+    let stages = match crate::stages::build(&job).await {
+        Ok(stages) => stages,
+        Err(failure) => return Err(failed_before_work(&job, None, failure, args.json)),
+    };
     for warning in stages.backend.warnings() {
         eprintln!("embedjob: warning: {warning}");
     }
-    if job.budget.max_cost.is_some() && stages.backend.info().input_per_1k.is_none() {
-        return Err(Failure::usage(anyhow::anyhow!(
+    let info = stages.backend.info().clone();
+    if job.budget.max_cost.is_some() && info.input_per_1k.is_none() {
+        let failure = Failure::usage(anyhow::anyhow!(
             "`budget.max_cost` is set, but model {} has no price to count it with",
-            stages.backend.info().model
-        )));
+            info.model
+        ));
+        return Err(failed_before_work(&job, Some(&info), failure, args.json));
     }
     let options = RunOptions {
         progress: !args.quiet,
@@ -31,31 +36,46 @@ pub async fn run(args: &RunArgs) -> Outcome {
         max_duration: args.max_duration,
         stop: Some(stop_on_signals()),
     };
-    let fingerprint = Fingerprint::new(&job, stages.backend.info());
-    let state = JobState::open(
+    let fingerprint = Fingerprint::new(&job, &info);
+    let state = match JobState::open(
         &job.name,
         StateLocation::for_job(&job),
         &fingerprint,
         args.fresh,
-    )
-    .map_err(state_failure)?;
+    ) {
+        Ok(state) => state,
+        Err(e) => {
+            return Err(failed_before_work(
+                &job,
+                Some(&info),
+                state_failure(e),
+                args.json,
+            ))
+        }
+    };
     if let (Some(previous), true) = (state.taken_over(), options.progress) {
         eprintln!(
             "embedjob: {}: taking over from a run that is gone ({previous})",
             state.location().lock().display()
         );
     }
-    let mut summary = crate::pipeline::execute(&job, stages, state, options)
-        .await
-        .map_err(|e| Failure {
-            exit: e.exit(),
-            error: e.into(),
-        })?;
+    let mut summary = match crate::pipeline::execute(&job, stages, state, options).await {
+        Ok(summary) => summary,
+        Err(Failed { error, summary }) => {
+            if args.json {
+                print_json(&serde_json::to_value(&summary).map_err(Failure::failed)?)?;
+            }
+            return Err(Failure {
+                exit: error.exit(),
+                error: error.into(),
+            });
+        }
+    };
     summary.carry_on = Some(carry_on_command(args));
     if args.json {
         print_json(&serde_json::to_value(&summary).map_err(Failure::failed)?)?;
     } else {
-        print!("{}", summary.text());
+        print!("{}", crate::secret::scrub(&summary.text()));
     }
     Ok(summary.exit())
 }
@@ -96,6 +116,44 @@ fn shell_word(word: &str) -> String {
     } else {
         format!("'{}'", word.replace('\'', "'\\''"))
     }
+}
+
+/// A run that failed before its stages ran replaces the summary an earlier
+/// run left, so that it is not taken for this one's; the summary is printed
+/// with `--json`. When another run of the job holds its state, that run's
+/// summary is left alone; when there is none, none is written (nothing was
+/// done, and no directory is made for it).
+fn failed_before_work(
+    job: &crate::job::Job,
+    info: Option<&crate::backend::BackendInfo>,
+    failure: Failure,
+    json: bool,
+) -> Failure {
+    let held_elsewhere = matches!(
+        failure.error.downcast_ref::<StateError>(),
+        Some(StateError::Locked { .. })
+    );
+    if held_elsewhere {
+        return failure;
+    }
+    let summary = Summary::before_work(job, info, &format!("{:#}", failure.error), failure.exit);
+    let Ok(value) = serde_json::to_value(&summary) else {
+        return failure;
+    };
+    let location = StateLocation::for_job(job);
+    if location.summary().exists() {
+        if let Err(e) = crate::state::write_summary_unlocked(&location, &value) {
+            crate::progress::warn(&format!(
+                "the summary of this run could not be written: {e}"
+            ));
+        }
+    }
+    if json {
+        if let Err(e) = print_json(&value) {
+            return e;
+        }
+    }
+    failure
 }
 
 /// The first SIGINT or SIGTERM asks the run to stop after the requests in

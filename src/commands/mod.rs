@@ -28,6 +28,9 @@ pub const TIMEOUT_ENV: &str = "EMBEDJOB_TIMEOUT_SECONDS";
 /// The path the service's routes sit under, when not `/v1` (`""` for the root).
 pub const API_PATH_ENV: &str = "EMBEDJOB_API_PATH";
 
+/// A chat stream may take this many times the request timeout in all.
+const STREAM_TIMEOUTS: u32 = 10;
+
 /// The commands retry transient faults a few times, honouring Retry-After.
 pub(crate) const COMMAND_RETRIES: usize = 3;
 
@@ -62,11 +65,13 @@ pub fn client_from_env() -> Result<Client, Failure> {
     };
     let timeout = match std::env::var(TIMEOUT_ENV) {
         Err(_) => Duration::from_secs(60),
-        Ok(text) => match text.trim().parse::<f64>() {
-            Ok(s) if s.is_finite() && s > 0.0 => Duration::from_secs_f64(s),
-            _ => {
+        Ok(text) => match crate::job::seconds_in_range(text.trim().parse::<f64>().ok()) {
+            Some(timeout) => timeout,
+            None => {
                 problems.push(format!(
-                    "{TIMEOUT_ENV} must be a positive number of seconds, not {text:?}"
+                    "{TIMEOUT_ENV} must be a number of seconds between {} and {}, not {text:?}",
+                    crate::job::MIN_TIMEOUT_SECONDS,
+                    crate::job::MAX_TIMEOUT_SECONDS
                 ));
                 Duration::from_secs(60)
             }
@@ -77,18 +82,19 @@ pub fn client_from_env() -> Result<Client, Failure> {
             let mut config = ClientConfig::new(base, ApiKey::new(key));
             config.timeout = timeout;
             config.api_path = std::env::var(API_PATH_ENV).ok();
+            config.stream_timeout = timeout.saturating_mul(STREAM_TIMEOUTS);
             Client::new(config).map_err(Failure::usage)
         }
         _ => Err(Failure::usage(anyhow::anyhow!(problems.join("; ")))),
     }
 }
 
+/// Prints `value` as one line of JSON, with no key in any form (see [`crate::secret`]).
 pub(crate) fn print_json(value: &serde_json::Value) -> Result<(), Failure> {
+    let text = serde_json::to_string(value).map_err(Failure::failed)?;
     let mut out = std::io::stdout().lock();
-    serde_json::to_writer(&mut out, value)
-        .map_err(anyhow::Error::from)
-        .and_then(|()| writeln!(out).map_err(anyhow::Error::from))
-        .map_err(Failure::failed)
+    writeln!(out, "{}", crate::secret::scrub(&text))
+        .map_err(|e| Failure::failed(anyhow::Error::from(e).context("writing to stdout")))
 }
 
 /// Prints a completion script for `args.shell`.

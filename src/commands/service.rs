@@ -47,7 +47,7 @@ pub async fn models(args: &ModelsArgs) -> Outcome {
         .map_err(Failure::failed)?;
         print_json(&value)?;
     } else {
-        print!("{}", models_table(&models));
+        print!("{}", crate::secret::scrub(&models_table(&models)));
     }
     Ok(Exit::Success)
 }
@@ -244,26 +244,49 @@ pub async fn chat(args: &ChatArgs) -> Outcome {
         let reply = with_retries(&policy, || client.chat(&request))
             .await
             .map_err(Failure::failed)?;
-        writeln!(out, "{reply}").map_err(write_err)?;
+        writeln!(out, "{}", crate::secret::scrub(&reply)).map_err(write_err)?;
         return Ok(Exit::Success);
     }
     // Only opening the stream is retried: once text is on the screen, a retry would repeat it.
     let mut stream = with_retries(&policy, || client.chat_stream(&request))
         .await
         .map_err(Failure::failed)?;
+    let mut held = String::new();
     while let Some(fragment) = stream.next().await {
         match fragment {
             Ok(text) => {
-                out.write_all(text.as_bytes()).map_err(write_err)?;
+                held.push_str(&text);
+                let shown = release(&mut held, false);
+                out.write_all(shown.as_bytes()).map_err(write_err)?;
                 out.flush().map_err(write_err)?;
             }
             Err(e) => {
                 // End the partial line so the error starts on a line of its own.
-                let _ = writeln!(out);
+                let _ = writeln!(out, "{}", release(&mut held, true));
                 return Err(Failure::failed(e));
             }
         }
     }
-    writeln!(out).map_err(write_err)?;
+    writeln!(out, "{}", release(&mut held, true)).map_err(write_err)?;
     Ok(Exit::Success)
+}
+
+/// The streamed reply's text that can be shown: scrubbed of the key, less
+/// the last few characters, which may be the start of a key a later
+/// fragment completes (all of it at the `end`).
+fn release(held: &mut String, end: bool) -> String {
+    /// More than a piece of the key that is too short to be scrubbed.
+    const KEPT_BACK: usize = 2 * crate::secret::MIN_FRAGMENT;
+    let clean = crate::secret::scrub(held).into_owned();
+    let cut = if end {
+        clean.len()
+    } else {
+        clean
+            .char_indices()
+            .rev()
+            .nth(KEPT_BACK - 1)
+            .map_or(0, |(at, _)| at)
+    };
+    *held = clean[cut..].to_string();
+    clean[..cut].to_string()
 }

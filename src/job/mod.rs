@@ -113,6 +113,24 @@ pub struct BudgetConfig {
     pub max_cost: Option<f64>,
 }
 
+/// The ranges numbers in a job file must fall in: large enough to work,
+/// small enough that no size or duration computed from them can overflow.
+pub const MIN_TIMEOUT_SECONDS: f64 = 0.001;
+pub const MAX_TIMEOUT_SECONDS: f64 = 86_400.0;
+pub const MAX_DIMENSIONS: usize = 65_536;
+pub const MAX_CHANNEL_CAPACITY: usize = 65_536;
+pub const MAX_INPUTS_PER_REQUEST: usize = 65_536;
+pub const MAX_TOKENS: usize = 1_000_000_000;
+pub const MAX_RETRIES: usize = 1_000;
+pub const MAX_ROW_GROUP_BYTES: u64 = 1 << 32;
+
+/// A number of seconds as a duration, when it is a timeout this program
+/// accepts (between [`MIN_TIMEOUT_SECONDS`] and [`MAX_TIMEOUT_SECONDS`]).
+pub fn seconds_in_range(seconds: Option<f64>) -> Option<std::time::Duration> {
+    let seconds = seconds.filter(|s| (MIN_TIMEOUT_SECONDS..=MAX_TIMEOUT_SECONDS).contains(s))?;
+    Some(std::time::Duration::from_secs_f64(seconds))
+}
+
 /// Every problem found in a job file, reported together.
 #[derive(Debug, Clone, PartialEq)]
 pub struct JobErrors {
@@ -268,28 +286,25 @@ impl Sections {
             }
             return None;
         };
-        let mut unknown = Vec::new();
-        let mut note_unknown = |path: serde_ignored::Path| unknown.push(format!("{key}.{path}"));
-        let deserializer = serde_ignored::Deserializer::new(value, &mut note_unknown);
-        let result: Result<T, _> = serde_path_to_error::deserialize(deserializer);
-        for path in &unknown {
-            problems.push(format!("unknown key `{path}`"));
-        }
-        match result {
-            Ok(value) => Some(value),
-            Err(e) => {
-                let inner = e.inner().to_string();
-                let at = e.path().to_string();
-                let location = if at == "." {
-                    key.to_string()
-                } else {
-                    format!("{key}.{at}")
-                };
-                problems.push(format!("`{location}`: {}", one_line(&inner)));
-                self.failed.push(key.to_string());
-                None
+        let (result, unknown, found) = match value {
+            toml::Value::Table(table) => params::deserialize::<T>(key, &table),
+            other => {
+                let (result, unknown) = params::deserialize_once::<T>(other);
+                let found = result
+                    .as_ref()
+                    .err()
+                    .map(|e| format!("`{key}`: {}", one_line(&e.inner().to_string())));
+                (result.ok(), unknown, found.into_iter().collect())
             }
+        };
+        for path in &unknown {
+            problems.push(format!("unknown key `{key}.{path}`"));
         }
+        if result.is_none() {
+            self.failed.push(key.to_string());
+        }
+        problems.extend(found);
+        result
     }
 
     /// Takes a section that has a `kind`, parsed by `parse`.
@@ -400,6 +415,12 @@ fn chunking_problems(c: &ChunkingConfig, p: &mut Vec<String>) {
     if c.max_tokens == 0 {
         p.push("`chunking.max_tokens` must be at least 1".to_string());
     }
+    if c.max_tokens > MAX_TOKENS {
+        p.push(format!(
+            "`chunking.max_tokens` must be at most {MAX_TOKENS}, not {}",
+            c.max_tokens
+        ));
+    }
     if c.overlap_tokens >= c.max_tokens.max(1) {
         p.push(format!(
             "`chunking.overlap_tokens` ({}) must be less than `chunking.max_tokens` ({})",
@@ -419,8 +440,11 @@ fn budget_problems(budget: &BudgetConfig, p: &mut Vec<String>) {
 }
 
 fn pipeline_problems(pipeline: &PipelineConfig, p: &mut Vec<String>) {
-    if pipeline.channel_capacity == 0 {
-        p.push("`pipeline.channel_capacity` must be at least 1".to_string());
+    if !(1..=MAX_CHANNEL_CAPACITY).contains(&pipeline.channel_capacity) {
+        p.push(format!(
+            "`pipeline.channel_capacity` must be between 1 and {MAX_CHANNEL_CAPACITY}, not {}",
+            pipeline.channel_capacity
+        ));
     }
     let every = pipeline.progress_seconds;
     if !(every.is_finite() && (0.1..=86_400.0).contains(&every)) {
@@ -436,8 +460,17 @@ fn backend_problems(
     p: &mut Vec<String>,
 ) {
     let b = &backend.shared;
-    if b.max_inputs_per_request == 0 {
-        p.push("`backend.max_inputs_per_request` must be at least 1".to_string());
+    if !(1..=MAX_INPUTS_PER_REQUEST).contains(&b.max_inputs_per_request) {
+        p.push(format!(
+            "`backend.max_inputs_per_request` must be between 1 and {MAX_INPUTS_PER_REQUEST}, not {}",
+            b.max_inputs_per_request
+        ));
+    }
+    if b.max_tokens_per_request > MAX_TOKENS {
+        p.push(format!(
+            "`backend.max_tokens_per_request` must be at most {MAX_TOKENS}, not {}",
+            b.max_tokens_per_request
+        ));
     }
     if let Some(c) = chunking.filter(|c| b.max_tokens_per_request < c.max_tokens) {
         p.push(format!(
@@ -451,14 +484,16 @@ fn backend_problems(
             b.concurrency
         ));
     }
-    if !(b.timeout_seconds.is_finite() && b.timeout_seconds > 0.0) {
+    if seconds_in_range(Some(b.timeout_seconds)).is_none() {
         p.push(format!(
-            "`backend.timeout_seconds` must be a positive number, not {}",
+            "`backend.timeout_seconds` must be between {MIN_TIMEOUT_SECONDS} and {MAX_TIMEOUT_SECONDS}, not {}",
             b.timeout_seconds
         ));
     }
-    if b.dimensions == Some(0) {
-        p.push("`backend.dimensions` must be at least 1".to_string());
+    if let Some(d) = b.dimensions.filter(|d| !(1..=MAX_DIMENSIONS).contains(d)) {
+        p.push(format!(
+            "`backend.dimensions` must be between 1 and {MAX_DIMENSIONS}, not {d}"
+        ));
     }
     if let (Some(model), Some(declared)) = (&b.model, b.dimensions) {
         if let Some(known) = known_model_dimensions(model) {
@@ -599,6 +634,12 @@ fn api_problems(b: &BackendShared, api: &ApiParams, p: &mut Vec<String>) {
                 "`backend.input_per_1k` must be a price of 0 or more, not {price}"
             ));
         }
+    }
+    if api.max_retries > MAX_RETRIES {
+        p.push(format!(
+            "`backend.max_retries` must be at most {MAX_RETRIES}, not {}",
+            api.max_retries
+        ));
     }
     match &api.base_url {
         None => p.push("`backend.base_url` is required for kind \"api\"".to_string()),

@@ -25,28 +25,58 @@ pub(super) struct Parsed<T> {
 }
 
 /// Deserializes `table` (the section `section`) into `T`, collecting the
-/// keys `T` does not know and a type error, if any.
-fn deserialize<T: DeserializeOwned>(
+/// keys `T` does not know and every key of the wrong type: a key that fails
+/// is set aside and the rest are read again, so that each is reported, not
+/// only the first.
+pub(super) fn deserialize<T: DeserializeOwned>(
     section: &str,
     table: &toml::Table,
-) -> (Option<T>, Vec<String>, Option<String>) {
+) -> (Option<T>, Vec<String>, Vec<String>) {
+    let mut table = table.clone();
+    let mut problems = Vec::new();
+    let mut set_aside: Vec<String> = Vec::new();
+    loop {
+        let (result, unknown) = deserialize_once::<T>(toml::Value::Table(table.clone()));
+        let e = match result {
+            Ok(value) => return (problems.is_empty().then_some(value), unknown, problems),
+            Err(e) => e,
+        };
+        let inner = one_line(&e.inner().to_string());
+        let at = e.path().to_string();
+        let key = match e.path().iter().next() {
+            Some(serde_path_to_error::Segment::Map { key }) => Some(key.clone()),
+            _ => None,
+        };
+        match (missing_field(&inner), key) {
+            // A required key of the wrong type was set aside; it is reported already.
+            (Some(field), _) if at == "." && set_aside.iter().any(|k| k == field) => {}
+            (Some(field), _) if at == "." => {
+                problems.push(format!("`{section}.{field}` is required"))
+            }
+            (_, Some(key)) if table.remove(&key).is_some() => {
+                problems.push(format!("`{section}.{at}`: {inner}"));
+                set_aside.push(key);
+                continue;
+            }
+            _ if at == "." => problems.push(format!("`{section}`: {inner}")),
+            _ => problems.push(format!("`{section}.{at}`: {inner}")),
+        }
+        return (None, unknown, problems);
+    }
+}
+
+/// One attempt at `value`, with the keys `T` does not know.
+pub(super) fn deserialize_once<T: DeserializeOwned>(
+    value: toml::Value,
+) -> (
+    Result<T, serde_path_to_error::Error<toml::de::Error>>,
+    Vec<String>,
+) {
     let mut unknown = Vec::new();
     let mut note_unknown = |path: serde_ignored::Path| unknown.push(path.to_string());
-    let value = toml::Value::Table(table.clone());
     let deserializer = serde_ignored::Deserializer::new(value, &mut note_unknown);
-    match serde_path_to_error::deserialize::<_, T>(deserializer) {
-        Ok(value) => (Some(value), unknown, None),
-        Err(e) => {
-            let inner = one_line(&e.inner().to_string());
-            let at = e.path().to_string();
-            let problem = match missing_field(&inner) {
-                Some(field) if at == "." => format!("`{section}.{field}` is required"),
-                _ if at == "." => format!("`{section}`: {inner}"),
-                _ => format!("`{section}.{at}`: {inner}"),
-            };
-            (None, unknown, Some(problem))
-        }
-    }
+    let result = serde_path_to_error::deserialize::<_, T>(deserializer);
+    (result, unknown)
 }
 
 fn missing_field(message: &str) -> Option<&str> {
@@ -496,6 +526,9 @@ pub struct ApiParams {
     /// 0 = no client-side limit.
     pub tokens_per_minute: u64,
     pub max_retries: usize,
+    /// The service answers under another model name than the one asked for
+    /// (an alias, a gateway); accepted with a warning instead of refused.
+    pub server_renames_models: bool,
 }
 
 impl Default for ApiParams {
@@ -510,6 +543,7 @@ impl Default for ApiParams {
             requests_per_minute: 0,
             tokens_per_minute: 0,
             max_retries: 8,
+            server_renames_models: false,
         }
     }
 }
@@ -538,6 +572,7 @@ const API_KEYS: &[&str] = &[
     "requests_per_minute",
     "tokens_per_minute",
     "max_retries",
+    "server_renames_models",
 ];
 const LOCAL_KEYS: &[&str] = &["model_dir", "threads", "batch_size"];
 const BACKEND_KINDS: &[(&str, &[&str])] = &[("api", API_KEYS), ("local", LOCAL_KEYS)];
@@ -885,8 +920,12 @@ impl OutputConfig {
                 if parquet.path.as_os_str().is_empty() {
                     p.push("`output.path` must not be empty".to_string());
                 }
-                if parquet.row_group_bytes < 1024 {
-                    p.push("`output.row_group_bytes` must be at least 1024".to_string());
+                if !(1024..=super::MAX_ROW_GROUP_BYTES).contains(&parquet.row_group_bytes) {
+                    p.push(format!(
+                        "`output.row_group_bytes` must be between 1024 and {}, not {}",
+                        super::MAX_ROW_GROUP_BYTES,
+                        parquet.row_group_bytes
+                    ));
                 }
             }
             OutputParams::Pgvector(pg) => pg.problems(p),

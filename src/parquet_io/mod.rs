@@ -11,6 +11,7 @@
 //!   checked, [`guard`] turns a decoder panic on a damaged file into an
 //!   error, and [`list_parquet_files`] lists a directory's files.
 
+mod checksum;
 mod rows;
 mod writer;
 
@@ -27,6 +28,7 @@ use parquet::file::metadata::{PageIndexPolicy, ParquetMetaData};
 
 use crate::fsio::FsError;
 
+pub use self::checksum::{Checksum, CHECKSUM_KEY};
 pub use self::rows::ParquetRows;
 pub use self::writer::{
     output_schema, output_schema_with, Compression, FileOptions, VectorFile, WrittenFile,

@@ -12,6 +12,7 @@ use parquet::arrow::arrow_reader::{
 };
 use parquet::arrow::ProjectionMask;
 
+use super::checksum::{Checksum, CHECKSUM_KEY};
 use super::{embedding_dimensions, guard, key_values, load_metadata, FileError};
 use crate::fsio::FsError;
 use crate::store::{ReadRow, Row, StoreError, StoredRows};
@@ -160,6 +161,65 @@ impl StoredRows for ParquetRows {
 
     fn release(&mut self) {
         self.metadata = None;
+    }
+
+    /// Reads every vector once and compares the checksum recorded when the
+    /// file was written ([`CHECKSUM_KEY`]).
+    fn verify(&mut self) -> Result<(), StoreError> {
+        let Some(recorded) = self.key_values.get(CHECKSUM_KEY).cloned() else {
+            return Err(self.corrupt(format!(
+                "it records no {CHECKSUM_KEY}, so its vectors cannot be checked"
+            )));
+        };
+        let metadata = self.footer()?;
+        let mask = ProjectionMask::roots(
+            metadata.parquet_schema(),
+            [
+                column(&metadata, "content_hash").map_err(|m| self.corrupt(m))?,
+                column(&metadata, "embedding").map_err(|m| self.corrupt(m))?,
+            ],
+        );
+        // About 4 MiB of vectors at a time, whatever their length.
+        let rows = ((4 << 20) / (4 * self.dimensions.max(1))).max(1);
+        let mut reader = ParquetRecordBatchReaderBuilder::new_with_metadata(self.file()?, metadata)
+            .with_projection(mask)
+            .with_batch_size(rows)
+            .build()
+            .map_err(|e| self.corrupt(e))?;
+        let mut checksum = Checksum::new();
+        let mut row: u64 = 0;
+        while let Some(batch) = guard(&self.path, || reader.next())? {
+            let batch = batch.map_err(|e| self.corrupt(e))?;
+            let hashes = string_column(&batch, "content_hash").map_err(|m| self.corrupt(m))?;
+            let embedding = batch
+                .column_by_name("embedding")
+                .and_then(|c| c.as_fixed_size_list_opt())
+                .ok_or_else(|| self.corrupt("no fixed-size-list column \"embedding\""))?;
+            let floats = embedding
+                .values()
+                .as_primitive_opt::<Float32Type>()
+                .ok_or_else(|| self.corrupt("\"embedding\" does not hold float32 values"))?;
+            for i in 0..batch.num_rows() {
+                row += 1;
+                let hash = parse_hash(hashes.value(i)).ok_or_else(|| {
+                    self.corrupt(format!("row {row}: content_hash is not a SHA-256"))
+                })?;
+                let start = embedding.value_offset_at(i);
+                let vector = floats
+                    .values()
+                    .get(start..start + self.dimensions)
+                    .ok_or_else(|| self.corrupt(format!("row {row}: the vector is cut short")))?;
+                checksum.row(&hash, vector);
+            }
+        }
+        if checksum.value() == recorded {
+            Ok(())
+        } else {
+            Err(self.corrupt(format!(
+                "its rows do not match the {CHECKSUM_KEY} recorded when it was written: \
+                 the file was damaged since"
+            )))
+        }
     }
 }
 

@@ -17,6 +17,7 @@ use parquet::file::metadata::KeyValue;
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::schema::types::ColumnPath;
 
+use super::checksum::{Checksum, CHECKSUM_KEY};
 use super::FileError;
 use crate::fsio::{FsError, TempFile};
 use crate::types::{EmbeddedBatch, MetaValue, MetadataSchema, OutputMetadata};
@@ -218,6 +219,7 @@ pub struct VectorFile {
     row_group_bytes: u64,
     buffer: RowBuffer,
     rows: u64,
+    checksum: Checksum,
 }
 
 impl std::fmt::Debug for VectorFile {
@@ -276,6 +278,7 @@ impl VectorFile {
             metadata,
             row_group_bytes: options.row_group_bytes,
             rows: 0,
+            checksum: Checksum::new(),
         })
     }
 
@@ -415,6 +418,7 @@ impl VectorFile {
                 metadata.usage.total_tokens.to_string(),
             ),
             ("embedjob.requests", metadata.requests.to_string()),
+            (CHECKSUM_KEY, self.checksum.value()),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))
@@ -447,6 +451,7 @@ impl VectorFile {
             .zip(batch.vectors.values.chunks_exact(dimensions))
         {
             self.buffer.push(chunk, vector);
+            self.checksum.row(&chunk.content_hash, vector);
             self.rows += 1;
             if self.buffer.bytes >= self.row_group_bytes {
                 self.flush_row_group()?;

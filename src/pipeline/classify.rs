@@ -7,7 +7,7 @@ use std::collections::HashSet;
 
 use serde::Serialize;
 
-use crate::store::{hash_prefix, HeldIds, Location, Origin, Store};
+use crate::store::{hash_key, hash_prefix, HeldIds, Location, Origin, Store};
 use crate::types::{id_key, Chunk};
 
 /// Where a chunk's vector comes from.
@@ -53,12 +53,10 @@ pub struct Classifier {
     held_ids: HeldIds,
     /// Whether the sink keeps its rows between runs (see `Sink::keeps_rows`).
     keeps_rows: bool,
-    /// The first 64 bits of the content hashes sent in this run: 8 bytes a
-    /// chunk. Two texts sharing them (about one run in 10^7 at a million
-    /// chunks) make the second look like a repeat; the writer then finds no
-    /// vector under its full hash and fails the run, and the next run, which
-    /// finds the first text in the checkpoint, sends the second.
-    scheduled: HashSet<u64>,
+    /// The first 128 bits of the content hashes sent in this run: 16 bytes
+    /// a chunk, and no two texts of any real input share them, so that a
+    /// text is never taken for a repeat of another.
+    scheduled: HashSet<u128>,
     counts: Counts,
 }
 
@@ -102,7 +100,7 @@ impl Classifier {
             }
             return Class::Stored(location);
         }
-        if !self.scheduled.insert(hash_prefix(&chunk.content_hash)) {
+        if !self.scheduled.insert(hash_key(&chunk.content_hash)) {
             c.deduplicated += 1;
             c.tokens_saved += tokens;
             return Class::Repeat;

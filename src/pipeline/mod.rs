@@ -12,6 +12,7 @@ mod bill;
 mod classify;
 mod dispatch;
 mod read;
+mod repeats;
 mod stop;
 mod summary;
 #[cfg(test)]
@@ -72,8 +73,9 @@ pub enum RunError {
 
 impl RunError {
     pub fn exit(&self) -> Exit {
+        // The source was opened and checked before the run started: what goes
+        // wrong with it now (a file gone, a bad row) happens during the work.
         match self {
-            RunError::Source(e) if e.is_found_at_open() => Exit::Usage,
             RunError::State(e) if e.is_found_before_work() => Exit::Usage,
             RunError::Sink(e) if e.is_found_before_work() => Exit::Usage,
             _ => Exit::Failed,
@@ -107,15 +109,88 @@ pub struct RunOptions {
     pub stop: Option<watch::Receiver<StopRequest>>,
 }
 
+/// A run that failed once its state was opened: the error, and the summary
+/// written for it (exit 1, the error, and what was billed before it).
+#[derive(Debug)]
+pub struct Failed {
+    pub error: RunError,
+    pub summary: Summary,
+}
+
+/// What the stages reported, as far as the run got.
+#[derive(Default)]
+struct Report {
+    read: ReadReport,
+    dispatched: Dispatched,
+    written: Written,
+    earlier: crate::store::Earlier,
+}
+
 /// Runs a job's built stages, with its state opened (and locked), to the
-/// end or until asked to stop.
+/// end or until asked to stop. Whatever happens, the job's summary is
+/// written: a failed run's says so, with what it was billed.
 pub async fn execute(
     job: &Job,
     stages: Stages,
     state: JobState,
     options: RunOptions,
-) -> Result<Summary, RunError> {
+) -> Result<Summary, Failed> {
     let started = Instant::now();
+    let info = stages.backend.info().clone();
+    let backend = Arc::clone(&stages.backend);
+    let target = stages.sink.target();
+    let limits = Arc::new(Limits::default());
+    let mut report = Report::default();
+    let result = run_stages(
+        job,
+        stages,
+        state,
+        (options, started),
+        Arc::clone(&limits),
+        &mut report,
+    )
+    .await;
+    let stats = backend.stats();
+    let (bill, _) = bill::reckon(&report.dispatched, &stats);
+    let location = crate::state::StateLocation::for_job(job);
+    let mut summary = Summary::new(&summary::Outcome {
+        job: &job.name,
+        output: target,
+        failures_file: location.failures().display().to_string(),
+        info: &info,
+        read: &report.read,
+        dispatched: &report.dispatched,
+        written: &report.written,
+        stats,
+        earlier: report.earlier,
+        bill,
+        limits: learned(&limits, &stats),
+        warnings: [backend.warnings(), limits.notes()].concat(),
+        elapsed_seconds: started.elapsed().as_secs_f64(),
+        error: result.as_ref().err(),
+    });
+    let saved = serde_json::to_value(&summary)
+        .map_err(|e| RunError::Internal(e.to_string()))
+        .and_then(|value| Ok(crate::state::write_summary(&location, &value)?));
+    match (result, saved) {
+        (Ok(()), Ok(())) => Ok(summary),
+        (Err(error), _) => Err(Failed { error, summary }),
+        (Ok(()), Err(error)) => {
+            summary.fail(&error);
+            Err(Failed { error, summary })
+        }
+    }
+}
+
+/// Runs the stages to the end, filling `report` as they finish.
+async fn run_stages(
+    job: &Job,
+    stages: Stages,
+    state: JobState,
+    (options, started): (RunOptions, Instant),
+    limits: Arc<Limits>,
+    report: &mut Report,
+) -> Result<(), RunError> {
     let Stages {
         source,
         chunker,
@@ -125,9 +200,9 @@ pub async fn execute(
     let info = backend.info().clone();
     let fingerprint = Fingerprint::new(job, &info);
     let keeps_rows = sink.keeps_rows();
-    let target = sink.target();
     let (reuse, sink, state, previous_ratio) = load_reuse(sink, state, options.fresh).await?;
     let earlier = reuse.store.earlier();
+    report.earlier = earlier;
     let checkpoint_dimensions = reuse.store.dimensions().filter(|_| earlier.parts > 0);
     let capacity = job.pipeline.channel_capacity;
     let mut display = Progress::new(
@@ -140,6 +215,7 @@ pub async fn execute(
 
     let (sink_tx, sink_rx) = mpsc::channel::<SinkMessage>(capacity);
     let (batch_tx, batch_rx) = mpsc::channel::<Result<Batch, RunError>>(capacity);
+    let gate = repeats::RepeatGate::new();
     let reading = Reading {
         classifier: Classifier::new(reuse.store, reuse.held_ids, keeps_rows),
         batcher: Batcher::for_backend(&job.backend),
@@ -148,10 +224,11 @@ pub async fn execute(
         settled: Arc::clone(&settled),
         batches: batch_tx,
         sink: sink_tx.clone(),
+        repeats: Arc::clone(&gate),
         reuse_batch: job.backend.shared.max_inputs_per_request.max(1),
     };
     let reader = tokio::task::spawn_blocking(move || reading.run(source, chunker.as_ref()));
-    let writing = writing(job, &info, &state, sink, checkpoint_dimensions);
+    let writing = writing(job, &info, &state, sink, checkpoint_dimensions, gate);
     let writer = tokio::task::spawn_blocking(move || writing.run(sink_rx));
 
     let dispatch = Dispatch {
@@ -159,11 +236,11 @@ pub async fn execute(
         concurrency: job.backend.shared.concurrency,
         budget: budget(job, &info),
         halt,
-        drain: Duration::from_secs_f64(job.backend.shared.timeout_seconds),
+        drain: crate::job::seconds_in_range(Some(job.backend.shared.timeout_seconds))
+            .unwrap_or_default(),
         settled,
-        limits: Arc::new(Limits::default()),
+        limits,
     };
-    let limits = Arc::clone(&dispatch.limits);
     let stops = Stops::new(options.stop, started, options.max_duration);
     let dispatched = dispatch
         .run(batch_rx, &sink_tx, stops, &mut display, &|| {
@@ -173,15 +250,18 @@ pub async fn execute(
     let read = reader
         .await
         .map_err(|e| RunError::stage_stopped("reading", &e));
-    let (read, mut dispatched) = settle(read, dispatched);
+    let (read, dispatched) = settle(read, dispatched);
+    report.read = read;
+    report.dispatched = dispatched;
+    let dispatched = &mut report.dispatched;
     let stats = backend.stats();
-    let (bill, unseen) = bill::reckon(&dispatched, &stats);
+    let (bill, unseen) = bill::reckon(dispatched, &stats);
     let ending = ending(&bill::Ending {
         info: &info,
         job: &job.name,
         fingerprint: &fingerprint,
         bill: &bill,
-        dispatched: &dispatched,
+        dispatched,
         earlier: &earlier,
         requests: stats.requests,
         previous_ratio,
@@ -189,27 +269,9 @@ pub async fn execute(
     if !dispatched.writer_stopped && unseen != Billed::default() {
         let _ = sink_tx.send(SinkMessage::Billed(unseen)).await;
     }
-    let written = finish_writing(ending, &mut dispatched, sink_tx, writer).await?;
-    let location = state.location().clone();
+    report.written = finish_writing(ending, dispatched, sink_tx, writer).await?;
     state.close();
-    let summary = Summary::new(&summary::Outcome {
-        job: &job.name,
-        output: target,
-        failures_file: location.failures().display().to_string(),
-        info: &info,
-        read: &read,
-        dispatched: &dispatched,
-        written: &written,
-        stats,
-        earlier,
-        bill,
-        limits: learned(&limits, &stats),
-        warnings: [backend.warnings(), limits.notes()].concat(),
-        elapsed_seconds: started.elapsed().as_secs_f64(),
-    });
-    let value = serde_json::to_value(&summary).map_err(|e| RunError::Internal(e.to_string()))?;
-    crate::state::write_summary(&location, &value)?;
-    Ok(summary)
+    Ok(())
 }
 
 /// The writing stage: the sink, the checkpoint's parts (which carry billing
@@ -220,6 +282,7 @@ fn writing(
     state: &JobState,
     sink: Box<dyn Sink>,
     checkpoint_dimensions: Option<usize>,
+    gate: Arc<repeats::RepeatGate>,
 ) -> Writing {
     let parts = state
         .part_writer(
@@ -228,7 +291,7 @@ fn writing(
             output_row_group_bytes(job),
         )
         .with_dimensions(checkpoint_dimensions);
-    Writing::new(sink, parts, state.failures())
+    Writing::new(sink, parts, state.failures(), gate)
 }
 
 /// What the writer is told at the end: finish the output, or, after a

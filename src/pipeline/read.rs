@@ -8,6 +8,7 @@ use std::sync::Arc;
 use tokio::sync::mpsc;
 
 use super::classify::{Class, Classifier, Counts};
+use super::repeats::RepeatGate;
 use super::write::SinkMessage;
 use super::RunError;
 use crate::batch::{Batch, Batcher};
@@ -38,6 +39,8 @@ pub(super) struct Reading {
     pub settled: Arc<AtomicU64>,
     pub batches: mpsc::Sender<Result<Batch, RunError>>,
     pub sink: mpsc::Sender<SinkMessage>,
+    /// Places for repeats waiting at the writer for their first copy.
+    pub repeats: Arc<RepeatGate>,
     /// Stored vectors are read back this many at a time.
     pub reuse_batch: usize,
 }
@@ -118,6 +121,18 @@ impl Reading {
             }
             Class::Repeat => {
                 self.settled.fetch_add(1, Ordering::Relaxed);
+                if !self.repeats.try_enter() {
+                    // The first copies of the repeats waiting may be in the
+                    // batch being filled: send it, then wait for a place.
+                    if let Some(batch) = self.batcher.finish() {
+                        if self.batches.blocking_send(Ok(batch)).is_err() {
+                            return Ok(false);
+                        }
+                    }
+                    if !self.repeats.enter(&self.halt) {
+                        return Ok(false);
+                    }
+                }
                 Ok(self
                     .sink
                     .blocking_send(SinkMessage::Duplicate(chunk))

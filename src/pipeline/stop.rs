@@ -43,7 +43,8 @@ impl Stops {
     ) -> Stops {
         Stops {
             requests,
-            deadline: max_duration.map(|d| tokio::time::Instant::from_std(started) + d),
+            deadline: max_duration
+                .and_then(|d| tokio::time::Instant::from_std(started).checked_add(d)),
             max_duration,
             deadline_passed: false,
         }
@@ -123,8 +124,11 @@ impl Budget {
     pub(super) fn admit(&self, tokens: u64) -> bool {
         let mut state = self.state();
         let spent = state.billed_tokens as f64 * self.price_per_token;
-        let projected =
-            (state.billed_tokens + state.in_flight_tokens + tokens) as f64 * self.price_per_token;
+        let projected = state
+            .billed_tokens
+            .saturating_add(state.in_flight_tokens)
+            .saturating_add(tokens) as f64
+            * self.price_per_token;
         if projected > self.max_cost {
             state.exceeded.get_or_insert_with(|| {
                 format!(
@@ -134,7 +138,7 @@ impl Budget {
             });
             return false;
         }
-        state.in_flight_tokens += tokens;
+        state.in_flight_tokens = state.in_flight_tokens.saturating_add(tokens);
         true
     }
 
@@ -149,14 +153,14 @@ impl Budget {
                         .iter()
                         .map(|c| u64::from(c.token_count))
                         .sum::<u64>();
-                    billed += batch.vectors.usage.prompt_tokens;
+                    billed = billed.saturating_add(batch.vectors.usage.prompt_tokens);
                 }
                 Piece::Quarantined { chunk, .. } => reserved += u64::from(chunk.token_count),
             }
         }
         let mut state = self.state();
         state.in_flight_tokens = state.in_flight_tokens.saturating_sub(reserved);
-        state.billed_tokens += billed;
+        state.billed_tokens = state.billed_tokens.saturating_add(billed);
     }
 
     /// Why the budget stopped the run, once it did.

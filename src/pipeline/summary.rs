@@ -11,7 +11,7 @@ use super::write::Written;
 use crate::backend::{BackendInfo, BackendStats};
 use crate::display::{count, counted};
 use crate::exit::Exit;
-use crate::job::BackendKind;
+use crate::job::{BackendKind, Job};
 use crate::source::SkippedFiles;
 use crate::store::Earlier;
 use crate::types::Usage;
@@ -85,6 +85,10 @@ pub struct Summary {
     /// command that ran it.
     #[serde(skip)]
     pub carry_on: Option<String>,
+    /// Why the run failed, when it did (`exit_code` 1, or 2 for a problem
+    /// found before any work); `usage`, `requests` and `cost` are then what
+    /// it was billed before it failed, kept in the checkpoint.
+    pub error: Option<String>,
     pub elapsed_seconds: f64,
     pub chunks_per_second: f64,
     pub exit_code: u8,
@@ -129,13 +133,16 @@ pub(super) struct Outcome<'a> {
     pub limits: LearnedLimits,
     pub warnings: Vec<String>,
     pub elapsed_seconds: f64,
+    pub error: Option<&'a super::RunError>,
 }
 
 impl Summary {
     pub(super) fn new(o: &Outcome<'_>) -> Summary {
         let c = &o.read.counts;
         let stopped = o.dispatched.stopped.clone();
-        let exit = if stopped.is_some() {
+        let exit = if let Some(error) = o.error {
+            error.exit()
+        } else if stopped.is_some() {
             Exit::Stopped
         } else if o.written.quarantined > 0 {
             Exit::Quarantined
@@ -185,6 +192,7 @@ impl Summary {
             },
             carry_on: None,
             stopped,
+            error: o.error.map(|e| error_text(&e.to_string())),
             elapsed_seconds: o.elapsed_seconds,
             chunks_per_second: if o.elapsed_seconds > 0.0 {
                 c.chunks as f64 / o.elapsed_seconds
@@ -193,6 +201,51 @@ impl Summary {
             },
             exit_code: exit.code(),
         }
+    }
+
+    /// The summary of a run that failed before its stages ran (a service
+    /// that cannot be reached, a model refused, the job's state unreadable):
+    /// nothing was done or billed.
+    pub fn before_work(job: &Job, info: Option<&BackendInfo>, error: &str, exit: Exit) -> Summary {
+        let fallback;
+        let info = if let Some(info) = info {
+            info
+        } else {
+            fallback = BackendInfo {
+                kind: job.backend.kind(),
+                model: job.backend.shared.model.clone().unwrap_or_default(),
+                dimensions: job.backend.shared.dimensions,
+                context_window: None,
+                input_per_1k: None,
+            };
+            &fallback
+        };
+        let location = crate::state::StateLocation::for_job(job);
+        let mut summary = Summary::new(&Outcome {
+            job: &job.name,
+            output: job.output.state_stem(&job.name).display().to_string(),
+            failures_file: location.failures().display().to_string(),
+            info,
+            read: &ReadReport::default(),
+            dispatched: &Dispatched::default(),
+            written: &Written::default(),
+            stats: BackendStats::default(),
+            earlier: Earlier::default(),
+            bill: Bill::default(),
+            limits: LearnedLimits::default(),
+            warnings: Vec::new(),
+            elapsed_seconds: 0.0,
+            error: None,
+        });
+        summary.error = Some(error_text(error));
+        summary.exit_code = exit.code();
+        summary
+    }
+
+    /// Marks the run failed with `error`, after the fact.
+    pub(super) fn fail(&mut self, error: &super::RunError) {
+        self.error = Some(error_text(&error.to_string()));
+        self.exit_code = error.exit().code();
     }
 
     /// The exit code the run calls for.
@@ -383,8 +436,19 @@ impl Summary {
     }
 }
 
+/// An error as the summary keeps it: without the key, and of a sane length.
+fn error_text(error: &str) -> String {
+    let mut text = crate::secret::scrub(error).into_owned();
+    crate::secret::truncate_chars(&mut text, MAX_ERROR_CHARS);
+    text
+}
+
+/// The longest error a summary keeps.
+const MAX_ERROR_CHARS: usize = 2000;
+
 /// What `usage` costs at the model's price, when it has one.
 pub(super) fn cost(info: &BackendInfo, usage: Usage) -> Option<f64> {
     info.input_per_1k
         .map(|price| usage.prompt_tokens as f64 / 1000.0 * price)
+        .filter(|cost| cost.is_finite())
 }

@@ -1,28 +1,25 @@
 //! The writing stage, on a blocking thread: commits every vector paid for to
 //! the checkpoint, writes the run's rows to the sink and quarantined chunks
-//! to the failures file, and at the end gives repeated chunks the vector of
-//! their first copy.
+//! to the failures file, and gives repeated chunks the vector of their first
+//! copy as soon as it is written (see [`super::repeats`]).
 
-use std::collections::HashMap;
+use std::sync::Arc;
 
 use tokio::sync::mpsc;
 
+use super::repeats::{RepeatGate, Repeats, Settled};
 use super::RunError;
-use crate::parquet_io::ParquetRows;
 use crate::sink::Sink;
 use crate::state::{Billed, FailuresFile, PartWriter};
-use crate::store::{hash_key, Location, Origin, Store};
 use crate::types::{Chunk, EmbeddedBatch, OutputMetadata, Usage, Vectors};
-
-/// Repeats of chunks sent in this run are read back this many at a time.
-const REUSE_BATCH: usize = 256;
 
 pub(super) enum SinkMessage {
     /// Vectors paid for by this run.
     Embedded(EmbeddedBatch),
     /// Vectors read back from the store.
     Reused(EmbeddedBatch),
-    /// A chunk whose text was sent with another chunk of this run.
+    /// A chunk whose text was sent with another chunk of this run; it holds
+    /// a place at the [`RepeatGate`] until it is written.
     Duplicate(Chunk),
     Quarantine {
         chunk: Chunk,
@@ -54,27 +51,41 @@ pub(super) struct Writing {
     /// The vector length of the rows written so far.
     pub dimensions: Option<usize>,
     pub quarantined: u64,
-    /// Reasons for quarantined chunks, by content hash, for their repeats.
-    pub quarantine_reasons: HashMap<u128, (String, Option<u16>)>,
-    pub duplicates: Vec<Chunk>,
+    pub repeats: Repeats,
+    pub gate: Arc<RepeatGate>,
+}
+
+/// Opens the [`RepeatGate`] for good when the writer is gone, however it goes.
+struct CloseGate(Arc<RepeatGate>);
+
+impl Drop for CloseGate {
+    fn drop(&mut self) {
+        self.0.close();
+    }
 }
 
 impl Writing {
-    pub(super) fn new(sink: Box<dyn Sink>, parts: PartWriter, failures: FailuresFile) -> Self {
+    pub(super) fn new(
+        sink: Box<dyn Sink>,
+        parts: PartWriter,
+        failures: FailuresFile,
+        gate: Arc<RepeatGate>,
+    ) -> Self {
         Writing {
             sink,
             parts,
             failures,
             dimensions: None,
             quarantined: 0,
-            quarantine_reasons: HashMap::new(),
-            duplicates: Vec::new(),
+            repeats: Repeats::default(),
+            gate,
         }
     }
 
     /// Runs on a blocking thread. Whatever happens, vectors paid for are
     /// committed to the checkpoint before it returns.
     pub(super) fn run(mut self, mut rx: mpsc::Receiver<SinkMessage>) -> Result<Written, RunError> {
+        let _close = CloseGate(Arc::clone(&self.gate));
         let result = self.receive(&mut rx);
         let committed = self.parts.commit();
         match result {
@@ -116,17 +127,23 @@ impl Writing {
                 SinkMessage::Embedded(batch) => {
                     self.parts.append(&batch)?;
                     self.write(&batch)?;
+                    let settled = self.repeats.written(&batch);
+                    self.write_repeats(settled)?;
                 }
                 SinkMessage::Reused(batch) => self.write(&batch)?,
-                SinkMessage::Duplicate(chunk) => self.duplicates.push(chunk),
+                SinkMessage::Duplicate(chunk) => self.repeat(chunk)?,
                 SinkMessage::Quarantine {
                     chunk,
                     reason,
                     status,
                 } => {
                     self.quarantine(&chunk, &reason, status)?;
-                    self.quarantine_reasons
-                        .insert(hash_key(&chunk.content_hash), (reason, status));
+                    let waited = self.repeats.quarantined(&chunk, &reason, status);
+                    let count = waited.len();
+                    for repeat in waited {
+                        self.quarantine(&repeat, &reason, status)?;
+                    }
+                    self.gate.leave(count);
                 }
                 SinkMessage::Remove(ids) => self.sink.remove(&ids)?,
                 SinkMessage::Billed(billed) => self.parts.add_billed(billed)?,
@@ -134,6 +151,47 @@ impl Writing {
                 SinkMessage::Stop => return Ok(None),
             }
         }
+    }
+
+    /// Writes a repeat now if its first copy's vector (or quarantine) is
+    /// known, or keeps it until it is.
+    fn repeat(&mut self, chunk: Chunk) -> Result<(), RunError> {
+        match self.repeats.settle(chunk, &mut self.parts)? {
+            None => Ok(()),
+            Some((chunk, Settled::Vector(vector))) => self.write_repeats(vec![(chunk, vector)]),
+            Some((chunk, Settled::Quarantined(reason, status))) => {
+                self.gate.leave(1);
+                self.quarantine(&chunk, &reason, status)
+            }
+        }
+    }
+
+    /// Writes repeats with their first copies' vectors, and gives back their
+    /// places at the gate.
+    fn write_repeats(&mut self, settled: Vec<(Chunk, Arc<[f32]>)>) -> Result<(), RunError> {
+        let Some((_, first)) = settled.first() else {
+            return Ok(());
+        };
+        let dimensions = first.len();
+        let count = settled.len();
+        let mut values = Vec::with_capacity(count * dimensions);
+        let mut chunks = Vec::with_capacity(count);
+        for (chunk, vector) in settled {
+            values.extend_from_slice(&vector);
+            chunks.push(chunk);
+        }
+        let batch = EmbeddedBatch {
+            chunks,
+            vectors: Vectors {
+                dimensions,
+                values,
+                usage: Usage::default(),
+                discarded: Usage::default(),
+            },
+        };
+        let written = self.write(&batch);
+        self.gate.leave(count);
+        written
     }
 
     fn write(&mut self, batch: &EmbeddedBatch) -> Result<(), RunError> {
@@ -156,12 +214,17 @@ impl Writing {
         Ok(self.failures.record(chunk, reason, status)?)
     }
 
-    /// Writes the repeats of chunks sent in this run, completes the output and
-    /// removes the checkpoint it now holds.
-    fn finish(mut self, mut metadata: OutputMetadata) -> Result<Written, RunError> {
-        if let Err(e) = self.write_duplicates() {
+    /// Completes the output and removes the checkpoint it now holds. Every
+    /// repeat has been written by now: their first copies all came back.
+    fn finish(self, mut metadata: OutputMetadata) -> Result<Written, RunError> {
+        if let Some(chunk) = self.repeats.any_waiting() {
+            let error = RunError::Internal(format!(
+                "chunk {} looked like a repeat of a text sent in this run, but no vector has its \
+                 content hash; run the job again to send it",
+                chunk.id
+            ));
             self.abort();
-            return Err(e);
+            return Err(error);
         }
         let Writing {
             sink,
@@ -186,53 +249,5 @@ impl Writing {
     fn abort(self) {
         self.sink.abort();
         self.failures.abort();
-    }
-
-    /// Repeated chunks take the vector their first copy got, read back from
-    /// this run's parts, or its quarantine.
-    fn write_duplicates(&mut self) -> Result<(), RunError> {
-        if self.duplicates.is_empty() {
-            return Ok(());
-        }
-        let mut store = Store::new();
-        for part in self.parts.committed() {
-            let rows = ParquetRows::open(part)?;
-            store.add(Box::new(rows), Origin::Checkpoint, None)?;
-        }
-        let duplicates = std::mem::take(&mut self.duplicates);
-        let mut found = Vec::new();
-        for chunk in duplicates {
-            if let Some((location, _)) = store.locate(&chunk.content_hash) {
-                found.push((chunk, location));
-            } else if let Some((reason, status)) = self
-                .quarantine_reasons
-                .get(&hash_key(&chunk.content_hash))
-                .cloned()
-            {
-                self.quarantine(&chunk, &reason, status)?;
-            } else {
-                return Err(RunError::Internal(format!(
-                    "chunk {} looked like a repeat of a text sent in this run, but no vector has its \
-                     content hash; run the job again to send it",
-                    chunk.id
-                )));
-            }
-        }
-        for group in found.chunks(REUSE_BATCH) {
-            let wanted: Vec<(Location, [u8; 32])> =
-                group.iter().map(|(c, l)| (*l, c.content_hash)).collect();
-            let values = store.fetch(&wanted)?;
-            let batch = EmbeddedBatch {
-                chunks: group.iter().map(|(c, _)| c.clone()).collect(),
-                vectors: Vectors {
-                    dimensions: store.dimensions().unwrap_or(0),
-                    values,
-                    usage: Usage::default(),
-                    discarded: Usage::default(),
-                },
-            };
-            self.write(&batch)?;
-        }
-        Ok(())
     }
 }

@@ -26,6 +26,8 @@ struct Entry {
     doc_id: String,
     /// Named on its own rather than found by a directory walk or a glob.
     named: bool,
+    /// Which file it is, however it was reached.
+    file: FileId,
 }
 
 /// Every file is listed at open (paths only, so a glob that matches nothing
@@ -94,6 +96,8 @@ impl FilesSource {
         }
         let filter = Filter::new(params)?;
         let mut entries = Vec::new();
+        // A file reached twice (through a link, or by two entries) is read once.
+        let mut seen = std::collections::HashSet::new();
         for pattern in paths {
             let mut found = expand(pattern)?;
             if found.is_empty() {
@@ -105,7 +109,7 @@ impl FilesSource {
             // Within one pattern the order is by id, so it doesn't depend on
             // the file system; patterns keep the order the job gives them.
             found.sort_by(|a, b| a.doc_id.cmp(&b.doc_id).then_with(|| a.path.cmp(&b.path)));
-            entries.extend(found);
+            entries.extend(found.into_iter().filter(|e| seen.insert(e.file.clone())));
         }
         if entries.is_empty() && filter.is_active() {
             return Err(SourceError::NoMatch {
@@ -198,26 +202,40 @@ fn expand(pattern: &str) -> Result<Vec<Entry>, SourceError> {
     if !has_glob_syntax(pattern) || path.exists() {
         return expand_path(pattern, path);
     }
-    let root = glob_root(pattern);
-    let matches = glob::glob(pattern).map_err(|e| SourceError::Pattern {
+    let matcher = glob::Pattern::new(pattern).map_err(|e| SourceError::Pattern {
         pattern: pattern.to_string(),
         message: e.to_string(),
     })?;
-    let mut entries = Vec::new();
-    for found in matches {
-        let found = found.map_err(|e| {
-            let path = e.path().to_path_buf();
-            io_error(&path, e.into())
-        })?;
-        if found.is_file() {
-            let doc_id = relative_id(&found, &root);
-            entries.push(Entry {
-                path: found,
-                doc_id,
-                named: false,
-            });
-        }
+    let root = glob_root(pattern);
+    let listed = if root.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        root.as_path()
+    };
+    if !listed.is_dir() {
+        return Ok(Vec::new());
     }
+    let after_root = Path::new(pattern).components().count() - root.components().count();
+    let depth = if pattern.contains("**") {
+        usize::MAX
+    } else {
+        after_root
+    };
+    let options = glob::MatchOptions {
+        case_sensitive: true,
+        require_literal_separator: true,
+        require_literal_leading_dot: false,
+    };
+    let mut entries = Vec::new();
+    let mut walker = Walker::new(&root, depth);
+    walker.walk(&root, 0, &mut |path| {
+        if matcher.matches_path_with(path, options) {
+            Some(relative_id(path, &root))
+        } else {
+            None
+        }
+    })?;
+    entries.append(&mut walker.entries);
     Ok(entries)
 }
 
@@ -232,9 +250,9 @@ fn expand_path(pattern: &str, path: &Path) -> Result<Vec<Entry>, SourceError> {
         Err(e) => return Err(io_error(path, e)),
     };
     if metadata.is_dir() {
-        let mut entries = Vec::new();
-        walk(path, path, &mut entries)?;
-        Ok(entries)
+        let mut walker = Walker::new(path, usize::MAX);
+        walker.walk(path, 0, &mut |found| Some(relative_id(found, path)))?;
+        Ok(walker.entries)
     } else if metadata.is_file() {
         let doc_id = path.file_name().map_or_else(
             || path_text(path),
@@ -244,32 +262,108 @@ fn expand_path(pattern: &str, path: &Path) -> Result<Vec<Entry>, SourceError> {
             path: path.to_path_buf(),
             doc_id,
             named: true,
+            file: FileId::of(path, &metadata),
         }])
     } else {
         Ok(Vec::new())
     }
 }
 
-/// Every regular file under `dir`. Links to files are followed; links to
-/// directories are not, so a link cycle cannot loop forever.
-fn walk(root: &Path, dir: &Path, entries: &mut Vec<Entry>) -> Result<(), SourceError> {
-    let listing = std::fs::read_dir(dir).map_err(|e| io_error(dir, e))?;
-    for item in listing {
-        let item = item.map_err(|e| io_error(dir, e))?;
-        let path = item.path();
-        let file_type = item.file_type().map_err(|e| io_error(&path, e))?;
-        if file_type.is_dir() {
-            walk(root, &path, entries)?;
-        } else if file_type.is_file() || (file_type.is_symlink() && path.is_file()) {
-            let doc_id = relative_id(&path, root);
-            entries.push(Entry {
-                path,
-                doc_id,
-                named: false,
-            });
+/// A file or directory, told apart from others however it is reached: its
+/// device and inode.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct FileId(u64, u64, PathBuf);
+
+impl FileId {
+    #[cfg(unix)]
+    fn of(_path: &Path, metadata: &std::fs::Metadata) -> FileId {
+        use std::os::unix::fs::MetadataExt;
+        FileId(metadata.dev(), metadata.ino(), PathBuf::new())
+    }
+
+    #[cfg(not(unix))]
+    fn of(path: &Path, _metadata: &std::fs::Metadata) -> FileId {
+        FileId(
+            0,
+            0,
+            std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf()),
+        )
+    }
+}
+
+/// Every regular file under a directory, links followed, each directory
+/// entered once: a link back up the tree (`me -> .`, a loop of links) is
+/// passed over, so a walk always ends and no file is found twice by it.
+/// Entries are visited in name order, so which path reaches a file first
+/// does not depend on the file system.
+struct Walker {
+    entered: std::collections::HashSet<FileId>,
+    entries: Vec<Entry>,
+    /// How many directories deep files are looked for.
+    depth: usize,
+}
+
+impl Walker {
+    fn new(root: &Path, depth: usize) -> Walker {
+        let mut entered = std::collections::HashSet::new();
+        let listed = if root.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            root
+        };
+        if let Ok(metadata) = std::fs::metadata(listed) {
+            entered.insert(FileId::of(listed, &metadata));
+        }
+        Walker {
+            entered,
+            entries: Vec::new(),
+            depth,
         }
     }
-    Ok(())
+
+    /// Walks `dir` (`level` directories below the root), adding the files
+    /// `id` gives an id to.
+    fn walk(
+        &mut self,
+        dir: &Path,
+        level: usize,
+        id: &mut dyn FnMut(&Path) -> Option<String>,
+    ) -> Result<(), SourceError> {
+        let listed = if dir.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            dir
+        };
+        let listing = std::fs::read_dir(listed).map_err(|e| io_error(listed, e))?;
+        let mut names = Vec::new();
+        for item in listing {
+            names.push(item.map_err(|e| io_error(listed, e))?.file_name());
+        }
+        names.sort();
+        for name in names {
+            let path = dir.join(&name);
+            // Follows links; a dangling one is no file.
+            let Ok(metadata) = std::fs::metadata(&path) else {
+                continue;
+            };
+            let file = FileId::of(&path, &metadata);
+            if metadata.is_dir() {
+                if level + 1 < self.depth && self.entered.insert(file) {
+                    self.walk(&path, level + 1, id)?;
+                }
+            } else if metadata.is_file() {
+                if let Some(doc_id) = id(&path) {
+                    self.entries.push(Entry {
+                        path,
+                        doc_id,
+                        named: false,
+                        file,
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 /// The longest leading part of a glob without glob syntax: `docs/**/*.md`

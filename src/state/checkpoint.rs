@@ -34,6 +34,9 @@ pub struct Checkpoint {
     fingerprint: Fingerprint,
     /// Parts committed before this run, in order.
     parts: Vec<PathBuf>,
+    /// Why the checkpoint on disk cannot be used at all, when it cannot: its
+    /// parts are then left out.
+    damaged: Option<String>,
 }
 
 impl Checkpoint {
@@ -62,7 +65,21 @@ impl Checkpoint {
         if dir.exists() {
             remove_stale_temporaries_in(&dir)?;
         }
-        Checkpoint::read(job_name, location, fingerprint)
+        let mut checkpoint = Checkpoint::read(job_name, location, fingerprint)?;
+        if let Some(reason) = checkpoint.damaged.take() {
+            crate::progress::warn(&format!(
+                "{}: discarded, its chunks are embedded again: {reason}",
+                dir.display()
+            ));
+            fs::remove_dir_all(&dir).map_err(|source| {
+                StateError::from(FsError::Io {
+                    path: dir.clone(),
+                    action: "cannot remove the damaged checkpoint",
+                    source,
+                })
+            })?;
+        }
+        Ok(checkpoint)
     }
 
     /// [`Checkpoint::open`] without changing anything on disk, for a look at
@@ -74,32 +91,20 @@ impl Checkpoint {
     ) -> Result<Checkpoint, StateError> {
         let dir = location.checkpoint();
         let manifest_path = dir.join(MANIFEST);
+        let mut damaged = None;
         match fs::read(&manifest_path) {
-            Ok(bytes) => {
-                let manifest: Manifest =
-                    serde_json::from_slice(&bytes).map_err(|e| StateError::Corrupt {
-                        path: manifest_path.clone(),
-                        message: e.to_string(),
-                    })?;
-                if manifest.checkpoint_version != CHECKPOINT_VERSION {
-                    return Err(StateError::Changed {
-                        what: dir.display().to_string(),
-                        differences: vec![format!(
-                            "checkpoint layout {} → {CHECKPOINT_VERSION}",
-                            manifest.checkpoint_version
-                        )],
-                    });
-                }
-                let differences = fingerprint.differences(&manifest.fingerprint);
-                if !differences.is_empty() {
-                    return Err(StateError::Changed {
-                        what: dir.display().to_string(),
-                        differences,
-                    });
+            Ok(bytes) => match serde_json::from_slice::<Manifest>(&bytes) {
+                Err(e) => damaged = Some(format!("{MANIFEST} cannot be read ({e})")),
+                Ok(manifest) => check_manifest(&dir, &manifest, fingerprint)?,
+            },
+            // Created with the first part, so that a run that pays for nothing leaves nothing.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                if dir.exists() && !list_parts(&dir)?.is_empty() {
+                    damaged = Some(format!(
+                        "it holds parts but no {MANIFEST}, so what made them is unknown"
+                    ));
                 }
             }
-            // Created with the first part, so that a run that pays for nothing leaves nothing.
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(source) => {
                 return Err(StateError::from(FsError::Io {
                     path: manifest_path,
@@ -108,7 +113,7 @@ impl Checkpoint {
                 }))
             }
         }
-        let parts = if dir.exists() {
+        let parts = if dir.exists() && damaged.is_none() {
             list_parts(&dir)?
         } else {
             Vec::new()
@@ -118,9 +123,44 @@ impl Checkpoint {
             job: job_name.to_string(),
             fingerprint: fingerprint.clone(),
             parts,
+            damaged,
         })
     }
 
+    /// Why the checkpoint cannot be used at all, when it cannot; [`Checkpoint::open`]
+    /// discards such a checkpoint.
+    pub fn damaged(&self) -> Option<&str> {
+        self.damaged.as_deref()
+    }
+}
+
+/// A manifest of another layout or fingerprint is refused.
+fn check_manifest(
+    dir: &Path,
+    manifest: &Manifest,
+    fingerprint: &Fingerprint,
+) -> Result<(), StateError> {
+    if manifest.checkpoint_version != CHECKPOINT_VERSION {
+        return Err(StateError::Changed {
+            what: dir.display().to_string(),
+            differences: vec![format!(
+                "checkpoint layout {} → {CHECKPOINT_VERSION}",
+                manifest.checkpoint_version
+            )],
+        });
+    }
+    let differences = fingerprint.differences(&manifest.fingerprint);
+    if differences.is_empty() {
+        Ok(())
+    } else {
+        Err(StateError::Changed {
+            what: dir.display().to_string(),
+            differences,
+        })
+    }
+}
+
+impl Checkpoint {
     /// Creates the directory and its manifest, if missing.
     pub(super) fn create(&self) -> Result<(), StateError> {
         let manifest_path = self.dir.join(MANIFEST);
@@ -196,8 +236,17 @@ fn list_parts(dir: &Path) -> Result<Vec<PathBuf>, StateError> {
     Ok(parts)
 }
 
+/// The checkpoint directory is the job's alone: any temporary of a part or
+/// the manifest left by a process that is gone is stale.
 fn remove_stale_temporaries_in(dir: &Path) -> Result<(), StateError> {
-    remove_matching(dir, |file| file.starts_with('.') && file.contains(".tmp-"))
+    remove_matching(dir, |file| {
+        let name = file
+            .strip_prefix('.')
+            .and_then(|rest| rest.rsplit_once(".tmp-"))
+            .map_or("", |(name, _)| name);
+        let own = name == MANIFEST || parts::part_number(Path::new(name)).is_some();
+        own && fsio::is_stale_temporary(file, &[name])
+    })
 }
 
 pub(super) fn remove_matching(dir: &Path, stale: impl Fn(&str) -> bool) -> Result<(), StateError> {
@@ -238,13 +287,16 @@ mod tests {
         first.create().unwrap();
         assert!(first.dir().join(MANIFEST).exists());
         fs::write(first.dir().join("part-000001.parquet"), b"x").unwrap();
-        fs::write(first.dir().join(".part-000002.parquet.tmp-77"), b"x").unwrap();
-        fs::write(dir.path().join(".docs.parquet.tmp-77"), b"x").unwrap();
+        fs::write(first.dir().join(".part-000002.parquet.tmp-999999999"), b"x").unwrap();
+        fs::write(dir.path().join(".docs.parquet.tmp-999999999"), b"x").unwrap();
 
         let same = Checkpoint::open("docs", &output, &fingerprint("svc-embed-1"), false).unwrap();
         assert_eq!(same.parts(), [same.dir().join("part-000001.parquet")]);
-        assert!(!same.dir().join(".part-000002.parquet.tmp-77").exists());
-        assert!(!dir.path().join(".docs.parquet.tmp-77").exists());
+        assert!(!same
+            .dir()
+            .join(".part-000002.parquet.tmp-999999999")
+            .exists());
+        assert!(!dir.path().join(".docs.parquet.tmp-999999999").exists());
 
         let err =
             Checkpoint::open("docs", &output, &fingerprint("svc-embed-1-l"), false).unwrap_err();

@@ -91,6 +91,8 @@ impl FailuresFile {
         status: Option<u16>,
     ) -> Result<(), FsError> {
         let hash = chunk.content_hash_hex();
+        // The reason is the service's message: it may echo the key.
+        let reason = crate::secret::scrub(reason);
         let line = FailureLine {
             id: &chunk.id,
             doc_id: &chunk.doc_id,
@@ -100,7 +102,7 @@ impl FailuresFile {
             byte_end: chunk.byte_end,
             token_count: chunk.token_count,
             content_hash: &hash,
-            reason,
+            reason: &reason,
             status,
         };
         let open = match &mut self.open {

@@ -87,17 +87,20 @@ impl StateLocation {
         fsio::with_suffix(&self.stem, ".failures.jsonl")
     }
 
-    /// Removes the temporary files runs killed mid-write left beside the
-    /// stem (`.docs.parquet.tmp-1234`, `.docs.parquet.summary.json.tmp-1234`,
-    /// …). Only the holder of the job's lock may call this: no other run of
-    /// the job is writing.
+    /// Removes the temporary files runs of this job killed mid-write left
+    /// beside the stem (`.docs.parquet.tmp-1234`,
+    /// `.docs.parquet.summary.json.tmp-1234`, …): the job's own names only,
+    /// and only of processes that are gone, never another job's
+    /// (`.docs.parquet.v2.parquet.tmp-1234`). Only the holder of the job's
+    /// lock may call this.
     fn remove_stale_temporaries(&self) -> Result<(), StateError> {
-        let Some(name) = self.stem.file_name().and_then(|n| n.to_str()) else {
-            return Ok(());
-        };
-        let prefix = format!(".{name}.");
+        let own: Vec<String> = [self.stem.clone(), self.summary(), self.failures()]
+            .iter()
+            .filter_map(|p| p.file_name().and_then(|n| n.to_str()).map(str::to_string))
+            .collect();
+        let own: Vec<&str> = own.iter().map(String::as_str).collect();
         checkpoint::remove_matching(fsio::parent_dir(&self.stem), |file| {
-            file.starts_with(&prefix) && file.contains(".tmp-")
+            fsio::is_stale_temporary(file, &own)
         })
     }
 }
@@ -190,7 +193,7 @@ impl JobState {
         held: Option<Box<dyn StoredRows>>,
         fresh: bool,
     ) -> Result<Reuse, StateError> {
-        reuse(&self.checkpoint, held, fresh)
+        reuse(&self.checkpoint, held, fresh, true)
     }
 
     /// The writer of this run's checkpoint parts.
@@ -222,19 +225,31 @@ pub fn peek(
         return Ok(Reuse::default());
     }
     let checkpoint = Checkpoint::read(job_name, location, fingerprint)?;
-    reuse(&checkpoint, held, fresh)
+    if let Some(reason) = checkpoint.damaged() {
+        crate::progress::warn(&format!(
+            "{}: {reason}; a run will discard it and embed its chunks again",
+            checkpoint.dir().display()
+        ));
+    }
+    reuse(&checkpoint, held, fresh, false)
 }
 
 /// A previous output made under another fingerprint is refused, unless
 /// `fresh` (it is then ignored) or the checkpoint shows a fresh start under
 /// this fingerprint has begun (it is being replaced, not reused).
+///
+/// Nothing damaged is reused: a previous output or a checkpoint part whose
+/// vectors fail their checksum, or a part made under another fingerprint, is
+/// passed over with a warning naming it, and its chunks are embedded again.
+/// With `discard`, such parts are removed.
 fn reuse(
     checkpoint: &Checkpoint,
     held: Option<Box<dyn StoredRows>>,
     fresh: bool,
+    discard: bool,
 ) -> Result<Reuse, StateError> {
     let mut reuse = Reuse::default();
-    if let (false, Some(held)) = (fresh, held) {
+    if let (false, Some(mut held)) = (fresh, held) {
         let differences = match held.metadata().get(FINGERPRINT_KEY) {
             Some(text) => match Fingerprint::from_json(text) {
                 Some(earlier) => checkpoint.fingerprint().differences(&earlier),
@@ -246,9 +261,16 @@ fn reuse(
             )],
         };
         if differences.is_empty() {
-            reuse
-                .store
-                .add(held, Origin::Previous, Some(&mut reuse.held_ids))?;
+            match held.verify() {
+                Ok(()) => {
+                    reuse
+                        .store
+                        .add(held, Origin::Previous, Some(&mut reuse.held_ids))?;
+                }
+                Err(e) => crate::progress::warn(&format!(
+                    "{e}; its vectors are not reused, and its chunks are embedded again"
+                )),
+            }
         } else if !checkpoint.is_started() {
             return Err(StateError::Changed {
                 what: held.name(),
@@ -257,18 +279,89 @@ fn reuse(
         }
     }
     for part in checkpoint.parts() {
-        let rows = ParquetRows::open(part)?;
-        reuse.store.add(Box::new(rows), Origin::Checkpoint, None)?;
+        let added = checked_part(part, checkpoint.fingerprint())
+            .and_then(|rows| reuse.store.add(rows, Origin::Checkpoint, None));
+        if let Err(e) = added {
+            discard_part(part, &e.to_string(), discard);
+        }
     }
     Ok(reuse)
 }
 
-/// Writes `value` as the job's summary, whole or not at all.
+/// A checkpoint part, if it was made under `fingerprint` and its vectors
+/// match their checksum.
+fn checked_part(part: &Path, fingerprint: &Fingerprint) -> Result<Box<dyn StoredRows>, StoreError> {
+    let mut rows = ParquetRows::open(part)?;
+    let made_under = rows
+        .metadata()
+        .get(FINGERPRINT_KEY)
+        .and_then(|text| Fingerprint::from_json(text));
+    let differences = match &made_under {
+        Some(earlier) => fingerprint.differences(earlier),
+        None => vec![format!("it records no readable {FINGERPRINT_KEY}")],
+    };
+    if !differences.is_empty() {
+        return Err(StoreError::corrupt(
+            part.display().to_string(),
+            format!(
+                "it was made under another configuration ({})",
+                differences.join("; ")
+            ),
+        ));
+    }
+    rows.verify()?;
+    Ok(Box::new(rows))
+}
+
+/// Passes over a damaged part with a warning, removing it with `discard`.
+fn discard_part(part: &Path, reason: &str, discard: bool) {
+    let action = if discard {
+        match std::fs::remove_file(part) {
+            Ok(()) => "discarded",
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => "discarded",
+            Err(_) => "passed over (it could not be removed)",
+        }
+    } else {
+        "to be discarded"
+    };
+    crate::progress::warn(&format!(
+        "checkpoint part {action}, its chunks are embedded again: {reason}"
+    ));
+}
+
+/// Writes `value` as the job's summary, whole or not at all, with no key in
+/// it (see [`crate::secret`]).
 pub fn write_summary(
     location: &StateLocation,
     value: &serde_json::Value,
 ) -> Result<(), StateError> {
-    Ok(fsio::write_json_atomically(&location.summary(), value)?)
+    let text = serde_json::to_string(value).map_err(|source| FsError::Json {
+        path: location.summary(),
+        source,
+    })?;
+    let clean: serde_json::Value =
+        serde_json::from_str(&crate::secret::scrub(&text)).map_err(|source| FsError::Json {
+            path: location.summary(),
+            source,
+        })?;
+    Ok(fsio::write_json_atomically(&location.summary(), &clean)?)
+}
+
+/// [`write_summary`] for a run that did not open the job's state: under the
+/// job's lock, taken for the while. Returns `false`, writing nothing, when
+/// another run holds the lock: its summary is its own to write.
+pub fn write_summary_unlocked(
+    location: &StateLocation,
+    value: &serde_json::Value,
+) -> Result<bool, StateError> {
+    let lock = match JobLock::acquire(&location.lock()) {
+        Ok(lock) => lock,
+        Err(StateError::Locked { .. }) => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    write_summary(location, value)?;
+    drop(lock);
+    Ok(true)
 }
 
 #[cfg(test)]

@@ -1,10 +1,12 @@
 //! Committing vectors as they are paid for: part files in the checkpoint.
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::{Checkpoint, StateError};
 use crate::parquet_io::{Compression, FileOptions, VectorFile, FINGERPRINT_KEY};
+use crate::store::hash_key;
 use crate::types::{
     EmbeddedBatch, MetadataSchema, OutputMetadata, Usage, DISCARDED_TOKENS_KEY, LOCAL_TOKENS_KEY,
 };
@@ -63,6 +65,8 @@ pub struct PartWriter {
     part_bytes: u64,
     template: OutputMetadata,
     open: Option<OpenPart>,
+    /// The content keys of the rows in the open part.
+    open_keys: HashSet<u128>,
     committed: Vec<PathBuf>,
     /// The vector length of the checkpoint's parts, once known: billing
     /// without vectors then goes into a part of no rows.
@@ -101,6 +105,7 @@ impl PartWriter {
             part_bytes: row_group_bytes.clamp(1, MAX_PART_BYTES),
             template,
             open: None,
+            open_keys: HashSet::new(),
             committed: Vec::new(),
             dimensions: None,
             pending: Billed::default(),
@@ -183,6 +188,8 @@ impl PartWriter {
         self.open_part(batch.vectors.dimensions)?;
         if let Some(part) = self.open.as_mut() {
             part.file.write(batch)?;
+            self.open_keys
+                .extend(batch.chunks.iter().map(|c| hash_key(&c.content_hash)));
             part.usage += batch.vectors.usage;
             part.requests += 1;
             part.discarded_tokens += batch.vectors.discarded.prompt_tokens;
@@ -204,6 +211,7 @@ impl PartWriter {
         let Some(part) = self.open.take() else {
             return Ok(());
         };
+        self.open_keys.clear();
         let mut metadata = self.template.clone();
         metadata.dimensions = part.file.dimensions();
         metadata.usage = part.usage;
@@ -218,6 +226,12 @@ impl PartWriter {
         let report = part.file.finish(&metadata)?;
         self.committed.push(report.path);
         Ok(())
+    }
+
+    /// Whether the part being written, not yet committed, holds a vector
+    /// for this content key ([`crate::store::hash_key`]).
+    pub fn holds_uncommitted(&self, key: u128) -> bool {
+        self.open_keys.contains(&key)
     }
 
     /// Parts this writer committed.

@@ -4,6 +4,7 @@
 mod cli;
 mod client;
 mod cost;
+mod hostile;
 mod inspect;
 mod local;
 mod pgvector;

@@ -1,6 +1,21 @@
 //! Tests that each pin a bug, named after it.
 
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use axum::http::StatusCode;
+use embedjob::simulate::{embedding_vector, ModelSpec, SimConfig};
+use serde_json::Value;
+
 use crate::cli::{bin, run, text};
+use crate::hostile::{
+    honest, hostile_server, json_response, run_command, run_measured, HOSTILE_KEY,
+};
+use crate::run::{assert_complete, corpus, expected_chunks, files_source, read_output, write_job};
+use crate::support::simulator;
 
 /// A local job took the api kind's keys (`requests_per_minute`,
 /// `max_retries`, …) without a word, though they limit nothing there.
@@ -126,4 +141,694 @@ async fn regression_a_timed_out_request_was_sent_again_whole() {
         ledger.billed_sizes
     );
     assert!(ledger.texts.values().all(|&n| n == 2), "{:?}", ledger.texts);
+}
+
+fn expect_exit(output: &Output, code: i32) -> String {
+    let stderr = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(code), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    stderr
+}
+
+fn checkpoint_parts(dir: &Path) -> Vec<PathBuf> {
+    let mut parts: Vec<PathBuf> = std::fs::read_dir(dir.join("out/result.parquet.checkpoint"))
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    parts.retain(|p| p.extension().is_some_and(|e| e == "parquet"));
+    parts.sort();
+    parts
+}
+
+/// A run that pays for `good` requests and is then refused for good,
+/// leaving a checkpoint: the corpus of `documents` documents, one chunk a
+/// request.
+async fn checkpointed_run(dir: &Path, documents: usize, good: usize) -> PathBuf {
+    let root = corpus(dir, documents);
+    let server = hostile_server(move |n, request| {
+        if n < good {
+            honest(request)
+        } else {
+            json_response(
+                StatusCode::UNAUTHORIZED,
+                r#"{"error":{"message":"key revoked","code":"invalid_api_key"}}"#,
+            )
+        }
+    })
+    .await;
+    let job = write_job(dir, &server.base_url, &files_source(&root), "");
+    let output = run_measured(run_command(
+        &job,
+        &[
+            "--set",
+            "backend.max_inputs_per_request=2",
+            "--set",
+            "backend.concurrency=1",
+        ],
+    ))
+    .await
+    .output;
+    expect_exit(&output, 1);
+    assert!(
+        !checkpoint_parts(dir).is_empty(),
+        "the paid vectors are kept"
+    );
+    job
+}
+
+/// Flips one bit of a vector stored in `file`: of the first vector of one
+/// of `texts` found in it.
+fn flip_a_vector_bit(file: &Path, texts: &[&String]) {
+    let mut bytes = std::fs::read(file).unwrap();
+    for text in texts {
+        let vector = embedding_vector(1024, text);
+        let needle: Vec<u8> = vector[..4].iter().flat_map(|v| v.to_le_bytes()).collect();
+        if let Some(at) = bytes.windows(needle.len()).position(|w| w == needle) {
+            bytes[at + 40] ^= 0x10;
+            std::fs::write(file, bytes).unwrap();
+            return;
+        }
+    }
+    panic!("no vector of the corpus found in {}", file.display());
+}
+
+/// Bit flips inside a checkpoint part were resumed without complaint: two
+/// wrong vectors ended up in the output.
+#[tokio::test]
+async fn regression_bit_flips_in_a_checkpoint_part_were_resumed_as_vectors() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = checkpointed_run(dir.path(), 12, 3).await;
+    let expected = expected_chunks(&dir.path().join("docs"));
+    let texts: Vec<&String> = expected.values().collect();
+    let parts = checkpoint_parts(dir.path());
+    flip_a_vector_bit(&parts[0], &texts);
+
+    let sim = simulator(SimConfig::default()).await;
+    let output = run_measured(run_command(
+        &job,
+        &["--set", &format!("backend.base_url={}", sim.base_url())],
+    ))
+    .await
+    .output;
+    let stderr = expect_exit(&output, 0);
+    let name = parts[0].file_name().unwrap().to_str().unwrap();
+    assert!(
+        stderr.contains("checkpoint part discarded") && stderr.contains(name),
+        "a warning names the part: {stderr}"
+    );
+    assert!(stderr.contains("checksum"), "{stderr}");
+    assert_complete(
+        &read_output(&dir.path().join("out/result.parquet")),
+        &expected,
+        1024,
+    );
+    assert!(
+        sim.ledger().billed_requests > 0,
+        "its chunks were sent again"
+    );
+}
+
+/// A checkpoint whose manifest.json was deleted, resumed under another
+/// model: the old model's vectors were written under the new one.
+#[tokio::test]
+async fn regression_a_checkpoint_without_its_manifest_was_resumed_under_another_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = checkpointed_run(dir.path(), 12, 3).await;
+    let expected = expected_chunks(&dir.path().join("docs"));
+    std::fs::remove_file(
+        dir.path()
+            .join("out/result.parquet.checkpoint/manifest.json"),
+    )
+    .unwrap();
+
+    let mut models = ModelSpec::defaults();
+    models.push(ModelSpec::embedding("svc-embed-2", 1024));
+    let sim = simulator(SimConfig {
+        models,
+        ..SimConfig::default()
+    })
+    .await;
+    let output = run_measured(run_command(
+        &job,
+        &[
+            "--json",
+            "--set",
+            &format!("backend.base_url={}", sim.base_url()),
+            "--set",
+            "backend.model=svc-embed-2",
+            "--set",
+            "backend.dimensions=1024",
+        ],
+    ))
+    .await
+    .output;
+    let stderr = expect_exit(&output, 0);
+    assert!(
+        stderr.contains("result.parquet.checkpoint: discarded") && stderr.contains("manifest.json"),
+        "{stderr}"
+    );
+    let summary: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(
+        summary["resumed"], 0,
+        "nothing of the old model is used: {summary}"
+    );
+    let distinct: std::collections::HashSet<&String> = expected.values().collect();
+    assert_eq!(
+        sim.ledger().texts.len(),
+        distinct.len(),
+        "every chunk was embedded by the new model"
+    );
+    let rows = read_output(&dir.path().join("out/result.parquet"));
+    assert_eq!(rows.metadata["embedjob.model"], "svc-embed-2");
+    assert_eq!(rows.ids.len(), expected.len());
+}
+
+/// Rewrites a Parquet file with one vector value changed and everything
+/// else, its metadata too, as it was: what a flipped bit does to a file.
+fn change_one_value_keeping_the_metadata(file: &Path) {
+    use arrow::array::{Array, AsArray, FixedSizeListArray, Float32Array, RecordBatch};
+    use arrow::datatypes::Float32Type;
+    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+
+    let builder =
+        ParquetRecordBatchReaderBuilder::try_new(std::fs::File::open(file).unwrap()).unwrap();
+    let key_values = builder
+        .metadata()
+        .file_metadata()
+        .key_value_metadata()
+        .cloned()
+        .unwrap_or_default();
+    let schema = builder.schema().clone();
+    let mut batches: Vec<RecordBatch> = builder.build().unwrap().map(Result::unwrap).collect();
+    let first = batches[0].clone();
+    let column = first.schema().index_of("embedding").unwrap();
+    let list = first.column(column).as_fixed_size_list();
+    let mut values = list
+        .values()
+        .as_primitive::<Float32Type>()
+        .values()
+        .to_vec();
+    values[5] = -values[5] + 0.25;
+    let Some(arrow::datatypes::DataType::FixedSizeList(item, size)) =
+        Some(list.data_type().clone())
+    else {
+        unreachable!()
+    };
+    let changed = FixedSizeListArray::new(item, size, Arc::new(Float32Array::from(values)), None);
+    let mut columns = first.columns().to_vec();
+    columns[column] = Arc::new(changed);
+    batches[0] = RecordBatch::try_new(first.schema(), columns).unwrap();
+    let out = std::fs::File::create(file).unwrap();
+    let mut writer = parquet::arrow::ArrowWriter::try_new(out, schema, None).unwrap();
+    for batch in &batches {
+        writer.write(batch).unwrap();
+    }
+    for kv in key_values {
+        writer.append_key_value_metadata(kv);
+    }
+    writer.close().unwrap();
+}
+
+/// A previous output damaged on disk was reused: its wrong vector was
+/// copied into the next output.
+#[tokio::test]
+async fn regression_a_damaged_previous_output_was_reused() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = corpus(dir.path(), 6);
+    let expected = expected_chunks(&root);
+    let sim = simulator(SimConfig::default()).await;
+    let job = write_job(dir.path(), &sim.base_url(), &files_source(&root), "");
+    let extra = ["--set", "output.include_text=true"];
+    expect_exit(&run_measured(run_command(&job, &extra)).await.output, 0);
+    let output_file = dir.path().join("out/result.parquet");
+    let rows = read_output(&output_file);
+    assert!(rows.metadata["embedjob.checksum"].starts_with("xxh3-64:"));
+    change_one_value_keeping_the_metadata(&output_file);
+    let billed = sim.ledger().billed_requests;
+
+    let output = run_measured(run_command(&job, &extra)).await.output;
+    let stderr = expect_exit(&output, 0);
+    assert!(
+        stderr.contains("result.parquet") && stderr.contains("not reused"),
+        "{stderr}"
+    );
+    assert!(sim.ledger().billed_requests > billed, "sent again");
+    assert_complete(&read_output(&output_file), &expected, 1024);
+}
+
+/// Numbers too large for the program: `Retry-After`-sized durations from a
+/// flag, a job key or the environment, and capacities and sizes near
+/// `i64::MAX`, panicked (exit 101). They are refused by name, or, where they
+/// are harmless, accepted.
+#[tokio::test]
+async fn regression_huge_numbers_in_flags_job_keys_and_the_environment_panicked() {
+    let sim = simulator(SimConfig::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let root = crate::hostile::three_documents(dir.path());
+    let job = write_job(dir.path(), &sim.base_url(), &files_source(&root), "");
+    let max = i64::MAX.to_string();
+    let refused: Vec<(Vec<String>, &str)> = vec![
+        (
+            vec!["--max-duration".into(), "99999999999999999999".into()],
+            "--max-duration",
+        ),
+        (
+            vec!["--max-duration".into(), "1e300h".into()],
+            "--max-duration",
+        ),
+        (vec!["--max-cost".into(), "1e309".into()], "budget.max_cost"),
+        (
+            vec!["--set".into(), "backend.timeout_seconds=1e30".into()],
+            "backend.timeout_seconds",
+        ),
+        (
+            vec!["--set".into(), "backend.timeout_seconds=-1".into()],
+            "backend.timeout_seconds",
+        ),
+        (
+            vec!["--set".into(), format!("pipeline.channel_capacity={max}")],
+            "pipeline.channel_capacity",
+        ),
+        (
+            vec!["--set".into(), format!("backend.dimensions={max}")],
+            "backend.dimensions",
+        ),
+        (
+            vec![
+                "--set".into(),
+                format!("backend.max_inputs_per_request={max}"),
+            ],
+            "backend.max_inputs_per_request",
+        ),
+        (
+            vec![
+                "--set".into(),
+                format!("backend.max_tokens_per_request={max}"),
+            ],
+            "backend.max_tokens_per_request",
+        ),
+        (
+            vec!["--set".into(), format!("chunking.max_tokens={max}")],
+            "chunking.max_tokens",
+        ),
+        (
+            vec!["--set".into(), format!("backend.max_retries={max}")],
+            "backend.max_retries",
+        ),
+        (
+            vec!["--set".into(), format!("output.row_group_bytes={max}")],
+            "output.row_group_bytes",
+        ),
+        (
+            vec!["--set".into(), format!("backend.requests_per_minute={max}")],
+            "backend.requests_per_minute",
+        ),
+        (
+            vec!["--set".into(), "pipeline.progress_seconds=1e300".into()],
+            "pipeline.progress_seconds",
+        ),
+    ];
+    for (args, named) in refused {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let output = run_measured(run_command(&job, &args)).await.output;
+        let stderr = expect_exit(&output, 2);
+        assert!(stderr.contains(named), "{args:?}: {named} not in {stderr}");
+    }
+    let accepted = [
+        format!("backend.tokens_per_minute={}", i64::MAX),
+        format!("budget.max_cost={:e}", f64::MAX),
+    ];
+    for setting in &accepted {
+        let output = run_measured(run_command(&job, &["--set", setting]))
+            .await
+            .output;
+        expect_exit(&output, 0);
+    }
+    let mut command = bin();
+    command
+        .env("EMBEDJOB_API_KEY", HOSTILE_KEY)
+        .env("EMBEDJOB_BASE_URL", sim.base_url())
+        .env("EMBEDJOB_TIMEOUT_SECONDS", "1e30")
+        .args(["models"]);
+    let stderr = expect_exit(&run(command).await, 2);
+    assert!(stderr.contains("EMBEDJOB_TIMEOUT_SECONDS"), "{stderr}");
+}
+
+/// A failed run (exit 1) printed nothing with `--json` and left the
+/// previous run's summary, which said `exit_code: 0`.
+#[tokio::test]
+async fn regression_a_failed_run_left_the_summary_of_a_successful_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = crate::hostile::three_documents(dir.path());
+    let sim = simulator(SimConfig::default()).await;
+    let job = write_job(dir.path(), &sim.base_url(), &files_source(&root), "");
+    expect_exit(&run_measured(run_command(&job, &[])).await.output, 0);
+    let summary_file = dir.path().join("out/result.parquet.summary.json");
+    let first: Value =
+        serde_json::from_str(&std::fs::read_to_string(&summary_file).unwrap()).unwrap();
+    assert_eq!(first["exit_code"], 0);
+
+    for i in 0..4 {
+        std::fs::write(
+            root.join(format!("new{i}.txt")),
+            format!("new text number {i}"),
+        )
+        .unwrap();
+    }
+    let billed = Arc::new(std::sync::Mutex::new(0u64));
+    let counted = Arc::clone(&billed);
+    let server = hostile_server(move |n, request| {
+        if n == 0 {
+            let texts = crate::hostile::inputs(request);
+            *counted.lock().unwrap() += texts
+                .iter()
+                .map(|t| u64::from(embedjob::simulate::count_tokens(t)))
+                .sum::<u64>();
+            return honest(request);
+        }
+        json_response(
+            StatusCode::FORBIDDEN,
+            r#"{"error":{"message":"account suspended"}}"#,
+        )
+    })
+    .await;
+    let output = run_measured(run_command(
+        &job,
+        &[
+            "--json",
+            "--set",
+            &format!("backend.base_url={}", server.base_url),
+            "--set",
+            "backend.max_inputs_per_request=1",
+            "--set",
+            "backend.concurrency=1",
+        ],
+    ))
+    .await
+    .output;
+    let stderr = expect_exit(&output, 1);
+    assert!(stderr.contains("account suspended"), "{stderr}");
+    let printed: Value = serde_json::from_slice(&output.stdout).expect("--json prints the summary");
+    let written: Value =
+        serde_json::from_str(&std::fs::read_to_string(&summary_file).unwrap()).unwrap();
+    for summary in [&printed, &written] {
+        assert_eq!(summary["exit_code"], 1, "{summary}");
+        assert!(summary["error"]
+            .as_str()
+            .unwrap()
+            .contains("account suspended"));
+        assert_eq!(
+            summary["usage"]["prompt_tokens"],
+            *billed.lock().unwrap(),
+            "{summary}"
+        );
+        assert_eq!(summary["requests"], 1, "{summary}");
+    }
+    assert_eq!(server.requests.load(Ordering::SeqCst), 2);
+}
+
+/// Job A (`out/a.parquet`) removed the temporary file of job B
+/// (`out/a.parquet.b.parquet`), which then failed.
+#[tokio::test]
+async fn regression_a_job_removed_the_temporary_files_of_another_job() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = crate::hostile::three_documents(dir.path());
+    let sim = simulator(SimConfig::default()).await;
+    let job = write_job(dir.path(), &sim.base_url(), &files_source(&root), "");
+    let out = dir.path().join("out");
+    std::fs::create_dir_all(&out).unwrap();
+    let live = std::process::id();
+    let dead = 999_999_999u32;
+    let others = [
+        format!(".a.parquet.b.parquet.tmp-{live}"),
+        format!(".a.parquet.b.parquet.tmp-{dead}"),
+        format!(".a.parquet.b.parquet.summary.json.tmp-{dead}"),
+        format!(".a.parquet.tmp-{live}"),
+    ];
+    let stale = [
+        format!(".a.parquet.tmp-{dead}"),
+        format!(".a.parquet.summary.json.tmp-{dead}"),
+    ];
+    for name in others.iter().chain(&stale) {
+        std::fs::write(out.join(name), b"in progress").unwrap();
+    }
+    let output = run_measured(run_command(
+        &job,
+        &[
+            "--set",
+            &format!("output.path={}", out.join("a.parquet").display()),
+        ],
+    ))
+    .await
+    .output;
+    expect_exit(&output, 0);
+    for name in &others {
+        assert!(
+            out.join(name).exists(),
+            "{name} is not job A's, or its writer lives"
+        );
+    }
+    for name in &stale {
+        assert!(
+            !out.join(name).exists(),
+            "{name}, job A's own and dead, is cleaned up"
+        );
+    }
+}
+
+/// A glob through a symlink loop ran to 651 MB and 60 s without an answer,
+/// and a `me -> .` link made one file count 41 times.
+#[cfg(unix)]
+#[tokio::test]
+async fn regression_a_glob_through_a_symlink_loop_never_ended() {
+    let dir = tempfile::tempdir().unwrap();
+    let docs = dir.path().join("docs");
+    std::fs::create_dir_all(docs.join("sub")).unwrap();
+    std::fs::write(docs.join("a.md"), "alpha text").unwrap();
+    std::fs::write(docs.join("sub/b.md"), "beta text").unwrap();
+    std::os::unix::fs::symlink(".", docs.join("me")).unwrap();
+    std::os::unix::fs::symlink("..", docs.join("sub/up")).unwrap();
+    std::os::unix::fs::symlink("a.md", docs.join("sub/also-a.md")).unwrap();
+    let sim = simulator(SimConfig::default()).await;
+    for source in [
+        format!("kind = \"files\"\npaths = [\"{}/**/*.md\"]", docs.display()),
+        files_source(&docs),
+    ] {
+        let job = write_job(dir.path(), &sim.base_url(), &source, "");
+        let output = run_measured(run_command(&job, &["--json", "--fresh"]))
+            .await
+            .output;
+        expect_exit(&output, 0);
+        let summary: Value = serde_json::from_slice(&output.stdout).unwrap();
+        assert_eq!(summary["documents"], 2, "{source}: {summary}");
+        let mut ids = read_output(&dir.path().join("out/result.parquet")).ids;
+        ids.sort();
+        assert_eq!(ids, ["a.md#0", "sub/b.md#0"], "{source}");
+    }
+}
+
+/// A JSON Lines input of `n` records, all with the same text or all different.
+fn records(dir: &Path, n: usize, identical: bool) -> PathBuf {
+    use std::io::Write;
+    let path = dir.join(if identical {
+        "same.jsonl"
+    } else {
+        "distinct.jsonl"
+    });
+    let mut file = std::io::BufWriter::new(std::fs::File::create(&path).unwrap());
+    for i in 0..n {
+        let text = if identical {
+            "the same sentence about vector indexes, again and again".to_string()
+        } else {
+            format!("a sentence about vector indexes, number {i}")
+        };
+        writeln!(file, "{{\"id\": \"r{i}\", \"text\": \"{text}\"}}").unwrap();
+    }
+    path
+}
+
+/// 1,000,000 identical texts peaked at 645 MB, where distinct texts peak at
+/// 162 MB: every repeat was held until the end of the run.
+#[tokio::test]
+async fn regression_identical_texts_took_far_more_memory_than_distinct_ones() {
+    const N: usize = 200_000;
+    let mut models = ModelSpec::defaults();
+    models.push(ModelSpec::embedding("svc-tiny", 8));
+    let sim = simulator(SimConfig {
+        models,
+        ..SimConfig::default()
+    })
+    .await;
+    let mut peaks = Vec::new();
+    for identical in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let input = records(dir.path(), N, identical);
+        let source = format!(
+            "kind = \"jsonl\"\npath = \"{}\"\ntext_field = \"text\"\nid_field = \"id\"",
+            input.display()
+        );
+        let job = write_job(dir.path(), &sim.base_url(), &source, "dimensions = 8");
+        let measured = run_measured(run_command(
+            &job,
+            &[
+                "--json",
+                "--set",
+                "backend.model=svc-tiny",
+                "--set",
+                "backend.max_inputs_per_request=256",
+                "--set",
+                "output.include_text=false",
+            ],
+        ))
+        .await;
+        expect_exit(&measured.output, 0);
+        let summary: Value = serde_json::from_slice(&measured.output.stdout).unwrap();
+        assert_eq!(summary["written"], N, "{summary}");
+        if identical {
+            assert_eq!(summary["deduplicated"], N - 1, "{summary}");
+            assert_eq!(summary["embedded"], 1, "{summary}");
+        }
+        peaks.push(measured.peak_rss_mb);
+    }
+    let (distinct, identical) = (peaks[0], peaks[1]);
+    eprintln!("peak RSS: {distinct:.0} MB distinct, {identical:.0} MB identical");
+    assert!(
+        identical <= distinct * 1.2 + 10.0,
+        "identical texts peaked at {identical:.0} MB, distinct ones at {distinct:.0} MB"
+    );
+}
+
+/// A job file with 15 values of the wrong type reported 7 problems: only the
+/// first of each section.
+#[tokio::test]
+async fn regression_a_job_file_with_fifteen_wrong_types_reported_seven() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = dir.path().join("job.toml");
+    let wrong = [
+        ("source.paths", "paths = \"docs\""),
+        ("chunking.max_tokens", "max_tokens = \"many\""),
+        ("chunking.overlap_tokens", "overlap_tokens = true"),
+        ("chunking.markdown", "markdown = 3"),
+        ("backend.model", "model = 7"),
+        ("backend.dimensions", "dimensions = \"wide\""),
+        ("backend.concurrency", "concurrency = 1.5"),
+        ("backend.timeout_seconds", "timeout_seconds = \"soon\""),
+        ("backend.max_retries", "max_retries = -1"),
+        (
+            "backend.server_renames_models",
+            "server_renames_models = \"yes\"",
+        ),
+        ("output.include_text", "include_text = \"yes\""),
+        ("output.row_group_bytes", "row_group_bytes = \"big\""),
+        ("pipeline.channel_capacity", "channel_capacity = [1]"),
+        ("pipeline.progress_seconds", "progress_seconds = \"often\""),
+        ("budget.max_cost", "max_cost = \"cheap\""),
+    ];
+    let section = |name: &str| {
+        wrong
+            .iter()
+            .filter(|(key, _)| key.starts_with(&format!("{name}.")))
+            .map(|(_, line)| format!("{line}\n"))
+            .collect::<String>()
+    };
+    std::fs::write(
+        &job,
+        format!(
+            "[source]\nkind = \"files\"\n{}[chunking]\n{}[backend]\nkind = \"api\"\n\
+             base_url = \"http://127.0.0.1:9\"\n{}[output]\npath = \"out.parquet\"\n{}\
+             [pipeline]\n{}[budget]\n{}",
+            section("source"),
+            section("chunking"),
+            section("backend"),
+            section("output"),
+            section("pipeline"),
+            section("budget"),
+        ),
+    )
+    .unwrap();
+    let mut command = bin();
+    command
+        .env("EMBEDJOB_API_KEY", HOSTILE_KEY)
+        .arg("estimate")
+        .arg(&job);
+    let stderr = expect_exit(&run(command).await, 2);
+    assert!(stderr.contains("15 problems"), "{stderr}");
+    for (key, _) in wrong {
+        assert!(
+            stderr.contains(&format!("`{key}`")),
+            "{key} missing from {stderr}"
+        );
+    }
+}
+
+/// A file that disappeared after the run started gave exit 2, which means
+/// the job was refused before any work.
+#[tokio::test(flavor = "multi_thread")]
+async fn regression_a_file_that_vanished_mid_run_was_exit_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("docs");
+    std::fs::create_dir_all(&root).unwrap();
+    for i in 0..10 {
+        std::fs::write(
+            root.join(format!("d{i}.txt")),
+            format!("document number {i}"),
+        )
+        .unwrap();
+    }
+    let release = Arc::new(tokio::sync::Notify::new());
+    let waiting = Arc::clone(&release);
+    let server = hostile_server(move |_, request| {
+        let body = Bytes::from(embedjob::simulate::embeddings_response_body(
+            "svc-embed-1",
+            1024,
+            &crate::hostile::inputs(request)
+                .iter()
+                .map(String::as_str)
+                .collect::<Vec<_>>(),
+        ));
+        let release = Arc::clone(&waiting);
+        let held = futures::stream::once(async move {
+            release.notified().await;
+            Ok::<Bytes, std::io::Error>(body)
+        });
+        json_response(StatusCode::OK, Body::from_stream(held))
+    })
+    .await;
+    let job = write_job(dir.path(), &server.base_url, &files_source(&root), "");
+    let command = run_command(
+        &job,
+        &[
+            "--set",
+            "backend.max_inputs_per_request=1",
+            "--set",
+            "backend.concurrency=1",
+            "--set",
+            "pipeline.channel_capacity=1",
+        ],
+    );
+    let running = tokio::spawn(run_measured(command));
+    let started = std::time::Instant::now();
+    while server.requests.load(Ordering::SeqCst) == 0 {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(30),
+            "no request came"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    // The reader waits behind the request in flight, far from the last file.
+    std::fs::remove_file(root.join("d9.txt")).unwrap();
+    let releasing = tokio::spawn(async move {
+        loop {
+            release.notify_waiters();
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    });
+    let output = running.await.unwrap().output;
+    releasing.abort();
+    let stderr = expect_exit(&output, 1);
+    assert!(stderr.contains("d9.txt"), "{stderr}");
+    assert!(!dir.path().join("out/result.parquet").exists());
+    assert!(
+        !checkpoint_parts(dir.path()).is_empty(),
+        "what was paid for before is kept"
+    );
 }

@@ -163,10 +163,18 @@ async fn a_wrong_length_first_response_stops_the_run_with_one_round_billed() {
     .await;
     let stderr = text(&output.stderr);
     assert_eq!(output.status.code(), Some(1), "{stderr}");
-    assert!(output.stdout.is_empty());
     assert!(
         stderr.contains("every vector has 1536 values, expected 512"),
         "{stderr}"
+    );
+    // `--json` prints the failed run's summary: the error and what it was billed.
+    let summary: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(summary["exit_code"], 1, "{summary}");
+    assert!(
+        summary["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("1536 values")),
+        "{summary}"
     );
     assert!(stderr.contains("`dimensions: 512` was sent"), "{stderr}");
     let ledger = sim.ledger();

@@ -159,14 +159,26 @@ async fn bad_input_is_named_and_leaves_no_output() {
             );
         }
         let out = dir.path().join("out");
+        let summary = out.join("result.parquet.summary.json");
         let leftovers: Vec<_> = std::fs::read_dir(&out)
-            .map(|d| d.flatten().map(|e| e.file_name()).collect())
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.path())
+                    .filter(|p| *p != summary)
+                    .collect()
+            })
             .unwrap_or_default();
         assert!(
             leftovers.is_empty(),
             "{}: no partial output, found {leftovers:?}",
             case.name
         );
+        // A run that failed once it started says so in its summary.
+        if let Ok(text) = std::fs::read_to_string(&summary) {
+            let value: serde_json::Value = serde_json::from_str(&text).unwrap();
+            assert_eq!(value["exit_code"], case.exit, "{}: {value}", case.name);
+            assert!(value["error"].is_string(), "{}: {value}", case.name);
+        }
     }
 }
 
