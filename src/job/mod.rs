@@ -558,6 +558,13 @@ impl Job {
         self.source.resolve_paths(base);
         self.backend.resolve_paths(base);
         self.output.resolve_paths(base);
+        if let Some(tokenizer) = &mut self.chunking.tokenizer {
+            if !crate::chunk::named_encoding(tokenizer) {
+                *tokenizer = paths::relative_to(base, Path::new(tokenizer.as_str()))
+                    .to_string_lossy()
+                    .into_owned();
+            }
+        }
     }
 
     /// The settings that decide what a chunk's vector is; a change to any of
@@ -936,6 +943,30 @@ mod tests {
             ]
         )
         .is_err());
+    }
+
+    #[test]
+    fn a_tokenizer_file_is_taken_from_the_job_files_directory_and_a_name_stays_a_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let jobs = dir.path().join("jobs");
+        std::fs::create_dir(&jobs).unwrap();
+        let path = jobs.join("t.toml");
+        let job_text = |tokenizer: &str| {
+            format!(
+                "[source]\nkind = \"files\"\npaths = [\"docs\"]\n[chunking]\ntokenizer = \"{tokenizer}\"\n\
+                 [backend]\nkind = \"api\"\nbase_url = \"http://127.0.0.1:9\"\nmodel = \"m\"\n\
+                 api_key_env = \"PATH\"\n[output]\npath = \"out.parquet\"\n"
+            )
+        };
+        std::fs::write(&path, job_text("../tok/tokenizer.json")).unwrap();
+        let job = load(&path, &[]).unwrap();
+        assert_eq!(
+            job.chunking.tokenizer.as_deref().map(Path::new),
+            Some(dir.path().join("tok/tokenizer.json").as_path())
+        );
+        std::fs::write(&path, job_text("o200k_base")).unwrap();
+        let job = load(&path, &[]).unwrap();
+        assert_eq!(job.chunking.tokenizer.as_deref(), Some("o200k_base"));
     }
 
     #[test]
