@@ -219,6 +219,7 @@ async fn build_api(job: &Job) -> Result<Embedding, Failure> {
         context_window: api.context_window,
         input_per_1k: api.input_per_1k,
         warnings,
+        stall_timeout: Duration::from_secs(api.stall_timeout_seconds),
         ..ApiSettings::new(model)
     };
     let backend = ApiBackend::new(client, settings, listed);

@@ -9,6 +9,7 @@
 mod discovery;
 mod error;
 mod flat;
+mod ratelimit;
 mod sse;
 mod wire;
 
@@ -24,6 +25,7 @@ pub use error::{
     classify, retry_after, server_message, size_limit, ApiError, ErrorKind, SizeLimit,
 };
 pub use flat::with_non_finite_quoted;
+pub use ratelimit::{parse_reset, QuotaHeader, RateLimitHeaders};
 pub use sse::{SseDecoder, SseError};
 pub use wire::{
     ChatMessage, ChatRequest, EmbeddingInput, EmbeddingItem, EmbeddingRequest, EmbeddingResponse,
@@ -99,8 +101,12 @@ pub enum ConfigError {
     Http(String),
 }
 
+/// Told the status and headers of each response a client receives.
+pub type Observer = std::sync::Arc<dyn Fn(u16, &header::HeaderMap) + Send + Sync>;
+
 #[derive(Clone)]
 pub struct Client {
+    observer: Option<Observer>,
     http: reqwest::Client,
     base: String,
     /// `/v1`, `` or another prefix of every route.
@@ -144,12 +150,23 @@ impl Client {
             .build()
             .map_err(|e| ConfigError::Http(e.to_string()))?;
         Ok(Client {
+            observer: None,
             http,
             base,
             prefix,
             key,
             timeout: config.timeout,
         })
+    }
+
+    /// This client, telling `observer` the status and headers of every
+    /// response (a rate limit's headers, read by whoever sent the request).
+    #[must_use]
+    pub fn observed(&self, observer: Observer) -> Client {
+        Client {
+            observer: Some(observer),
+            ..self.clone()
+        }
     }
 
     /// The normalised base URL (no trailing slash; without `/v1` unless an
@@ -326,6 +343,9 @@ impl Client {
             .await
             .map_err(|e| ApiError::from_transport(&endpoint, &e).redact(self.key.expose()))?;
         let status = response.status();
+        if let Some(observe) = &self.observer {
+            observe(status.as_u16(), response.headers());
+        }
         if status.is_success() {
             return Ok(response);
         }

@@ -496,6 +496,9 @@ pub struct ApiParams {
     /// 0 = no client-side limit.
     pub tokens_per_minute: u64,
     pub max_retries: usize,
+    /// The run stops (exit 4, resumable) when nothing has succeeded for this
+    /// many seconds while the service's quota refuses or holds back requests.
+    pub stall_timeout_seconds: u64,
 }
 
 impl Default for ApiParams {
@@ -510,6 +513,7 @@ impl Default for ApiParams {
             requests_per_minute: 0,
             tokens_per_minute: 0,
             max_retries: 8,
+            stall_timeout_seconds: DEFAULT_STALL_TIMEOUT_SECONDS,
         }
     }
 }
@@ -528,6 +532,11 @@ pub struct LocalParams {
     pub batch_size: Option<usize>,
 }
 
+/// `backend.stall_timeout_seconds` when the job does not set it.
+pub const DEFAULT_STALL_TIMEOUT_SECONDS: u64 = 600;
+/// The longest `backend.stall_timeout_seconds`: a week.
+pub const MAX_STALL_TIMEOUT_SECONDS: u64 = 7 * 24 * 3600;
+
 const API_KEYS: &[&str] = &[
     "base_url",
     "api_path",
@@ -538,6 +547,7 @@ const API_KEYS: &[&str] = &[
     "requests_per_minute",
     "tokens_per_minute",
     "max_retries",
+    "stall_timeout_seconds",
 ];
 const LOCAL_KEYS: &[&str] = &["model_dir", "threads", "batch_size"];
 const BACKEND_KINDS: &[(&str, &[&str])] = &[("api", API_KEYS), ("local", LOCAL_KEYS)];

@@ -8,6 +8,7 @@ mod inspect;
 mod local;
 mod pgvector;
 mod query;
+mod quota;
 mod regression;
 mod resume;
 mod run;
