@@ -221,6 +221,7 @@ async fn build_api(job: &Job) -> Result<Embedding, Failure> {
         input_per_1k: api.input_per_1k,
         warnings,
         renames_models: api.server_renames_models,
+        stall_timeout: Duration::from_secs(api.stall_timeout_seconds),
         ..ApiSettings::new(model)
     };
     let backend = ApiBackend::new(client, settings, listed);

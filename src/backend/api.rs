@@ -18,9 +18,12 @@ use futures::future::BoxFuture;
 use futures::FutureExt;
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 
+use super::quota::{self, Pacing, QuotaStop, Ticket};
 use super::throttle::Throttle;
 use super::{BackendError, BackendInfo, BackendStats, EmbeddingBackend, RequestLimit};
-use crate::client::{ApiError, Client, EmbeddingInput, EmbeddingRequest, ErrorKind, SizeLimit};
+use crate::client::{
+    ApiError, Client, EmbeddingInput, EmbeddingRequest, ErrorKind, RateLimitHeaders, SizeLimit,
+};
 use crate::job::{BackendKind, EncodingFormat};
 use crate::retry::{with_retries_notify, RetryPolicy, Retryable};
 use crate::types::{RawVectors, Usage, Vectors};
@@ -49,6 +52,9 @@ pub struct ApiSettings {
     /// alias, a gateway): accept it, with a warning. Otherwise such an
     /// answer is refused.
     pub renames_models: bool,
+    /// `backend.stall_timeout_seconds`: the run stops when nothing has
+    /// succeeded for this long while the quota holds requests back.
+    pub stall_timeout: Duration,
 }
 
 impl ApiSettings {
@@ -68,6 +74,7 @@ impl ApiSettings {
             input_per_1k: None,
             warnings: Vec::new(),
             renames_models: false,
+            stall_timeout: Duration::from_secs(600),
         }
     }
 }
@@ -99,6 +106,8 @@ pub struct ApiBackend {
     info: BackendInfo,
     retry: RetryPolicy,
     throttle: Throttle,
+    /// The service's quota, as its headers and refusals describe it.
+    pacing: Pacing,
     requests_limit: Option<DefaultDirectRateLimiter>,
     tokens_limit: Option<(DefaultDirectRateLimiter, NonZeroU32)>,
     learned_dimensions: OnceLock<usize>,
@@ -135,6 +144,8 @@ enum Attempt {
     TimedOut(ApiError),
     /// The answer names another model than the one asked for.
     WrongModel(String),
+    /// The quota stops the run.
+    Stop(QuotaStop),
 }
 
 impl Retryable for Attempt {
@@ -142,7 +153,10 @@ impl Retryable for Attempt {
         match self {
             Attempt::Api(e) => e.should_retry(),
             Attempt::Invalid(_) => true,
-            Attempt::WrongLength(_) | Attempt::TimedOut(_) | Attempt::WrongModel(_) => false,
+            Attempt::WrongLength(_)
+            | Attempt::TimedOut(_)
+            | Attempt::WrongModel(_)
+            | Attempt::Stop(_) => false,
         }
     }
 
@@ -296,6 +310,7 @@ impl ApiBackend {
             info,
             retry: settings.retry,
             throttle: Throttle::new(settings.concurrency),
+            pacing: Pacing::new(settings.stall_timeout),
             requests_limit,
             tokens_limit,
             learned_dimensions: OnceLock::new(),
@@ -326,6 +341,8 @@ impl ApiBackend {
     }
 
     async fn wait_for_rate_limits(&self, tokens: u64) {
+        let _waiting = (self.requests_limit.is_some() || self.tokens_limit.is_some())
+            .then(|| self.pacing.waiting());
         if let Some(limit) = &self.requests_limit {
             limit.until_ready().await;
         }
@@ -373,10 +390,13 @@ impl ApiBackend {
         tokens: u64,
         splittable: bool,
     ) -> Result<RawVectors, Attempt> {
-        self.wait_for_rate_limits(tokens).await;
-        let _permit = self.throttle.acquire().await;
         let capacity = texts.len() * self.expected_dimensions().unwrap_or(0);
         loop {
+            self.wait_for_rate_limits(tokens).await;
+            // A place in flight first, then the quota: a pause set while
+            // waiting for the place still holds the request back.
+            let permit = self.throttle.acquire().await;
+            let ticket = self.pacing.admit(tokens).await.map_err(Attempt::Stop)?;
             let base64 = self.base64.load(Ordering::Relaxed);
             let dimensions = self
                 .send_dimensions
@@ -386,10 +406,15 @@ impl ApiBackend {
                 dimensions,
                 ..EmbeddingRequest::new(&self.info.model, EmbeddingInput::Many(texts.to_vec()))
             };
-            let error = match self.client.embed_request(&request, capacity).await {
+            let (result, headers) = self.send(&request, capacity).await;
+            drop(permit);
+            let error = match result {
                 Ok(raw) => {
                     self.requests.fetch_add(1, Ordering::Relaxed);
-                    self.billed.add(raw.usage.unwrap_or_default());
+                    let usage = raw.usage.unwrap_or_default();
+                    self.billed.add(usage);
+                    self.pacing
+                        .on_answer(ticket, headers, raw.usage.map(|u| u.prompt_tokens));
                     self.throttle.on_success();
                     if let Some(answered) = raw.model.as_deref() {
                         self.check_model(answered)?;
@@ -399,8 +424,10 @@ impl ApiBackend {
                 Err(e) => e,
             };
             if error.status == Some(429) {
-                self.throttle.on_throttled(error.retry_after);
+                self.rate_limited(ticket, headers, error)?;
+                continue;
             }
+            self.pacing.on_failure(ticket, headers);
             if error.timed_out {
                 self.timeouts.fetch_add(1, Ordering::Relaxed);
                 self.throttle.on_timeout();
@@ -431,6 +458,54 @@ impl ApiBackend {
             }
             return Err(Attempt::Api(error));
         }
+    }
+
+    /// Sends one request, with the quota's headers of its answer, if any.
+    async fn send(
+        &self,
+        request: &EmbeddingRequest<'_>,
+        capacity: usize,
+    ) -> (Result<RawVectors, ApiError>, Option<RateLimitHeaders>) {
+        let seen = std::sync::Arc::new(Mutex::new(None));
+        let slot = std::sync::Arc::clone(&seen);
+        let client = self.client.observed(std::sync::Arc::new(move |_, headers| {
+            *slot
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) =
+                RateLimitHeaders::parse(headers);
+        }));
+        let result = client.embed_request(request, capacity).await;
+        let headers = seen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        (result, headers)
+    }
+
+    /// A 429. A rate limit is waited out (the caller sends again once the
+    /// quota allows) and uses up no retry; a refusal because the quota is
+    /// used up, or because the request is larger than the whole quota, is
+    /// handed back.
+    fn rate_limited(
+        &self,
+        ticket: Ticket,
+        headers: Option<RateLimitHeaders>,
+        mut error: ApiError,
+    ) -> Result<(), Attempt> {
+        if quota::is_insufficient_quota(&error) {
+            self.pacing.on_failure(ticket, headers);
+            return Err(Attempt::Stop(QuotaStop::InsufficientQuota(error.message)));
+        }
+        if quota::is_larger_than_quota(&error) {
+            self.pacing.on_failure(ticket, headers);
+            error.kind = ErrorKind::TooLarge;
+            return Err(Attempt::Api(error));
+        }
+        if !self.pacing.on_refused(ticket, headers, &error) {
+            // No headers to pace by: fewer requests in flight (the pause is the pacing's).
+            self.throttle.on_throttled(None);
+        }
+        Ok(())
     }
 
     /// Sends `texts` until an answer holds together (count and indices
@@ -506,6 +581,7 @@ impl ApiBackend {
                     self.info.model
                 ),
             },
+            Attempt::Stop(stop) => BackendError::Quota(stop),
         }
     }
 
@@ -687,7 +763,8 @@ impl EmbeddingBackend for ApiBackend {
             requests: self.requests.load(Ordering::Relaxed),
             retries: self.retries.load(Ordering::Relaxed),
             invalid_responses: self.invalid.load(Ordering::Relaxed),
-            throttled: self.throttle.throttled(),
+            throttled: self.pacing.throttled(),
+            quota_wait_ms: u64::try_from(self.pacing.waited().as_millis()).unwrap_or(u64::MAX),
             timeouts: self.timeouts.load(Ordering::Relaxed),
             billed: self.billed.get(),
             lowered_concurrency: self.throttle.lowered(),

@@ -5,6 +5,7 @@
 pub mod api;
 #[cfg(feature = "local")]
 pub mod local;
+pub mod quota;
 pub mod throttle;
 
 use futures::future::BoxFuture;
@@ -82,6 +83,11 @@ pub enum BackendError {
     },
     #[error("gave up after {attempts} attempts: {message}")]
     Exhausted { attempts: usize, message: String },
+    /// The service's quota stops the run: nothing succeeded for the stall
+    /// timeout, or the quota is used up. What was paid for is kept; the
+    /// next run carries on.
+    #[error("{0}")]
+    Quota(#[from] quota::QuotaStop),
 }
 
 impl BackendError {
@@ -91,6 +97,8 @@ impl BackendError {
             | BackendError::OverLimit { status, .. }
             | BackendError::Permanent { status, .. } => *status,
             BackendError::Exhausted { .. } => None,
+            BackendError::Quota(quota::QuotaStop::InsufficientQuota(_)) => Some(429),
+            BackendError::Quota(_) => None,
         }
     }
 }
@@ -105,8 +113,10 @@ pub struct BackendStats {
     pub retries: u64,
     /// Of the retries, responses rejected by a check.
     pub invalid_responses: u64,
-    /// Of the retries, 429 answers.
+    /// 429 answers (rate limits), which are waited out rather than retried.
     pub throttled: u64,
+    /// Time during which requests waited for the service's quota or a configured limit.
+    pub quota_wait_ms: u64,
     /// Requests given up on after the client's timeout; the service may
     /// have billed them.
     pub timeouts: u64,

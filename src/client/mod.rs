@@ -10,6 +10,7 @@ mod body;
 mod discovery;
 mod error;
 mod flat;
+mod ratelimit;
 mod sse;
 mod wire;
 
@@ -30,6 +31,7 @@ pub use error::{
     MAX_RETRY_AFTER,
 };
 pub use flat::with_non_finite_quoted;
+pub use ratelimit::{parse_reset, QuotaHeader, RateLimitHeaders};
 pub use sse::{SseDecoder, SseError};
 pub use wire::{
     ChatMessage, ChatRequest, EmbeddingInput, EmbeddingItem, EmbeddingRequest, EmbeddingResponse,
@@ -109,8 +111,12 @@ pub enum ConfigError {
     Http(String),
 }
 
+/// Told the status and headers of each response a client receives.
+pub type Observer = std::sync::Arc<dyn Fn(u16, &header::HeaderMap) + Send + Sync>;
+
 #[derive(Clone)]
 pub struct Client {
+    observer: Option<Observer>,
     http: reqwest::Client,
     base: String,
     /// `/v1`, `` or another prefix of every route.
@@ -158,6 +164,7 @@ impl Client {
             .build()
             .map_err(|e| ConfigError::Http(e.to_string()))?;
         Ok(Client {
+            observer: None,
             http,
             base,
             prefix,
@@ -166,6 +173,16 @@ impl Client {
             timeout: config.timeout,
             stream_timeout: config.stream_timeout,
         })
+    }
+
+    /// This client, telling `observer` the status and headers of every
+    /// response (a rate limit's headers, read by whoever sent the request).
+    #[must_use]
+    pub fn observed(&self, observer: Observer) -> Client {
+        Client {
+            observer: Some(observer),
+            ..self.clone()
+        }
     }
 
     /// The normalised base URL (no trailing slash; without `/v1` unless an
@@ -371,6 +388,9 @@ impl Client {
             .await
             .map_err(|e| ApiError::from_transport(&endpoint, &e).redact(&self.scrubber))?;
         let status = response.status();
+        if let Some(observe) = &self.observer {
+            observe(status.as_u16(), response.headers());
+        }
         if status.is_success() {
             return Ok(response);
         }

@@ -635,6 +635,13 @@ fn api_problems(b: &BackendShared, api: &ApiParams, p: &mut Vec<String>) {
     if api.context_window == Some(0) {
         p.push("`backend.context_window` must be at least 1".to_string());
     }
+    if !(1..=params::MAX_STALL_TIMEOUT_SECONDS).contains(&api.stall_timeout_seconds) {
+        p.push(format!(
+            "`backend.stall_timeout_seconds` must be between 1 and {}, not {}",
+            params::MAX_STALL_TIMEOUT_SECONDS,
+            api.stall_timeout_seconds
+        ));
+    }
     if let Some(price) = api.input_per_1k {
         if !price.is_finite() || price < 0.0 {
             p.push(format!(

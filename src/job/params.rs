@@ -529,6 +529,9 @@ pub struct ApiParams {
     /// The service answers under another model name than the one asked for
     /// (an alias, a gateway); accepted with a warning instead of refused.
     pub server_renames_models: bool,
+    /// The run stops (exit 4, resumable) when nothing has succeeded for this
+    /// many seconds while the service's quota refuses or holds back requests.
+    pub stall_timeout_seconds: u64,
 }
 
 impl Default for ApiParams {
@@ -544,6 +547,7 @@ impl Default for ApiParams {
             tokens_per_minute: 0,
             max_retries: 8,
             server_renames_models: false,
+            stall_timeout_seconds: DEFAULT_STALL_TIMEOUT_SECONDS,
         }
     }
 }
@@ -562,6 +566,11 @@ pub struct LocalParams {
     pub batch_size: Option<usize>,
 }
 
+/// `backend.stall_timeout_seconds` when the job does not set it.
+pub const DEFAULT_STALL_TIMEOUT_SECONDS: u64 = 600;
+/// The longest `backend.stall_timeout_seconds`: a week.
+pub const MAX_STALL_TIMEOUT_SECONDS: u64 = 7 * 24 * 3600;
+
 const API_KEYS: &[&str] = &[
     "base_url",
     "api_path",
@@ -573,6 +582,7 @@ const API_KEYS: &[&str] = &[
     "tokens_per_minute",
     "max_retries",
     "server_renames_models",
+    "stall_timeout_seconds",
 ];
 const LOCAL_KEYS: &[&str] = &["model_dir", "threads", "batch_size"];
 const BACKEND_KINDS: &[(&str, &[&str])] = &[("api", API_KEYS), ("local", LOCAL_KEYS)];

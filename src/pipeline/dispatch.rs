@@ -209,6 +209,18 @@ impl Dispatch {
                         break;
                     }
                 }
+                Err(RunError::Backend {
+                    error: BackendError::Quota(stop),
+                    ..
+                }) => {
+                    // The quota stops the run, resumable: wait for the
+                    // requests in flight, which were paid for.
+                    self.halt.store(true, Ordering::Relaxed);
+                    if out.stopped.is_none() {
+                        out.stopped = Some(format!("stopped because {stop}"));
+                        drain_until = Some(tokio::time::Instant::now() + self.drain);
+                    }
+                }
                 Err(e) => {
                     out.failure = Some(e);
                     break;

@@ -68,6 +68,13 @@ pub struct Summary {
     pub retries: u64,
     pub invalid_responses: u64,
     pub throttled: u64,
+    /// Seconds during which requests waited for the service's quota (or
+    /// `requests_per_minute` / `tokens_per_minute`).
+    pub quota_wait_seconds: f64,
+    /// The mean rate achieved: requests answered per minute of the run.
+    pub requests_per_minute: f64,
+    /// The mean rate achieved: tokens billed per minute of the run.
+    pub tokens_per_minute: f64,
     /// Requests given up on after `backend.timeout_seconds`; the service may
     /// have billed them without `usage` reaching this run.
     pub timeouts: u64,
@@ -136,6 +143,16 @@ pub(super) struct Outcome<'a> {
     pub error: Option<&'a super::RunError>,
 }
 
+/// `n` over `seconds`, per minute; 0 for a run of no time.
+#[allow(clippy::cast_precision_loss)]
+fn per_minute(n: u64, seconds: f64) -> f64 {
+    if seconds > 0.0 {
+        n as f64 * 60.0 / seconds
+    } else {
+        0.0
+    }
+}
+
 impl Summary {
     pub(super) fn new(o: &Outcome<'_>) -> Summary {
         let c = &o.read.counts;
@@ -181,6 +198,9 @@ impl Summary {
             retries: o.stats.retries,
             invalid_responses: o.stats.invalid_responses,
             throttled: o.stats.throttled,
+            quota_wait_seconds: o.stats.quota_wait_ms as f64 / 1000.0,
+            requests_per_minute: per_minute(o.stats.requests, o.elapsed_seconds),
+            tokens_per_minute: per_minute(o.bill.usage.prompt_tokens, o.elapsed_seconds),
             timeouts: o.stats.timeouts,
             cost: cost(o.info, o.bill.usage),
             learned_limits: o.limits,
@@ -363,6 +383,13 @@ impl Summary {
                 s.usage.prompt_tokens,
                 s.estimated_tokens,
                 counted(s.requests, "request")
+            );
+            let _ = writeln!(
+                out,
+                "  rate: {:.1} requests and {:.0} tokens a minute on average; {} waiting for the quota",
+                s.requests_per_minute,
+                s.tokens_per_minute,
+                crate::display::duration(s.quota_wait_seconds)
             );
             if let Some(cost) = s.cost {
                 let _ = writeln!(out, "  cost: {cost:.6}");

@@ -2,6 +2,8 @@
 
 use std::collections::HashSet;
 
+use super::quota::QuotaConfig;
+
 /// Everything a [`Simulator`](super::Simulator) needs: models, keys, limits and faults.
 ///
 /// `SimConfig::default()` serves the four models of the service, accepts any
@@ -47,6 +49,8 @@ pub struct SimConfig {
     pub max_concurrent_requests: Option<usize>,
     /// Injected faults.
     pub faults: Faults,
+    /// Requests and tokens per minute per key, as OpenAI enforces them.
+    pub quota: QuotaConfig,
 }
 
 impl Default for SimConfig {
@@ -68,6 +72,7 @@ impl Default for SimConfig {
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             max_concurrent_requests: None,
             faults: Faults::default(),
+            quota: QuotaConfig::default(),
         }
     }
 }
@@ -152,6 +157,7 @@ impl SimConfig {
             }
         }
         problems.extend(self.faults.problems());
+        problems.extend(self.quota.problems());
         if problems.is_empty() {
             Ok(())
         } else {

@@ -19,6 +19,7 @@ use super::config::{DimensionsParam, ModelSpec, SimConfig, TokenCount};
 use super::error::ApiError;
 use super::faults::{dropped_body, truncated_body, Fault, FaultDice};
 use super::ledger::Ledger;
+use super::quota::{Quotas, Refused};
 use super::vectors::{count_tokens, embeddings_body, Damage, Item, Shape};
 
 /// The fixed `created` timestamp of every model and completion.
@@ -32,6 +33,7 @@ pub(crate) struct Shared {
     dice: Mutex<FaultDice>,
     pub chat_ids: AtomicU64,
     embeddings_in_flight: AtomicUsize,
+    quotas: Quotas,
 }
 
 /// An embeddings request being served; frees its place when dropped.
@@ -47,6 +49,7 @@ impl Shared {
     pub fn new(config: SimConfig) -> Self {
         Shared {
             dice: Mutex::new(FaultDice::new(&config.faults)),
+            quotas: Quotas::new(config.quota.clone()),
             config,
             ledger: Mutex::new(Ledger::default()),
             chat_ids: AtomicU64::new(1),
@@ -66,6 +69,19 @@ impl Shared {
             }),
             _ => Ok(slot),
         }
+    }
+
+    /// Takes a request of `tokens` billed tokens from the caller's quota:
+    /// the quota's headers, or the 429 that refuses it and its headers.
+    fn take_quota(&self, headers: &HeaderMap, tokens: u64) -> Result<HeaderMap, Box<Refused>> {
+        if !self.config.quota.is_set() {
+            return Ok(HeaderMap::new());
+        }
+        let key = caller_key(headers).unwrap_or_default();
+        let answer = self.quotas.admit(key, tokens);
+        let refused = answer.as_ref().err().map(|r| r.refusal.name());
+        self.ledger().record_quota(key, refused);
+        answer
     }
 
     pub fn ledger(&self) -> MutexGuard<'_, Ledger> {
@@ -412,16 +428,32 @@ pub(crate) async fn embeddings(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    match embeddings_response(&shared, &headers, body).await {
+    let mut quota = None;
+    let mut response = match embeddings_response(&shared, &headers, body, &mut quota).await {
         Ok(response) => response,
         Err(error) => shared.fail(error),
+    };
+    // Every response carries the quota's headers, as OpenAI sends them.
+    let quota = quota.or_else(|| caller_key(&headers).map(|key| shared.quotas.peek(key)));
+    if let Some(quota) = quota {
+        response.headers_mut().extend(quota);
     }
+    response
+}
+
+fn caller_key(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|value| value.to_str().ok())
+        .and_then(bearer)
+        .filter(|key| !key.is_empty())
 }
 
 async fn embeddings_response(
     shared: &Arc<Shared>,
     headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,
+    quota: &mut Option<HeaderMap>,
 ) -> Result<Response, ApiError> {
     let caller = authorize(shared, headers)?;
     let _slot = shared.enter()?;
@@ -434,6 +466,13 @@ async fn embeddings_response(
         tokio::task::spawn_blocking(move || prepare_embeddings(&task_shared, caller, &body))
             .await
             .map_err(|_| ApiError::internal())??;
+    match shared.take_quota(headers, prepared.tokens) {
+        Ok(headers) => *quota = Some(headers),
+        Err(refused) => {
+            *quota = Some(refused.headers);
+            return Err(refused.error);
+        }
+    }
     let retry_after = shared.config.faults.retry_after_seconds;
     match prepared.fault {
         Some(Fault::RateLimited) => Err(ApiError::rate_limited(retry_after)),
@@ -715,6 +754,8 @@ pub(crate) async fn get_ledger(State(shared): State<Arc<Shared>>, uri: Uri) -> R
                 texts: HashMap::new(),
                 faults: ledger.faults.clone(),
                 billed_sizes: ledger.billed_sizes.clone(),
+                refused: ledger.refused.clone(),
+                refusal_runs: HashMap::new(),
                 ..*ledger
             });
             if let Ok(Value::Object(object)) = &mut value {

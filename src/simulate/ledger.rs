@@ -35,9 +35,40 @@ pub struct Ledger {
     pub texts: HashMap<String, u64>,
     /// Billed requests by their number of inputs.
     pub billed_sizes: BTreeMap<u64, u64>,
+    /// Embeddings requests refused by the quota (429), by the limit that
+    /// refused them: `requests`, `tokens` or `insufficient_quota`.
+    pub refused: BTreeMap<String, u64>,
+    /// The most refusals of one key's quota in a row, with no request admitted between.
+    pub longest_refusal_run: u64,
+    /// Refusals in a row so far, by key.
+    #[serde(skip)]
+    pub refusal_runs: HashMap<String, u64>,
 }
 
 impl Ledger {
+    /// Counts a quota's answer to `key`: a refusal by `limit`, or an admission.
+    pub(crate) fn record_quota(&mut self, key: &str, refused: Option<&str>) {
+        match refused {
+            Some(limit) => {
+                *self.refused.entry(limit.to_string()).or_insert(0) += 1;
+                if self.refusal_runs.len() >= 4096 && !self.refusal_runs.contains_key(key) {
+                    self.refusal_runs.clear();
+                }
+                let run = self.refusal_runs.entry(key.to_string()).or_insert(0);
+                *run += 1;
+                self.longest_refusal_run = self.longest_refusal_run.max(*run);
+            }
+            None => {
+                self.refusal_runs.remove(key);
+            }
+        }
+    }
+
+    /// Requests the quota refused, all limits together.
+    pub fn refused_total(&self) -> u64 {
+        self.refused.values().sum()
+    }
+
     pub(crate) fn record_fault(&mut self, name: &str) {
         *self.faults.entry(name.to_string()).or_insert(0) += 1;
     }

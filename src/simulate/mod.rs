@@ -38,6 +38,7 @@ mod faults;
 mod handlers;
 mod ledger;
 mod options;
+mod quota;
 mod vectors;
 
 use std::io;
@@ -57,6 +58,7 @@ pub use config::{
 };
 pub use ledger::Ledger;
 pub use options::SimulateOptions;
+pub use quota::{format_reset, QuotaConfig};
 pub use vectors::{
     count_tokens, embedding_vector, embedding_vector_shortened, embeddings_response_body,
     embeddings_response_body_base64,
@@ -220,6 +222,35 @@ async fn stop_signal() -> io::Result<()> {
     }
 }
 
+fn describe_quota(quota: &QuotaConfig) -> String {
+    let mut parts = Vec::new();
+    if let Some(n) = quota.requests_per_minute {
+        parts.push(format!("{n} requests"));
+    }
+    if let Some(n) = quota.tokens_per_minute {
+        parts.push(format!("{n} tokens"));
+    }
+    let mut text = if parts.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "{} per {} ms, per key",
+            parts.join(" and "),
+            quota.window.as_millis()
+        )
+    };
+    if !quota.headers {
+        text.push_str(", without x-ratelimit headers");
+    }
+    if let Some(n) = quota.insufficient_after {
+        if !text.is_empty() {
+            text.push_str("; ");
+        }
+        text.push_str(&format!("insufficient_quota after {n} requests"));
+    }
+    text
+}
+
 /// A few lines on what the simulator serves; never the keys themselves.
 fn describe(config: &SimConfig) -> String {
     let models: Vec<String> = config
@@ -277,6 +308,9 @@ fn describe(config: &SimConfig) -> String {
             "  usage counts {:?} tokens times {}",
             config.billing.count, config.billing.factor
         ));
+    }
+    if config.quota.is_set() {
+        lines.push(format!("  quota: {}", describe_quota(&config.quota)));
     }
     if config.latency_ms > 0 {
         lines.push(format!("  latency: {} ms per request", config.latency_ms));

@@ -1,6 +1,7 @@
 //! The `embedjob simulate` flags, as typed, and the [`SimConfig`] built from them.
 
 use super::config::{Billing, DimensionsParam, Faults, KeySpec, ModelSpec, SimConfig, TokenCount};
+use super::quota::QuotaConfig;
 
 /// Serve a simulator of the model service on 127.0.0.1, with fault injection.
 #[derive(clap::Args, Debug, Clone)]
@@ -124,6 +125,32 @@ pub struct SimulateOptions {
     #[arg(long = "rate-error-200", value_name = "P", default_value_t = 0.0)]
     pub rate_error_200: f64,
 
+    /// Allow each key this many embeddings requests per minute (refused ones count too),
+    /// with x-ratelimit headers on every response, as OpenAI does
+    #[arg(long, value_name = "N")]
+    pub requests_per_minute: Option<u64>,
+
+    /// Allow each key this many billed tokens per minute, as OpenAI does
+    #[arg(long, value_name = "N")]
+    pub tokens_per_minute: Option<u64>,
+
+    /// The length of the quotas' minute, in milliseconds (shorter for tests and benchmarks)
+    #[arg(long, value_name = "MS", default_value_t = 60_000)]
+    pub quota_window_ms: u64,
+
+    /// Enforce the quotas without sending x-ratelimit headers, as many gateways do
+    #[arg(long)]
+    pub no_ratelimit_headers: bool,
+
+    /// Start each key's quotas empty rather than full (for benchmarks of the quota's rate)
+    #[arg(long)]
+    pub quota_start_empty: bool,
+
+    /// After this many embeddings requests admitted, answer every request with
+    /// a 429 `insufficient_quota` (the account is out of credit)
+    #[arg(long, value_name = "N")]
+    pub insufficient_quota_after: Option<u64>,
+
     /// Inject at most this many faults in total
     #[arg(long, value_name = "N")]
     pub fault_limit: Option<u64>,
@@ -194,6 +221,14 @@ impl SimulateOptions {
                 rate_error_200: self.rate_error_200,
                 limit: self.fault_limit,
             },
+            quota: QuotaConfig {
+                requests_per_minute: self.requests_per_minute,
+                tokens_per_minute: self.tokens_per_minute,
+                window: std::time::Duration::from_millis(self.quota_window_ms),
+                headers: !self.no_ratelimit_headers,
+                insufficient_after: self.insufficient_quota_after,
+                start_empty: self.quota_start_empty,
+            },
             ..SimConfig::default()
         };
         if let Err(more) = config.validate() {
@@ -209,7 +244,10 @@ impl SimulateOptions {
 
 /// Names the flags the user typed rather than the configuration fields.
 fn flag_names(line: &str) -> String {
-    const FIELDS: [&str; 16] = [
+    const FIELDS: [&str; 19] = [
+        "requests_per_minute",
+        "tokens_per_minute",
+        "quota_window_ms",
         "too_large_status",
         "url_prefix",
         "bill_factor",

@@ -9,6 +9,7 @@ mod inspect;
 mod local;
 mod pgvector;
 mod query;
+mod quota;
 mod regression;
 mod resume;
 mod run;

@@ -1,0 +1,651 @@
+//! Pacing by the service's quota: one shared state per backend.
+//!
+//! Every response's `x-ratelimit-*` headers tell what is left of the request
+//! and token quotas and when each is whole again (from which the rate it
+//! refills at follows). A request is sent only when the budget, as of the
+//! latest answer, refilled since and less what was sent after that answer's
+//! request, covers it with a small margin; its tokens are the local count
+//! scaled by the billed/local ratio learned from `usage`. So a run settles at
+//! the quota's rate with few refusals, and several processes on one key,
+//! each seeing the shared quota in the headers, share it without talking.
+//!
+//! A service that sends no such headers is paced by its 429s: one shared
+//! pause, as long as `Retry-After` / `retry-after-ms` asks (capped) or else
+//! a jittered backoff, while the window of requests in flight halves
+//! ([`Throttle`](super::throttle::Throttle)). A rate-limit refusal is a wait,
+//! not a failed attempt: only when nothing has succeeded for the stall
+//! timeout does the run stop, resumable.
+
+use std::collections::VecDeque;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use tokio::time::Instant;
+
+use crate::client::{ApiError, QuotaHeader, RateLimitHeaders};
+
+/// The longest pause a service's `Retry-After` sets; a longer one is taken as this.
+pub const MAX_PAUSE: Duration = Duration::from_secs(120);
+
+/// The first pause after a 429 that says nothing of when to come back;
+/// it doubles with each such 429 in a row, up to [`MAX_BACKOFF`].
+const FIRST_BACKOFF: Duration = Duration::from_millis(250);
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+/// The budget kept in hand beyond a request's cost, as a share of the
+/// quota: it absorbs a request billed a little more than estimated and the
+/// refill counted from the send rather than the service's admission. In a
+/// steady run it costs no rate, only a slightly fuller bucket.
+const MARGIN: f64 = 0.02;
+
+/// The longest one sleep between checks of the budget; new answers may have come meanwhile.
+const MAX_STEP: Duration = Duration::from_millis(500);
+
+/// Until the first answer tells whether the service describes its quota,
+/// one request goes alone, for at most this long: a run that starts with a
+/// full window of requests would find the quota by having them refused.
+const PROBE: Duration = Duration::from_secs(2);
+
+/// How often a request waiting on the first answer looks again.
+const PROBE_STEP: Duration = Duration::from_millis(5);
+
+/// Sends not yet covered by an answer's headers, at most.
+const MAX_UNCOVERED: usize = 4096;
+
+/// Why requests stopped: the run ends, resumable.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum QuotaStop {
+    #[error(
+        "nothing succeeded for {seconds}s (`backend.stall_timeout_seconds`) while the service's \
+         quota held requests back ({last})"
+    )]
+    Stalled { seconds: u64, last: String },
+    #[error("the service says the quota is used up (insufficient_quota): {0}")]
+    InsufficientQuota(String),
+}
+
+/// Whether a refusal is a billing stop rather than a rate limit: waiting will not help.
+pub fn is_insufficient_quota(error: &ApiError) -> bool {
+    let message = error.message.to_ascii_lowercase();
+    message.contains("insufficient_quota") || message.contains("exceeded your current quota")
+}
+
+/// Whether a 429 refuses a request larger than the whole quota (OpenAI's
+/// "Request too large ... on tokens per min"): it must be split, not retried.
+pub fn is_larger_than_quota(error: &ApiError) -> bool {
+    error
+        .message
+        .to_ascii_lowercase()
+        .contains("request too large")
+}
+
+/// One quota as the client models it from the headers.
+#[derive(Debug, Clone, Copy)]
+struct Budget {
+    limit: f64,
+    /// What was left as of `at`.
+    remaining: f64,
+    at: Instant,
+    /// Refill per second, learned from the resets.
+    rate: f64,
+}
+
+impl Budget {
+    fn new(header: QuotaHeader, at: Instant) -> Budget {
+        Budget {
+            limit: header.limit,
+            remaining: header.remaining,
+            at,
+            // Until a reset tells: a quota per minute.
+            rate: sampled_rate(header).unwrap_or(header.limit / 60.0),
+        }
+    }
+
+    /// Takes in a newer description of the quota.
+    fn update(&mut self, header: QuotaHeader, at: Instant) {
+        self.limit = header.limit;
+        self.remaining = header.remaining;
+        self.at = at;
+        *self = self.learned(header);
+    }
+
+    /// The refill rate a reset tells: what is missing, over the time until whole.
+    fn learned(mut self, header: QuotaHeader) -> Budget {
+        if let (Some(sample), Some(reset)) = (sampled_rate(header), header.reset) {
+            // A short reset is written to the millisecond: its rate is rough, so it counts less.
+            let weight = (reset.as_secs_f64() / 0.25).clamp(0.05, 1.0) * 0.5;
+            self.rate = self.rate * (1.0 - weight) + sample * weight;
+        }
+        self
+    }
+
+    /// What is there at `now`.
+    fn level(&self, now: Instant) -> f64 {
+        let refill = now.saturating_duration_since(self.at).as_secs_f64() * self.rate;
+        (self.remaining + refill).min(self.limit)
+    }
+
+    /// Takes `cost` at `at`.
+    fn spend(&mut self, at: Instant, cost: f64) {
+        self.remaining = self.level(at) - cost;
+        self.at = self.at.max(at);
+    }
+
+    /// How long until the budget covers `cost` and the margin; zero if it does now.
+    fn wait(&self, now: Instant, cost: f64) -> Duration {
+        let need = (cost + MARGIN * self.limit).min(self.limit);
+        let missing = need - self.level(now);
+        if missing <= 0.0 || self.rate <= 0.0 {
+            return Duration::ZERO;
+        }
+        Duration::try_from_secs_f64(missing / self.rate).map_or(MAX_PAUSE, |d| d.min(MAX_PAUSE))
+    }
+}
+
+/// The refill rate a header's reset tells: what is missing over the time until whole.
+fn sampled_rate(header: QuotaHeader) -> Option<f64> {
+    let reset = header.reset.filter(|r| !r.is_zero())?;
+    let missing = header.limit - header.remaining;
+    (missing > 0.0).then(|| missing / reset.as_secs_f64())
+}
+
+/// A send that the latest answer's headers do not cover yet.
+#[derive(Debug, Clone, Copy)]
+struct Sent {
+    seq: u64,
+    at: Instant,
+    tokens: f64,
+}
+
+#[derive(Debug)]
+struct State {
+    requests: Option<Budget>,
+    tokens: Option<Budget>,
+    /// The sequence number of the next send.
+    next_seq: u64,
+    /// The send whose answer last described the quotas.
+    observed_seq: Option<u64>,
+    uncovered: VecDeque<Sent>,
+    /// When the first request went, until any answer came.
+    probing: Option<Instant>,
+    answered: bool,
+    /// Billed and local tokens of the answers so far.
+    billed: f64,
+    local: f64,
+    paused_until: Option<Instant>,
+    backoff: Duration,
+    last_success: Instant,
+    last_refusal: Option<String>,
+    throttled: u64,
+    /// Waits for the quota under way, and since when one has been.
+    waiting: usize,
+    waiting_since: Option<Instant>,
+    waited: Duration,
+    rng: SmallRng,
+}
+
+/// A request let through: what it was counted as.
+#[derive(Debug, Clone, Copy)]
+pub struct Ticket {
+    seq: u64,
+    sent_at: Instant,
+    local_tokens: u64,
+}
+
+/// The pacing state a backend shares among its requests.
+#[derive(Debug)]
+pub struct Pacing {
+    /// Requests are let through one at a time, in the order they asked.
+    gate: tokio::sync::Mutex<()>,
+    state: Mutex<State>,
+    stall_timeout: Duration,
+}
+
+/// Counts the time someone waits for the quota, once however many wait.
+pub struct Waiting<'a>(&'a Pacing);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        let mut state = self.0.lock();
+        state.waiting -= 1;
+        if state.waiting == 0 {
+            if let Some(since) = state.waiting_since.take() {
+                state.waited += since.elapsed();
+            }
+        }
+    }
+}
+
+impl Pacing {
+    /// Nothing known of the quota yet; the run stops when nothing succeeds
+    /// for `stall_timeout`.
+    pub fn new(stall_timeout: Duration) -> Pacing {
+        let seed = u64::from(std::process::id())
+            ^ std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64);
+        Pacing {
+            gate: tokio::sync::Mutex::new(()),
+            state: Mutex::new(State {
+                requests: None,
+                tokens: None,
+                next_seq: 0,
+                observed_seq: None,
+                uncovered: VecDeque::new(),
+                probing: None,
+                answered: false,
+                billed: 0.0,
+                local: 0.0,
+                paused_until: None,
+                backoff: FIRST_BACKOFF,
+                last_success: Instant::now(),
+                last_refusal: None,
+                throttled: 0,
+                waiting: 0,
+                waiting_since: None,
+                waited: Duration::ZERO,
+                rng: SmallRng::seed_from_u64(seed),
+            }),
+            stall_timeout,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Every update is a single step: the state stays whole even if a holder panicked.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Marks a wait for the quota (or a configured limit) until dropped.
+    pub fn waiting(&self) -> Waiting<'_> {
+        let mut state = self.lock();
+        state.waiting += 1;
+        if state.waiting == 1 {
+            state.waiting_since = Some(Instant::now());
+        }
+        Waiting(self)
+    }
+
+    /// Waits until the quota covers a request of `local_tokens` (by the
+    /// local count), and counts it as sent.
+    ///
+    /// # Errors
+    /// Nothing has succeeded for the stall timeout.
+    pub async fn admit(&self, local_tokens: u64) -> Result<Ticket, QuotaStop> {
+        let _turn = self.gate.lock().await;
+        let mut waiting = None;
+        loop {
+            let now = Instant::now();
+            let wait = {
+                let mut state = self.lock();
+                let wait = state.wait(now, local_tokens);
+                if wait.is_zero() {
+                    return Ok(state.send(now, local_tokens));
+                }
+                let quiet = now.saturating_duration_since(state.last_success);
+                if quiet >= self.stall_timeout {
+                    return Err(QuotaStop::Stalled {
+                        seconds: self.stall_timeout.as_secs(),
+                        last: state.last_refusal.as_ref().map_or_else(
+                            || "its headers said to wait, nothing was refused".to_string(),
+                            |refusal| format!("last refusal: {refusal}"),
+                        ),
+                    });
+                }
+                // A little jitter, so that processes sharing a quota do not wake together.
+                let jitter = wait.mul_f64(state.rng.random_range(0.0..0.05));
+                (wait + jitter)
+                    .min(MAX_STEP)
+                    .min(self.stall_timeout - quiet)
+            };
+            waiting.get_or_insert_with(|| self.waiting());
+            tokio::time::sleep(wait).await;
+        }
+    }
+
+    /// An answer: its headers (if the service sent any) and, when it
+    /// succeeded, the tokens it billed.
+    pub fn on_answer(
+        &self,
+        ticket: Ticket,
+        headers: Option<RateLimitHeaders>,
+        billed_tokens: Option<u64>,
+    ) {
+        let mut state = self.lock();
+        state.observe(ticket, headers);
+        state.last_success = Instant::now();
+        state.backoff = FIRST_BACKOFF;
+        if let Some(billed) = billed_tokens.filter(|_| ticket.local_tokens > 0) {
+            #[allow(clippy::cast_precision_loss)]
+            {
+                state.billed += billed as f64;
+                state.local += ticket.local_tokens as f64;
+            }
+        }
+    }
+
+    /// A failed request that is not a refusal by the quota (a 5xx, a
+    /// timeout): its headers still describe the quota.
+    pub fn on_failure(&self, ticket: Ticket, headers: Option<RateLimitHeaders>) {
+        self.lock().observe(ticket, headers);
+    }
+
+    /// A 429 that is a rate limit. Returns whether the service describes
+    /// its quota in headers (the pacing then follows them; otherwise the
+    /// caller narrows its window of requests in flight).
+    pub fn on_refused(
+        &self,
+        ticket: Ticket,
+        headers: Option<RateLimitHeaders>,
+        error: &ApiError,
+    ) -> bool {
+        let mut state = self.lock();
+        state.throttled += 1;
+        state.last_refusal = Some(error.to_string());
+        let described = headers.is_some();
+        state.observe(ticket, headers);
+        let now = Instant::now();
+        let pause = match error.retry_after {
+            Some(asked) => asked.min(MAX_PAUSE),
+            // The headers tell when the budget returns; the pacing waits for it.
+            None if described => Duration::ZERO,
+            None => {
+                let pause = state.backoff;
+                state.backoff = (state.backoff * 2).min(MAX_BACKOFF);
+                pause
+            }
+        };
+        if !pause.is_zero() {
+            let jitter = pause.mul_f64(state.rng.random_range(0.0..0.1));
+            if let Some(until) = now.checked_add(pause + jitter) {
+                state.paused_until = Some(state.paused_until.map_or(until, |p| p.max(until)));
+            }
+        }
+        described
+    }
+
+    /// 429s received.
+    pub fn throttled(&self) -> u64 {
+        self.lock().throttled
+    }
+
+    /// The time requests spent waiting for the quota (or a configured limit).
+    pub fn waited(&self) -> Duration {
+        let state = self.lock();
+        state.waited + state.waiting_since.map_or(Duration::ZERO, |s| s.elapsed())
+    }
+
+    /// Billed tokens over local tokens, as learned from the answers.
+    pub fn ratio(&self) -> f64 {
+        self.lock().ratio()
+    }
+}
+
+impl State {
+    fn ratio(&self) -> f64 {
+        if self.local > 0.0 && self.billed > 0.0 {
+            self.billed / self.local
+        } else {
+            1.0
+        }
+    }
+
+    /// The wait before a request of `local_tokens` may go; zero if it may now.
+    fn wait(&self, now: Instant, local_tokens: u64) -> Duration {
+        if let Some(first) = self.probing.filter(|_| !self.answered) {
+            let left = (first + PROBE).saturating_duration_since(now);
+            if !left.is_zero() {
+                return left.min(PROBE_STEP);
+            }
+        }
+        let mut wait = self
+            .paused_until
+            .map_or(Duration::ZERO, |until| until.saturating_duration_since(now));
+        #[allow(clippy::cast_precision_loss)]
+        let tokens = local_tokens as f64 * self.ratio();
+        if let Some(budget) = &self.requests {
+            wait = wait.max(budget.wait(now, 1.0));
+        }
+        if let Some(budget) = &self.tokens {
+            wait = wait.max(budget.wait(now, tokens));
+        }
+        wait
+    }
+
+    fn send(&mut self, now: Instant, local_tokens: u64) -> Ticket {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.probing.get_or_insert(now);
+        if self.requests.is_some() || self.tokens.is_some() {
+            if self.uncovered.len() >= MAX_UNCOVERED {
+                self.uncovered.pop_front();
+            }
+            #[allow(clippy::cast_precision_loss)]
+            let tokens = local_tokens as f64 * self.ratio();
+            let sent = Sent {
+                seq,
+                at: now,
+                tokens,
+            };
+            self.spend(sent);
+            self.uncovered.push_back(sent);
+        }
+        Ticket {
+            seq,
+            sent_at: now,
+            local_tokens,
+        }
+    }
+
+    /// Takes in what an answer's headers say, when they are newer than
+    /// what is known: as of the send of `ticket`'s request, which they
+    /// cover with every request sent before it.
+    fn observe(&mut self, ticket: Ticket, headers: Option<RateLimitHeaders>) {
+        self.answered = true;
+        let Some(headers) = headers else { return };
+        if self.observed_seq.is_some_and(|seen| seen > ticket.seq) {
+            return;
+        }
+        self.observed_seq = Some(ticket.seq);
+        for (budget, header) in [
+            (&mut self.requests, headers.requests),
+            (&mut self.tokens, headers.tokens),
+        ] {
+            if let Some(header) = header {
+                match budget {
+                    Some(budget) => budget.update(header, ticket.sent_at),
+                    None => *budget = Some(Budget::new(header, ticket.sent_at)),
+                }
+            }
+        }
+        while self.uncovered.front().is_some_and(|s| s.seq <= ticket.seq) {
+            self.uncovered.pop_front();
+        }
+        // What was sent after that request is not in the headers yet.
+        let uncovered: Vec<Sent> = self.uncovered.iter().copied().collect();
+        for sent in uncovered {
+            self.spend(sent);
+        }
+    }
+
+    fn spend(&mut self, sent: Sent) {
+        if let Some(budget) = self.requests.as_mut() {
+            budget.spend(sent.at, 1.0);
+        }
+        if let Some(budget) = self.tokens.as_mut() {
+            budget.spend(sent.at, sent.tokens);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(
+        requests: Option<(f64, f64, u64)>,
+        tokens: Option<(f64, f64, u64)>,
+    ) -> RateLimitHeaders {
+        let quota = |(limit, remaining, reset_ms): (f64, f64, u64)| QuotaHeader {
+            limit,
+            remaining,
+            reset: Some(Duration::from_millis(reset_ms)),
+        };
+        RateLimitHeaders {
+            requests: requests.map(quota),
+            tokens: tokens.map(quota),
+        }
+    }
+
+    fn rate_limited(retry_after: Option<Duration>) -> ApiError {
+        let mut error = ApiError::transient("POST /v1/embeddings", "Rate limit reached");
+        error.status = Some(429);
+        error.retry_after = retry_after;
+        error
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_waits_until_the_headers_say_the_budget_covers_it() {
+        let pacing = Pacing::new(Duration::from_secs(600));
+        let first = pacing.admit(100).await.unwrap();
+        // 1000 tokens a second; 100 left: a request of 500 waits for 400 more and the margin.
+        pacing.on_answer(
+            first,
+            Some(headers(None, Some((1000.0, 100.0, 900)))),
+            Some(100),
+        );
+        let start = Instant::now();
+        let _second = pacing.admit(500).await.unwrap();
+        let waited = start.elapsed();
+        assert!(
+            waited >= Duration::from_millis(420) && waited < Duration::from_millis(520),
+            "waited {waited:?}"
+        );
+        assert!(pacing.waited() >= Duration::from_millis(420));
+        // The second is counted as sent: a third of 500 waits for its own 500 too.
+        let start = Instant::now();
+        let _third = pacing.admit(500).await.unwrap();
+        assert!(
+            start.elapsed() >= Duration::from_millis(480),
+            "{:?}",
+            start.elapsed()
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_billed_ratio_scales_the_tokens_a_request_needs() {
+        let pacing = Pacing::new(Duration::from_secs(600));
+        let first = pacing.admit(100).await.unwrap();
+        // The service bills twice the local count.
+        pacing.on_answer(
+            first,
+            Some(headers(None, Some((1000.0, 800.0, 200)))),
+            Some(200),
+        );
+        assert!((pacing.ratio() - 2.0).abs() < 1e-9);
+        let start = Instant::now();
+        // 300 local tokens are 600 billed; 800 left covers them at once.
+        let second = pacing.admit(300).await.unwrap();
+        assert_eq!(start.elapsed(), Duration::ZERO);
+        pacing.on_answer(
+            second,
+            Some(headers(None, Some((1000.0, 200.0, 800)))),
+            Some(600),
+        );
+        let start = Instant::now();
+        let _third = pacing.admit(300).await.unwrap();
+        assert!(
+            start.elapsed() >= Duration::from_millis(400),
+            "{:?}",
+            start.elapsed()
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn older_answers_do_not_overwrite_newer_ones() {
+        let pacing = Pacing::new(Duration::from_secs(600));
+        let a = pacing.admit(1).await.unwrap();
+        let b = pacing.admit(1).await.unwrap();
+        pacing.on_answer(b, Some(headers(Some((10.0, 0.0, 1000)), None)), None);
+        // a's answer, older, says more was left: b's holds.
+        pacing.on_answer(a, Some(headers(Some((10.0, 9.0, 100)), None)), None);
+        let start = Instant::now();
+        let _c = pacing.admit(1).await.unwrap();
+        assert!(
+            start.elapsed() >= Duration::from_millis(100),
+            "{:?}",
+            start.elapsed()
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_refusal_without_headers_pauses_everyone_and_backs_off() {
+        let pacing = Pacing::new(Duration::from_secs(600));
+        let t = pacing.admit(1).await.unwrap();
+        assert!(!pacing.on_refused(t, None, &rate_limited(None)));
+        let start = Instant::now();
+        let t = pacing.admit(1).await.unwrap();
+        let first = start.elapsed();
+        assert!(first >= FIRST_BACKOFF, "{first:?}");
+        pacing.on_refused(t, None, &rate_limited(None));
+        let start = Instant::now();
+        let t = pacing.admit(1).await.unwrap();
+        assert!(
+            start.elapsed() >= FIRST_BACKOFF * 2,
+            "{:?}",
+            start.elapsed()
+        );
+        // Retry-After is honoured; an overlong one is capped, never a panic.
+        pacing.on_refused(t, None, &rate_limited(Some(Duration::MAX)));
+        let start = Instant::now();
+        let _ = pacing.admit(1).await.unwrap();
+        let waited = start.elapsed();
+        assert!(
+            waited >= MAX_PAUSE && waited <= MAX_PAUSE.mul_f64(1.11),
+            "{waited:?}"
+        );
+        assert_eq!(pacing.throttled(), 3);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn nothing_succeeding_for_the_stall_timeout_stops() {
+        let pacing = Pacing::new(Duration::from_secs(10));
+        let mut refusals = 0;
+        let stop = loop {
+            match pacing.admit(1).await {
+                Ok(t) => {
+                    refusals += 1;
+                    pacing.on_refused(t, None, &rate_limited(Some(Duration::from_secs(3))));
+                }
+                Err(stop) => break stop,
+            }
+        };
+        assert!(
+            matches!(stop, QuotaStop::Stalled { seconds: 10, .. }),
+            "{stop}"
+        );
+        assert!(stop.to_string().contains("stall_timeout_seconds"));
+        assert!((3..=4).contains(&refusals), "{refusals} refusals");
+        let t = Ticket {
+            seq: 99,
+            sent_at: Instant::now(),
+            local_tokens: 1,
+        };
+        pacing.on_answer(t, None, None);
+        assert!(
+            pacing.admit(1).await.is_ok(),
+            "a success starts the clock again"
+        );
+    }
+
+    #[test]
+    fn insufficient_quota_is_told_from_a_rate_limit() {
+        let mut error = rate_limited(None);
+        assert!(!is_insufficient_quota(&error));
+        error.message =
+            "You exceeded your current quota, please check your plan and billing details. [insufficient_quota]"
+                .into();
+        assert!(is_insufficient_quota(&error));
+    }
+}

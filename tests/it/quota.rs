@@ -1,0 +1,250 @@
+//! Runs against a service that enforces quotas as OpenAI documents them
+//! (the simulator's quotas, in windows of a second or two): paced by the
+//! headers, 429s waited out without using up retries, and a stall or a used
+//! up quota stopping the run resumably.
+
+use std::collections::HashSet;
+use std::process::Output;
+use std::time::Duration;
+
+use embedjob::simulate::{QuotaConfig, SimConfig, Simulator};
+use serde_json::Value;
+
+use crate::cli::no_key;
+use crate::run::{corpus, expected_chunks, files_source, run_job, write_job};
+use crate::support::{simulator, KEY};
+
+fn quota_sim(quota: QuotaConfig) -> SimConfig {
+    SimConfig {
+        latency_ms: 5,
+        quota,
+        ..SimConfig::default()
+    }
+}
+
+fn summary(output: &Output) -> (Value, String) {
+    let (stdout, stderr) = no_key(output, KEY);
+    let summary = serde_json::from_str(&stdout)
+        .unwrap_or_else(|e| panic!("no summary ({e}): {stdout}\n{stderr}"));
+    (summary, stderr)
+}
+
+/// The texts a simulator billed, by hash.
+fn billed_texts(sim: &Simulator) -> HashSet<String> {
+    sim.ledger().texts.into_keys().collect()
+}
+
+#[tokio::test]
+async fn the_headers_keep_refusals_under_a_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = corpus(dir.path(), 40);
+    let chunks = expected_chunks(&root).len() as u64;
+    // About 8 requests a second of a few hundred tokens each: the run takes
+    // a few windows, and 16 requests in flight at once would blow through it.
+    let sim = simulator(quota_sim(QuotaConfig {
+        requests_per_minute: Some(8),
+        tokens_per_minute: Some(3000),
+        window: Duration::from_secs(1),
+        ..QuotaConfig::default()
+    }))
+    .await;
+    let job = write_job(dir.path(), &sim.base_url(), &files_source(&root), "");
+    let output = run_job(
+        &job,
+        &[
+            "--json",
+            "--set",
+            "backend.concurrency=16",
+            "--set",
+            "backend.max_inputs_per_request=4",
+            "--set",
+            "backend.max_retries=0",
+        ],
+    )
+    .await;
+    let (summary, stderr) = summary(&output);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    assert_eq!(summary["written"].as_u64(), Some(chunks));
+    let ledger = sim.ledger();
+    let refused = ledger.refused_total();
+    let requests = ledger.embedding_requests;
+    assert!(requests >= 20, "enough requests to matter: {requests}");
+    // Without pacing, 16 at once against 8 a window would refuse most of them.
+    assert!(
+        refused * 10 <= requests,
+        "{refused} of {requests} requests refused"
+    );
+    assert_eq!(summary["throttled"].as_u64(), Some(refused));
+    assert!(
+        summary["quota_wait_seconds"].as_f64().unwrap() > 0.5,
+        "{summary}"
+    );
+    assert!(summary["requests_per_minute"].as_f64().unwrap() > 0.0);
+    assert!(summary["tokens_per_minute"].as_f64().unwrap() > 0.0);
+}
+
+#[tokio::test]
+async fn refusals_never_use_up_max_retries() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = corpus(dir.path(), 12);
+    let chunks = expected_chunks(&root).len() as u64;
+    // No headers: the client learns of the quota from 429s alone, and
+    // refused requests still count against it.
+    let sim = simulator(quota_sim(QuotaConfig {
+        requests_per_minute: Some(5),
+        window: Duration::from_millis(500),
+        headers: false,
+        ..QuotaConfig::default()
+    }))
+    .await;
+    let job = write_job(dir.path(), &sim.base_url(), &files_source(&root), "");
+    let output = run_job(
+        &job,
+        &[
+            "--json",
+            "--set",
+            "backend.concurrency=8",
+            "--set",
+            "backend.max_inputs_per_request=1",
+            "--set",
+            "backend.max_retries=0",
+        ],
+    )
+    .await;
+    let (summary, stderr) = summary(&output);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    assert_eq!(summary["written"].as_u64(), Some(chunks));
+    let ledger = sim.ledger();
+    assert!(
+        ledger.refused_total() > 0,
+        "the quota refused some: {ledger:?}"
+    );
+    assert_eq!(summary["throttled"].as_u64(), Some(ledger.refused_total()));
+    assert_eq!(summary["retries"].as_u64(), Some(0), "429s are not retries");
+    assert_eq!(ledger.billed_requests, chunks, "each chunk paid for once");
+}
+
+/// Runs the job against `sim`, then again against a fresh service without
+/// a quota: the second run finishes, and no text is billed by both.
+async fn resumes_without_paying_twice(first: &Simulator, job: &std::path::Path, chunks: u64) {
+    let fresh = simulator(SimConfig::default()).await;
+    let base = format!("backend.base_url={}", fresh.base_url());
+    let output = run_job(job, &["--json", "--set", &base]).await;
+    let (summary, stderr) = summary(&output);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    assert_eq!(summary["written"].as_u64(), Some(chunks));
+    let before = billed_texts(first);
+    let after = billed_texts(&fresh);
+    assert!(!before.is_empty(), "the first run paid for some vectors");
+    assert!(
+        before.is_disjoint(&after),
+        "a text paid for by the stopped run was paid for again"
+    );
+    assert_eq!(summary["resumed"].as_u64(), Some(before.len() as u64));
+}
+
+#[tokio::test]
+async fn a_stall_stops_the_run_resumably_and_the_next_run_carries_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = corpus(dir.path(), 12);
+    let chunks = expected_chunks(&root).len() as u64;
+    // Three requests a minute: after three, nothing succeeds for 20 s.
+    let sim = simulator(quota_sim(QuotaConfig {
+        requests_per_minute: Some(3),
+        ..QuotaConfig::default()
+    }))
+    .await;
+    let job = write_job(
+        dir.path(),
+        &sim.base_url(),
+        &files_source(&root),
+        "stall_timeout_seconds = 2",
+    );
+    let started = std::time::Instant::now();
+    let output = run_job(
+        &job,
+        &["--json", "--set", "backend.max_inputs_per_request=1"],
+    )
+    .await;
+    let (summary, stderr) = summary(&output);
+    assert_eq!(output.status.code(), Some(4), "{stderr}");
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "the stall stopped it"
+    );
+    let stopped = summary["stopped"].as_str().unwrap();
+    assert!(
+        stopped.contains("stall_timeout_seconds") && stopped.contains("nothing succeeded"),
+        "{stopped}"
+    );
+    assert_eq!(summary["committed"].as_u64(), Some(3));
+    resumes_without_paying_twice(&sim, &job, chunks).await;
+}
+
+#[tokio::test]
+async fn insufficient_quota_stops_the_run_at_once_and_the_next_run_carries_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = corpus(dir.path(), 12);
+    let chunks = expected_chunks(&root).len() as u64;
+    let sim = simulator(quota_sim(QuotaConfig {
+        insufficient_after: Some(2),
+        ..QuotaConfig::default()
+    }))
+    .await;
+    let job = write_job(dir.path(), &sim.base_url(), &files_source(&root), "");
+    let started = std::time::Instant::now();
+    let settings = [
+        "--set",
+        "backend.max_inputs_per_request=1",
+        "--set",
+        "backend.concurrency=1",
+    ];
+    let output = run_job(&job, &settings).await;
+    let (stdout, stderr) = no_key(&output, KEY);
+    assert_eq!(output.status.code(), Some(4), "{stdout}\n{stderr}");
+    assert!(started.elapsed() < Duration::from_secs(10));
+    assert!(stdout.contains("insufficient_quota"), "{stdout}");
+    assert_eq!(sim.ledger().refused.get("insufficient_quota"), Some(&1));
+    resumes_without_paying_twice(&sim, &job, chunks).await;
+}
+
+#[tokio::test]
+async fn the_simulator_sends_the_quota_headers_and_counts_refusals() {
+    let sim = simulator(quota_sim(QuotaConfig {
+        requests_per_minute: Some(2),
+        tokens_per_minute: Some(1000),
+        window: Duration::from_secs(60),
+        ..QuotaConfig::default()
+    }))
+    .await;
+    let http = reqwest::Client::new();
+    let send = || {
+        http.post(format!("{}/v1/embeddings", sim.base_url()))
+            .bearer_auth(KEY)
+            .json(&serde_json::json!({"model": "svc-embed-1", "input": ["hello there"]}))
+            .send()
+    };
+    let first = send().await.unwrap();
+    assert_eq!(first.status(), 200);
+    let header =
+        |r: &reqwest::Response, name: &str| r.headers()[name].to_str().unwrap().to_string();
+    assert_eq!(header(&first, "x-ratelimit-limit-requests"), "2");
+    assert_eq!(header(&first, "x-ratelimit-remaining-requests"), "1");
+    assert_eq!(header(&first, "x-ratelimit-reset-requests"), "30s");
+    assert_eq!(header(&first, "x-ratelimit-limit-tokens"), "1000");
+    assert_eq!(header(&first, "x-ratelimit-remaining-tokens"), "998");
+    assert_eq!(header(&first, "x-ratelimit-reset-tokens"), "120ms");
+    assert_eq!(send().await.unwrap().status(), 200);
+    let refused = send().await.unwrap();
+    assert_eq!(refused.status(), 429);
+    assert_eq!(header(&refused, "x-ratelimit-remaining-requests"), "0");
+    assert_eq!(header(&refused, "retry-after"), "60");
+    let ms: u64 = header(&refused, "retry-after-ms").parse().unwrap();
+    assert!((55_000..=60_000).contains(&ms), "{ms}");
+    let body: Value = refused.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "rate_limit_exceeded");
+    let ledger = sim.ledger();
+    assert_eq!(ledger.refused.get("requests"), Some(&1));
+    assert_eq!(ledger.longest_refusal_run, 1);
+    assert_eq!(ledger.billed_requests, 2);
+}
