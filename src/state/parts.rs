@@ -357,4 +357,77 @@ mod tests {
             "a full part is committed at once"
         );
     }
+
+    #[test]
+    fn billing_before_the_first_rows_of_a_resumed_run_does_not_hold_back_metadata_columns() {
+        use crate::types::{MetaValue, Metadata, MetadataField, MetadataSchema};
+        let dir = tempfile::tempdir().unwrap();
+        let output = StateLocation::beside(&dir.path().join("docs.parquet"));
+        let fingerprint = Fingerprint::from_json(r#"{"backend.model":"m"}"#).unwrap();
+        let checkpoint = Checkpoint::open("docs", &output, &fingerprint, false).unwrap();
+        // A resumed run: the parts' vector length is known before any row.
+        let mut parts = PartWriter::new(checkpoint, "m", "api", 1 << 20).with_dimensions(Some(1));
+        parts
+            .add_billed(Billed {
+                usage: Usage {
+                    prompt_tokens: 3,
+                    total_tokens: 3,
+                },
+                requests: 1,
+                discarded_tokens: 3,
+            })
+            .unwrap();
+        let schema = Arc::new(MetadataSchema {
+            fields: vec![MetadataField {
+                field: "lang".to_string(),
+                column: "lang".to_string(),
+                data_type: arrow::datatypes::DataType::Utf8,
+            }],
+        });
+        let batch = EmbeddedBatch {
+            chunks: vec![Chunk {
+                id: "d#0".to_string(),
+                doc_id: Arc::from("d"),
+                source: Arc::from("d"),
+                chunk_index: 0,
+                byte_start: 0,
+                byte_end: 1,
+                text: "a".to_string(),
+                content_hash: content_hash("a"),
+                token_count: 1,
+                metadata: Some(Arc::new(Metadata {
+                    schema,
+                    values: vec![MetaValue::Text("en".into())].into_boxed_slice(),
+                })),
+            }],
+            vectors: Vectors {
+                dimensions: 1,
+                values: vec![0.5],
+                usage: Usage {
+                    prompt_tokens: 1,
+                    total_tokens: 1,
+                },
+                discarded: Usage::default(),
+            },
+        };
+        parts.append(&batch).unwrap();
+        parts.commit().unwrap();
+        assert_eq!(
+            parts.committed().len(),
+            2,
+            "the billing alone, then the rows"
+        );
+        let file = std::fs::File::open(&parts.committed()[1]).unwrap();
+        let reader =
+            parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file).unwrap();
+        assert!(reader.schema().field_with_name("lang").is_ok());
+        let reopened = Checkpoint::open("docs", &output, &fingerprint, false).unwrap();
+        let mut store = Store::new();
+        for part in reopened.parts() {
+            let rows = ParquetRows::open(part).unwrap();
+            store.add(Box::new(rows), Origin::Checkpoint, None).unwrap();
+        }
+        assert_eq!(store.earlier().usage.prompt_tokens, 4);
+        assert_eq!(store.earlier().rows, 1);
+    }
 }
