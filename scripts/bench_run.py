@@ -16,6 +16,8 @@ import subprocess
 import sys
 import time
 
+from bench_quota import QUOTA_RECORDS, quota_section
+
 WORDS = ("vector index token batch embedding service parquet chunk document "
          "model request retry").split()
 MODELS = {1024: "svc-embed-1", 3072: "svc-embed-1-l"}
@@ -163,9 +165,16 @@ def main():
     parser.add_argument("--work", required=True)
     parser.add_argument("--quick", action="store_true", help="the smaller set")
     parser.add_argument("--latency-ms", type=int, default=200)
+    parser.add_argument("--quota", action="store_true", help="the quota section alone")
     args = parser.parse_args()
     args.baseline = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_openai.py")
     os.makedirs(os.path.join(args.work, "out"), exist_ok=True)
+
+    if args.quota:
+        started = time.perf_counter()
+        quota_section(args.embedjob, args.work, corpus(args.work, QUOTA_RECORDS))
+        log(f"done in {time.perf_counter() - started:.0f}s")
+        return
 
     n = 20_000 if args.quick else 100_000
     memory_sizes = (20_000, 100_000) if args.quick else (100_000, 1_000_000)
@@ -209,6 +218,7 @@ def main():
     for size in memory_sizes:
         case(f"embedjob 3072 memory {size:,}", run_embedjob(args, f"memory-{size}", size, 3072))
     print_table(rows)
+    quota_section(args.embedjob, args.work, corpus(args.work, QUOTA_RECORDS))
     log(f"done in {time.perf_counter() - started:.0f}s")
 
 

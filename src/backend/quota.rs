@@ -40,6 +40,13 @@ const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// steady run it costs no rate, only a slightly fuller bucket.
 const MARGIN: f64 = 0.02;
 
+/// After a refusal the share of the refill counted on halves, at most once
+/// per spacing (the requests in flight are refused together), down to the
+/// least share; each success adds a step back.
+const SHARE_SPACING: Duration = Duration::from_millis(500);
+const MIN_SHARE: f64 = 1.0 / 8.0;
+const SHARE_STEP: f64 = 0.005;
+
 /// The longest one sleep between checks of the budget; new answers may have come meanwhile.
 const MAX_STEP: Duration = Duration::from_millis(500);
 
@@ -85,40 +92,57 @@ pub fn is_larger_than_quota(error: &ApiError) -> bool {
 #[derive(Debug, Clone, Copy)]
 struct Budget {
     limit: f64,
-    /// What was left as of `at`.
+    /// What was left as of `at`; below 0 when refusals took from an empty quota.
     remaining: f64,
     at: Instant,
     /// Refill per second, learned from the resets.
     rate: f64,
+    /// `rate` comes from a header with something left, where remaining and
+    /// reset tell it exactly; with nothing left the quota may be in debt.
+    rated: bool,
 }
 
 impl Budget {
     fn new(header: QuotaHeader, at: Instant) -> Budget {
-        Budget {
+        let mut budget = Budget {
             limit: header.limit,
             remaining: header.remaining,
             at,
             // Until a reset tells: a quota per minute.
-            rate: sampled_rate(header).unwrap_or(header.limit / 60.0),
-        }
+            rate: header.limit / 60.0,
+            rated: false,
+        };
+        budget.update(header, at);
+        budget
     }
 
-    /// Takes in a newer description of the quota.
+    /// Takes in a newer description of the quota, as of `at`.
     fn update(&mut self, header: QuotaHeader, at: Instant) {
         self.limit = header.limit;
         self.remaining = header.remaining;
         self.at = at;
-        *self = self.learned(header);
-    }
-
-    /// The refill rate a reset tells: what is missing, over the time until whole.
-    fn learned(mut self, header: QuotaHeader) -> Budget {
-        if let (Some(sample), Some(reset)) = (sampled_rate(header), header.reset) {
+        let Some(reset) = header.reset.filter(|r| !r.is_zero()) else {
+            return;
+        };
+        let seconds = reset.as_secs_f64();
+        let missing = header.limit - header.remaining;
+        if header.remaining >= 1.0 {
+            let sample = missing / seconds;
             // A short reset is written to the millisecond: its rate is rough, so it counts less.
-            let weight = (reset.as_secs_f64() / 0.25).clamp(0.05, 1.0) * 0.5;
+            let weight = if self.rated {
+                (seconds / 0.25).clamp(0.05, 1.0) * 0.5
+            } else {
+                1.0
+            };
             self.rate = self.rate * (1.0 - weight) + sample * weight;
+            self.rated = true;
+        } else if self.rated {
+            // Nothing left: the reset tells how deep in debt the quota is.
+            self.remaining = self.remaining.min(self.limit - self.rate * seconds);
+        } else {
+            // At least this fast, or it would be whole sooner.
+            self.rate = self.rate.max(missing / seconds);
         }
-        self
     }
 
     /// What is there at `now`.
@@ -133,22 +157,26 @@ impl Budget {
         self.at = self.at.max(at);
     }
 
-    /// How long until the budget covers `cost` and the margin; zero if it does now.
-    fn wait(&self, now: Instant, cost: f64) -> Duration {
-        let need = (cost + MARGIN * self.limit).min(self.limit);
-        let missing = need - self.level(now);
-        if missing <= 0.0 || self.rate <= 0.0 {
+    /// How long until `share` of the budget covers `cost` and the margin;
+    /// zero if it does now. Processes sharing a quota each count on their
+    /// share of what is there, so that seeing the same budget they do not
+    /// all spend it at once.
+    fn wait(&self, now: Instant, cost: f64, share: f64) -> Duration {
+        let need = (cost + MARGIN * self.limit).min(self.limit * share);
+        let missing = need - self.level(now) * share;
+        let rate = self.rate * share;
+        if missing <= 0.0 || rate <= 0.0 {
             return Duration::ZERO;
         }
-        Duration::try_from_secs_f64(missing / self.rate).map_or(MAX_PAUSE, |d| d.min(MAX_PAUSE))
+        Duration::try_from_secs_f64(missing / rate).map_or(MAX_PAUSE, |d| d.min(MAX_PAUSE))
     }
-}
 
-/// The refill rate a header's reset tells: what is missing over the time until whole.
-fn sampled_rate(header: QuotaHeader) -> Option<f64> {
-    let reset = header.reset.filter(|r| !r.is_zero())?;
-    let missing = header.limit - header.remaining;
-    (missing > 0.0).then(|| missing / reset.as_secs_f64())
+    /// The service refused a request of `cost` and said it fits at `until`:
+    /// nothing refills for us before then.
+    fn refused(&mut self, cost: f64, until: Instant) {
+        self.remaining = cost.min(self.limit);
+        self.at = self.at.max(until);
+    }
 }
 
 /// A send that the latest answer's headers do not cover yet.
@@ -176,6 +204,10 @@ struct State {
     local: f64,
     paused_until: Option<Instant>,
     backoff: Duration,
+    /// The share of the quota's refill counted on between answers: 1 alone,
+    /// less when refusals show others on the same quota.
+    share: f64,
+    share_lowered: Option<Instant>,
     last_success: Instant,
     last_refusal: Option<String>,
     throttled: u64,
@@ -240,6 +272,8 @@ impl Pacing {
                 local: 0.0,
                 paused_until: None,
                 backoff: FIRST_BACKOFF,
+                share: 1.0,
+                share_lowered: None,
                 last_success: Instant::now(),
                 last_refusal: None,
                 throttled: 0,
@@ -316,6 +350,7 @@ impl Pacing {
         state.observe(ticket, headers);
         state.last_success = Instant::now();
         state.backoff = FIRST_BACKOFF;
+        state.share = (state.share + SHARE_STEP).min(1.0);
         if let Some(billed) = billed_tokens.filter(|_| ticket.local_tokens > 0) {
             #[allow(clippy::cast_precision_loss)]
             {
@@ -344,8 +379,15 @@ impl Pacing {
         state.throttled += 1;
         state.last_refusal = Some(error.to_string());
         let described = headers.is_some();
-        state.observe(ticket, headers);
         let now = Instant::now();
+        state.observe(ticket, headers);
+        state.yield_share(now);
+        if let (Some(headers), Some(asked)) = (headers, error.retry_after) {
+            // The service says when the refused request fits: until then, nothing is ours.
+            if let Some(until) = now.checked_add(asked.min(MAX_PAUSE)) {
+                state.refused(&headers, ticket, until);
+            }
+        }
         let pause = match error.retry_after {
             Some(asked) => asked.min(MAX_PAUSE),
             // The headers tell when the budget returns; the pacing waits for it.
@@ -357,7 +399,10 @@ impl Pacing {
             }
         };
         if !pause.is_zero() {
-            let jitter = pause.mul_f64(state.rng.random_range(0.0..0.1));
+            // Processes refused together would come back together and be
+            // refused again: each waits a random part longer.
+            let spread = if described { 0.25 } else { 0.1 };
+            let jitter = pause.mul_f64(state.rng.random_range(0.0..spread));
             if let Some(until) = now.checked_add(pause + jitter) {
                 state.paused_until = Some(state.paused_until.map_or(until, |p| p.max(until)));
             }
@@ -405,12 +450,42 @@ impl State {
         #[allow(clippy::cast_precision_loss)]
         let tokens = local_tokens as f64 * self.ratio();
         if let Some(budget) = &self.requests {
-            wait = wait.max(budget.wait(now, 1.0));
+            wait = wait.max(budget.wait(now, 1.0, self.share));
         }
         if let Some(budget) = &self.tokens {
-            wait = wait.max(budget.wait(now, tokens));
+            wait = wait.max(budget.wait(now, tokens, self.share));
         }
         wait
+    }
+
+    /// A refusal: others on the quota took what this process counted on,
+    /// so it counts on less of the refill between answers (halved at most
+    /// once per spacing; successes win it back).
+    fn yield_share(&mut self, now: Instant) {
+        if self
+            .share_lowered
+            .is_none_or(|at| now.saturating_duration_since(at) >= SHARE_SPACING)
+        {
+            self.share = (self.share / 2.0).max(MIN_SHARE);
+            self.share_lowered = Some(now);
+        }
+    }
+
+    /// The budgets the refusal's headers show short of the refused request
+    /// fit it at `until`, as the service's `Retry-After` said.
+    fn refused(&mut self, headers: &RateLimitHeaders, ticket: Ticket, until: Instant) {
+        #[allow(clippy::cast_precision_loss)]
+        let tokens = ticket.local_tokens as f64 * self.ratio();
+        if let (Some(budget), Some(header)) = (self.requests.as_mut(), headers.requests) {
+            if header.remaining < 1.0 {
+                budget.refused(1.0, until);
+            }
+        }
+        if let (Some(budget), Some(header)) = (self.tokens.as_mut(), headers.tokens) {
+            if header.remaining < tokens {
+                budget.refused(tokens, until);
+            }
+        }
     }
 
     fn send(&mut self, now: Instant, local_tokens: u64) -> Ticket {

@@ -1,0 +1,335 @@
+"""The quota section of scripts/bench: runs against a service that enforces
+quotas as OpenAI documents them (`embedjob simulate --requests-per-minute /
+--tokens-per-minute`, refused requests counting against the request quota,
+x-ratelimit-* headers on every response), in a "minute" of a few seconds so
+that the section takes minutes.
+
+Scenarios: a token quota (the service counting 1.25 tokens for each of the
+client's), a request quota, and both. Cases: embedjob with no limits
+configured; embedjob with `requests_per_minute` / `tokens_per_minute` set to
+the quota; the OpenAI cookbook's parallel processor (api_request_parallel_
+processor.py) reimplemented here as the baseline; four embedjob processes on
+one key, each with a quarter of the work.
+
+utilisation = ideal time / actual time, where ideal = the work the service
+admitted (its ledger's requests and billed tokens) / the quota's rate. Each
+case starts on an empty quota (`--quota-start-empty`), so the free first
+minute does not count. refused = 429s / requests received.
+"""
+
+import asyncio
+import concurrent.futures
+import http.client
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+import urllib.request
+
+WINDOW_MS = 2000
+LATENCY_MS = 20
+CONCURRENCY = 16
+BATCH = 32
+KEY = "bench-quota"
+# The cookbook's pause after a 429, 15 s of a minute, scaled to the window.
+COOKBOOK_PAUSE = 15.0 * WINDOW_MS / 60_000
+COOKBOOK_ATTEMPTS = 5
+
+# The records the largest scenario sends.
+QUOTA_RECORDS = 6_400
+
+# name: (requests per window, tokens per window, bill factor, records)
+SCENARIOS = {
+    "tokens": (None, 20_000, 1.25, 4_000),
+    "requests": (20, None, 1.0, 6_400),
+    "both": (20, 32_000, 1.25, 6_400),
+}
+
+
+def log(message):
+    print(f"bench: {message}", file=sys.stderr, flush=True)
+
+
+class QuotaSimulator:
+    def __init__(self, embedjob, work, requests, tokens, factor):
+        args = [embedjob, "simulate", "--port", "0", "--latency-ms", str(LATENCY_MS),
+                "--quota-window-ms", str(WINDOW_MS), "--quota-start-empty",
+                "--bill-factor", str(factor)]
+        if requests:
+            args += ["--requests-per-minute", str(requests)]
+        if tokens:
+            args += ["--tokens-per-minute", str(tokens)]
+        self.log = os.path.join(work, "simulator-quota.log")
+        with open(self.log, "w") as log_file:
+            self.process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log_file, text=True)
+        self.url = self.process.stdout.readline().strip()
+        if not self.url.startswith("http"):
+            raise SystemExit(f"bench: the simulator did not print its URL (see {self.log})")
+
+    def ledger(self):
+        with urllib.request.urlopen(f"{self.url}/_ledger?texts=false") as reply:
+            return json.load(reply)
+
+    def stop(self):
+        self.process.terminate()
+        self.process.wait()
+
+
+def shard_files(work, corpus_path, records, shards):
+    """The first `records` records of the corpus, in `shards` files."""
+    with open(corpus_path) as f:
+        lines = [next(f) for _ in range(records)]
+    paths = []
+    for i in range(shards):
+        path = os.path.join(work, f"quota-{records}-{i}of{shards}.jsonl")
+        with open(path, "w") as f:
+            f.writelines(lines[i::shards])
+        paths.append(path)
+    return paths
+
+
+def quota_job(work, name, corpus_path, url, limits):
+    path = os.path.join(work, f"job-quota-{name}.toml")
+    out = os.path.join(work, "out", f"quota-{name}.parquet")
+    extra = "".join(f"{key} = {value}\n" for key, value in limits.items())
+    with open(path, "w") as f:
+        f.write(f"""name = "bench-quota-{name}"
+[source]
+kind = "jsonl"
+path = "{corpus_path}"
+text_field = "text"
+id_field = "id"
+[chunking]
+max_tokens = 256
+overlap_tokens = 0
+[backend]
+kind = "api"
+base_url = "{url}"
+model = "svc-embed-1"
+concurrency = {CONCURRENCY}
+max_inputs_per_request = {BATCH}
+{extra}[output]
+path = "{out}"
+include_text = false
+""")
+    for stale in (out, out + ".checkpoint"):
+        if os.path.isdir(stale):
+            import shutil
+            shutil.rmtree(stale)
+        elif os.path.exists(stale):
+            os.remove(stale)
+    return path
+
+
+def run_embedjob_processes(embedjob, jobs):
+    """Starts every job at once; returns how many failed."""
+    env = {**os.environ, "EMBEDJOB_API_KEY": KEY}
+    processes = [subprocess.Popen([embedjob, "run", job, "--json", "--quiet"], env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for job in jobs]
+    failed = 0
+    for process in processes:
+        out, err = process.communicate()
+        if process.returncode != 0:
+            failed += 1
+            log(f"an embedjob run exited {process.returncode}: {err.strip()[-500:]}")
+    return failed
+
+
+def token_counts(embedjob, work, corpus_path, records):
+    """Each record's tokens as tiktoken counts them (cl100k), cached: the
+    cookbook's own estimate. Asked of a simulator without a quota."""
+    cache = os.path.join(work, f"quota-tokens-{records}.json")
+    if os.path.exists(cache):
+        with open(cache) as f:
+            return json.load(f)
+    sim = QuotaSimulator(embedjob, work, None, None, 1.0)
+    try:
+        host = urllib.parse.urlparse(sim.url)
+        conn = http.client.HTTPConnection(host.hostname, host.port)
+        counts = []
+        with open(corpus_path) as f:
+            for _, line in zip(range(records), f):
+                body = json.dumps({"model": "svc-embed-1", "input": json.loads(line)["text"],
+                                   "encoding_format": "base64"})
+                conn.request("POST", "/v1/embeddings", body,
+                             {"Authorization": "Bearer count", "Content-Type": "application/json"})
+                counts.append(json.loads(conn.getresponse().read())["usage"]["prompt_tokens"])
+    finally:
+        sim.stop()
+    with open(cache, "w") as f:
+        json.dump(counts, f)
+    return counts
+
+
+class Cookbook:
+    """The algorithm of the OpenAI cookbook's api_request_parallel_processor.py:
+    request and token buckets that refill at the quota's rate,
+    a request sent when both cover it (tokens by tiktoken's count), a pause of
+    15 s (scaled) after the last rate-limit error, and at most 5 attempts."""
+
+    def __init__(self, url, requests_per_window, tokens_per_window):
+        parsed = urllib.parse.urlparse(url)
+        self.host, self.port = parsed.hostname, parsed.port
+        window = WINDOW_MS / 1000
+        # The cookbook needs both limits; an unset one is far above the work.
+        self.max_requests = requests_per_window or 1e9
+        self.max_tokens = tokens_per_window or 1e12
+        self.request_rate = self.max_requests / window
+        self.token_rate = self.max_tokens / window
+        self.local = threading.local()
+        self.last_rate_limit_error = 0.0
+        self.failed = 0
+
+    def post(self, texts):
+        conn = getattr(self.local, "conn", None)
+        if conn is None:
+            conn = self.local.conn = http.client.HTTPConnection(self.host, self.port)
+        body = json.dumps({"model": "svc-embed-1", "input": texts, "encoding_format": "base64"})
+        conn.request("POST", "/v1/embeddings", body,
+                     {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+        reply = conn.getresponse()
+        data = reply.read()
+        return reply.status, data
+
+    async def call(self, request, retry_queue):
+        status, data = await asyncio.get_running_loop().run_in_executor(None, self.post, request["texts"])
+        if status == 200:
+            return
+        if b"Rate limit" in data or status == 429:
+            self.last_rate_limit_error = time.monotonic()
+        request["attempts_left"] -= 1
+        if request["attempts_left"] > 0:
+            retry_queue.put_nowait(request)
+        else:
+            self.failed += 1
+
+    async def run(self, requests):
+        loop = asyncio.get_running_loop()
+        loop.set_default_executor(concurrent.futures.ThreadPoolExecutor(max_workers=256))
+        retry_queue = asyncio.Queue()
+        pending = iter(requests)
+        tasks = set()
+        # The cookbook starts with full buckets; here the service's quota
+        # starts empty, and so do the buckets, as the service's are.
+        available_requests, available_tokens = 0.0, 0.0
+        last_update = time.monotonic()
+        next_request = None
+        exhausted = False
+        while True:
+            if next_request is None:
+                if not retry_queue.empty():
+                    next_request = retry_queue.get_nowait()
+                elif not exhausted:
+                    next_request = next(pending, None)
+                    exhausted = next_request is None
+            now = time.monotonic()
+            elapsed = now - last_update
+            available_requests = min(available_requests + self.request_rate * elapsed, self.max_requests)
+            available_tokens = min(available_tokens + self.token_rate * elapsed, self.max_tokens)
+            last_update = now
+            if next_request is not None and available_requests >= 1 \
+                    and available_tokens >= next_request["tokens"]:
+                available_requests -= 1
+                available_tokens -= next_request["tokens"]
+                task = asyncio.create_task(self.call(next_request, retry_queue))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+                next_request = None
+            if exhausted and next_request is None and not tasks and retry_queue.empty():
+                break
+            await asyncio.sleep(0.001)
+            since_error = time.monotonic() - self.last_rate_limit_error
+            if since_error < COOKBOOK_PAUSE:
+                await asyncio.sleep(COOKBOOK_PAUSE - since_error)
+
+
+def cookbook_requests(corpus_path, records, counts):
+    with open(corpus_path) as f:
+        texts = [json.loads(line)["text"] for _, line in zip(range(records), f)]
+    return [{"texts": texts[i:i + BATCH], "tokens": sum(counts[i:i + BATCH]),
+             "attempts_left": COOKBOOK_ATTEMPTS} for i in range(0, records, BATCH)]
+
+
+def run_case(embedjob, work, scenario, case, corpus_path):
+    requests, tokens, factor, records = SCENARIOS[scenario]
+    counts = token_counts(embedjob, work, corpus_path, records) if case == "cookbook" else None
+    sim = QuotaSimulator(embedjob, work, requests, tokens, factor)
+    try:
+        started = time.perf_counter()
+        if case == "cookbook":
+            cookbook = Cookbook(sim.url, requests, tokens)
+            asyncio.run(cookbook.run(cookbook_requests(corpus_path, records, counts)))
+            failed = 1 if cookbook.failed else 0
+        else:
+            shards = 4 if case == "four processes" else 1
+            limits = {}
+            if case == "limits configured":
+                per_minute = 60_000 / WINDOW_MS
+                if requests:
+                    limits["requests_per_minute"] = int(requests * per_minute)
+                if tokens:
+                    limits["tokens_per_minute"] = int(tokens * per_minute)
+            jobs = [quota_job(work, f"{scenario}-{i}", path, sim.url, limits)
+                    for i, path in enumerate(shard_files(work, corpus_path, records, shards))]
+            failed = run_embedjob_processes(embedjob, jobs)
+        actual = time.perf_counter() - started
+        ledger = sim.ledger()
+    finally:
+        sim.stop()
+    window = WINDOW_MS / 1000
+    ideal = 0.0
+    if requests:
+        ideal = max(ideal, ledger["billed_requests"] / (requests / window))
+    if tokens:
+        ideal = max(ideal, ledger["prompt_tokens"] / (tokens / window))
+    received = ledger["embedding_requests"]
+    refused = sum(ledger.get("refused", {}).values())
+    row = {
+        "scenario": scenario, "case": case, "utilisation": ideal / actual,
+        "refused": refused / received if received else 0.0, "requests": received,
+        "longest": ledger.get("longest_refusal_run", 0), "failed": failed,
+        "processes": 1 if case == "cookbook" else len(jobs), "seconds": actual,
+    }
+    log(f"quota {scenario} / {case}: {row['utilisation']:.1%} of the quota, "
+        f"{refused} of {received} refused, {failed} failed, {actual:.1f}s")
+    return row
+
+
+def quota_section(embedjob, work, corpus_path):
+    """Runs every case of every scenario and prints one table."""
+    rows = []
+    for scenario in SCENARIOS:
+        for case in ("no limits", "limits configured", "cookbook", "four processes"):
+            rows.append(run_case(embedjob, work, scenario, case, corpus_path))
+    print_quota_table(rows)
+    return rows
+
+
+def print_quota_table(rows):
+    header = ("scenario", "case", "utilisation", "refused", "requests", "longest refusal run",
+              "runs failed", "seconds")
+    lines = [(r["scenario"], r["case"], f"{r['utilisation']:.1%}", f"{r['refused']:.1%}",
+              str(r["requests"]), str(r["longest"]), f"{r['failed']} of {r['processes']}",
+              f"{r['seconds']:.1f}") for r in rows]
+    widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(header)]
+
+    def fmt(cells):
+        return "  ".join(c.ljust(w) if i < 2 else c.rjust(w)
+                         for i, (c, w) in enumerate(zip(cells, widths)))
+
+    print()
+    print(f"Quotas: a window of {WINDOW_MS} ms standing for the minute, {LATENCY_MS} ms latency,")
+    print(f"concurrency {CONCURRENCY}, {BATCH} chunks a request; the token scenarios bill 1.25x the")
+    print("client's count. Quotas per window: " + "; ".join(
+        f"{name}: " + ", ".join(p for p in (f"{r} requests" if r else "", f"{t:,} tokens" if t else "") if p)
+        for name, (r, t, _, _) in SCENARIOS.items()))
+    print(fmt(header))
+    print(fmt(["-" * w for w in widths]))
+    for line in lines:
+        print(fmt(line))
+    print("utilisation: ideal time / actual time, ideal = the work admitted / the quota's rate;")
+    print("each case starts on an empty quota. refused: 429s / requests received.")
