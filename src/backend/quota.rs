@@ -684,6 +684,36 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_refusal_holds_the_budget_until_the_retry_after_and_lowers_the_share() {
+        let pacing = Pacing::new(Duration::from_secs(600));
+        let t = pacing.admit(1).await.unwrap();
+        // Nothing left and 4 s until whole: the quota may be in debt, and
+        // the service says the next request fits in 2 s.
+        let refused = headers(Some((20.0, 0.0, 4000)), None);
+        assert!(pacing.on_refused(
+            t,
+            Some(refused),
+            &rate_limited(Some(Duration::from_secs(2)))
+        ));
+        let start = Instant::now();
+        let t = pacing.admit(1).await.unwrap();
+        let waited = start.elapsed();
+        assert!(
+            waited >= Duration::from_secs(2) && waited < Duration::from_secs(3),
+            "{waited:?}"
+        );
+        // Counting on half the refill now, the next waits longer than one request's refill.
+        pacing.on_answer(t, Some(headers(Some((20.0, 0.0, 4000)), None)), None);
+        let start = Instant::now();
+        let _ = pacing.admit(1).await.unwrap();
+        assert!(
+            start.elapsed() >= Duration::from_millis(250),
+            "{:?}",
+            start.elapsed()
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn nothing_succeeding_for_the_stall_timeout_stops() {
         let pacing = Pacing::new(Duration::from_secs(10));
         let mut refusals = 0;
