@@ -5,31 +5,16 @@ the standard library, a release embedjob and a server from scripts/setup-postgre
 import argparse
 import json
 import os
-import random
 import statistics
 import subprocess
 import sys
 import time
 
-WORDS = ("vector index token batch embedding service parquet chunk document "
-         "model request retry").split()
+from bench_run import corpus
 
 
 def log(message):
     print(f"bench-pgvector: {message}", file=sys.stderr, flush=True)
-
-
-def corpus(work, n):
-    """n records of about 40 tokens, one chunk each (the corpus of scripts/bench)."""
-    path = os.path.join(work, f"corpus-{n}.jsonl")
-    if not os.path.exists(path):
-        rng = random.Random(42)
-        with open(path + ".tmp", "w") as f:
-            for i in range(n):
-                text = " ".join(rng.choice(WORDS) for _ in range(36))
-                f.write('{"id": "r%d", "text": "%s record %d"}\n' % (i, text, i))
-        os.rename(path + ".tmp", path)
-    return path
 
 
 def job(work, name, corpus_path, base_url, output):

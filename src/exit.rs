@@ -49,6 +49,16 @@ impl Failure {
             error: error.into(),
         }
     }
+
+    /// A usage problem (exit 2) when it was `found_before_work`, else a
+    /// failure (exit 1).
+    pub fn found(found_before_work: bool, error: impl Into<anyhow::Error>) -> Self {
+        if found_before_work {
+            Failure::usage(error)
+        } else {
+            Failure::failed(error)
+        }
+    }
 }
 
 impl fmt::Display for Failure {

@@ -48,14 +48,7 @@ pub async fn build(job: &Job) -> Result<Stages, Failure> {
 /// A sink that cannot be opened: a problem of configuration (exit 2), or a
 /// database that cannot be reached (exit 1).
 pub fn sink_failure(e: crate::sink::SinkError) -> Failure {
-    Failure {
-        exit: if e.is_found_before_work() {
-            Exit::Usage
-        } else {
-            Exit::Failed
-        },
-        error: e.into(),
-    }
+    Failure::found(e.is_found_before_work(), e)
 }
 
 /// pgvector's HNSW index holds vectors of at most 2000 dimensions; when the

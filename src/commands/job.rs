@@ -254,12 +254,5 @@ fn learned_ratio(
 }
 
 fn state_failure(e: StateError) -> Failure {
-    Failure {
-        exit: if e.is_found_before_work() {
-            Exit::Usage
-        } else {
-            Exit::Failed
-        },
-        error: e.into(),
-    }
+    Failure::found(e.is_found_before_work(), e)
 }

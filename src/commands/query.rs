@@ -82,12 +82,5 @@ async fn search(
 }
 
 fn query_failure(e: QueryError) -> Failure {
-    Failure {
-        exit: if e.is_found_before_work() {
-            Exit::Usage
-        } else {
-            Exit::Failed
-        },
-        error: e.into(),
-    }
+    Failure::found(e.is_found_before_work(), e)
 }

@@ -31,8 +31,8 @@ use crate::fsio::FsError;
 pub use self::checksum::{Checksum, CHECKSUM_KEY};
 pub use self::rows::ParquetRows;
 pub use self::writer::{
-    output_schema, output_schema_with, Compression, FileOptions, VectorFile, WrittenFile,
-    SCHEMA_VERSION,
+    output_schema, output_schema_with, standard_pairs, Compression, FileOptions, VectorFile,
+    WrittenFile, SCHEMA_VERSION,
 };
 
 /// The metadata key holding a file's fingerprint, as JSON.

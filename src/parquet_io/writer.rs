@@ -403,26 +403,8 @@ impl VectorFile {
                 metadata.dimensions, self.dimensions
             )));
         }
-        let mut pairs = vec![
-            ("embedjob.schema_version", SCHEMA_VERSION.to_string()),
-            ("embedjob.version", env!("CARGO_PKG_VERSION").to_string()),
-            ("embedjob.model", metadata.model.clone()),
-            ("embedjob.dimensions", metadata.dimensions.to_string()),
-            ("embedjob.backend", metadata.backend.clone()),
-            (
-                "embedjob.usage.prompt_tokens",
-                metadata.usage.prompt_tokens.to_string(),
-            ),
-            (
-                "embedjob.usage.total_tokens",
-                metadata.usage.total_tokens.to_string(),
-            ),
-            ("embedjob.requests", metadata.requests.to_string()),
-            (CHECKSUM_KEY, self.checksum.value()),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v))
-        .collect::<Vec<_>>();
+        let mut pairs = standard_pairs(metadata, metadata.dimensions);
+        pairs.push((CHECKSUM_KEY.to_string(), self.checksum.value()));
         if let Some(cost) = metadata.cost {
             if !cost.is_finite() || cost < 0.0 {
                 return Err(fail(format!("cost {cost} is not a finite amount")));
@@ -713,6 +695,30 @@ impl MetaBuilder {
         };
         arrow::compute::cast(&array, data_type)
     }
+}
+
+/// The `embedjob.*` keys every output records, whatever holds it: schema
+/// and program version, model, `dimensions`, backend, usage and requests.
+pub fn standard_pairs(metadata: &OutputMetadata, dimensions: usize) -> Vec<(String, String)> {
+    [
+        ("embedjob.schema_version", SCHEMA_VERSION.to_string()),
+        ("embedjob.version", env!("CARGO_PKG_VERSION").to_string()),
+        ("embedjob.model", metadata.model.clone()),
+        ("embedjob.dimensions", dimensions.to_string()),
+        ("embedjob.backend", metadata.backend.clone()),
+        (
+            "embedjob.usage.prompt_tokens",
+            metadata.usage.prompt_tokens.to_string(),
+        ),
+        (
+            "embedjob.usage.total_tokens",
+            metadata.usage.total_tokens.to_string(),
+        ),
+        ("embedjob.requests", metadata.requests.to_string()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect()
 }
 
 #[cfg(test)]

@@ -32,7 +32,7 @@ use self::db::{Database, Extension, Layout, Names};
 use self::rows::TableRows;
 use super::{Sink, SinkError, SinkReport};
 use crate::job::{PgvectorOutput, VectorIndex, HNSW_MAX_DIMENSIONS};
-use crate::parquet_io::{FINGERPRINT_KEY, SCHEMA_VERSION};
+use crate::parquet_io::{standard_pairs, FINGERPRINT_KEY};
 use crate::store::StoredRows;
 use crate::types::{EmbeddedBatch, OutputMetadata};
 
@@ -312,26 +312,9 @@ impl PgvectorSink {
         dimensions: usize,
         generation: u64,
     ) -> Vec<(String, String)> {
-        let mut pairs: BTreeMap<String, String> = [
-            ("embedjob.schema_version", SCHEMA_VERSION.to_string()),
-            ("embedjob.version", env!("CARGO_PKG_VERSION").to_string()),
-            ("embedjob.model", metadata.model.clone()),
-            ("embedjob.dimensions", dimensions.to_string()),
-            ("embedjob.backend", metadata.backend.clone()),
-            (
-                "embedjob.usage.prompt_tokens",
-                metadata.usage.prompt_tokens.to_string(),
-            ),
-            (
-                "embedjob.usage.total_tokens",
-                metadata.usage.total_tokens.to_string(),
-            ),
-            ("embedjob.requests", metadata.requests.to_string()),
-            (GENERATION_KEY, generation.to_string()),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v))
-        .collect();
+        let mut pairs: BTreeMap<String, String> =
+            standard_pairs(metadata, dimensions).into_iter().collect();
+        pairs.insert(GENERATION_KEY.to_string(), generation.to_string());
         if let Some(cost) = metadata.cost.filter(|c| c.is_finite()) {
             pairs.insert("embedjob.cost".to_string(), cost.to_string());
         }
