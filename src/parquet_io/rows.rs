@@ -47,6 +47,30 @@ impl ParquetRows {
         StoreError::corrupt(self.path.display().to_string(), message.to_string())
     }
 
+    /// A batch's content hashes and embedding column, and the embedding's values.
+    fn vector_columns<'a>(
+        &self,
+        batch: &'a RecordBatch,
+    ) -> Result<
+        (
+            &'a arrow::array::StringArray,
+            &'a arrow::array::FixedSizeListArray,
+            &'a arrow::array::Float32Array,
+        ),
+        StoreError,
+    > {
+        let hashes = string_column(batch, "content_hash").map_err(|m| self.corrupt(m))?;
+        let embedding = batch
+            .column_by_name("embedding")
+            .and_then(|c| c.as_fixed_size_list_opt())
+            .ok_or_else(|| self.corrupt("no fixed-size-list column \"embedding\""))?;
+        let floats = embedding
+            .values()
+            .as_primitive_opt::<Float32Type>()
+            .ok_or_else(|| self.corrupt("\"embedding\" does not hold float32 values"))?;
+        Ok((hashes, embedding, floats))
+    }
+
     fn footer(&mut self) -> Result<ArrowReaderMetadata, StoreError> {
         if let Some(metadata) = &self.metadata {
             return Ok(metadata.clone());
@@ -134,15 +158,7 @@ impl StoredRows for ParquetRows {
         let mut k = 0usize;
         while let Some(batch) = guard(&self.path, || reader.next())? {
             let batch = batch.map_err(|e| self.corrupt(e))?;
-            let hashes = string_column(&batch, "content_hash").map_err(|m| self.corrupt(m))?;
-            let embedding = batch
-                .column_by_name("embedding")
-                .and_then(|c| c.as_fixed_size_list_opt())
-                .ok_or_else(|| self.corrupt("no fixed-size-list column \"embedding\""))?;
-            let floats = embedding
-                .values()
-                .as_primitive_opt::<Float32Type>()
-                .ok_or_else(|| self.corrupt("\"embedding\" does not hold float32 values"))?;
+            let (hashes, embedding, floats) = self.vector_columns(&batch)?;
             for i in 0..batch.num_rows() {
                 let Some(&row) = rows.get(k) else {
                     return Err(self.corrupt("returned more rows than selected"));
@@ -152,7 +168,13 @@ impl StoredRows for ParquetRows {
                 }
                 let hash = parse_hash(hashes.value(i)).unwrap_or([0; 32]);
                 let start = embedding.value_offset_at(i);
-                found(k, &hash, &floats.values()[start..start + dimensions]);
+                let vector = floats
+                    .values()
+                    .get(start..start + dimensions)
+                    .ok_or_else(|| {
+                        self.corrupt(format!("row {}: the vector is cut short", row + 1))
+                    })?;
+                found(k, &hash, vector);
                 k += 1;
             }
         }
@@ -190,15 +212,7 @@ impl StoredRows for ParquetRows {
         let mut row: u64 = 0;
         while let Some(batch) = guard(&self.path, || reader.next())? {
             let batch = batch.map_err(|e| self.corrupt(e))?;
-            let hashes = string_column(&batch, "content_hash").map_err(|m| self.corrupt(m))?;
-            let embedding = batch
-                .column_by_name("embedding")
-                .and_then(|c| c.as_fixed_size_list_opt())
-                .ok_or_else(|| self.corrupt("no fixed-size-list column \"embedding\""))?;
-            let floats = embedding
-                .values()
-                .as_primitive_opt::<Float32Type>()
-                .ok_or_else(|| self.corrupt("\"embedding\" does not hold float32 values"))?;
+            let (hashes, embedding, floats) = self.vector_columns(&batch)?;
             for i in 0..batch.num_rows() {
                 row += 1;
                 let hash = parse_hash(hashes.value(i)).ok_or_else(|| {
