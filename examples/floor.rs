@@ -80,7 +80,7 @@ fn main() -> anyhow::Result<()> {
     let mut source = embedjob::source::open(&job.source)?;
     let chunker = TokenChunker::cl100k(&job.chunking)?;
     let mut batcher = Batcher::for_backend(&job.backend);
-    let mut sink = futures::executor::block_on(embedjob::sink::open(&job.output))?;
+    let mut sink = futures::executor::block_on(embedjob::sink::open(&job.output, None))?;
     times.chunk += started.elapsed();
 
     let mut chunks = 0u64;

@@ -85,6 +85,7 @@ Examples:
   embedjob run docs.toml --json > summary.json
   embedjob run docs.toml --max-duration 1h30m --max-cost 2.50
   embedjob run docs.toml --set backend.concurrency=16 --set chunking.max_tokens=256
+  embedjob run docs.toml --shard 2/4                    shard 2 of 4, into output.path/
   zcat pages.jsonl.gz | embedjob run pages.toml        with `path = \"-\"` in [source]
 
 From cron, give the job file's full path: paths in it are taken from its directory.
@@ -94,7 +95,8 @@ Exit codes: 0 done, 1 failed, 2 bad job or flags, 3 done with quarantined chunks
 const ESTIMATE_EXAMPLES: &str = "\
 Examples:
   embedjob estimate docs.toml
-  embedjob estimate docs.toml --fresh --json";
+  embedjob estimate docs.toml --fresh --json
+  embedjob estimate docs.toml --shard 0/4";
 
 const MODELS_EXAMPLES: &str = "\
 Examples:
@@ -251,6 +253,12 @@ pub struct RunArgs {
     /// before a request would go over, keeping what was done (exit 4).
     #[arg(long, value_name = "AMOUNT")]
     pub max_cost: Option<f64>,
+    /// Run one shard of the job: I/N (shard I, from 0, of N); N, with the index
+    /// from JOB_COMPLETION_INDEX (a Kubernetes Indexed Job) or
+    /// SLURM_ARRAY_TASK_ID (a Slurm job array); or auto, both from a Slurm job
+    /// array. `output.path` then names a directory of the shards' files.
+    #[arg(long, value_name = "I/N|N|auto")]
+    pub shard: Option<String>,
 }
 
 /// The longest `--max-duration`: a year.
@@ -303,6 +311,9 @@ pub struct EstimateArgs {
     /// Estimate a run with --fresh: every chunk sent, nothing reused.
     #[arg(long)]
     pub fresh: bool,
+    /// Estimate one shard of the job (as `run --shard`).
+    #[arg(long, value_name = "I/N|N|auto")]
+    pub shard: Option<String>,
 }
 
 #[derive(Debug, Args)]

@@ -29,6 +29,9 @@ use crate::source::{self, SkippedFiles, SourceError, SourceStats};
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Estimate {
     pub job: String,
+    /// The shard of the job estimated (`--shard`), `I/N`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shard: Option<String>,
     pub backend: String,
     pub model: String,
     /// Known before any request: a documented model, a declared `dimensions`
@@ -127,7 +130,7 @@ pub fn estimate(
     info: &BackendInfo,
     mut classifier: Classifier,
 ) -> Result<Estimate, EstimateError> {
-    let mut source = source::open(&job.source)?;
+    let mut source = source::open_shard(&job.source, job.shard)?;
     let b = &job.backend;
     let api = b.api().filter(|_| info.kind == BackendKind::Api);
     let limits = match api {
@@ -163,6 +166,7 @@ pub fn estimate(
     count.tokens = sorted.sent_tokens;
     Ok(Estimate {
         job: job.name.clone(),
+        shard: job.shard.map(|s| s.to_string()),
         backend: info.kind.to_string(),
         model: info.model.clone(),
         dimensions: info.dimensions,
@@ -218,7 +222,13 @@ impl Counts {
 /// The human form: a small two-column table.
 pub fn table(e: &Estimate) -> String {
     let mut rows: Vec<(&str, String)> = vec![
-        ("job", e.job.clone()),
+        (
+            "job",
+            match &e.shard {
+                Some(shard) => format!("{} (shard {shard})", e.job),
+                None => e.job.clone(),
+            },
+        ),
         ("model", format!("{} ({} backend)", e.model, e.backend)),
         ("documents", e.documents.to_string()),
         (

@@ -221,9 +221,22 @@ pub fn parquet_metadata(
     Ok(metadata)
 }
 
-/// The `k` rows of a Parquet output nearest to `query`, best first, read a
-/// record batch at a time.
-pub fn search_parquet(path: &Path, query: &[f32], k: usize) -> Result<Vec<Hit>, QueryError> {
+/// The `k` rows of a Parquet output (one file, or the files of a split
+/// job) nearest to `query`, best first, read a record batch at a time.
+pub fn search_parquet(
+    files: &[std::path::PathBuf],
+    query: &[f32],
+    k: usize,
+) -> Result<Vec<Hit>, QueryError> {
+    let mut top = TopK::new(k);
+    for file in files {
+        scan(file, query, &mut top)?;
+    }
+    Ok(top.into_hits())
+}
+
+/// Offers every row of the file at `path` to `top`.
+fn scan(path: &Path, query: &[f32], top: &mut TopK) -> Result<(), QueryError> {
     let builder = open_reader(path)?;
     let layout = |message: String| QueryError::Layout {
         path: path.to_path_buf(),
@@ -248,7 +261,6 @@ pub fn search_parquet(path: &Path, query: &[f32], k: usize) -> Result<Vec<Hit>, 
         .build()
         .map_err(|e| FileError::corrupt(path, e))?;
     let query_norm = norm(query);
-    let mut top = TopK::new(k);
     let mut reader = reader;
     while let Some(batch) = guard(path, || reader.next())? {
         let batch = batch.map_err(|e| FileError::corrupt(path, e))?;
@@ -294,7 +306,7 @@ pub fn search_parquet(path: &Path, query: &[f32], k: usize) -> Result<Vec<Hit>, 
             });
         }
     }
-    Ok(top.into_hits())
+    Ok(())
 }
 
 /// The human form: one line per result, with a snippet of the text.

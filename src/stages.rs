@@ -27,7 +27,7 @@ pub struct Embedding {
 /// Builds all of a job's stages.
 pub async fn build(job: &Job) -> Result<Stages, Failure> {
     let Embedding { backend, chunker } = build_embedding(job).await?;
-    let source = crate::source::open(&job.source).map_err(|e| Failure {
+    let source = crate::source::open_shard(&job.source, job.shard).map_err(|e| Failure {
         exit: if e.is_found_at_open() {
             Exit::Usage
         } else {
@@ -36,7 +36,9 @@ pub async fn build(job: &Job) -> Result<Stages, Failure> {
         error: e.into(),
     })?;
     check_index(job, backend.info().dimensions)?;
-    let sink = crate::sink::open(&job.output).await.map_err(sink_failure)?;
+    let sink = crate::sink::open(&job.output, job.shard)
+        .await
+        .map_err(sink_failure)?;
     Ok(Stages {
         source,
         chunker,

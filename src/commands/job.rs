@@ -14,7 +14,7 @@ pub async fn run(args: &RunArgs) -> Outcome {
     if let Some(cost) = args.max_cost {
         overrides.push(format!("budget.max_cost={cost:?}"));
     }
-    let job = crate::job::load(&args.job.job, &overrides).map_err(Failure::usage)?;
+    let job = load(&args.job.job, &overrides, args.shard.as_deref())?;
     let stages = match crate::stages::build(&job).await {
         Ok(stages) => stages,
         Err(failure) => return Err(failed_before_work(&job, None, failure, args.json)),
@@ -71,7 +71,7 @@ pub async fn run(args: &RunArgs) -> Outcome {
             });
         }
     };
-    summary.carry_on = Some(carry_on_command(args));
+    summary.carry_on = Some(carry_on_command(args, job.shard));
     if args.json {
         print_json(&serde_json::to_value(&summary).map_err(Failure::failed)?)?;
     } else {
@@ -80,9 +80,48 @@ pub async fn run(args: &RunArgs) -> Outcome {
     Ok(summary.exit())
 }
 
+/// Loads the job file, and with `--shard`, makes the job that shard of it.
+fn load(
+    path: &std::path::Path,
+    overrides: &[String],
+    shard: Option<&str>,
+) -> Result<crate::job::Job, Failure> {
+    let mut job = crate::job::load(path, overrides).map_err(Failure::usage)?;
+    let Some(spec) = shard else {
+        return Ok(job);
+    };
+    let shard = crate::job::shard::parse(spec, |name| std::env::var(name).ok())
+        .map_err(|e| Failure::usage(anyhow::anyhow!(e)))?;
+    job.split(shard).map_err(|problems| {
+        Failure::usage(crate::job::JobErrors {
+            file: path.to_path_buf(),
+            problems,
+        })
+    })?;
+    if let crate::job::OutputParams::Parquet(parquet) = &job.output.params {
+        let dir = crate::fsio::parent_dir(&parquet.path);
+        let foreign = shard.foreign_files(dir).map_err(|e| {
+            Failure::failed(anyhow::anyhow!("{}: cannot list: {e}", dir.display()))
+        })?;
+        if !foreign.is_empty() {
+            let names: Vec<String> = foreign.iter().map(|p| p.display().to_string()).collect();
+            return Err(Failure::usage(anyhow::anyhow!(
+                "{} holds the files of a split into another number of shards than {}: {}; \
+                 they would hold this run's documents twice: remove them (and {}), or give \
+                 the job another `output.path`",
+                dir.display(),
+                shard.count,
+                names.join(", "),
+                crate::job::Shard::state_dir(dir).display()
+            )));
+        }
+    }
+    Ok(job)
+}
+
 /// The command that runs the job again as `args` did, less `--fresh` (which
 /// would throw away what the stopped run committed) and the output flags.
-fn carry_on_command(args: &RunArgs) -> String {
+fn carry_on_command(args: &RunArgs, job_shard: Option<crate::job::Shard>) -> String {
     let mut words = vec![
         "embedjob".to_string(),
         "run".to_string(),
@@ -94,6 +133,9 @@ fn carry_on_command(args: &RunArgs) -> String {
     }
     if let Some(cost) = args.max_cost {
         words.push(format!("--max-cost {cost}"));
+    }
+    if let Some(shard) = job_shard {
+        words.push(format!("--shard {shard}"));
     }
     if let Some(limit) = args.max_duration {
         let limit = humantime::format_duration(limit)
@@ -192,7 +234,7 @@ fn stop_on_signals() -> watch::Receiver<StopRequest> {
 }
 
 pub async fn estimate(args: &EstimateArgs) -> Outcome {
-    let job = crate::job::load(&args.job.job, &args.job.overrides).map_err(Failure::usage)?;
+    let job = load(&args.job.job, &args.job.overrides, args.shard.as_deref())?;
     // The run's own set-up: the same key checks, model listing and chunker.
     let Embedding { backend, chunker } = crate::stages::build_embedding(&job).await?;
     let info = backend.info().clone();
@@ -201,7 +243,7 @@ pub async fn estimate(args: &EstimateArgs) -> Outcome {
         eprintln!("embedjob: warning: {warning}");
     }
     let fresh = args.fresh;
-    let sink = crate::sink::open(&job.output)
+    let sink = crate::sink::open(&job.output, job.shard)
         .await
         .map_err(crate::stages::sink_failure)?;
     let estimate = tokio::task::spawn_blocking(move || {

@@ -52,9 +52,20 @@ async fn search(
             let path = parquet.path.clone();
             let model = model.to_string();
             tokio::task::spawn_blocking(move || {
-                let metadata = query::parquet_metadata(&path, vector.len())?;
-                query::check_model(&path.display().to_string(), &metadata, &model, vector.len())?;
-                query::search_parquet(&path, &vector, k)
+                // A split job's output is a directory of its shards' files.
+                let files = if path.is_dir() {
+                    crate::parquet_io::list_parquet_files(&path)?
+                } else {
+                    vec![path.clone()]
+                };
+                if files.is_empty() {
+                    return Err(query::QueryError::NoOutput { path });
+                }
+                for file in &files {
+                    let metadata = query::parquet_metadata(file, vector.len())?;
+                    query::check_model(&file.display().to_string(), &metadata, &model, vector.len())?;
+                }
+                query::search_parquet(&files, &vector, k)
             })
             .await
             .map_err(|e| Failure::failed(anyhow::anyhow!("the search stopped unexpectedly: {e}")))?

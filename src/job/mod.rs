@@ -11,6 +11,7 @@
 mod location;
 mod params;
 pub mod paths;
+pub mod shard;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -29,6 +30,7 @@ pub use self::params::{
     PgvectorOutput, RecordsSource, SourceConfig, SourceKind, VectorIndex, DEFAULT_API_KEY_ENV,
     HNSW_MAX_DIMENSIONS, METADATA_TABLE_SUFFIX,
 };
+pub use self::shard::Shard;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Job {
@@ -42,6 +44,9 @@ pub struct Job {
     /// Which chunk sizes the job sets; the others fit the model (see
     /// [`Job::chunking_for`]).
     pub chunk_sizes_set: ChunkSizesSet,
+    /// The part of the input this run embeds (`--shard`), set by
+    /// [`Job::split`]; `None`, all of it.
+    pub shard: Option<Shard>,
 }
 
 /// Whether the job (or `--set`) gives `chunking.max_tokens` and
@@ -243,6 +248,7 @@ pub fn parse(text: &str, default_name: &str, overrides: &[String]) -> Result<Job
                 pipeline,
                 budget,
                 chunk_sizes_set,
+                shard: None,
             })
         }
         _ => Err(problems),
@@ -554,6 +560,68 @@ impl Job {
 
     /// Takes every relative path of the job from `base`, the job file's
     /// directory (see [`paths`]).
+    /// Makes this run shard `shard` of the job: it reads only the shard's
+    /// documents; a Parquet output's `path` names a directory, where the
+    /// shard writes its own file; the job's `requests_per_minute` and
+    /// `tokens_per_minute` are shared out among the shards.
+    pub fn split(&mut self, shard: Shard) -> Result<(), Vec<String>> {
+        let mut problems = Vec::new();
+        if let OutputParams::Parquet(parquet) = &mut self.output.params {
+            if parquet.path.is_file() {
+                problems.push(format!(
+                    "`output.path` {} is a file; with --shard it names a directory, where \
+                     each shard writes its own part-IIIII-of-NNNNN.parquet",
+                    parquet.path.display()
+                ));
+            }
+            parquet.path = parquet.path.join(shard.file_name());
+        }
+        if let BackendParams::Api(api) = &mut self.backend.params {
+            let count = shard.count;
+            let share = |key: &str, total: u64, problems: &mut Vec<String>| {
+                if total > 0 && total < u64::from(count) {
+                    problems.push(format!(
+                        "`backend.{key}` is {total} for the whole job: split {count} ways, \
+                         a shard would get less than 1"
+                    ));
+                }
+                total / u64::from(count)
+            };
+            let requests = share(
+                "requests_per_minute",
+                u64::from(api.requests_per_minute),
+                &mut problems,
+            );
+            api.requests_per_minute = u32::try_from(requests).unwrap_or(u32::MAX);
+            api.tokens_per_minute = share("tokens_per_minute", api.tokens_per_minute, &mut problems);
+        }
+        self.shard = Some(shard);
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(problems)
+        }
+    }
+
+    /// The path the job's state is named after (see `crate::state`): a
+    /// shard's is its own, beside the output directory for Parquet, and
+    /// with the shard's name for a table.
+    pub fn state_stem(&self) -> PathBuf {
+        let stem = self.output.state_stem(&self.name);
+        let Some(shard) = self.shard else {
+            return stem;
+        };
+        match &self.output.params {
+            OutputParams::Parquet(_) => {
+                let dir = crate::fsio::parent_dir(&stem);
+                Shard::state_dir(dir).join(shard.file_name())
+            }
+            OutputParams::Pgvector(_) => {
+                crate::fsio::with_suffix(&stem, &format!(".{}", shard.name()))
+            }
+        }
+    }
+
     pub fn resolve_paths(&mut self, base: &Path) {
         self.source.resolve_paths(base);
         self.backend.resolve_paths(base);

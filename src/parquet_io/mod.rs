@@ -39,6 +39,8 @@ pub use self::writer::{
 pub const FINGERPRINT_KEY: &str = "embedjob.fingerprint";
 /// The metadata key holding the name of the job that wrote a file.
 pub const JOB_KEY: &str = "embedjob.job";
+/// The shard a file holds, `I/N`, when the job was split (`--shard`).
+pub const SHARD_KEY: &str = "embedjob.shard";
 
 /// A Parquet file that cannot be read or written. Every variant names it.
 #[derive(Debug, thiserror::Error)]

@@ -5,7 +5,7 @@
 use super::dispatch::Dispatched;
 use super::summary::Bill;
 use crate::backend::{BackendInfo, BackendStats};
-use crate::parquet_io::{FINGERPRINT_KEY, JOB_KEY};
+use crate::parquet_io::{FINGERPRINT_KEY, JOB_KEY, SHARD_KEY};
 use crate::state::{Billed, Fingerprint};
 use crate::store::Earlier;
 use crate::types::{
@@ -51,6 +51,8 @@ pub(super) struct Ending<'a> {
     pub requests: u64,
     /// The ratio the output this run replaces recorded.
     pub previous_ratio: Option<f64>,
+    /// The shard the run embedded, if it embedded one.
+    pub shard: Option<crate::job::Shard>,
 }
 
 /// The metadata of a finished output: what this run and the unfinished runs
@@ -75,9 +77,13 @@ pub(super) fn output_metadata(e: &Ending<'_>) -> OutputMetadata {
     if let Some(ratio) = token_ratio(kept, local).or(e.previous_ratio) {
         extra.insert(TOKEN_RATIO_KEY.to_string(), ratio.to_string());
     }
+    if let Some(shard) = e.shard {
+        extra.insert(SHARD_KEY.to_string(), shard.to_string());
+    }
     OutputMetadata {
         model: e.info.model.clone(),
-        dimensions: 0,
+        // The vectors' length, set by the writer; the model's when it wrote none.
+        dimensions: e.info.dimensions.unwrap_or(0),
         backend: e.info.kind.to_string(),
         usage,
         requests: e.requests + e.earlier.requests,

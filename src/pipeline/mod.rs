@@ -154,9 +154,9 @@ pub async fn execute(
     let (bill, _) = bill::reckon(&report.dispatched, &stats);
     let location = crate::state::StateLocation::for_job(job);
     let mut summary = Summary::new(&summary::Outcome {
-        job: &job.name,
+        job,
         output: target,
-        failures_file: location.failures().display().to_string(),
+        location: &location,
         info: &info,
         read: &report.read,
         dispatched: &report.dispatched,
@@ -265,6 +265,7 @@ async fn run_stages(
         earlier: &earlier,
         requests: stats.requests,
         previous_ratio,
+        shard: job.shard,
     });
     if !dispatched.writer_stopped && unseen != Billed::default() {
         let _ = sink_tx.send(SinkMessage::Billed(unseen)).await;

@@ -27,10 +27,16 @@ use crate::types::Usage;
 #[derive(Debug, Clone, Serialize)]
 pub struct Summary {
     pub job: String,
+    /// The shard of the job this run embedded (`--shard`), `I/N`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shard: Option<String>,
     pub output: String,
     /// Where quarantined chunks are listed, for the human form.
     #[serde(skip)]
     pub failures_file: String,
+    /// Where a stopped run's vectors are kept, for the human form.
+    #[serde(skip)]
+    pub checkpoint_dir: String,
     pub backend: String,
     pub model: String,
     pub dimensions: Option<usize>,
@@ -127,9 +133,9 @@ pub(super) struct Bill {
 
 /// Everything a finished run reports, gathered from its stages.
 pub(super) struct Outcome<'a> {
-    pub job: &'a str,
+    pub job: &'a Job,
     pub output: String,
-    pub failures_file: String,
+    pub location: &'a crate::state::StateLocation,
     pub info: &'a BackendInfo,
     pub read: &'a ReadReport,
     pub dispatched: &'a Dispatched,
@@ -167,9 +173,11 @@ impl Summary {
             Exit::Success
         };
         Summary {
-            job: o.job.to_string(),
+            job: o.job.name.clone(),
+            shard: o.job.shard.map(|s| s.to_string()),
             output: o.output.clone(),
-            failures_file: o.failures_file.clone(),
+            failures_file: o.location.failures().display().to_string(),
+            checkpoint_dir: o.location.checkpoint().display().to_string(),
             backend: o.info.kind.to_string(),
             model: o.info.model.clone(),
             dimensions: o.written.dimensions.or(o.info.dimensions),
@@ -242,9 +250,9 @@ impl Summary {
         };
         let location = crate::state::StateLocation::for_job(job);
         let mut summary = Summary::new(&Outcome {
-            job: &job.name,
+            job,
             output: job.output.state_stem(&job.name).display().to_string(),
-            failures_file: location.failures().display().to_string(),
+            location: &location,
             info,
             read: &ReadReport::default(),
             dispatched: &Dispatched::default(),
@@ -285,7 +293,7 @@ impl Summary {
         let mut out = match &s.stopped {
             None => format!(
                 "{}: {} from {} written to {}\n",
-                s.job,
+                self.job_text(),
                 counted(s.written, "chunk"),
                 counted(s.documents, "document"),
                 s.output
@@ -337,16 +345,25 @@ impl Summary {
 
     /// The head of a stopped run's summary: why, what the checkpoint holds,
     /// and how to carry on.
+    /// `docs`, or `docs (shard 1/4)`.
+    fn job_text(&self) -> String {
+        match &self.shard {
+            Some(shard) => format!("{} (shard {shard})", self.job),
+            None => self.job.clone(),
+        }
+    }
+
     fn stopped_text(&self, reason: &str) -> String {
         let mut out = format!(
             "{}: {reason} before the end; {} is as it was\n",
-            self.job, self.output
+            self.job_text(),
+            self.output
         );
         let _ = writeln!(
             out,
-            "  committed: {} in {}.checkpoint ({} from this run), kept for the next run",
+            "  committed: {} in {} ({} from this run), kept for the next run",
             counted(self.committed, "vector"),
-            self.output,
+            self.checkpoint_dir,
             self.embedded
         );
         let carry_on = self

@@ -234,7 +234,7 @@ impl Writing {
             quarantined,
             ..
         } = self;
-        metadata.dimensions = dimensions.unwrap_or(0);
+        metadata.dimensions = dimensions.unwrap_or(metadata.dimensions);
         let report = sink.finish(&metadata)?;
         failures.finish()?;
         parts.remove_checkpoint()?;

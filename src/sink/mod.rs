@@ -11,7 +11,7 @@ mod parquet;
 #[cfg(feature = "pgvector")]
 pub mod pgvector;
 
-use crate::job::{OutputConfig, OutputParams};
+use crate::job::{OutputConfig, OutputParams, Shard};
 use crate::parquet_io::FileError;
 use crate::store::{StoreError, StoredRows};
 use crate::types::{EmbeddedBatch, OutputMetadata};
@@ -94,12 +94,21 @@ impl SinkError {
 
 /// Builds the sink a job's `[output]` names. A sink in a database connects
 /// here, so that a wrong address or password is found before any work.
-pub async fn open(output: &OutputConfig) -> Result<Box<dyn Sink>, SinkError> {
+/// With a `shard`, the sink holds and writes that shard's rows only.
+pub async fn open(
+    output: &OutputConfig,
+    shard: Option<Shard>,
+) -> Result<Box<dyn Sink>, SinkError> {
     match &output.params {
-        OutputParams::Parquet(params) => Ok(Box::new(ParquetSink::new(params))),
+        OutputParams::Parquet(params) => Ok(Box::new(ParquetSink::new(params, shard))),
         #[cfg(feature = "pgvector")]
-        OutputParams::Pgvector(params) => Ok(Box::new(PgvectorSink::open(params).await?)),
+        OutputParams::Pgvector(params) => {
+            Ok(Box::new(PgvectorSink::open(params, shard).await?))
+        }
         #[cfg(not(feature = "pgvector"))]
-        OutputParams::Pgvector(_) => Err(SinkError::NotBuilt("pgvector")),
+        OutputParams::Pgvector(_) => {
+            let _ = shard;
+            Err(SinkError::NotBuilt("pgvector"))
+        }
     }
 }

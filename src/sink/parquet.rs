@@ -1,11 +1,12 @@
 //! The Parquet sink: the output is one file, written whole by each run
 //! under a temporary name and renamed into place when complete. The previous
-//! output is what the sink holds for reuse.
+//! output is what the sink holds for reuse. A shard's file is written even
+//! when the shard has no rows, so that the directory of shards is whole.
 
 use std::path::PathBuf;
 
 use super::{Sink, SinkError, SinkReport};
-use crate::job::ParquetOutput;
+use crate::job::{ParquetOutput, Shard};
 use crate::parquet_io::{Compression, FileOptions, ParquetRows, VectorFile};
 use crate::store::StoredRows;
 use crate::types::{EmbeddedBatch, OutputMetadata};
@@ -19,11 +20,14 @@ pub struct ParquetSink {
     path: PathBuf,
     options: FileOptions,
     file: Option<VectorFile>,
+    /// Write a file with no rows when the run has none (a shard's).
+    always: bool,
 }
 
 impl ParquetSink {
-    pub fn new(params: &ParquetOutput) -> ParquetSink {
+    pub fn new(params: &ParquetOutput, shard: Option<Shard>) -> ParquetSink {
         ParquetSink {
+            always: shard.is_some(),
             path: params.path.clone(),
             options: FileOptions {
                 include_text: params.include_text,
@@ -67,12 +71,29 @@ impl Sink for ParquetSink {
     }
 
     fn finish(self: Box<Self>, metadata: &OutputMetadata) -> Result<SinkReport, SinkError> {
-        match self.file {
-            Some(file) => Ok(SinkReport {
-                rows: file.finish(metadata)?.rows,
-            }),
-            None => Ok(SinkReport::default()),
-        }
+        let file = match self.file {
+            Some(file) => file,
+            None if self.always => {
+                // No rows: vectors of the model's length, or of the file this one replaces.
+                let dimensions = match metadata.dimensions {
+                    0 => self.held()?.map_or(0, |rows| rows.dimensions()),
+                    d => d,
+                };
+                if dimensions == 0 {
+                    crate::progress::warn(&format!(
+                        "{}: not written: this shard has no rows, and the model's vector \
+                         length is not known to write an empty file with",
+                        self.path.display()
+                    ));
+                    return Ok(SinkReport::default());
+                }
+                VectorFile::create(&self.path, dimensions, self.options)?
+            }
+            None => return Ok(SinkReport::default()),
+        };
+        Ok(SinkReport {
+            rows: file.finish(metadata)?.rows,
+        })
     }
 
     fn abort(self: Box<Self>) {

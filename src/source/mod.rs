@@ -17,7 +17,7 @@
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
-use crate::job::SourceConfig;
+use crate::job::{Shard, SourceConfig};
 use crate::parquet_io::FileError;
 use crate::types::{id_key, Document};
 
@@ -152,6 +152,23 @@ pub fn open(config: &SourceConfig) -> Result<Box<dyn Source>, SourceError> {
     Ok(Box::new(Checked::new(inner, config.clone())))
 }
 
+/// [`open`], for one shard of the input: the documents of other shards are
+/// read (so that an id repeated anywhere is still found) and passed over.
+pub fn open_shard(
+    config: &SourceConfig,
+    shard: Option<Shard>,
+) -> Result<Box<dyn Source>, SourceError> {
+    let source = open(config)?;
+    Ok(match shard {
+        Some(shard) => Box::new(Sharded {
+            inner: source,
+            shard,
+            documents: 0,
+        }),
+        None => source,
+    })
+}
+
 fn open_unchecked(config: &SourceConfig) -> Result<Box<dyn Source>, SourceError> {
     Ok(match config {
         SourceConfig::Files(files) => Box::new(files::FilesSource::open(files)?),
@@ -274,6 +291,43 @@ impl Source for Checked {
 
     fn stats(&self) -> SourceStats {
         self.inner.stats()
+    }
+
+    fn last_row(&self) -> Option<u64> {
+        self.inner.last_row()
+    }
+
+    fn skipped_files(&self) -> SkippedFiles {
+        self.inner.skipped_files()
+    }
+}
+
+/// The documents of one shard of a source.
+struct Sharded {
+    inner: Box<dyn Source>,
+    shard: Shard,
+    /// This shard's documents returned so far.
+    documents: u64,
+}
+
+impl Source for Sharded {
+    fn next_document(&mut self) -> Result<Option<Document>, SourceError> {
+        while let Some(document) = self.inner.next_document()? {
+            if self.shard.holds(&document.doc_id) {
+                self.documents += 1;
+                return Ok(Some(document));
+            }
+        }
+        Ok(None)
+    }
+
+    /// The shard's documents; the rows passed over (null, empty) are the
+    /// whole input's.
+    fn stats(&self) -> SourceStats {
+        SourceStats {
+            documents: self.documents,
+            ..self.inner.stats()
+        }
     }
 
     fn last_row(&self) -> Option<u64> {

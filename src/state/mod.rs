@@ -48,18 +48,30 @@ pub use self::parts::{Billed, PartWriter};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StateLocation {
     stem: PathBuf,
+    /// A Parquet output kept apart from the stem (a shard's), whose
+    /// temporaries are the job's too.
+    output: Option<PathBuf>,
 }
 
 impl StateLocation {
-    /// The state of `job`: beside a Parquet output, in the `state_dir` of a table.
+    /// The state of `job`: beside a Parquet output, in the `state_dir` of a
+    /// table, beside a shard's output directory (see [`Job::state_stem`]).
     pub fn for_job(job: &Job) -> StateLocation {
-        StateLocation::beside(&job.output.state_stem(&job.name))
+        let stem = job.state_stem();
+        let output = match &job.output.params {
+            crate::job::OutputParams::Parquet(parquet) if parquet.path != stem => {
+                Some(parquet.path.clone())
+            }
+            _ => None,
+        };
+        StateLocation { stem, output }
     }
 
     /// The state of a job whose output is `output`.
     pub fn beside(output: &Path) -> StateLocation {
         StateLocation {
             stem: output.to_path_buf(),
+            output: None,
         }
     }
 
@@ -101,6 +113,15 @@ impl StateLocation {
         let own: Vec<&str> = own.iter().map(String::as_str).collect();
         checkpoint::remove_matching(fsio::parent_dir(&self.stem), |file| {
             fsio::is_stale_temporary(file, &own)
+        })?;
+        let Some(output) = &self.output else {
+            return Ok(());
+        };
+        let Some(name) = output.file_name().and_then(|n| n.to_str()) else {
+            return Ok(());
+        };
+        checkpoint::remove_matching(fsio::parent_dir(output), |file| {
+            fsio::is_stale_temporary(file, &[name])
         })
     }
 }

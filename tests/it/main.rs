@@ -14,6 +14,7 @@ mod regression;
 mod resume;
 mod run;
 mod servers;
+mod shards;
 mod simulator;
 mod source;
 mod support;

@@ -15,10 +15,15 @@
 //! is killed changes nothing there; what it paid for is in the job's
 //! checkpoint, and the next run carries on from it. Rows held unchanged are
 //! never sent to the sink (see [`Sink::keeps_rows`]).
+//!
+//! The shards of a job write one table together (see [`split`]): each
+//! reads, replaces and deletes only the rows of its own documents, and
+//! records its metadata under its own name.
 
 mod db;
 mod rows;
 mod search;
+mod split;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -30,8 +35,9 @@ use tokio_postgres::{Client, Transaction};
 
 use self::db::{Database, Extension, Layout, Names};
 use self::rows::TableRows;
+use self::split::{Namespaces, Owner};
 use super::{Sink, SinkError, SinkReport};
-use crate::job::{PgvectorOutput, VectorIndex, HNSW_MAX_DIMENSIONS};
+use crate::job::{PgvectorOutput, Shard, VectorIndex, HNSW_MAX_DIMENSIONS};
 use crate::parquet_io::{standard_pairs, FINGERPRINT_KEY};
 use crate::store::StoredRows;
 use crate::types::{EmbeddedBatch, OutputMetadata};
@@ -83,6 +89,16 @@ pub enum PgError {
          again (what this run paid for is kept in its checkpoint)"
     )]
     Changed { table: String },
+    #[error(
+        "table {table}: {others} made {its} rows under another configuration than this \
+         run's; run this one with --fresh to replace them (they then embed their documents \
+         again), or run them under this configuration"
+    )]
+    Split {
+        table: String,
+        others: String,
+        its: &'static str,
+    },
 }
 
 impl PgError {
@@ -102,7 +118,8 @@ impl PgError {
 /// table's rows (and removes what is gone) or replaces them.
 #[derive(Debug, Clone)]
 struct Basis {
-    generation: Option<String>,
+    /// The generations that must not have changed when the run finishes.
+    watched: BTreeMap<Owner, String>,
     fingerprint: Option<String>,
 }
 
@@ -129,13 +146,15 @@ pub struct PgvectorSink {
     pending_bytes: usize,
     staged: u64,
     removals: Vec<String>,
+    /// The shard whose rows this sink holds; `None`, all of them.
+    shard: Owner,
 }
 
 impl PgvectorSink {
     /// Connects, finds (or creates) the pgvector extension and checks the
     /// table, if there is one already: every problem of configuration is
     /// found here, before any work.
-    pub async fn open(params: &PgvectorOutput) -> Result<PgvectorSink, PgError> {
+    pub async fn open(params: &PgvectorOutput, shard: Option<Shard>) -> Result<PgvectorSink, PgError> {
         let db = Arc::new(Database::new(params)?);
         let client = db.connect().await?;
         let extension = db::extension(&db, &client).await?;
@@ -165,6 +184,7 @@ impl PgvectorSink {
             pending_bytes: 0,
             staged: 0,
             removals: Vec::new(),
+            shard,
         })
     }
 
@@ -334,24 +354,26 @@ impl Sink for PgvectorSink {
         let Some(layout) = self.layout else {
             return Ok(None);
         };
-        let (client, metadata) = self.handle.block_on(async {
+        let (client, all) = self.handle.block_on(async {
             let client = self.db.connect().await?;
             let metadata = db::read_metadata(&self.db, &client, &self.names).await?;
             Ok::<_, PgError>((client, metadata))
         })?;
+        let spaces = Namespaces::new(all);
+        let metadata = spaces.basis_for(self.shard);
         if let Ok(mut basis) = self.basis.lock() {
             *basis = Some(Basis {
-                generation: metadata.get(GENERATION_KEY).cloned(),
+                watched: spaces.watched(self.shard, GENERATION_KEY),
                 fingerprint: metadata.get(FINGERPRINT_KEY).cloned(),
             });
         }
         Ok(Some(Box::new(TableRows::new(
             Arc::clone(&self.db),
             self.names.clone(),
-            self.handle.clone(),
-            client,
+            (self.handle.clone(), client),
             layout.dimensions,
             metadata,
+            self.shard,
         ))))
     }
 
@@ -403,6 +425,7 @@ impl Sink for PgvectorSink {
         let merge = Merge {
             db: &sink.db,
             names: &sink.names,
+            shard: sink.shard,
             extension: &sink.extension,
             index: sink.index,
             staged: sink.staged,
@@ -423,6 +446,7 @@ impl Sink for PgvectorSink {
 struct Merge<'a> {
     db: &'a Database,
     names: &'a Names,
+    shard: Owner,
     extension: &'a Extension,
     index: VectorIndex,
     staged: u64,
@@ -454,30 +478,50 @@ impl Merge<'_> {
         )
         .await
         .map_err(self.failed("cannot lock the table"))?;
-        let current = db::read_metadata(self.db, &tx, self.names).await?;
+        let spaces = Namespaces::new(db::read_metadata(self.db, &tx, self.names).await?);
         if let Some(basis) = self.builds_on {
-            if current.get(GENERATION_KEY) != basis.generation.as_ref() {
+            if spaces.watched(self.shard, GENERATION_KEY) != basis.watched {
                 return Err(PgError::Changed {
                     table: self.names.display(),
                 });
             }
         }
-        let generation = current
-            .get(GENERATION_KEY)
+        let generation = spaces
+            .of(self.shard)
+            .and_then(|keys| keys.get(GENERATION_KEY))
             .and_then(|g| g.parse::<u64>().ok())
             .unwrap_or(0)
             + 1;
-        self.prepare(&tx).await?;
+        let conflicts = spaces.conflicts(self.shard, self.metadata.extra.get(FINGERPRINT_KEY));
+        if !conflicts.is_empty() && self.builds_on.is_some() {
+            let others: Vec<String> = conflicts.iter().map(|o| split::describe(*o)).collect();
+            return Err(PgError::Split {
+                table: self.names.display(),
+                its: if others.len() == 1 { "its" } else { "their" },
+                others: others.join(", "),
+            });
+        }
+        self.prepare(&tx, &spaces, &conflicts).await?;
         self.write_rows(&tx).await?;
-        self.write_metadata(&tx, generation).await?;
+        let mut replaced = conflicts;
+        replaced.push(self.shard);
+        replaced.extend(spaces.superseded(self.shard));
+        self.write_metadata(&tx, generation, &spaces.stored_keys(&replaced))
+            .await?;
         tx.commit()
             .await
             .map_err(self.failed("cannot commit the run's rows"))
     }
 
     /// Empties (or, for another vector length, drops) a table this run
-    /// replaces, and creates what is missing.
-    async fn prepare(&self, tx: &Transaction<'_>) -> Result<(), PgError> {
+    /// replaces, and creates what is missing. A shard empties its own rows,
+    /// and those of other shards made under another configuration.
+    async fn prepare(
+        &self,
+        tx: &Transaction<'_>,
+        spaces: &Namespaces,
+        conflicts: &[Owner],
+    ) -> Result<(), PgError> {
         let table = self.names.table();
         let layout = db::layout(self.db, tx, self.names).await?;
         match layout {
@@ -488,9 +532,27 @@ impl Merge<'_> {
                     .map_err(self.failed("cannot replace the table"))?;
             }
             Some(_) if self.builds_on.is_none() => {
-                tx.batch_execute(&format!("DELETE FROM {table}"))
+                let keepers = spaces.keepers(self.shard, conflicts);
+                for gone in conflicts {
+                    tx.batch_execute(&format!(
+                        "DELETE FROM {table} WHERE {}",
+                        split::rows_only_of(*gone, &keepers)
+                    ))
                     .await
-                    .map_err(self.failed("cannot replace the rows"))?;
+                    .map_err(self.failed("cannot remove rows made under another configuration"))?;
+                    crate::progress::warn(&format!(
+                        "table {}: removed the rows {} made under another configuration; \
+                         they are embedded again on its next run",
+                        self.names.display(),
+                        split::describe(*gone)
+                    ));
+                }
+                tx.batch_execute(&format!(
+                    "DELETE FROM {table} WHERE {}",
+                    split::rows_of_owner(self.shard)
+                ))
+                .await
+                .map_err(self.failed("cannot replace the rows"))?;
             }
             _ => {}
         }
@@ -548,13 +610,26 @@ impl Merge<'_> {
         Ok(())
     }
 
-    async fn write_metadata(&self, tx: &Transaction<'_>, generation: u64) -> Result<(), PgError> {
+    /// Replaces this run's keys (and `replaced`, the keys of runs whose
+    /// rows it replaced) with the run's metadata, named for its shard.
+    async fn write_metadata(
+        &self,
+        tx: &Transaction<'_>,
+        generation: u64,
+        replaced: &[String],
+    ) -> Result<(), PgError> {
         let pairs = PgvectorSink::metadata_pairs(self.metadata, self.dimensions, generation);
-        let (keys, values): (Vec<String>, Vec<String>) = pairs.into_iter().unzip();
+        let (keys, values): (Vec<String>, Vec<String>) = pairs
+            .into_iter()
+            .map(|(k, v)| (Namespaces::key(self.shard, &k), v))
+            .unzip();
         let metadata_table = self.names.metadata();
-        tx.batch_execute(&format!("DELETE FROM {metadata_table}"))
-            .await
-            .map_err(self.failed("cannot write the metadata"))?;
+        tx.execute(
+            format!("DELETE FROM {metadata_table} WHERE key = ANY($1)").as_str(),
+            &[&replaced],
+        )
+        .await
+        .map_err(self.failed("cannot write the metadata"))?;
         let insert = format!(
             "INSERT INTO {metadata_table} (key, value) SELECT * FROM unnest($1::text[], $2::text[])"
         );

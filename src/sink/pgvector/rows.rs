@@ -12,6 +12,7 @@ use tokio::runtime::Handle;
 use tokio_postgres::Client;
 
 use super::db::{Database, Names};
+use crate::job::Shard;
 use crate::store::{ReadRow, Row, StoreError, StoredRows};
 
 /// Rows fetched at a time while scanning.
@@ -25,6 +26,8 @@ pub(crate) struct TableRows {
     client: Client,
     dimensions: usize,
     metadata: BTreeMap<String, String>,
+    /// The shard whose rows these are; `None`, all of the table's.
+    shard: Option<Shard>,
     /// The ids of the last scan, one after another, and where each ends.
     ids: String,
     ends: Vec<usize>,
@@ -34,10 +37,10 @@ impl TableRows {
     pub fn new(
         db: Arc<Database>,
         names: Names,
-        handle: Handle,
-        client: Client,
+        (handle, client): (Handle, Client),
         dimensions: usize,
         metadata: BTreeMap<String, String>,
+        shard: Option<Shard>,
     ) -> TableRows {
         TableRows {
             db,
@@ -46,6 +49,7 @@ impl TableRows {
             client,
             dimensions,
             metadata,
+            shard,
             ids: String::new(),
             ends: Vec::new(),
         }
@@ -78,8 +82,9 @@ impl StoredRows for TableRows {
     fn scan(&mut self, with_ids: bool, visit: &mut dyn FnMut(Row<'_>)) -> Result<(), StoreError> {
         let handle = self.handle.clone();
         let sql = format!(
-            "SELECT id, content_hash FROM {} ORDER BY id",
-            self.names.table()
+            "SELECT id, content_hash FROM {} WHERE {} ORDER BY id",
+            self.names.table(),
+            super::split::rows_of_owner(self.shard)
         );
         let mut ids = String::new();
         let mut ends = Vec::new();

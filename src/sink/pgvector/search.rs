@@ -27,7 +27,8 @@ pub async fn search(
             message: "does not exist yet: run the job first".to_string(),
         });
     };
-    let metadata = db::read_metadata(&database, &client, &names).await?;
+    let all = db::read_metadata(&database, &client, &names).await?;
+    let metadata = super::split::Namespaces::new(all).table_view();
     if layout.dimensions != query.len() {
         return Err(PgError::Data {
             table: names.display(),

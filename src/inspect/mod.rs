@@ -23,11 +23,14 @@ use arrow::datatypes::{DataType, Float32Type, Schema};
 use parquet::arrow::ProjectionMask;
 use serde::Serialize;
 
+mod shards;
+
 use crate::display::counted;
+use crate::job::Shard;
 use crate::exit::Exit;
 use crate::parquet_io::{
     guard as parquet_guard, key_values, list_parquet_files, open_reader as parquet_reader,
-    output_schema, FileError, FINGERPRINT_KEY, JOB_KEY, SCHEMA_VERSION,
+    output_schema, FileError, FINGERPRINT_KEY, JOB_KEY, SCHEMA_VERSION, SHARD_KEY,
 };
 use crate::state::StateLocation;
 use crate::types::id_key128;
@@ -89,6 +92,8 @@ pub enum Check {
     NotAllZero,
     /// A directory's files are one dataset: one job, one configuration.
     OneDataset,
+    /// The shards of a split job are all there, each once, split one way.
+    Shards,
 }
 
 impl Check {
@@ -104,6 +109,7 @@ impl Check {
             Check::Finite => "finite",
             Check::NotAllZero => "not_all_zero",
             Check::OneDataset => "one_dataset",
+            Check::Shards => "shards",
         }
     }
 }
@@ -139,6 +145,9 @@ pub struct FileReport {
     pub include_text: bool,
     /// The job that wrote the file (`embedjob.job`), when it says.
     pub job: Option<String>,
+    /// The shard of the job the file holds (`embedjob.shard`, `I/N`).
+    #[serde(serialize_with = "shards::serialize")]
+    pub shard: Option<Shard>,
     /// Columns besides the output's own (`source.metadata_fields`), with their types.
     pub metadata_columns: Vec<String>,
     /// Failed checks found, listed or not.
@@ -296,7 +305,7 @@ pub fn inspect(path: &Path) -> Result<Report, InspectError> {
     for (index, file) in files.iter().enumerate() {
         reports.push(inspect_file(file, index, &files, &mut ids[of_file[index]]));
     }
-    let mut problems = Vec::new();
+    let mut problems = shards::problems(&datasets, &reports);
     if datasets.len() > 1 {
         let each: Vec<String> = datasets.iter().map(Dataset::describe).collect();
         problems.push(Problem {
@@ -326,6 +335,7 @@ pub fn inspect(path: &Path) -> Result<Report, InspectError> {
         totals.cost = totals.cost.zip(r.cost).map(|(a, b)| a + b);
         totals.problem_count += r.problem_count;
     }
+    problems.sort_by_key(|p| p.check == Check::Shards);
     totals.problem_count += problems.len() as u64;
     Ok(Report {
         path: path.to_path_buf(),
@@ -478,6 +488,17 @@ fn read_metadata(report: &mut FileReport, kv: &BTreeMap<String, String>) {
     report.model = text("embedjob.model");
     report.backend = text("embedjob.backend");
     report.job = kv.get(JOB_KEY).cloned();
+    if let Some(shard) = kv.get(SHARD_KEY) {
+        match shards::parse(shard) {
+            Some(shard) => report.shard = Some(shard),
+            None => report.problem(
+                Check::Metadata,
+                None,
+                None,
+                format!("{SHARD_KEY} is {shard:?}, not a shard such as 1/4"),
+            ),
+        }
+    }
     let dimensions = text("embedjob.dimensions");
     let prompt_tokens = text("embedjob.usage.prompt_tokens");
     let total_tokens = text("embedjob.usage.total_tokens");
@@ -737,7 +758,14 @@ fn check_id(
 /// The run's summary next to the output, when there is one, must count the
 /// same rows.
 fn check_summary(report: &mut FileReport, path: &Path, rows: u64) {
-    let summary = StateLocation::beside(path).summary();
+    let summary = match (report.shard, path.file_name()) {
+        // A shard's state is beside its directory (see `Job::state_stem`).
+        (Some(_), Some(name)) => {
+            StateLocation::beside(&Shard::state_dir(crate::fsio::parent_dir(path)).join(name))
+        }
+        _ => StateLocation::beside(path),
+    }
+    .summary();
     let Ok(text) = std::fs::read_to_string(&summary) else {
         return;
     };
@@ -810,7 +838,11 @@ fn file_text(out: &mut String, f: &FileReport) {
         f.bytes
     );
     if let Some(job) = &f.job {
-        let _ = writeln!(out, "  job         {job}");
+        match f.shard {
+            Some(shard) => writeln!(out, "  job         {job}, shard {shard}"),
+            None => writeln!(out, "  job         {job}"),
+        }
+        .ok();
     }
     let _ = writeln!(
         out,

@@ -1,0 +1,136 @@
+//! A directory of a split job's files (`run --shard`) is one dataset when
+//! every shard is there, once, and all were split the same way.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use super::{Check, Dataset, FileReport, Problem};
+use crate::job::Shard;
+
+/// Shards named per problem; the rest are counted.
+const NAMED: usize = 10;
+
+/// `I/N` as `embedjob.shard` records it.
+pub(super) fn parse(text: &str) -> Option<Shard> {
+    let (index, count) = text.trim().split_once('/')?;
+    Shard::new(index.parse().ok()?, count.parse().ok()?).ok()
+}
+
+pub(super) fn serialize<S: serde::Serializer>(
+    shard: &Option<Shard>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    match shard {
+        Some(shard) => serializer.serialize_str(&shard.to_string()),
+        None => serializer.serialize_none(),
+    }
+}
+
+/// The problems of each dataset whose files are shards: a shard missing or
+/// in two files, files split another way, or a file of the whole job among
+/// them.
+pub(super) fn problems(datasets: &[Dataset], reports: &[FileReport]) -> Vec<Problem> {
+    let shard_of: BTreeMap<&PathBuf, Option<Shard>> =
+        reports.iter().map(|r| (&r.path, r.shard)).collect();
+    let mut problems = Vec::new();
+    for dataset in datasets {
+        let files: Vec<(&PathBuf, Option<Shard>)> = dataset
+            .files
+            .iter()
+            .map(|f| (f, shard_of.get(f).copied().flatten()))
+            .collect();
+        if files.iter().all(|(_, shard)| shard.is_none()) {
+            continue;
+        }
+        let mut report = |message: String| {
+            problems.push(Problem {
+                check: Check::Shards,
+                row: None,
+                id: None,
+                message,
+            });
+        };
+        let whole: Vec<String> = files
+            .iter()
+            .filter(|(_, shard)| shard.is_none())
+            .map(|(f, _)| name(f))
+            .collect();
+        if !whole.is_empty() {
+            report(format!(
+                "{} of the whole job sit among the shards' files, and hold their documents \
+                 again: {}",
+                if whole.len() == 1 { "a file" } else { "files" },
+                whole.join(", ")
+            ));
+        }
+        let mut by_count: BTreeMap<u32, BTreeMap<u32, Vec<String>>> = BTreeMap::new();
+        for (file, shard) in &files {
+            if let Some(shard) = shard {
+                by_count
+                    .entry(shard.count)
+                    .or_default()
+                    .entry(shard.index)
+                    .or_default()
+                    .push(name(file));
+            }
+        }
+        if by_count.len() > 1 {
+            let ways: Vec<String> = by_count
+                .iter()
+                .map(|(count, shards)| {
+                    let files: Vec<String> = shards.values().flatten().cloned().collect();
+                    format!("into {count} ({})", listed(&files))
+                })
+                .collect();
+            report(format!(
+                "the files were split different ways, so documents may be in two of them: {}; \
+                 keep the files of one split only",
+                ways.join("; ")
+            ));
+            continue;
+        }
+        let Some((&count, shards)) = by_count.iter().next() else {
+            continue;
+        };
+        for (index, files) in shards.iter().filter(|(_, files)| files.len() > 1) {
+            report(format!(
+                "shard {index}/{count} is in more than one file: {}",
+                files.join(", ")
+            ));
+        }
+        let missing: Vec<String> = (0..count)
+            .filter(|i| !shards.contains_key(i))
+            .map(|index| Shard { index, count }.file_name())
+            .collect();
+        if !missing.is_empty() {
+            report(format!(
+                "{} of {count} shards {} missing: {}; run them (embedjob run JOB --shard I/{count})",
+                missing.len(),
+                if missing.len() == 1 { "is" } else { "are" },
+                listed(&missing)
+            ));
+        }
+    }
+    problems
+}
+
+fn name(path: &PathBuf) -> String {
+    path.file_name().map_or_else(
+        || path.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    )
+}
+
+/// The first [`NAMED`] names, and how many more.
+fn listed(names: &[String]) -> String {
+    let mut text = names
+        .iter()
+        .take(NAMED)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join(", ");
+    if names.len() > NAMED {
+        text.push_str(&format!(" and {} more", names.len() - NAMED));
+    }
+    text
+}

@@ -1,0 +1,239 @@
+//! One table written by the shards of a job (`--shard I/N`).
+//!
+//! Each shard holds the rows of its own documents, which the database finds
+//! by the same hash of `doc_id` the shard chooses its documents by
+//! ([`rows_of`]). The metadata table is shared: a shard's keys carry its
+//! name (`part-00001-of-00004:embedjob.usage.prompt_tokens`), a run of the
+//! whole job's do not, so that each run records its own usage and its own
+//! generation, and shards finishing at once do not undo each other.
+
+use std::collections::BTreeMap;
+
+use crate::job::Shard;
+use crate::parquet_io::FINGERPRINT_KEY;
+
+/// Whose keys: a shard's, or (`None`) a run of the whole job's.
+pub(crate) type Owner = Option<Shard>;
+
+/// The metadata table's keys, by the run that wrote them.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Namespaces(BTreeMap<Owner, BTreeMap<String, String>>);
+
+impl Namespaces {
+    pub fn new(all: BTreeMap<String, String>) -> Namespaces {
+        let mut spaces: BTreeMap<Owner, BTreeMap<String, String>> = BTreeMap::new();
+        for (key, value) in all {
+            let (owner, key) = match key.split_once(':') {
+                Some((name, rest)) => match Shard::from_file_name(&format!("{name}.parquet")) {
+                    Some(shard) => (Some(shard), rest.to_string()),
+                    None => (None, key),
+                },
+                None => (None, key),
+            };
+            spaces.entry(owner).or_default().insert(key, value);
+        }
+        Namespaces(spaces)
+    }
+
+    /// `key` as `owner` stores it.
+    pub fn key(owner: Owner, key: &str) -> String {
+        match owner {
+            Some(shard) => format!("{}:{key}", shard.name()),
+            None => key.to_string(),
+        }
+    }
+
+    /// What `owner` recorded, when it recorded anything.
+    pub fn of(&self, owner: Owner) -> Option<&BTreeMap<String, String>> {
+        self.0.get(&owner)
+    }
+
+    /// The keys of the run that made the table's rows: `owner`'s own, or,
+    /// before its first run, those of another run of the job, for their
+    /// fingerprint (the rows of the owner's documents are still reusable).
+    pub fn basis_for(&self, owner: Owner) -> BTreeMap<String, String> {
+        if let Some(own) = self.of(owner) {
+            return own.clone();
+        }
+        let fingerprint = self
+            .0
+            .values()
+            .find_map(|keys| keys.get(FINGERPRINT_KEY).cloned());
+        fingerprint
+            .map(|f| [(FINGERPRINT_KEY.to_string(), f)].into())
+            .unwrap_or_default()
+    }
+
+    /// The metadata of the table as a whole, for a search: the whole job's
+    /// run's keys, else a shard's (shards share one configuration).
+    pub fn table_view(&self) -> BTreeMap<String, String> {
+        self.of(None)
+            .or_else(|| self.0.values().next())
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// The generations a run of `owner` must find unchanged when it
+    /// finishes: its own and the whole job's runs' (a run of the whole job
+    /// changes every shard's rows); for a run of the whole job, every one.
+    pub fn watched(&self, owner: Owner, generation_key: &str) -> BTreeMap<Owner, String> {
+        self.0
+            .iter()
+            .filter(|(o, _)| owner.is_none() || o.is_none() || **o == owner)
+            .filter_map(|(o, keys)| keys.get(generation_key).map(|g| (*o, g.clone())))
+            .collect()
+    }
+
+    /// The other runs whose rows were made under another configuration
+    /// than `fingerprint`.
+    pub fn conflicts(&self, owner: Owner, fingerprint: Option<&String>) -> Vec<Owner> {
+        self.0
+            .iter()
+            .filter(|(o, keys)| **o != owner && keys.get(FINGERPRINT_KEY) != fingerprint)
+            .map(|(o, _)| *o)
+            .collect()
+    }
+
+    /// The runs whose keys a run of `owner` replaces besides its own: for
+    /// a run of the whole job, every shard's (it now holds all their rows).
+    pub fn superseded(&self, owner: Owner) -> Vec<Owner> {
+        match owner {
+            Some(_) => Vec::new(),
+            None => self.0.keys().filter(|o| o.is_some()).copied().collect(),
+        }
+    }
+
+    /// The keys, as stored, of the runs in `owners`.
+    pub fn stored_keys(&self, owners: &[Owner]) -> Vec<String> {
+        owners
+            .iter()
+            .filter_map(|o| self.0.get(o).map(|keys| (o, keys)))
+            .flat_map(|(o, keys)| keys.keys().map(|k| Namespaces::key(*o, k)))
+            .collect()
+    }
+
+    /// The other runs whose rows stay when `conflicts` go.
+    pub fn keepers(&self, owner: Owner, conflicts: &[Owner]) -> Vec<Owner> {
+        self.0
+            .keys()
+            .filter(|o| **o != owner && !conflicts.contains(o))
+            .copied()
+            .collect()
+    }
+}
+
+/// A condition on a row's `doc_id` that holds for the rows of `shard`: the
+/// first four bytes of the SHA-256 of the id, as a number, modulo the count
+/// (as [`Shard::of`] computes it).
+pub(crate) fn rows_of(shard: Shard) -> String {
+    format!(
+        "(('x' || left(encode(sha256(convert_to(doc_id, 'UTF8')), 'hex'), 8))::bit(32)::bigint \
+         % {}) = {}",
+        shard.count, shard.index
+    )
+}
+
+/// A condition for the rows `owner`'s runs hold (all of them for a run of
+/// the whole job).
+pub(crate) fn rows_of_owner(owner: Owner) -> String {
+    owner.map_or_else(|| "TRUE".to_string(), rows_of)
+}
+
+/// A condition for the rows of `gone` that none of `kept` holds.
+pub(crate) fn rows_only_of(gone: Owner, kept: &[Owner]) -> String {
+    if kept.is_empty() {
+        return rows_of_owner(gone);
+    }
+    let kept: Vec<String> = kept.iter().map(|o| rows_of_owner(*o)).collect();
+    format!("{} AND NOT ({})", rows_of_owner(gone), kept.join(" OR "))
+}
+
+/// A run's name for messages: `shard 1/4`, or `the whole job`.
+pub(crate) fn describe(owner: Owner) -> String {
+    owner.map_or_else(|| "a run of the whole job".to_string(), |s| format!("shard {s}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shard(index: u32, count: u32) -> Owner {
+        Some(Shard::new(index, count).unwrap())
+    }
+
+    fn spaces(pairs: &[(&str, &str)]) -> Namespaces {
+        Namespaces::new(
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn keys_are_sorted_by_the_run_that_wrote_them() {
+        let s = spaces(&[
+            ("embedjob.fingerprint", "A"),
+            ("part-00001-of-00004:embedjob.fingerprint", "B"),
+            ("part-00001-of-00004:embedjob.generation", "3"),
+            ("odd:key", "kept whole"),
+        ]);
+        assert_eq!(s.of(None).unwrap()["odd:key"], "kept whole");
+        assert_eq!(s.of(shard(1, 4)).unwrap()["embedjob.generation"], "3");
+        assert_eq!(
+            Namespaces::key(shard(1, 4), "embedjob.generation"),
+            "part-00001-of-00004:embedjob.generation"
+        );
+        // Another shard's first run takes the fingerprint of the rows already there.
+        assert_eq!(s.basis_for(shard(2, 4))[FINGERPRINT_KEY], "A");
+        assert_eq!(s.basis_for(shard(1, 4))["embedjob.generation"], "3");
+        assert!(Namespaces::default().basis_for(None).is_empty());
+    }
+
+    #[test]
+    fn a_shard_watches_its_own_generation_and_the_whole_jobs() {
+        let s = spaces(&[
+            ("embedjob.generation", "1"),
+            ("part-00000-of-00002:embedjob.generation", "5"),
+            ("part-00001-of-00002:embedjob.generation", "7"),
+        ]);
+        let watched = s.watched(shard(0, 2), "embedjob.generation");
+        assert_eq!(watched.len(), 2);
+        assert_eq!(watched[&shard(0, 2)], "5");
+        assert_eq!(s.watched(None, "embedjob.generation").len(), 3);
+    }
+
+    #[test]
+    fn runs_under_another_configuration_conflict() {
+        let a = "A".to_string();
+        let s = spaces(&[
+            ("part-00000-of-00002:embedjob.fingerprint", "A"),
+            ("part-00001-of-00002:embedjob.fingerprint", "B"),
+        ]);
+        assert_eq!(s.conflicts(shard(0, 2), Some(&a)), [shard(1, 2)]);
+        assert_eq!(s.keepers(shard(0, 2), &[shard(1, 2)]), []);
+        assert_eq!(s.conflicts(None, Some(&a)), [shard(1, 2)]);
+        // A run of the whole job takes every shard's rows over.
+        assert_eq!(s.superseded(None), [shard(0, 2), shard(1, 2)]);
+        assert_eq!(s.superseded(shard(0, 2)), []);
+        assert_eq!(
+            s.stored_keys(&[shard(1, 2)]),
+            ["part-00001-of-00002:embedjob.fingerprint"]
+        );
+    }
+
+    #[test]
+    fn the_rows_of_a_run_are_told_by_condition() {
+        let s = Shard::new(1, 4).unwrap();
+        assert_eq!(
+            rows_of(s),
+            "(('x' || left(encode(sha256(convert_to(doc_id, 'UTF8')), 'hex'), 8))::bit(32)::bigint \
+             % 4) = 1"
+        );
+        assert_eq!(rows_only_of(None, &[]), "TRUE");
+        assert_eq!(
+            rows_only_of(None, &[Some(s)]),
+            format!("TRUE AND NOT ({})", rows_of(s))
+        );
+    }
+}

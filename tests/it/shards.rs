@@ -1,0 +1,566 @@
+//! A job split into shards (`--shard I/N`), run as separate processes at
+//! once against one service: the shards' files make the single run's
+//! dataset, under one quota, each shard re-runs and resumes on its own, and
+//! a pgvector table is shared by all of them.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use std::time::Duration;
+
+use embedjob::job::Shard;
+use embedjob::simulate::{self, QuotaConfig, SimConfig};
+use serde_json::Value;
+
+use crate::cli::{bin, no_key, run, text};
+use crate::pgvector::{run_pg, write_pg_job, TestDb, PASSWORD_ENV};
+use crate::resume::{spawn_job, text_hash, wait, wait_for_billed};
+use crate::run::{corpus, expected_chunks, files_source, read_output, run_job, write_job};
+use crate::support::{simulator, KEY};
+
+const SHARDS: u32 = 4;
+
+/// The chunks of `expected` whose document belongs to `shard`.
+fn of_shard(expected: &BTreeMap<String, String>, shard: u32) -> BTreeMap<String, String> {
+    expected
+        .iter()
+        .filter(|(id, _)| Shard::of(doc_id(id), SHARDS) == shard)
+        .map(|(id, text)| (id.clone(), text.clone()))
+        .collect()
+}
+
+fn doc_id(chunk_id: &str) -> &str {
+    chunk_id.rsplit_once('#').map_or(chunk_id, |(doc, _)| doc)
+}
+
+fn shard_file(dir: &Path, index: u32) -> PathBuf {
+    dir.join(Shard::new(index, SHARDS).unwrap().file_name())
+}
+
+/// Rows of a Parquet file by id: text and vector.
+fn rows_by_id(path: &Path) -> BTreeMap<String, (String, Vec<f32>)> {
+    let rows = read_output(path);
+    rows.ids
+        .into_iter()
+        .zip(rows.texts)
+        .zip(rows.vectors)
+        .map(|((id, text), vector)| (id, (text, vector)))
+        .collect()
+}
+
+/// The union of the shards' files; ids repeated across them fail.
+fn union(dir: &Path) -> BTreeMap<String, (String, Vec<f32>)> {
+    let mut all = BTreeMap::new();
+    for index in 0..SHARDS {
+        let rows = rows_by_id(&shard_file(dir, index));
+        for (id, row) in rows {
+            assert_eq!(
+                Shard::of(doc_id(&id), SHARDS),
+                index,
+                "{id} is in shard {index}'s file"
+            );
+            assert!(all.insert(id.clone(), row).is_none(), "{id} in two shards");
+        }
+    }
+    all
+}
+
+fn json(output: &Output) -> Value {
+    let (stdout, stderr) = no_key(output, KEY);
+    serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}\n{stderr}"))
+}
+
+fn expect_exit(output: &Output, code: i32) {
+    assert_eq!(output.status.code(), Some(code), "{}", text(&output.stderr));
+}
+
+/// Runs the `SHARDS` shards of `job` as processes at once; their outputs in
+/// shard order.
+async fn run_shards(job: &Path, extra: &[&str]) -> Vec<Output> {
+    let children: Vec<_> = (0..SHARDS)
+        .map(|i| {
+            let shard = format!("{i}/{SHARDS}");
+            let mut args = vec!["--json", "--quiet", "--shard", shard.as_str()];
+            args.extend_from_slice(extra);
+            spawn_job(job, &args)
+        })
+        .collect();
+    let mut outputs = Vec::new();
+    for child in children {
+        outputs.push(wait(child).await);
+    }
+    outputs
+}
+
+/// How many times each text must be billed: once per shard that has a chunk
+/// with that text (shards do not see each other's texts).
+fn bills_expected(expected: &BTreeMap<String, String>) -> HashMap<String, u64> {
+    let mut shards_of: HashMap<String, HashSet<u32>> = HashMap::new();
+    for (id, text) in expected {
+        shards_of
+            .entry(text_hash(text))
+            .or_default()
+            .insert(Shard::of(doc_id(id), SHARDS));
+    }
+    shards_of
+        .into_iter()
+        .map(|(hash, shards)| (hash, shards.len() as u64))
+        .collect()
+}
+
+fn quota_sim() -> SimConfig {
+    SimConfig {
+        latency_ms: 5,
+        quota: QuotaConfig {
+            requests_per_minute: Some(12),
+            tokens_per_minute: Some(6000),
+            window: Duration::from_secs(1),
+            ..QuotaConfig::default()
+        },
+        ..SimConfig::default()
+    }
+}
+
+fn edit_corpus(root: &Path) -> Vec<String> {
+    // A document of each of two shards changes, one is added, one is deleted.
+    let mut touched = Vec::new();
+    for (name, body) in [
+        ("doc001.md", "# Document 1\n\nRewritten: nothing here was embedded before.\n"),
+        ("doc002.md", "# Document 2\n\nAlso rewritten, a new text for its shard.\n"),
+        ("doc900.md", "# Document 900\n\nA new document, new to every shard.\n"),
+    ] {
+        std::fs::write(root.join(name), body).unwrap();
+        touched.push(name.to_string());
+    }
+    std::fs::remove_file(root.join("doc004.md")).unwrap();
+    touched.push("doc004.md".to_string());
+    touched
+}
+
+#[tokio::test]
+async fn four_shards_at_once_under_one_quota_make_the_single_runs_dataset() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = corpus(dir.path(), 40);
+    let expected = expected_chunks(&root);
+    let sim = simulator(quota_sim()).await;
+    let job = write_job(dir.path(), &sim.base_url(), &files_source(&root), "");
+    let shards = dir.path().join("out/shards");
+    let out = format!("output.path={}", shards.display());
+    let outputs = run_shards(&job, &["--set", &out]).await;
+    for (i, output) in outputs.iter().enumerate() {
+        expect_exit(output, 0);
+        let summary = json(output);
+        assert_eq!(summary["shard"], format!("{i}/{SHARDS}"));
+        let mine = of_shard(&expected, i as u32);
+        assert_eq!(summary["written"].as_u64(), Some(mine.len() as u64));
+    }
+
+    // The same job run whole, on a service of its own.
+    let single = simulator(SimConfig::default()).await;
+    let whole = dir.path().join("single.parquet");
+    let output = run_job(
+        &job,
+        &[
+            "--quiet",
+            "--set",
+            &format!("backend.base_url={}", single.base_url()),
+            "--set",
+            &format!("output.path={}", whole.display()),
+        ],
+    )
+    .await;
+    expect_exit(&output, 0);
+    assert_eq!(union(&shards), rows_by_id(&whole), "the shards make the single run's rows");
+    assert_eq!(union(&shards).len(), expected.len());
+
+    // Every text billed once per shard that holds it, and the quota held:
+    // four processes paced by one key's headers are rarely refused.
+    let ledger = sim.ledger();
+    assert_eq!(ledger.texts, bills_expected(&expected), "no text billed twice");
+    let refused = ledger.refused_total();
+    assert!(
+        refused * 5 <= ledger.embedding_requests,
+        "{refused} of {} requests refused",
+        ledger.embedding_requests
+    );
+
+    // The directory is one dataset: every shard, unique ids, summed usage.
+    let mut inspect = bin();
+    inspect.arg("inspect").arg(&shards).arg("--json");
+    let report = run(inspect).await;
+    expect_exit(&report, 0);
+    let report: Value = serde_json::from_slice(&report.stdout).unwrap();
+    assert_eq!(report["ok"], true, "{report}");
+    assert_eq!(report["totals"]["rows"].as_u64(), Some(expected.len() as u64));
+    assert_eq!(
+        report["totals"]["prompt_tokens"].as_u64(),
+        Some(ledger.prompt_tokens),
+        "usage summed over the shards"
+    );
+    assert!(!shards.join(".lock").exists());
+    let state: Vec<_> = std::fs::read_dir(&shards).unwrap().collect();
+    assert_eq!(state.len(), SHARDS as usize, "nothing but the shards' files");
+
+    // After edits, each shard sends only its own new texts.
+    let before: HashSet<String> = expected.values().cloned().collect();
+    edit_corpus(&root);
+    let after = expected_chunks(&root);
+    let billed_before = sim.ledger().texts;
+    let outputs = run_shards(&job, &["--set", &out]).await;
+    for (i, output) in outputs.iter().enumerate() {
+        expect_exit(output, 0);
+        let new: HashSet<String> = of_shard(&after, i as u32)
+            .into_values()
+            .filter(|t| !before.contains(t))
+            .collect();
+        let summary = json(output);
+        assert_eq!(
+            summary["embedded"].as_u64(),
+            Some(new.len() as u64),
+            "shard {i} sends only its new texts: {summary}"
+        );
+    }
+    let billed_after = sim.ledger().texts;
+    let newly: HashSet<&String> = billed_after
+        .iter()
+        .filter(|(hash, n)| billed_before.get(*hash) != Some(n))
+        .map(|(hash, _)| hash)
+        .collect();
+    let wanted: HashSet<String> = after
+        .values()
+        .filter(|t| !before.contains(*t))
+        .map(|t| text_hash(t))
+        .collect();
+    assert_eq!(newly, wanted.iter().collect(), "only the new texts were billed");
+    let rows = union(&shards);
+    assert_eq!(
+        rows.keys().collect::<Vec<_>>(),
+        after.keys().collect::<Vec<_>>(),
+        "the deleted document's rows are gone, the new ones are there"
+    );
+    for (id, (text, vector)) in &rows {
+        assert_eq!(&after[id], text);
+        assert_eq!(vector, &simulate::embedding_vector(1024, text), "{id}");
+    }
+}
+
+/// The files of the shards other than `index`: their bytes and times.
+fn others(shards: &Path, state: &Path, index: u32) -> BTreeMap<PathBuf, (Vec<u8>, std::time::SystemTime)> {
+    let mut files = BTreeMap::new();
+    for dir in [shards, state] {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            if path.is_file() && !name.starts_with(&Shard::new(index, SHARDS).unwrap().name()) {
+                let modified = std::fs::metadata(&path).unwrap().modified().unwrap();
+                files.insert(path.clone(), (std::fs::read(&path).unwrap(), modified));
+            }
+        }
+    }
+    files
+}
+
+#[tokio::test]
+async fn a_killed_shard_resumes_alone_and_the_dataset_is_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = corpus(dir.path(), 48);
+    let expected = expected_chunks(&root);
+    let sim = simulator(SimConfig {
+        latency_ms: 40,
+        ..SimConfig::default()
+    })
+    .await;
+    let job = write_job(
+        dir.path(),
+        &sim.base_url(),
+        &files_source(&root),
+        "",
+    );
+    let shards = dir.path().join("out/shards");
+    let state = dir.path().join("out/shards.embedjob");
+    let out = format!("output.path={}", shards.display());
+    let settings = [
+        "--quiet",
+        "--set",
+        out.as_str(),
+        "--set",
+        "backend.max_inputs_per_request=2",
+        "--set",
+        "backend.concurrency=2",
+    ];
+    for index in 1..SHARDS {
+        let shard = format!("{index}/{SHARDS}");
+        let output = run_job(&job, &[&settings[..], &["--shard", &shard]].concat()).await;
+        expect_exit(&output, 0);
+    }
+    let before = others(&shards, &state, 0);
+    let billed_by_others = sim.ledger().billed_requests;
+
+    let zero = [&settings[..], &["--shard", "0/4"]].concat();
+    let mut killed = spawn_job(&job, &zero);
+    assert!(
+        wait_for_billed(&sim, &mut killed, billed_by_others + 3).await,
+        "shard 0 was still running when killed"
+    );
+    killed.kill().unwrap();
+    let killed = wait(killed).await;
+    assert_eq!(killed.status.code(), None, "killed by a signal");
+    assert!(state.join("part-00000-of-00004.parquet.lock").exists());
+    assert!(!shard_file(&shards, 0).exists(), "a killed shard writes no file");
+
+    let output = run_job(&job, &zero).await;
+    expect_exit(&output, 0);
+    assert_eq!(others(&shards, &state, 0), before, "the other shards untouched");
+    let rows = union(&shards);
+    assert_eq!(rows.len(), expected.len(), "the dataset is whole");
+    for (id, (text, _)) in &rows {
+        assert_eq!(&expected[id], text);
+    }
+    // What the kill lost is at most the requests in flight and the answers
+    // that came during the last commit.
+    let billed_twice: u64 = sim.ledger().texts.values().map(|n| n.saturating_sub(1)).sum();
+    let duplicates: u64 = bills_expected(&expected).values().map(|n| n - 1).sum();
+    assert!(
+        billed_twice - duplicates <= 2 * 2 * 2,
+        "{billed_twice} texts billed twice"
+    );
+    let mut inspect = bin();
+    inspect.arg("inspect").arg(&shards);
+    expect_exit(&run(inspect).await, 0);
+}
+
+#[tokio::test]
+async fn the_shard_comes_from_the_schedulers_environment_and_bad_splits_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = corpus(dir.path(), 12);
+    let expected = expected_chunks(&root);
+    let sim = simulator(SimConfig::default()).await;
+    let job = write_job(dir.path(), &sim.base_url(), &files_source(&root), "");
+    let shards = dir.path().join("out/result.parquet");
+    let scheduled = |env: &[(&str, &str)], shard: &str| {
+        let mut command = bin();
+        command
+            .env("EMBEDJOB_API_KEY", KEY)
+            .envs(env.iter().copied())
+            .args(["run", "--quiet", "--json", "--shard", shard])
+            .arg(&job);
+        command
+    };
+    // A Kubernetes Indexed Job gives the index; the count is the flag's.
+    let output = run(scheduled(&[("JOB_COMPLETION_INDEX", "1")], "4")).await;
+    expect_exit(&output, 0);
+    assert_eq!(json(&output)["shard"], "1/4");
+    assert!(shard_file(&shards, 1).exists());
+    // A Slurm array (--array=1-4) gives both; its ids start at 1.
+    let slurm = [
+        ("SLURM_ARRAY_TASK_ID", "3"),
+        ("SLURM_ARRAY_TASK_MIN", "1"),
+        ("SLURM_ARRAY_TASK_COUNT", "4"),
+    ];
+    let output = run(scheduled(&slurm, "auto")).await;
+    expect_exit(&output, 0);
+    assert_eq!(json(&output)["shard"], "2/4");
+    assert_eq!(
+        rows_by_id(&shard_file(&shards, 2)).len(),
+        of_shard(&expected, 2).len()
+    );
+    // Without the environment, a count alone is refused before any work.
+    let requests = sim.ledger().embedding_requests;
+    let output = run(scheduled(&[], "4")).await;
+    expect_exit(&output, 2);
+    assert!(text(&output.stderr).contains("JOB_COMPLETION_INDEX"), "{}", text(&output.stderr));
+    for bad in ["4/4", "x", "1/0"] {
+        let output = run(scheduled(&[], bad)).await;
+        expect_exit(&output, 2);
+        assert!(text(&output.stderr).contains(&format!("--shard {bad}")));
+    }
+    // Files of another split would hold the same documents twice.
+    let output = run(scheduled(&[], "0/2")).await;
+    expect_exit(&output, 2);
+    let stderr = text(&output.stderr);
+    assert!(stderr.contains("part-00001-of-00004.parquet"), "{stderr}");
+    assert!(!shards.join("part-00000-of-00002.parquet").exists());
+    // A file where the directory should be.
+    let file = dir.path().join("out/file.parquet");
+    std::fs::write(&file, b"not a directory").unwrap();
+    let mut command = scheduled(&[], "0/4");
+    command.args(["--set", &format!("output.path={}", file.display())]);
+    let output = run(command).await;
+    expect_exit(&output, 2);
+    assert!(text(&output.stderr).contains("is a file"), "{}", text(&output.stderr));
+    assert_eq!(sim.ledger().embedding_requests, requests, "nothing sent");
+
+    // The two missing shards are named by inspect.
+    let mut inspect = bin();
+    inspect.arg("inspect").arg(&shards);
+    let output = run(inspect).await;
+    expect_exit(&output, 1);
+    let stdout = text(&output.stdout);
+    assert!(
+        stdout.contains("2 of 4 shards are missing: part-00000-of-00004.parquet, part-00003-of-00004.parquet"),
+        "{stdout}"
+    );
+}
+
+#[tokio::test]
+async fn a_shards_estimate_counts_its_own_documents() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = corpus(dir.path(), 30);
+    let expected = expected_chunks(&root);
+    let sim = simulator(SimConfig::default()).await;
+    let job = write_job(
+        dir.path(),
+        &sim.base_url(),
+        &files_source(&root),
+        "requests_per_minute = 40\ntokens_per_minute = 100000",
+    );
+    let estimate = |shard: Option<String>| {
+        let mut command = bin();
+        command
+            .env("EMBEDJOB_API_KEY", KEY)
+            .args(["estimate", "--json"])
+            .arg(&job);
+        if let Some(shard) = shard {
+            command.args(["--shard", &shard]);
+        }
+        run(command)
+    };
+    let whole = estimate(None).await;
+    expect_exit(&whole, 0);
+    let whole = json(&whole);
+    assert_eq!(whole["requests_per_minute"].as_u64(), Some(40));
+    let mut chunks = 0;
+    for i in 0..SHARDS {
+        let output = estimate(Some(format!("{i}/{SHARDS}"))).await;
+        expect_exit(&output, 0);
+        let part = json(&output);
+        assert_eq!(part["shard"], format!("{i}/{SHARDS}"));
+        assert_eq!(
+            part["chunks"].as_u64(),
+            Some(of_shard(&expected, i).len() as u64)
+        );
+        chunks += part["chunks"].as_u64().unwrap();
+        // The job's limits are the whole job's: each shard gets its share.
+        assert_eq!(part["requests_per_minute"].as_u64(), Some(10));
+        assert_eq!(part["tokens_per_minute"].as_u64(), Some(25_000));
+    }
+    assert_eq!(whole["chunks"].as_u64(), Some(chunks));
+    assert_eq!(sim.ledger().embedding_requests, 0, "an estimate sends nothing");
+    let output = estimate(Some("0/41".to_string())).await;
+    expect_exit(&output, 2);
+    let stderr = text(&output.stderr);
+    assert!(stderr.contains("`backend.requests_per_minute` is 40"), "{stderr}");
+}
+
+#[tokio::test]
+async fn four_shards_write_one_pgvector_table_and_each_syncs_only_its_own_rows() {
+    let db = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let root = corpus(dir.path(), 32);
+    let expected = expected_chunks(&root);
+    let sim = simulator(SimConfig {
+        latency_ms: 5,
+        ..SimConfig::default()
+    })
+    .await;
+    let job = write_pg_job(
+        dir.path(),
+        &sim.base_url(),
+        &files_source(&root),
+        &db,
+        "chunks",
+        "",
+    );
+    let children: Vec<_> = (0..SHARDS)
+        .map(|i| {
+            let mut command = bin();
+            command
+                .env("EMBEDJOB_API_KEY", KEY)
+                .env(PASSWORD_ENV, &db.password)
+                .args(["run", "--quiet", "--json", "--shard", &format!("{i}/{SHARDS}")])
+                .arg(&job)
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped());
+            command.spawn().unwrap()
+        })
+        .collect();
+    for child in children {
+        expect_exit(&wait(child).await, 0);
+    }
+    let rows = db.rows("chunks").await;
+    assert_eq!(
+        rows.keys().collect::<Vec<_>>(),
+        expected.keys().collect::<Vec<_>>(),
+        "the table holds every shard's chunks once"
+    );
+    for (id, (text, hash, vector)) in &rows {
+        assert_eq!(&expected[id], text);
+        assert_eq!(hash, &text_hash(text));
+        assert_eq!(vector, &simulate::embedding_vector(1024, text));
+    }
+    let metadata = db.metadata("chunks").await;
+    for i in 0..SHARDS {
+        let key = format!("part-{i:05}-of-00004:embedjob.generation");
+        assert_eq!(metadata.get(&key).map(String::as_str), Some("1"), "{metadata:?}");
+    }
+
+    // Edits in every shard; shard 1 alone runs again: only its texts are
+    // sent, only its rows change, and the others' stay as they were.
+    let before: HashSet<String> = expected.values().cloned().collect();
+    edit_corpus(&root);
+    let after = expected_chunks(&root);
+    let billed = sim.ledger().billed_requests;
+    let output = run_pg(&job, &db, &["--json", "--quiet", "--shard", "1/4"]).await;
+    expect_exit(&output, 0);
+    let mine_after = of_shard(&after, 1);
+    let new_texts = mine_after.values().filter(|t| !before.contains(*t)).count();
+    assert_eq!(json(&output)["embedded"].as_u64(), Some(new_texts as u64));
+    assert!(sim.ledger().billed_requests > billed || new_texts == 0);
+    let rows = db.rows("chunks").await;
+    let wanted: BTreeMap<String, String> = expected
+        .iter()
+        .filter(|(id, _)| Shard::of(doc_id(id), SHARDS) != 1)
+        .chain(mine_after.iter())
+        .map(|(id, text)| (id.clone(), text.clone()))
+        .collect();
+    assert_eq!(
+        rows.iter().map(|(id, row)| (id.clone(), row.0.clone())).collect::<BTreeMap<_, _>>(),
+        wanted,
+        "shard 1's rows follow the edits, the others' are untouched"
+    );
+
+    // The other shards catch up; the table then follows the whole corpus.
+    for i in [0, 2, 3] {
+        let output = run_pg(&job, &db, &["--quiet", "--shard", &format!("{i}/{SHARDS}")]).await;
+        expect_exit(&output, 0);
+    }
+    let rows = db.rows("chunks").await;
+    assert_eq!(
+        rows.iter().map(|(id, row)| (id.clone(), row.0.clone())).collect::<BTreeMap<_, _>>(),
+        after
+    );
+
+    // The table is one dataset: a shard that starts afresh under another
+    // configuration removes the rows the others made under the old one,
+    // and a shard still under the old one is refused.
+    let changed = "chunking.max_tokens=48";
+    let output = run_pg(
+        &job,
+        &db,
+        &["--quiet", "--shard", "2/4", "--set", changed, "--fresh"],
+    )
+    .await;
+    expect_exit(&output, 0);
+    assert!(text(&output.stderr).contains("removed the rows shard 0/4 made"));
+    let rows = db.rows("chunks").await;
+    assert!(!rows.is_empty());
+    assert!(rows.keys().all(|id| Shard::of(doc_id(id), SHARDS) == 2));
+    let output = run_pg(&job, &db, &["--quiet", "--shard", "3/4"]).await;
+    expect_exit(&output, 2);
+    let stderr = text(&output.stderr);
+    assert!(stderr.contains("different configuration"), "{stderr}");
+    let output = run_pg(&job, &db, &["--quiet", "--shard", "3/4", "--set", changed]).await;
+    expect_exit(&output, 0);
+    let rows = db.rows("chunks").await;
+    assert!(rows.keys().any(|id| Shard::of(doc_id(id), SHARDS) == 3));
+}
