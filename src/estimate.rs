@@ -82,6 +82,14 @@ pub struct Estimate {
 }
 
 impl Estimate {
+    /// `docs`, or `docs (shard 1/4)`.
+    fn job_text(&self) -> String {
+        match &self.shard {
+            Some(shard) => format!("{} (shard {shard})", self.job),
+            None => self.job.clone(),
+        }
+    }
+
     /// Scales the token count, and the cost, by the ratio of billed to
     /// local tokens a previous run of the job measured.
     #[must_use]
@@ -222,13 +230,7 @@ impl Counts {
 /// The human form: a small two-column table.
 pub fn table(e: &Estimate) -> String {
     let mut rows: Vec<(&str, String)> = vec![
-        (
-            "job",
-            match &e.shard {
-                Some(shard) => format!("{} (shard {shard})", e.job),
-                None => e.job.clone(),
-            },
-        ),
+        ("job", e.job_text()),
         ("model", format!("{} ({} backend)", e.model, e.backend)),
         ("documents", e.documents.to_string()),
         (

@@ -217,6 +217,7 @@ async fn build_api(job: &Job) -> Result<Embedding, Failure> {
         warnings,
         renames_models: api.server_renames_models,
         stall_timeout: Duration::from_secs(api.stall_timeout_seconds),
+        sharing: job.shard.map_or(1, |shard| shard.count),
         ..ApiSettings::new(model)
     };
     let backend = ApiBackend::new(client, settings, listed);

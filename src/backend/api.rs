@@ -55,6 +55,9 @@ pub struct ApiSettings {
     /// `backend.stall_timeout_seconds`: the run stops when nothing has
     /// succeeded for this long while the quota holds requests back.
     pub stall_timeout: Duration,
+    /// How many processes of the job share the key's quota (the shards of
+    /// a split job): each counts on its part of the budget from the start.
+    pub sharing: u32,
 }
 
 impl ApiSettings {
@@ -73,6 +76,7 @@ impl ApiSettings {
             context_window: None,
             input_per_1k: None,
             warnings: Vec::new(),
+            sharing: 1,
             renames_models: false,
             stall_timeout: Duration::from_secs(600),
         }
@@ -310,7 +314,7 @@ impl ApiBackend {
             info,
             retry: settings.retry,
             throttle: Throttle::new(settings.concurrency),
-            pacing: Pacing::new(settings.stall_timeout),
+            pacing: Pacing::new(settings.stall_timeout).shared_by(settings.sharing),
             requests_limit,
             tokens_limit,
             learned_dimensions: OnceLock::new(),

@@ -207,6 +207,8 @@ struct State {
     /// The share of the quota's refill counted on between answers: 1 alone,
     /// less when refusals show others on the same quota.
     share: f64,
+    /// The least share refusals lower it to.
+    least_share: f64,
     share_lowered: Option<Instant>,
     last_success: Instant,
     last_refusal: Option<String>,
@@ -273,6 +275,7 @@ impl Pacing {
                 paused_until: None,
                 backoff: FIRST_BACKOFF,
                 share: 1.0,
+                least_share: MIN_SHARE,
                 share_lowered: None,
                 last_success: Instant::now(),
                 last_refusal: None,
@@ -284,6 +287,20 @@ impl Pacing {
             }),
             stall_timeout,
         }
+    }
+
+    /// Pacing for one of `processes` that share the quota: it counts on its
+    /// part of the budget from the start instead of learning it from
+    /// refusals, and wins back more as answers succeed (when the others
+    /// are done).
+    #[must_use]
+    pub fn shared_by(self, processes: u32) -> Pacing {
+        {
+            let mut state = self.lock();
+            state.share = 1.0 / f64::from(processes.max(1));
+            state.least_share = state.share.min(MIN_SHARE);
+        }
+        self
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -466,7 +483,7 @@ impl State {
             .share_lowered
             .is_none_or(|at| now.saturating_duration_since(at) >= SHARE_SPACING)
         {
-            self.share = (self.share / 2.0).max(MIN_SHARE);
+            self.share = (self.share / 2.0).max(self.least_share);
             self.share_lowered = Some(now);
         }
     }
@@ -606,6 +623,28 @@ mod tests {
             "{:?}",
             start.elapsed()
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn one_of_four_shards_counts_on_a_quarter_of_the_budget() {
+        for (processes, least, most) in [(1, 0, 1), (4, 170, 200)] {
+            let pacing = Pacing::new(Duration::from_secs(600)).shared_by(processes);
+            let first = pacing.admit(10).await.unwrap();
+            // 1000 tokens a second, 100 left: alone, a request of 50 goes at
+            // once; one of four counts on 25 and a quarter of the refill.
+            pacing.on_answer(
+                first,
+                Some(headers(None, Some((1000.0, 100.0, 900)))),
+                Some(10),
+            );
+            let start = Instant::now();
+            let _second = pacing.admit(50).await.unwrap();
+            let waited = start.elapsed();
+            assert!(
+                waited >= Duration::from_millis(least) && waited < Duration::from_millis(most),
+                "{processes} processes: waited {waited:?}"
+            );
+        }
     }
 
     #[tokio::test(start_paused = true)]

@@ -100,9 +100,9 @@ fn load(
     })?;
     if let crate::job::OutputParams::Parquet(parquet) = &job.output.params {
         let dir = crate::fsio::parent_dir(&parquet.path);
-        let foreign = shard.foreign_files(dir).map_err(|e| {
-            Failure::failed(anyhow::anyhow!("{}: cannot list: {e}", dir.display()))
-        })?;
+        let foreign = shard
+            .foreign_files(dir)
+            .map_err(|e| Failure::failed(anyhow::anyhow!("{}: cannot list: {e}", dir.display())))?;
         if !foreign.is_empty() {
             let names: Vec<String> = foreign.iter().map(|p| p.display().to_string()).collect();
             return Err(Failure::usage(anyhow::anyhow!(

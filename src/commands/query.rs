@@ -63,7 +63,12 @@ async fn search(
                 }
                 for file in &files {
                     let metadata = query::parquet_metadata(file, vector.len())?;
-                    query::check_model(&file.display().to_string(), &metadata, &model, vector.len())?;
+                    query::check_model(
+                        &file.display().to_string(),
+                        &metadata,
+                        &model,
+                        vector.len(),
+                    )?;
                 }
                 query::search_parquet(&files, &vector, k)
             })

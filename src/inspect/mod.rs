@@ -26,8 +26,8 @@ use serde::Serialize;
 mod shards;
 
 use crate::display::counted;
-use crate::job::Shard;
 use crate::exit::Exit;
+use crate::job::Shard;
 use crate::parquet_io::{
     guard as parquet_guard, key_values, list_parquet_files, open_reader as parquet_reader,
     output_schema, FileError, FINGERPRINT_KEY, JOB_KEY, SCHEMA_VERSION, SHARD_KEY,

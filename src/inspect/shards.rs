@@ -2,7 +2,7 @@
 //! every shard is there, once, and all were split the same way.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use super::{Check, Dataset, FileReport, Problem};
 use crate::job::Shard;
@@ -114,7 +114,7 @@ pub(super) fn problems(datasets: &[Dataset], reports: &[FileReport]) -> Vec<Prob
     problems
 }
 
-fn name(path: &PathBuf) -> String {
+fn name(path: &Path) -> String {
     path.file_name().map_or_else(
         || path.display().to_string(),
         |n| n.to_string_lossy().into_owned(),

@@ -593,7 +593,8 @@ impl Job {
                 &mut problems,
             );
             api.requests_per_minute = u32::try_from(requests).unwrap_or(u32::MAX);
-            api.tokens_per_minute = share("tokens_per_minute", api.tokens_per_minute, &mut problems);
+            api.tokens_per_minute =
+                share("tokens_per_minute", api.tokens_per_minute, &mut problems);
         }
         self.shard = Some(shard);
         if problems.is_empty() {

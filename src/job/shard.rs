@@ -190,17 +190,13 @@ fn env_number(name: &str, value: &str) -> Result<u32, String> {
 /// The task's place in a Slurm job array, from 0: arrays may start at 1
 /// (`--array=1-4`) or step (`--array=0-6:2`).
 fn slurm_index(env: &impl Fn(&str) -> Option<String>) -> Result<u32, String> {
-    let read = |name: &str| {
-        env(name)
-            .map(|value| env_number(name, &value))
-            .transpose()
-    };
+    let read = |name: &str| env(name).map(|value| env_number(name, &value)).transpose();
     let id = read(SLURM_INDEX)?.ok_or_else(|| format!("{SLURM_INDEX} is not set"))?;
     let min = read(SLURM_MIN)?.unwrap_or(0);
     let step = read(SLURM_STEP)?.unwrap_or(1).max(1);
-    let offset = id.checked_sub(min).ok_or_else(|| {
-        format!("{SLURM_INDEX} {id} is below {SLURM_MIN} {min}")
-    })?;
+    let offset = id
+        .checked_sub(min)
+        .ok_or_else(|| format!("{SLURM_INDEX} {id} is below {SLURM_MIN} {min}"))?;
     if offset % step != 0 {
         return Err(format!(
             "{SLURM_INDEX} {id} is not on the array's steps ({SLURM_MIN} {min}, {SLURM_STEP} {step})"
@@ -298,7 +294,10 @@ mod tests {
             ("SLURM_ARRAY_TASK_STEP", "2"),
             ("SLURM_ARRAY_TASK_COUNT", "4"),
         ];
-        assert_eq!(parse("auto", env(&stepped)), Ok(Shard { index: 2, count: 4 }));
+        assert_eq!(
+            parse("auto", env(&stepped)),
+            Ok(Shard { index: 2, count: 4 })
+        );
         let off = [
             ("SLURM_ARRAY_TASK_ID", "3"),
             ("SLURM_ARRAY_TASK_STEP", "2"),

@@ -95,16 +95,11 @@ impl SinkError {
 /// Builds the sink a job's `[output]` names. A sink in a database connects
 /// here, so that a wrong address or password is found before any work.
 /// With a `shard`, the sink holds and writes that shard's rows only.
-pub async fn open(
-    output: &OutputConfig,
-    shard: Option<Shard>,
-) -> Result<Box<dyn Sink>, SinkError> {
+pub async fn open(output: &OutputConfig, shard: Option<Shard>) -> Result<Box<dyn Sink>, SinkError> {
     match &output.params {
         OutputParams::Parquet(params) => Ok(Box::new(ParquetSink::new(params, shard))),
         #[cfg(feature = "pgvector")]
-        OutputParams::Pgvector(params) => {
-            Ok(Box::new(PgvectorSink::open(params, shard).await?))
-        }
+        OutputParams::Pgvector(params) => Ok(Box::new(PgvectorSink::open(params, shard).await?)),
         #[cfg(not(feature = "pgvector"))]
         OutputParams::Pgvector(_) => {
             let _ = shard;

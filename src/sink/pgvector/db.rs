@@ -279,16 +279,22 @@ pub(crate) async fn extension(db: &Database, client: &Client) -> Result<Extensio
     if let Some(found) = find_extension(db, client).await? {
         return Ok(found);
     }
-    client
+    if let Err(e) = client
         .batch_execute("CREATE EXTENSION IF NOT EXISTS vector")
         .await
-        .map_err(|e| PgError::Extension {
+    {
+        // Runs starting at once (the shards of a job) race to create it: one wins.
+        if let Some(found) = find_extension(db, client).await? {
+            return Ok(found);
+        }
+        return Err(PgError::Extension {
             place: db.place.clone(),
             message: format!(
                 "it is not created in this database, and `CREATE EXTENSION vector` failed: {}",
                 db.describe(&e)
             ),
-        })?;
+        });
+    }
     find_extension(db, client)
         .await?
         .ok_or_else(|| PgError::Extension {

@@ -154,7 +154,10 @@ impl PgvectorSink {
     /// Connects, finds (or creates) the pgvector extension and checks the
     /// table, if there is one already: every problem of configuration is
     /// found here, before any work.
-    pub async fn open(params: &PgvectorOutput, shard: Option<Shard>) -> Result<PgvectorSink, PgError> {
+    pub async fn open(
+        params: &PgvectorOutput,
+        shard: Option<Shard>,
+    ) -> Result<PgvectorSink, PgError> {
         let db = Arc::new(Database::new(params)?);
         let client = db.connect().await?;
         let extension = db::extension(&db, &client).await?;

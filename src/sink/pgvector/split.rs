@@ -150,7 +150,10 @@ pub(crate) fn rows_only_of(gone: Owner, kept: &[Owner]) -> String {
 
 /// A run's name for messages: `shard 1/4`, or `the whole job`.
 pub(crate) fn describe(owner: Owner) -> String {
-    owner.map_or_else(|| "a run of the whole job".to_string(), |s| format!("shard {s}"))
+    owner.map_or_else(
+        || "a run of the whole job".to_string(),
+        |s| format!("shard {s}"),
+    )
 }
 
 #[cfg(test)]
