@@ -701,3 +701,145 @@ async fn one_configuration_per_table(job: &Path, db: &TestDb) {
     let rows = db.rows("chunks").await;
     assert!(rows.keys().any(|id| Shard::of(doc_id(id), SHARDS) == 3));
 }
+
+/// The Kubernetes manifest in `examples/shards/`, read with PyYAML: the
+/// container's arguments, the Job's completions and the ConfigMap's job file.
+async fn kubernetes_example() -> (Vec<String>, u64, String) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let read = "import json, sys, yaml\n\
+        docs = list(yaml.safe_load_all(open(sys.argv[1])))\n\
+        job = next(d for d in docs if d['kind'] == 'Job')\n\
+        config = next(d for d in docs if d['kind'] == 'ConfigMap')\n\
+        print(json.dumps({'args': job['spec']['template']['spec']['containers'][0]['args'],\n\
+            'completions': job['spec']['completions'], 'job': config['data']['docs.toml']}))";
+    let mut command = std::process::Command::new(root.join(".cache/venv/bin/python"));
+    command
+        .args(["-c", read])
+        .arg(root.join("examples/shards/kubernetes-indexed-job.yaml"));
+    let output = run(command).await;
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let manifest: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let args = manifest["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().to_string())
+        .collect();
+    (
+        args,
+        manifest["completions"].as_u64().unwrap(),
+        manifest["job"].as_str().unwrap().to_string(),
+    )
+}
+
+#[tokio::test]
+async fn the_scheduler_examples_run_their_shards() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = corpus(dir.path(), 16);
+    let expected = expected_chunks(&root);
+    let sim = simulator(SimConfig::default()).await;
+
+    // Kubernetes: the ConfigMap's job file, pointed at the corpus and the
+    // simulator, run with the container's arguments in 4 "pods".
+    let (args, completions, job_text) = kubernetes_example().await;
+    assert_eq!(completions, u64::from(SHARDS));
+    let job = dir.path().join("docs.toml");
+    std::fs::write(&job, job_text).unwrap();
+    let shards = dir.path().join("k8s");
+    let overrides = [
+        format!("source.paths=[\"{}\"]", root.display()),
+        format!("backend.base_url={}", sim.base_url()),
+        "backend.model=svc-embed-1".to_string(),
+        "chunking.max_tokens=64".to_string(),
+        "chunking.overlap_tokens=8".to_string(),
+        format!("output.path={}", shards.display()),
+    ];
+    for index in 0..SHARDS {
+        let mut command = bin();
+        command
+            .env("EMBEDJOB_API_KEY", KEY)
+            .env("JOB_COMPLETION_INDEX", index.to_string());
+        for arg in &args {
+            command.arg(if arg == "/jobs/docs.toml" {
+                job.as_os_str()
+            } else {
+                arg.as_ref()
+            });
+        }
+        for o in &overrides {
+            command.args(["--set", o]);
+        }
+        expect_exit(&run(command).await, 0);
+    }
+    assert_eq!(union(&shards).len(), expected.len());
+
+    // Slurm: the array script as 4 tasks of --array=1-4.
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/shards/slurm-array.sh");
+    let slurm_job = write_job(dir.path(), &sim.base_url(), &files_source(&root), "");
+    let bin_dir = Path::new(env!("CARGO_BIN_EXE_embedjob")).parent().unwrap();
+    let path = format!(
+        "{}:{}",
+        bin_dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    for task in 1..=SHARDS {
+        let mut command = std::process::Command::new("bash");
+        command
+            .arg(&script)
+            .env("PATH", &path)
+            .env("EMBEDJOB_API_KEY", KEY)
+            .env("JOB_FILE", &slurm_job)
+            .env("SLURM_ARRAY_TASK_ID", task.to_string())
+            .env("SLURM_ARRAY_TASK_MIN", "1")
+            .env("SLURM_ARRAY_TASK_COUNT", SHARDS.to_string());
+        expect_exit(&run(command).await, 0);
+    }
+    let slurm = dir.path().join("out/result.parquet");
+    assert_eq!(
+        union(&slurm),
+        union(&shards),
+        "one job, one dataset, either way"
+    );
+}
+
+#[tokio::test]
+async fn a_table_filled_by_a_whole_run_is_split_without_paying_again() {
+    let db = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let root = corpus(dir.path(), 12);
+    let expected = expected_chunks(&root);
+    let sim = simulator(SimConfig::default()).await;
+    let job = write_pg_job(
+        dir.path(),
+        &sim.base_url(),
+        &files_source(&root),
+        &db,
+        "chunks",
+        "",
+    );
+    expect_exit(&run_pg(&job, &db, &["--quiet"]).await, 0);
+    let billed = sim.ledger().billed_requests;
+    for i in 0..2 {
+        let output = run_pg(
+            &job,
+            &db,
+            &["--json", "--quiet", "--shard", &format!("{i}/2")],
+        )
+        .await;
+        expect_exit(&output, 0);
+        let summary = json(&output);
+        assert_eq!(summary["embedded"].as_u64(), Some(0), "{summary}");
+        assert_eq!(summary["removed"].as_u64(), Some(0), "{summary}");
+    }
+    assert_eq!(sim.ledger().billed_requests, billed, "nothing sent again");
+    let rows = db.rows("chunks").await;
+    assert_eq!(rows.len(), expected.len());
+    // A whole run again takes the table back from the shards.
+    expect_exit(&run_pg(&job, &db, &["--quiet"]).await, 0);
+    let metadata = db.metadata("chunks").await;
+    assert!(
+        metadata.keys().all(|k| !k.starts_with("part-")),
+        "{metadata:?}"
+    );
+    assert_eq!(sim.ledger().billed_requests, billed);
+}
