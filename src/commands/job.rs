@@ -88,6 +88,15 @@ fn load(
 ) -> Result<crate::job::Job, Failure> {
     let mut job = crate::job::load(path, overrides).map_err(Failure::usage)?;
     let Some(spec) = shard else {
+        if let crate::job::OutputParams::Parquet(parquet) = &job.output.params {
+            if parquet.path.is_dir() {
+                return Err(Failure::usage(anyhow::anyhow!(
+                    "`output.path` {} is a directory (of a split job's shards?): run each \
+                     shard with --shard I/N, or give the job another `output.path`",
+                    parquet.path.display()
+                )));
+            }
+        }
         return Ok(job);
     };
     let shard = crate::job::shard::parse(spec, |name| std::env::var(name).ok())
@@ -106,9 +115,9 @@ fn load(
         if !foreign.is_empty() {
             let names: Vec<String> = foreign.iter().map(|p| p.display().to_string()).collect();
             return Err(Failure::usage(anyhow::anyhow!(
-                "{} holds the files of a split into another number of shards than {}: {}; \
-                 they would hold this run's documents twice: remove them (and {}), or give \
-                 the job another `output.path`",
+                "{} holds the files of the job split into another number of shards than {}: \
+                 {}; they hold this shard's documents too: remove them (and their state in \
+                 {}), or give the job another `output.path`",
                 dir.display(),
                 shard.count,
                 names.join(", "),

@@ -14,7 +14,9 @@ pub mod pgvector;
 use crate::job::{OutputConfig, OutputParams, Shard};
 use crate::parquet_io::FileError;
 use crate::store::{StoreError, StoredRows};
-use crate::types::{EmbeddedBatch, OutputMetadata};
+use std::sync::Arc;
+
+use crate::types::{EmbeddedBatch, MetadataSchema, OutputMetadata};
 
 pub use self::parquet::ParquetSink;
 #[cfg(feature = "pgvector")]
@@ -45,6 +47,10 @@ pub trait Sink: Send {
     /// Buffers or writes one batch. A batch that does not fit the output
     /// (vector length, row count, non-finite values) is rejected whole.
     fn write(&mut self, batch: &EmbeddedBatch) -> Result<(), SinkError>;
+
+    /// The input's metadata columns, told before any batch, for an output
+    /// written with no rows (a shard without documents).
+    fn columns(&mut self, _schema: Arc<MetadataSchema>) {}
 
     /// Removes the rows with these ids: the chunks of documents that changed
     /// or are gone. Takes effect on [`Sink::finish`].

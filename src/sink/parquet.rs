@@ -4,12 +4,13 @@
 //! when the shard has no rows, so that the directory of shards is whole.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use super::{Sink, SinkError, SinkReport};
 use crate::job::{ParquetOutput, Shard};
 use crate::parquet_io::{Compression, FileOptions, ParquetRows, VectorFile};
 use crate::store::StoredRows;
-use crate::types::{EmbeddedBatch, OutputMetadata};
+use crate::types::{EmbeddedBatch, MetadataSchema, OutputMetadata};
 
 /// Writes a job's rows to `output.path`.
 ///
@@ -22,12 +23,15 @@ pub struct ParquetSink {
     file: Option<VectorFile>,
     /// Write a file with no rows when the run has none (a shard's).
     always: bool,
+    /// The input's metadata columns, for that file.
+    columns: Option<Arc<MetadataSchema>>,
 }
 
 impl ParquetSink {
     pub fn new(params: &ParquetOutput, shard: Option<Shard>) -> ParquetSink {
         ParquetSink {
             always: shard.is_some(),
+            columns: None,
             path: params.path.clone(),
             options: FileOptions {
                 include_text: params.include_text,
@@ -65,6 +69,10 @@ impl Sink for ParquetSink {
         Ok(file.write(batch)?)
     }
 
+    fn columns(&mut self, schema: Arc<MetadataSchema>) {
+        self.columns = Some(schema);
+    }
+
     /// The file is written whole: rows not written are not in it.
     fn remove(&mut self, _ids: &[String]) -> Result<(), SinkError> {
         Ok(())
@@ -87,7 +95,12 @@ impl Sink for ParquetSink {
                     ));
                     return Ok(SinkReport::default());
                 }
-                VectorFile::create(&self.path, dimensions, self.options)?
+                VectorFile::create_with_metadata(
+                    &self.path,
+                    dimensions,
+                    self.options,
+                    self.columns.clone(),
+                )?
             }
             None => return Ok(SinkReport::default()),
         };

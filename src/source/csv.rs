@@ -199,6 +199,10 @@ impl CsvSource {
 }
 
 impl Source for CsvSource {
+    fn metadata_schema(&self) -> Option<Arc<MetadataSchema>> {
+        self.metadata.clone()
+    }
+
     fn next_document(&mut self) -> Result<Option<Document>, SourceError> {
         loop {
             let fallback_row = self.last_row.unwrap_or(0) + 1;

@@ -252,6 +252,10 @@ fn kind(value: &Value) -> &'static str {
 }
 
 impl Source for JsonlSource {
+    fn metadata_schema(&self) -> Option<Arc<MetadataSchema>> {
+        self.metadata.clone()
+    }
+
     fn next_document(&mut self) -> Result<Option<Document>, SourceError> {
         loop {
             self.offset += self.line.len() as u64;

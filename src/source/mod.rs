@@ -16,10 +16,11 @@
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use crate::job::{Shard, SourceConfig};
 use crate::parquet_io::FileError;
-use crate::types::{id_key, Document};
+use crate::types::{id_key, Document, MetadataSchema};
 
 mod csv;
 mod files;
@@ -138,6 +139,11 @@ pub trait Source: Send {
     /// Files passed over because they are not text.
     fn skipped_files(&self) -> SkippedFiles {
         SkippedFiles::default()
+    }
+    /// The columns `source.metadata_fields` add to the output, when the
+    /// job names some: known on opening, before any document is read.
+    fn metadata_schema(&self) -> Option<Arc<MetadataSchema>> {
+        None
     }
 }
 
@@ -300,6 +306,10 @@ impl Source for Checked {
     fn skipped_files(&self) -> SkippedFiles {
         self.inner.skipped_files()
     }
+
+    fn metadata_schema(&self) -> Option<Arc<MetadataSchema>> {
+        self.inner.metadata_schema()
+    }
 }
 
 /// The documents of one shard of a source.
@@ -336,6 +346,10 @@ impl Source for Sharded {
 
     fn skipped_files(&self) -> SkippedFiles {
         self.inner.skipped_files()
+    }
+
+    fn metadata_schema(&self) -> Option<Arc<MetadataSchema>> {
+        self.inner.metadata_schema()
     }
 }
 

@@ -151,6 +151,10 @@ impl ParquetSource {
 }
 
 impl Source for ParquetSource {
+    fn metadata_schema(&self) -> Option<Arc<MetadataSchema>> {
+        self.metadata.clone()
+    }
+
     fn next_document(&mut self) -> Result<Option<Document>, SourceError> {
         loop {
             let Some(file) = self.current.as_mut() else {

@@ -498,6 +498,14 @@ async fn the_shard_comes_from_the_schedulers_environment_and_bad_splits_are_refu
         "{}",
         text(&output.stderr)
     );
+    // Without --shard, the directory is not taken for a file.
+    let output = run_job(&job, &["--quiet"]).await;
+    expect_exit(&output, 2);
+    assert!(
+        text(&output.stderr).contains("is a directory"),
+        "{}",
+        text(&output.stderr)
+    );
     assert_eq!(sim.ledger().embedding_requests, requests, "nothing sent");
 
     // The two missing shards are named by inspect.
@@ -842,4 +850,53 @@ async fn a_table_filled_by_a_whole_run_is_split_without_paying_again() {
         "{metadata:?}"
     );
     assert_eq!(sim.ledger().billed_requests, billed);
+}
+
+#[tokio::test]
+async fn a_shard_without_documents_writes_an_empty_file_with_the_inputs_columns() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("records.jsonl");
+    let records: String = (0..3)
+        .map(|i| {
+            format!(
+                "{{\"id\": \"r{i}\", \"text\": \"record {i} has some text\", \"lang\": \"en\"}}\n"
+            )
+        })
+        .collect();
+    std::fs::write(&input, records).unwrap();
+    let source = format!(
+        "kind = \"jsonl\"\npath = \"{}\"\ntext_field = \"text\"\nid_field = \"id\"\nmetadata_fields = [\"lang\"]",
+        input.display()
+    );
+    let sim = simulator(SimConfig::default()).await;
+    let job = write_job(dir.path(), &sim.base_url(), &source, "");
+    let shards = dir.path().join("out/result.parquet");
+    let count = 8;
+    let mut empty = 0;
+    for index in 0..count {
+        let output = run_job(
+            &job,
+            &["--json", "--quiet", "--shard", &format!("{index}/{count}")],
+        )
+        .await;
+        expect_exit(&output, 0);
+        let file = shards.join(Shard::new(index, count).unwrap().file_name());
+        let rows = read_output(&file);
+        assert_eq!(rows.metadata["embedjob.shard"], format!("{index}/{count}"));
+        if rows.ids.is_empty() {
+            empty += 1;
+            assert_eq!(json(&output)["written"].as_u64(), Some(0));
+        }
+    }
+    assert!(empty >= 5, "3 records leave most of 8 shards empty");
+    let mut inspect = bin();
+    inspect.arg("inspect").arg(&shards);
+    expect_exit(&run(inspect).await, 0);
+    // Every reader sees the three rows, the empty files' columns agreeing.
+    let mut rows = BTreeMap::new();
+    for entry in std::fs::read_dir(&shards).unwrap() {
+        rows.extend(rows_by_id(&entry.unwrap().path()));
+    }
+    assert_eq!(rows.len(), 3);
+    readers_see_one_table(&shards, &rows).await;
 }
