@@ -154,8 +154,7 @@ pub trait Source: Send {
 /// ([`SourceError::DuplicateId`]) and an input that ends without a single
 /// document ([`SourceError::Empty`]).
 pub fn open(config: &SourceConfig) -> Result<Box<dyn Source>, SourceError> {
-    let inner = open_unchecked(config)?;
-    Ok(Box::new(Checked::new(inner, config.clone())))
+    open_shard(config, None)
 }
 
 /// [`open`], for one shard of the input: the documents of other shards are
@@ -164,15 +163,8 @@ pub fn open_shard(
     config: &SourceConfig,
     shard: Option<Shard>,
 ) -> Result<Box<dyn Source>, SourceError> {
-    let source = open(config)?;
-    Ok(match shard {
-        Some(shard) => Box::new(Sharded {
-            inner: source,
-            shard,
-            documents: 0,
-        }),
-        None => source,
-    })
+    let inner = open_unchecked(config)?;
+    Ok(Box::new(Checked::new(inner, config.clone(), shard)))
 }
 
 fn open_unchecked(config: &SourceConfig) -> Result<Box<dyn Source>, SourceError> {
@@ -210,8 +202,8 @@ pub(crate) fn io_error(path: &Path, error: std::io::Error) -> SourceError {
     }
 }
 
-/// Wraps a source with the checks that span all of it: unique ids and a
-/// non-empty result.
+/// Wraps a source with the checks that span all of it, unique ids and a
+/// non-empty result, and passes over the documents of other shards.
 ///
 /// Ids are remembered as 64-bit hashes, about 9 bytes a document. A hash
 /// seen before sends the check back to the start of the input, to find the
@@ -221,55 +213,30 @@ struct Checked {
     inner: Box<dyn Source>,
     config: SourceConfig,
     seen: HashSet<u64>,
+    /// Documents read so far, of every shard.
+    read: u64,
+    /// The shard whose documents are returned; `None`, all.
+    shard: Option<Shard>,
     /// Documents returned so far.
     returned: u64,
     finished: bool,
 }
 
 impl Checked {
-    fn new(inner: Box<dyn Source>, config: SourceConfig) -> Self {
+    fn new(inner: Box<dyn Source>, config: SourceConfig, shard: Option<Shard>) -> Self {
         Checked {
             inner,
             config,
             seen: HashSet::new(),
+            read: 0,
+            shard,
             returned: 0,
             finished: false,
         }
     }
 
-    /// The place of the document, among the first `self.returned`, whose id
-    /// is `id`, read again from the input. Stdin cannot be read again: there
-    /// the id is taken to repeat (two ids sharing a 64-bit hash are rare
-    /// enough to be called a repeat).
-    fn first_place(&self, id: &str) -> Result<Option<String>, SourceError> {
-        if self.config.is_stdin() {
-            return Ok(Some(format!(
-                "an earlier row of {}",
-                crate::job::STDIN_NAME
-            )));
-        }
-        let mut again = open_unchecked(&self.config)?;
-        for _ in 0..self.returned {
-            let Some(document) = again.next_document()? else {
-                break;
-            };
-            if document.doc_id == id {
-                return Ok(Some(location(&document.source, again.last_row())));
-            }
-        }
-        Ok(None)
-    }
-}
-
-fn location(source: &str, row: Option<u64>) -> String {
-    match row {
-        Some(row) => format!("{source} row {row}"),
-        None => source.to_string(),
-    }
-}
-
-impl Source for Checked {
-    fn next_document(&mut self) -> Result<Option<Document>, SourceError> {
+    /// The next document of the input, of any shard, its id checked.
+    fn next_checked(&mut self) -> Result<Option<Document>, SourceError> {
         if self.finished {
             return Ok(None);
         }
@@ -291,51 +258,57 @@ impl Source for Checked {
                 });
             }
         }
-        self.returned += 1;
+        self.read += 1;
         Ok(Some(document))
     }
 
-    fn stats(&self) -> SourceStats {
-        self.inner.stats()
-    }
-
-    fn last_row(&self) -> Option<u64> {
-        self.inner.last_row()
-    }
-
-    fn skipped_files(&self) -> SkippedFiles {
-        self.inner.skipped_files()
-    }
-
-    fn metadata_schema(&self) -> Option<Arc<MetadataSchema>> {
-        self.inner.metadata_schema()
+    /// The place of the document, among the first `self.read`, whose id
+    /// is `id`, read again from the input. Stdin cannot be read again: there
+    /// the id is taken to repeat (two ids sharing a 64-bit hash are rare
+    /// enough to be called a repeat).
+    fn first_place(&self, id: &str) -> Result<Option<String>, SourceError> {
+        if self.config.is_stdin() {
+            return Ok(Some(format!(
+                "an earlier row of {}",
+                crate::job::STDIN_NAME
+            )));
+        }
+        let mut again = open_unchecked(&self.config)?;
+        for _ in 0..self.read {
+            let Some(document) = again.next_document()? else {
+                break;
+            };
+            if document.doc_id == id {
+                return Ok(Some(location(&document.source, again.last_row())));
+            }
+        }
+        Ok(None)
     }
 }
 
-/// The documents of one shard of a source.
-struct Sharded {
-    inner: Box<dyn Source>,
-    shard: Shard,
-    /// This shard's documents returned so far.
-    documents: u64,
+fn location(source: &str, row: Option<u64>) -> String {
+    match row {
+        Some(row) => format!("{source} row {row}"),
+        None => source.to_string(),
+    }
 }
 
-impl Source for Sharded {
+impl Source for Checked {
     fn next_document(&mut self) -> Result<Option<Document>, SourceError> {
-        while let Some(document) = self.inner.next_document()? {
-            if self.shard.holds(&document.doc_id) {
-                self.documents += 1;
+        while let Some(document) = self.next_checked()? {
+            if self.shard.is_none_or(|shard| shard.holds(&document.doc_id)) {
+                self.returned += 1;
                 return Ok(Some(document));
             }
         }
         Ok(None)
     }
 
-    /// The shard's documents; the rows passed over (null, empty) are the
-    /// whole input's.
+    /// The documents returned (a shard's own); the rows passed over (null,
+    /// empty) are the whole input's.
     fn stats(&self) -> SourceStats {
         SourceStats {
-            documents: self.documents,
+            documents: self.returned,
             ..self.inner.stats()
         }
     }
@@ -430,7 +403,7 @@ mod tests {
         )
         .unwrap();
         let config = config(SourceKind::Jsonl, &path, "text", Some("id"));
-        let mut source = Checked::new(open_unchecked(&config).unwrap(), config);
+        let mut source = Checked::new(open_unchecked(&config).unwrap(), config, None);
         // As if "b" hashed as "a" does, or as some earlier id.
         source.seen.insert(id_key("b"));
         let documents = read_all(&mut source).unwrap();

@@ -579,25 +579,51 @@ async fn a_shards_estimate_counts_its_own_documents() {
     );
 }
 
+/// A job over a corpus of `documents` into table `chunks` of a database
+/// of its own, against a simulator.
+struct PgJob {
+    db: TestDb,
+    dir: tempfile::TempDir,
+    root: PathBuf,
+    expected: BTreeMap<String, String>,
+    sim: Simulator,
+    job: PathBuf,
+}
+
+impl PgJob {
+    async fn new(documents: usize) -> PgJob {
+        let db = TestDb::new().await;
+        let dir = tempfile::tempdir().unwrap();
+        let root = corpus(dir.path(), documents);
+        let expected = expected_chunks(&root);
+        let sim = simulator(SimConfig {
+            latency_ms: 5,
+            ..SimConfig::default()
+        })
+        .await;
+        let source = files_source(&root);
+        let job = write_pg_job(dir.path(), &sim.base_url(), &source, &db, "chunks", "");
+        PgJob {
+            db,
+            dir,
+            root,
+            expected,
+            sim,
+            job,
+        }
+    }
+}
+
 #[tokio::test]
 async fn four_shards_write_one_pgvector_table_and_each_syncs_only_its_own_rows() {
-    let db = TestDb::new().await;
-    let dir = tempfile::tempdir().unwrap();
-    let root = corpus(dir.path(), 32);
-    let expected = expected_chunks(&root);
-    let sim = simulator(SimConfig {
-        latency_ms: 5,
-        ..SimConfig::default()
-    })
-    .await;
-    let job = write_pg_job(
-        dir.path(),
-        &sim.base_url(),
-        &files_source(&root),
-        &db,
-        "chunks",
-        "",
-    );
+    let PgJob {
+        db,
+        dir: _dir,
+        root,
+        expected,
+        sim,
+        job,
+    } = PgJob::new(32).await;
     let children: Vec<_> = (0..SHARDS)
         .map(|i| {
             let mut command = bin();
@@ -812,19 +838,14 @@ async fn the_scheduler_examples_run_their_shards() {
 
 #[tokio::test]
 async fn a_table_filled_by_a_whole_run_is_split_without_paying_again() {
-    let db = TestDb::new().await;
-    let dir = tempfile::tempdir().unwrap();
-    let root = corpus(dir.path(), 12);
-    let expected = expected_chunks(&root);
-    let sim = simulator(SimConfig::default()).await;
-    let job = write_pg_job(
-        dir.path(),
-        &sim.base_url(),
-        &files_source(&root),
-        &db,
-        "chunks",
-        "",
-    );
+    let PgJob {
+        db,
+        dir: _dir,
+        expected,
+        sim,
+        job,
+        ..
+    } = PgJob::new(12).await;
     expect_exit(&run_pg(&job, &db, &["--quiet"]).await, 0);
     let billed = sim.ledger().billed_requests;
     for i in 0..2 {
