@@ -107,24 +107,6 @@ fn load(
             problems,
         })
     })?;
-    if let crate::job::OutputParams::Parquet(parquet) = &job.output.params {
-        let dir = crate::fsio::parent_dir(&parquet.path);
-        let foreign = shard
-            .foreign_files(dir)
-            .map_err(|e| Failure::failed(anyhow::anyhow!("{}: cannot list: {e}", dir.display())))?;
-        if !foreign.is_empty() {
-            let names: Vec<String> = foreign.iter().map(|p| p.display().to_string()).collect();
-            return Err(Failure::usage(anyhow::anyhow!(
-                "{} holds the files of the job split into another number of shards than {}: \
-                 {}; they hold this shard's documents too: remove them (and their state in \
-                 {}), or give the job another `output.path`",
-                dir.display(),
-                shard.count,
-                names.join(", "),
-                crate::job::Shard::state_dir(dir).display()
-            )));
-        }
-    }
     Ok(job)
 }
 

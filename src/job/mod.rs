@@ -558,8 +558,6 @@ impl Job {
         chunking
     }
 
-    /// Takes every relative path of the job from `base`, the job file's
-    /// directory (see [`paths`]).
     /// Makes this run shard `shard` of the job: it reads only the shard's
     /// documents; a Parquet output's `path` names a directory, where the
     /// shard writes its own file; the job's `requests_per_minute` and
@@ -567,14 +565,34 @@ impl Job {
     pub fn split(&mut self, shard: Shard) -> Result<(), Vec<String>> {
         let mut problems = Vec::new();
         if let OutputParams::Parquet(parquet) = &mut self.output.params {
-            if parquet.path.is_file() {
+            let dir = parquet.path.clone();
+            if dir.is_file() {
                 problems.push(format!(
                     "`output.path` {} is a file; with --shard it names a directory, where \
                      each shard writes its own part-IIIII-of-NNNNN.parquet",
-                    parquet.path.display()
+                    dir.display()
                 ));
             }
-            parquet.path = parquet.path.join(shard.file_name());
+            match shard.foreign_files(&dir) {
+                Ok(foreign) if foreign.is_empty() => {}
+                Ok(foreign) => problems.push(format!(
+                    "`output.path` {} holds files of the job split into another number of \
+                     shards than {}: {}; they hold this shard's documents too: remove them \
+                     (and their state in {}), or give the job another `output.path`",
+                    dir.display(),
+                    shard.count,
+                    foreign
+                        .iter()
+                        .map(|p| p.display().to_string())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    Shard::state_dir(&dir).display()
+                )),
+                Err(e) => {
+                    problems.push(format!("`output.path` {}: cannot list: {e}", dir.display()))
+                }
+            }
+            parquet.path = dir.join(shard.file_name());
         }
         if let BackendParams::Api(api) = &mut self.backend.params {
             let count = shard.count;
@@ -623,6 +641,8 @@ impl Job {
         }
     }
 
+    /// Takes every relative path of the job from `base`, the job file's
+    /// directory (see [`paths`]).
     pub fn resolve_paths(&mut self, base: &Path) {
         self.source.resolve_paths(base);
         self.backend.resolve_paths(base);
@@ -927,6 +947,43 @@ mod tests {
         url = "postgresql://embedjob@127.0.0.1:5432/search"
         table = "docs_chunks"
     "#;
+
+    #[test]
+    fn a_shard_writes_its_own_file_keeps_its_own_state_and_takes_its_part_of_the_limits() {
+        let api = [
+            "backend.kind=api".to_string(),
+            "backend.base_url=http://127.0.0.1:9".to_string(),
+            "backend.model=m".to_string(),
+            "backend.api_key_env=PATH".to_string(),
+            "backend.requests_per_minute=40".to_string(),
+            "backend.tokens_per_minute=100000".to_string(),
+        ];
+        let mut job = parse(MINIMAL, "docs", &api).unwrap();
+        job.split(Shard::new(1, 4).unwrap()).unwrap();
+        assert_eq!(
+            parquet(&job).path,
+            Path::new("out/docs.parquet/part-00001-of-00004.parquet")
+        );
+        assert_eq!(
+            job.state_stem(),
+            Path::new("out/docs.parquet.embedjob/part-00001-of-00004.parquet")
+        );
+        let api_params = job.backend.api().unwrap();
+        assert_eq!(api_params.requests_per_minute, 10);
+        assert_eq!(api_params.tokens_per_minute, 25_000);
+
+        let mut job = parse(MINIMAL, "docs", &api).unwrap();
+        let problems = job.split(Shard::new(0, 41).unwrap()).unwrap_err();
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(problems[0].contains("`backend.requests_per_minute` is 40"));
+
+        let mut job = parse(PGVECTOR, "docs", &[]).unwrap();
+        job.split(Shard::new(2, 4).unwrap()).unwrap();
+        assert_eq!(
+            job.state_stem(),
+            Path::new(".embedjob/docs_index.docs_chunks.part-00002-of-00004")
+        );
+    }
 
     #[test]
     fn a_pgvector_output_takes_its_keys_and_names_its_state_after_job_and_table() {
