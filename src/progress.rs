@@ -103,6 +103,8 @@ pub struct Progress {
     bar: Option<ProgressBar>,
     bar_has_length: bool,
     eta: Eta,
+    /// What the lines begin with: `embedjob`, or `embedjob shard 1/4`.
+    name: String,
 }
 
 impl Progress {
@@ -121,7 +123,17 @@ impl Progress {
             bar,
             bar_has_length: false,
             eta: Eta::default(),
+            name: "embedjob".to_string(),
         }
+    }
+
+    /// Lines that name the shard of the job they are about.
+    #[must_use]
+    pub fn for_shard(mut self, shard: Option<crate::job::Shard>) -> Self {
+        if let Some(shard) = shard {
+            self.name = format!("embedjob shard {shard}");
+        }
+        self
     }
 
     pub fn mode(&self) -> Mode {
@@ -191,7 +203,8 @@ impl Progress {
                     (String::new(), String::new())
                 };
                 eprintln!(
-                    "embedjob: {}{of} chunks done, {} ({tokens_per_second:.0}/s), {}, {}, {elapsed:.0}s{eta}",
+                    "{}: {}{of} chunks done, {} ({tokens_per_second:.0}/s), {}, {}, {elapsed:.0}s{eta}",
+                    self.name,
                     now.chunks,
                     crate::display::counted(now.tokens, "token"),
                     crate::display::counted(now.requests, "request"),

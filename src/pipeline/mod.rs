@@ -205,10 +205,12 @@ async fn run_stages(
     report.earlier = earlier;
     let checkpoint_dimensions = reuse.store.dimensions().filter(|_| earlier.parts > 0);
     let capacity = job.pipeline.channel_capacity;
-    let mut display = Progress::new(
-        Mode::for_stderr(options.progress),
-        job.pipeline.progress_seconds,
-    );
+    let mode = match Mode::for_stderr(options.progress) {
+        // The bars of a job's shards, on one terminal, would overwrite each other.
+        Mode::Bar if job.shard.is_some() => Mode::Lines,
+        mode => mode,
+    };
+    let mut display = Progress::new(mode, job.pipeline.progress_seconds).for_shard(job.shard);
     let chunker = display.counting(chunker);
     let halt = Arc::new(AtomicBool::new(false));
     let settled = Arc::new(AtomicU64::new(0));

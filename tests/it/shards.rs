@@ -453,6 +453,12 @@ async fn the_shard_comes_from_the_schedulers_environment_and_bad_splits_are_refu
     expect_exit(&output, 0);
     assert_eq!(json(&output)["shard"], "1/4");
     assert!(shard_file(&shards, 1).exists());
+    // The progress lines of processes sharing a terminal say which shard they are.
+    let output = run_job(&job, &["--shard", "1/4"]).await;
+    expect_exit(&output, 0);
+    let (stdout, stderr) = no_key(&output, KEY);
+    assert!(stderr.starts_with("embedjob shard 1/4: "), "{stderr}");
+    assert!(stdout.starts_with("test (shard 1/4): "), "{stdout}");
     // A Slurm array (--array=1-4) gives both; its ids start at 1.
     let slurm = [
         ("SLURM_ARRAY_TASK_ID", "3"),
