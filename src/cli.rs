@@ -250,13 +250,15 @@ pub struct RunArgs {
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub max_duration: Option<std::time::Duration>,
     /// The most this run may be billed (sets `budget.max_cost`): it stops
-    /// before a request would go over, keeping what was done (exit 4).
+    /// before a request would go over, keeping what was done (exit 4). With
+    /// --shard, the whole job's: each shard takes its part.
     #[arg(long, value_name = "AMOUNT")]
     pub max_cost: Option<f64>,
     /// Run one shard of the job: I/N (shard I, from 0, of N); N, with the index
     /// from JOB_COMPLETION_INDEX (a Kubernetes Indexed Job) or
     /// SLURM_ARRAY_TASK_ID (a Slurm job array); or auto, both from a Slurm job
-    /// array. `output.path` then names a directory of the shards' files.
+    /// array. `output.path` then names a directory of the shards' files, and
+    /// the job's rate limits and budget are shared out among the shards.
     #[arg(long, value_name = "I/N|N|auto")]
     pub shard: Option<String>,
 }

@@ -560,8 +560,9 @@ impl Job {
 
     /// Makes this run shard `shard` of the job: it reads only the shard's
     /// documents; a Parquet output's `path` names a directory, where the
-    /// shard writes its own file; the job's `requests_per_minute` and
-    /// `tokens_per_minute` are shared out among the shards.
+    /// shard writes its own file; the job's `requests_per_minute`,
+    /// `tokens_per_minute` and `budget.max_cost` are shared out among the
+    /// shards.
     pub fn split(&mut self, shard: Shard) -> Result<(), Vec<String>> {
         let mut problems = Vec::new();
         if let OutputParams::Parquet(parquet) = &mut self.output.params {
@@ -614,6 +615,8 @@ impl Job {
             api.tokens_per_minute =
                 share("tokens_per_minute", api.tokens_per_minute, &mut problems);
         }
+        // The job's budget, like its rate limits, is the whole job's.
+        self.budget.max_cost = self.budget.max_cost.map(|c| c / f64::from(shard.count));
         self.shard = Some(shard);
         if problems.is_empty() {
             Ok(())
@@ -957,6 +960,7 @@ mod tests {
             "backend.api_key_env=PATH".to_string(),
             "backend.requests_per_minute=40".to_string(),
             "backend.tokens_per_minute=100000".to_string(),
+            "budget.max_cost=2.0".to_string(),
         ];
         let mut job = parse(MINIMAL, "docs", &api).unwrap();
         job.split(Shard::new(1, 4).unwrap()).unwrap();
@@ -971,6 +975,7 @@ mod tests {
         let api_params = job.backend.api().unwrap();
         assert_eq!(api_params.requests_per_minute, 10);
         assert_eq!(api_params.tokens_per_minute, 25_000);
+        assert_eq!(job.budget.max_cost, Some(0.5));
 
         let mut job = parse(MINIMAL, "docs", &api).unwrap();
         let problems = job.split(Shard::new(0, 41).unwrap()).unwrap_err();
