@@ -32,6 +32,10 @@ pub struct Estimate {
     /// The shard of the job estimated (`--shard`), `I/N`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub shard: Option<String>,
+    /// For the whole of a split job, the number of shards whose files and
+    /// state the estimate found to reuse.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shards: Option<u64>,
     pub backend: String,
     pub model: String,
     /// Known before any request: a documented model, a declared `dimensions`
@@ -84,9 +88,10 @@ pub struct Estimate {
 impl Estimate {
     /// `docs`, or `docs (shard 1/4)`.
     fn job_text(&self) -> String {
-        match &self.shard {
-            Some(shard) => format!("{} (shard {shard})", self.job),
-            None => self.job.clone(),
+        match (&self.shard, self.shards) {
+            (Some(shard), _) => format!("{} (shard {shard})", self.job),
+            (None, Some(shards)) => format!("{} (all {shards} shards)", self.job),
+            (None, None) => self.job.clone(),
         }
     }
 
@@ -175,6 +180,7 @@ pub fn estimate(
     Ok(Estimate {
         job: job.name.clone(),
         shard: job.shard.map(|s| s.to_string()),
+        shards: None,
         backend: info.kind.to_string(),
         model: info.model.clone(),
         dimensions: info.dimensions,

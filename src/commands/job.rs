@@ -15,6 +15,13 @@ pub async fn run(args: &RunArgs) -> Outcome {
         overrides.push(format!("budget.max_cost={cost:?}"));
     }
     let job = load(&args.job.job, &overrides, args.shard.as_deref())?;
+    if job.shard.is_none() && whole_over_shards(&job)?.is_some() {
+        return Err(Failure::usage(anyhow::anyhow!(
+            "`output.path` {} is the directory of a split job's shards: run each shard \
+             with --shard I/N, or give the job another `output.path`",
+            job.output.state_stem(&job.name).display()
+        )));
+    }
     let stages = match crate::stages::build(&job).await {
         Ok(stages) => stages,
         Err(failure) => return Err(failed_before_work(&job, None, failure, args.json)),
@@ -88,15 +95,6 @@ fn load(
 ) -> Result<crate::job::Job, Failure> {
     let mut job = crate::job::load(path, overrides).map_err(Failure::usage)?;
     let Some(spec) = shard else {
-        if let crate::job::OutputParams::Parquet(parquet) = &job.output.params {
-            if parquet.path.is_dir() {
-                return Err(Failure::usage(anyhow::anyhow!(
-                    "`output.path` {} is a directory (of a split job's shards?): run each \
-                     shard with --shard I/N, or give the job another `output.path`",
-                    parquet.path.display()
-                )));
-            }
-        }
         return Ok(job);
     };
     let shard = crate::job::shard::parse(spec, |name| std::env::var(name).ok())
@@ -108,6 +106,43 @@ fn load(
         })
     })?;
     Ok(job)
+}
+
+/// For a job not split, whose Parquet `output.path` is a directory: the
+/// number of shards whose files it holds. A directory without any is not an
+/// output.
+fn whole_over_shards(job: &crate::job::Job) -> Result<Option<u32>, Failure> {
+    let crate::job::OutputParams::Parquet(parquet) = &job.output.params else {
+        return Ok(None);
+    };
+    if !parquet.path.is_dir() {
+        return Ok(None);
+    }
+    match crate::job::Shard::count_in(&parquet.path) {
+        Ok(Some(count)) => Ok(Some(count)),
+        Ok(None) => Err(Failure::usage(anyhow::anyhow!(
+            "`output.path` {} is a directory, not a Parquet file",
+            parquet.path.display()
+        ))),
+        Err(e) => Err(Failure::usage(anyhow::anyhow!(e))),
+    }
+}
+
+/// The job as each of its shards runs it: the job itself, unless it is not
+/// split and its output is the directory of a split job's shards.
+fn parts_of(job: &crate::job::Job) -> Result<Vec<crate::job::Job>, Failure> {
+    let Some(count) = whole_over_shards(job)?.filter(|_| job.shard.is_none()) else {
+        return Ok(vec![job.clone()]);
+    };
+    (0..count)
+        .map(|index| {
+            let mut part = job.clone();
+            let shard = crate::job::Shard { index, count };
+            part.split(shard)
+                .map_err(|problems| Failure::usage(anyhow::anyhow!(problems.join("; "))))?;
+            Ok(part)
+        })
+        .collect()
 }
 
 /// The command that runs the job again as `args` did, less `--fresh` (which
@@ -234,24 +269,39 @@ pub async fn estimate(args: &EstimateArgs) -> Outcome {
         eprintln!("embedjob: warning: {warning}");
     }
     let fresh = args.fresh;
-    let sink = crate::sink::open(&job.output, job.shard)
-        .await
-        .map_err(crate::stages::sink_failure)?;
+    // A job not split, over a directory of shards: what all of them hold.
+    let parts = parts_of(&job)?;
+    let shards = (parts.len() > 1).then_some(parts.len() as u64);
+    let mut sinks = Vec::with_capacity(parts.len());
+    for part in &parts {
+        let sink = crate::sink::open(&part.output, part.shard)
+            .await
+            .map_err(crate::stages::sink_failure)?;
+        sinks.push(sink);
+    }
     let estimate = tokio::task::spawn_blocking(move || {
         // What a run would reuse, found as the run finds it, without its lock or clean-up.
-        let held = sink.held().map_err(Failure::failed)?;
         let fingerprint = Fingerprint::new(&job, &info);
-        let ratio = held
-            .as_ref()
-            .and_then(|held| learned_ratio(held.metadata(), &fingerprint));
-        let held = if fresh { None } else { held };
-        let location = StateLocation::for_job(&job);
-        let reuse = crate::state::peek(&job.name, &location, &fingerprint, held, fresh)
-            .map_err(state_failure)?;
-        let classifier = Classifier::new(reuse.store, reuse.held_ids, sink.keeps_rows());
+        let mut reuse = crate::state::Reuse::default();
+        let mut ratio = None;
+        let mut keeps_rows = false;
+        for (part, sink) in parts.iter().zip(&sinks) {
+            let held = sink.held().map_err(Failure::failed)?;
+            ratio = ratio.or_else(|| {
+                held.as_ref()
+                    .and_then(|held| learned_ratio(held.metadata(), &fingerprint))
+            });
+            let held = if fresh { None } else { held };
+            let location = StateLocation::for_job(part);
+            crate::state::peek_into(&mut reuse, &part.name, &location, &fingerprint, held, fresh)
+                .map_err(state_failure)?;
+            keeps_rows = sink.keeps_rows();
+        }
+        let classifier = Classifier::new(reuse.store, reuse.held_ids, keeps_rows);
         crate::estimate::estimate(&job, chunker.as_ref(), &info, classifier)
             .map(|e| crate::estimate::Estimate {
                 warnings,
+                shards,
                 ..e.with_billed_ratio(ratio)
             })
             .map_err(|e| Failure {

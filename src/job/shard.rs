@@ -96,6 +96,33 @@ impl Shard {
         crate::fsio::with_suffix(dir, ".embedjob")
     }
 
+    /// The number of shards whose files are in `dir`, when it holds some;
+    /// an error when they are of splits into different numbers.
+    pub fn count_in(dir: &Path) -> Result<Option<u32>, String> {
+        let entries = std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let mut counts = std::collections::BTreeSet::new();
+        for entry in entries {
+            let entry = entry.map_err(|e| format!("{}: {e}", dir.display()))?;
+            if let Some(shard) = entry.file_name().to_str().and_then(Shard::from_file_name) {
+                counts.insert(shard.count);
+            }
+        }
+        match counts.len() {
+            0 => Ok(None),
+            1 => Ok(counts.first().copied()),
+            _ => Err(format!(
+                "{} holds the files of splits into different numbers of shards ({}): keep \
+                 the files of one split only",
+                dir.display(),
+                counts
+                    .iter()
+                    .map(u32::to_string)
+                    .collect::<Vec<_>>()
+                    .join(" and ")
+            )),
+        }
+    }
+
     /// The files in `dir` that are shards of another count than this one's:
     /// left by runs split another way, they would hold the same documents
     /// twice.
@@ -360,6 +387,15 @@ mod tests {
             .foreign_files(&dir.path().join("missing"))
             .unwrap()
             .is_empty());
+        let error = Shard::count_in(dir.path()).unwrap_err();
+        assert!(
+            error.contains("different numbers of shards (2 and 4)"),
+            "{error}"
+        );
+        std::fs::remove_file(dir.path().join("part-00001-of-00002.parquet")).unwrap();
+        assert_eq!(Shard::count_in(dir.path()), Ok(Some(4)));
+        std::fs::remove_file(dir.path().join("part-00000-of-00004.parquet")).unwrap();
+        assert_eq!(Shard::count_in(dir.path()), Ok(None));
     }
 
     proptest! {

@@ -214,7 +214,9 @@ impl JobState {
         held: Option<Box<dyn StoredRows>>,
         fresh: bool,
     ) -> Result<Reuse, StateError> {
-        reuse(&self.checkpoint, held, fresh, true)
+        let mut found = Reuse::default();
+        reuse_into(&mut found, &self.checkpoint, held, fresh, true)?;
+        Ok(found)
     }
 
     /// The writer of this run's checkpoint parts.
@@ -242,8 +244,23 @@ pub fn peek(
     held: Option<Box<dyn StoredRows>>,
     fresh: bool,
 ) -> Result<Reuse, StateError> {
+    let mut found = Reuse::default();
+    peek_into(&mut found, job_name, location, fingerprint, held, fresh)?;
+    Ok(found)
+}
+
+/// [`peek`], adding what it finds to `found`: the state of each shard of a
+/// split job, for an estimate of the whole job.
+pub fn peek_into(
+    found: &mut Reuse,
+    job_name: &str,
+    location: &StateLocation,
+    fingerprint: &Fingerprint,
+    held: Option<Box<dyn StoredRows>>,
+    fresh: bool,
+) -> Result<(), StateError> {
     if fresh {
-        return Ok(Reuse::default());
+        return Ok(());
     }
     let checkpoint = Checkpoint::read(job_name, location, fingerprint)?;
     if let Some(reason) = checkpoint.damaged() {
@@ -252,7 +269,7 @@ pub fn peek(
             checkpoint.dir().display()
         ));
     }
-    reuse(&checkpoint, held, fresh, false)
+    reuse_into(found, &checkpoint, held, fresh, false)
 }
 
 /// A previous output made under another fingerprint is refused, unless
@@ -263,13 +280,13 @@ pub fn peek(
 /// vectors fail their checksum, or a part made under another fingerprint, is
 /// passed over with a warning naming it, and its chunks are embedded again.
 /// With `discard`, such parts are removed.
-fn reuse(
+fn reuse_into(
+    reuse: &mut Reuse,
     checkpoint: &Checkpoint,
     held: Option<Box<dyn StoredRows>>,
     fresh: bool,
     discard: bool,
-) -> Result<Reuse, StateError> {
-    let mut reuse = Reuse::default();
+) -> Result<(), StateError> {
     if let (false, Some(mut held)) = (fresh, held) {
         let differences = match held.metadata().get(FINGERPRINT_KEY) {
             Some(text) => match Fingerprint::from_json(text) {
@@ -306,7 +323,7 @@ fn reuse(
             discard_part(part, &e.to_string(), discard);
         }
     }
-    Ok(reuse)
+    Ok(())
 }
 
 /// A checkpoint part, if it was made under `fingerprint` and its vectors

@@ -508,7 +508,7 @@ async fn the_shard_comes_from_the_schedulers_environment_and_bad_splits_are_refu
     let output = run_job(&job, &["--quiet"]).await;
     expect_exit(&output, 2);
     assert!(
-        text(&output.stderr).contains("is a directory"),
+        text(&output.stderr).contains("is the directory of a split job's shards"),
         "{}",
         text(&output.stderr)
     );
@@ -583,6 +583,38 @@ async fn a_shards_estimate_counts_its_own_documents() {
         stderr.contains("`backend.requests_per_minute` is 40"),
         "{stderr}"
     );
+
+    // Two shards run; the whole job's estimate finds what they hold.
+    for i in 0..2 {
+        expect_exit(
+            &run_job(&job, &["--quiet", "--shard", &format!("{i}/{SHARDS}")]).await,
+            0,
+        );
+    }
+    let stored: HashSet<String> = (0..2)
+        .flat_map(|i| of_shard(&expected, i).into_values())
+        .collect();
+    let new: HashSet<&String> = expected.values().filter(|t| !stored.contains(*t)).collect();
+    let billed = sim.ledger().embedding_requests;
+    let output = estimate(None).await;
+    expect_exit(&output, 0);
+    let whole = json(&output);
+    assert_eq!(whole["shards"].as_u64(), Some(u64::from(SHARDS)), "{whole}");
+    assert_eq!(whole["chunks"].as_u64(), Some(expected.len() as u64));
+    assert_eq!(
+        whole["chunks_to_send"].as_u64(),
+        Some(new.len() as u64),
+        "{whole}"
+    );
+    assert_eq!(
+        sim.ledger().embedding_requests,
+        billed,
+        "an estimate sends nothing"
+    );
+    // A run of the whole job over the shards' directory is refused.
+    let output = run_job(&job, &["--quiet"]).await;
+    expect_exit(&output, 2);
+    assert!(text(&output.stderr).contains("split job's shards"));
 }
 
 /// A job over a corpus of `documents` into table `chunks` of a database
