@@ -8,8 +8,8 @@ Scenarios: a token quota (the service counting 1.25 tokens for each of the
 client's), a request quota, and both. Cases: embedjob with no limits
 configured; embedjob with `requests_per_minute` / `tokens_per_minute` set to
 the quota; the OpenAI cookbook's parallel processor (api_request_parallel_
-processor.py) reimplemented here as the baseline; four embedjob processes on
-one key, each with a quarter of the work.
+processor.py) reimplemented here as the baseline; the job run as four
+processes on one key (`--shard i/4`), started at once.
 
 utilisation = ideal time / actual time, where ideal = the work the service
 admitted (its ledger's requests and billed tokens) / the quota's rate. Each
@@ -22,6 +22,7 @@ import concurrent.futures
 import http.client
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -54,8 +55,10 @@ def log(message):
 
 
 class QuotaSimulator:
-    def __init__(self, embedjob, work, requests, tokens, factor):
-        args = [embedjob, "simulate", "--port", "0", "--latency-ms", str(LATENCY_MS),
+    """`embedjob simulate` with quotas (none when both are None) and latency."""
+
+    def __init__(self, embedjob, work, requests, tokens, factor, latency_ms=LATENCY_MS):
+        args = [embedjob, "simulate", "--port", "0", "--latency-ms", str(latency_ms),
                 "--quota-window-ms", str(WINDOW_MS), "--quota-start-empty",
                 "--bill-factor", str(factor)]
         if requests:
@@ -69,8 +72,8 @@ class QuotaSimulator:
         if not self.url.startswith("http"):
             raise SystemExit(f"bench: the simulator did not print its URL (see {self.log})")
 
-    def ledger(self):
-        with urllib.request.urlopen(f"{self.url}/_ledger?texts=false") as reply:
+    def ledger(self, texts=False):
+        with urllib.request.urlopen(f"{self.url}/_ledger?texts={str(texts).lower()}") as reply:
             return json.load(reply)
 
     def stop(self):
@@ -78,25 +81,16 @@ class QuotaSimulator:
         self.process.wait()
 
 
-def shard_files(work, corpus_path, records, shards):
-    """The first `records` records of the corpus, in `shards` files."""
-    with open(corpus_path) as f:
-        lines = [next(f) for _ in range(records)]
-    paths = []
-    for i in range(shards):
-        path = os.path.join(work, f"quota-{records}-{i}of{shards}.jsonl")
-        with open(path, "w") as f:
-            f.writelines(lines[i::shards])
-        paths.append(path)
-    return paths
-
-
-def quota_job(work, name, corpus_path, url, limits):
-    path = os.path.join(work, f"job-quota-{name}.toml")
-    out = os.path.join(work, "out", f"quota-{name}.parquet")
+def job_file(work, name, corpus_path, url, limits, concurrency=CONCURRENCY, sharded=False):
+    """Writes a job on the corpus, its output alone in out/<name>/ (emptied):
+    a file, or for `--shard` runs a directory. Returns the job's and the output's paths."""
+    out_dir = os.path.join(work, "out", name)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    out = os.path.join(out_dir, "shards" if sharded else "embeddings.parquet")
+    path = os.path.join(work, f"job-{name}.toml")
     extra = "".join(f"{key} = {value}\n" for key, value in limits.items())
     with open(path, "w") as f:
-        f.write(f"""name = "bench-quota-{name}"
+        f.write(f"""name = "bench-{name}"
 [source]
 kind = "jsonl"
 path = "{corpus_path}"
@@ -109,34 +103,44 @@ overlap_tokens = 0
 kind = "api"
 base_url = "{url}"
 model = "svc-embed-1"
-concurrency = {CONCURRENCY}
+concurrency = {concurrency}
 max_inputs_per_request = {BATCH}
 {extra}[output]
 path = "{out}"
 include_text = false
 """)
-    for stale in (out, out + ".checkpoint"):
-        if os.path.isdir(stale):
-            import shutil
-            shutil.rmtree(stale)
-        elif os.path.exists(stale):
-            os.remove(stale)
-    return path
+    return path, out
 
 
-def run_embedjob_processes(embedjob, jobs):
-    """Starts every job at once; returns how many failed."""
+def run_embedjob(embedjob, job, shards=None):
+    """Runs the job as one process, or as `shards` processes started at once
+    (`--shard i/N`); returns each run's summary, None for a run that failed."""
     env = {**os.environ, "EMBEDJOB_API_KEY": KEY}
-    processes = [subprocess.Popen([embedjob, "run", job, "--json", "--quiet"], env=env,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                 for job in jobs]
-    failed = 0
+    commands = [[embedjob, "run", job, "--json", "--quiet"]
+                + (["--shard", f"{i}/{shards}"] if shards else []) for i in range(shards or 1)]
+    processes = [subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for command in commands]
+    summaries = []
     for process in processes:
         out, err = process.communicate()
         if process.returncode != 0:
-            failed += 1
             log(f"an embedjob run exited {process.returncode}: {err.strip()[-500:]}")
-    return failed
+        summaries.append(json.loads(out) if process.returncode == 0 else None)
+    return summaries
+
+
+def quota_use(ledger, requests, tokens, seconds):
+    """Utilisation (the work admitted at the quota's rate over the time taken)
+    and the share of requests refused."""
+    window = WINDOW_MS / 1000
+    ideal = 0.0
+    if requests:
+        ideal = max(ideal, ledger["billed_requests"] / (requests / window))
+    if tokens:
+        ideal = max(ideal, ledger["prompt_tokens"] / (tokens / window))
+    received = ledger["embedding_requests"]
+    refused = sum(ledger.get("refused", {}).values())
+    return ideal / seconds, refused / received if received else 0.0
 
 
 def token_counts(embedjob, work, corpus_path, records):
@@ -263,9 +267,8 @@ def run_case(embedjob, work, scenario, case, corpus_path):
         if case == "cookbook":
             cookbook = Cookbook(sim.url, requests, tokens)
             asyncio.run(cookbook.run(cookbook_requests(corpus_path, records, counts)))
-            failed = 1 if cookbook.failed else 0
+            failed, processes = (1 if cookbook.failed else 0), 1
         else:
-            shards = 4 if case == "four processes" else 1
             limits = {}
             if case == "limits configured":
                 per_minute = 60_000 / WINDOW_MS
@@ -273,30 +276,34 @@ def run_case(embedjob, work, scenario, case, corpus_path):
                     limits["requests_per_minute"] = int(requests * per_minute)
                 if tokens:
                     limits["tokens_per_minute"] = int(tokens * per_minute)
-            jobs = [quota_job(work, f"{scenario}-{i}", path, sim.url, limits)
-                    for i, path in enumerate(shard_files(work, corpus_path, records, shards))]
-            failed = run_embedjob_processes(embedjob, jobs)
+            shards = 4 if case == "four processes" else None
+            job, _ = job_file(work, f"quota-{scenario}", head(work, corpus_path, records),
+                              sim.url, limits, sharded=bool(shards))
+            summaries = run_embedjob(embedjob, job, shards)
+            failed, processes = summaries.count(None), len(summaries)
         actual = time.perf_counter() - started
         ledger = sim.ledger()
     finally:
         sim.stop()
-    window = WINDOW_MS / 1000
-    ideal = 0.0
-    if requests:
-        ideal = max(ideal, ledger["billed_requests"] / (requests / window))
-    if tokens:
-        ideal = max(ideal, ledger["prompt_tokens"] / (tokens / window))
-    received = ledger["embedding_requests"]
-    refused = sum(ledger.get("refused", {}).values())
+    utilisation, refused = quota_use(ledger, requests, tokens, actual)
     row = {
-        "scenario": scenario, "case": case, "utilisation": ideal / actual,
-        "refused": refused / received if received else 0.0, "requests": received,
-        "longest": ledger.get("longest_refusal_run", 0), "failed": failed,
-        "processes": 1 if case == "cookbook" else len(jobs), "seconds": actual,
+        "scenario": scenario, "case": case, "utilisation": utilisation, "refused": refused,
+        "requests": ledger["embedding_requests"], "longest": ledger.get("longest_refusal_run", 0),
+        "failed": failed, "processes": processes, "seconds": actual,
     }
-    log(f"quota {scenario} / {case}: {row['utilisation']:.1%} of the quota, "
-        f"{refused} of {received} refused, {failed} failed, {actual:.1f}s")
+    log(f"quota {scenario} / {case}: {utilisation:.1%} of the quota, {refused:.1%} of "
+        f"{row['requests']} refused, {failed} failed, {actual:.1f}s")
     return row
+
+
+def head(work, corpus_path, records):
+    """The first `records` records of the corpus, in a file of their own."""
+    path = os.path.join(work, f"quota-{records}.jsonl")
+    with open(corpus_path) as f:
+        lines = [next(f) for _ in range(records)]
+    with open(path, "w") as f:
+        f.writelines(lines)
+    return path
 
 
 def quota_section(embedjob, work, corpus_path):

@@ -17,6 +17,7 @@ import sys
 import time
 
 from bench_quota import QUOTA_RECORDS, quota_section
+from bench_shards import shards_section
 
 WORDS = ("vector index token batch embedding service parquet chunk document "
          "model request retry").split()
@@ -166,13 +167,17 @@ def main():
     parser.add_argument("--quick", action="store_true", help="the smaller set")
     parser.add_argument("--latency-ms", type=int, default=200)
     parser.add_argument("--quota", action="store_true", help="the quota section alone")
+    parser.add_argument("--shards", action="store_true", help="the shards section alone")
     args = parser.parse_args()
     args.baseline = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_openai.py")
     os.makedirs(os.path.join(args.work, "out"), exist_ok=True)
 
-    if args.quota:
+    if args.quota or args.shards:
         started = time.perf_counter()
-        quota_section(args.embedjob, args.work, corpus(args.work, QUOTA_RECORDS))
+        if args.quota:
+            quota_section(args.embedjob, args.work, corpus(args.work, QUOTA_RECORDS))
+        if args.shards:
+            shards_section(args.embedjob, args.work, corpus(args.work, QUOTA_RECORDS))
         log(f"done in {time.perf_counter() - started:.0f}s")
         return
 
@@ -219,6 +224,7 @@ def main():
         case(f"embedjob 3072 memory {size:,}", run_embedjob(args, f"memory-{size}", size, 3072))
     print_table(rows)
     quota_section(args.embedjob, args.work, corpus(args.work, QUOTA_RECORDS))
+    shards_section(args.embedjob, args.work, corpus(args.work, QUOTA_RECORDS))
     log(f"done in {time.perf_counter() - started:.0f}s")
 
 
