@@ -126,6 +126,10 @@ impl Budget {
         };
         let seconds = reset.as_secs_f64();
         let missing = header.limit - header.remaining;
+        if missing <= 0.0 {
+            // A full quota's reset tells nothing of how fast it refills.
+            return;
+        }
         if header.remaining >= 1.0 {
             let sample = missing / seconds;
             // A short reset is written to the millisecond: its rate is rough, so it counts less.
@@ -561,12 +565,16 @@ impl State {
         }
     }
 
+    /// Takes a send from the budgets. A process counts on its share of what
+    /// the headers show: its own sends take from that share, so they weigh
+    /// `1 / share` on the whole budget it models.
     fn spend(&mut self, sent: Sent) {
+        let weight = 1.0 / self.share;
         if let Some(budget) = self.requests.as_mut() {
-            budget.spend(sent.at, 1.0);
+            budget.spend(sent.at, weight);
         }
         if let Some(budget) = self.tokens.as_mut() {
-            budget.spend(sent.at, sent.tokens);
+            budget.spend(sent.at, sent.tokens * weight);
         }
     }
 }
@@ -643,6 +651,32 @@ mod tests {
             assert!(
                 waited >= Duration::from_millis(least) && waited < Duration::from_millis(most),
                 "{processes} processes: waited {waited:?}"
+            );
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn one_of_four_shards_sends_a_quarter_of_what_the_headers_show() {
+        for (processes, at_once) in [(1, 18..=19), (4, 4..=5)] {
+            let pacing = Pacing::new(Duration::from_secs(600)).shared_by(processes);
+            let first = pacing.admit(1).await.unwrap();
+            // 20 requests left of 30, whole again in 20 s: half a request a second.
+            pacing.on_answer(
+                first,
+                Some(headers(Some((30.0, 20.0, 20_000)), None)),
+                Some(1),
+            );
+            let start = Instant::now();
+            let mut sent = 0;
+            while start.elapsed().is_zero() && sent < 40 {
+                let _ticket = pacing.admit(1).await.unwrap();
+                sent += 1;
+            }
+            // The last one waited for the refill.
+            assert!(
+                at_once.contains(&(sent - 1)),
+                "{processes} processes: {} sent at once",
+                sent - 1
             );
         }
     }
