@@ -30,8 +30,22 @@ pub(super) fn serialize<S: serde::Serializer>(
 /// in two files, files split another way, or a file of the whole job among
 /// them.
 pub(super) fn problems(datasets: &[Dataset], reports: &[FileReport]) -> Vec<Problem> {
-    let shard_of: BTreeMap<&PathBuf, Option<Shard>> =
-        reports.iter().map(|r| (&r.path, r.shard)).collect();
+    // A file whose metadata could not be read is taken for the shard its
+    // name says (its own problems are reported with it), not for a file of
+    // the whole job.
+    let shard_of: BTreeMap<&PathBuf, Option<Shard>> = reports
+        .iter()
+        .map(|r| {
+            let unread = r.problems.iter().any(|p| p.check == Check::Readable);
+            let named = || {
+                r.path
+                    .file_name()
+                    .and_then(|n| n.to_str())
+                    .and_then(Shard::from_file_name)
+            };
+            (&r.path, r.shard.or_else(|| unread.then(named).flatten()))
+        })
+        .collect();
     let mut problems = Vec::new();
     for dataset in datasets {
         let files: Vec<(&PathBuf, Option<Shard>)> = dataset

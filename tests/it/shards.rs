@@ -429,6 +429,19 @@ async fn a_killed_shard_resumes_alone_and_the_dataset_is_whole() {
     let mut inspect = bin();
     inspect.arg("inspect").arg(&shards);
     expect_exit(&run(inspect).await, 0);
+
+    // A damaged shard file is reported as damaged, not as a missing shard.
+    let damaged = shard_file(&shards, 3);
+    let bytes = std::fs::read(&damaged).unwrap();
+    std::fs::write(&damaged, &bytes[..bytes.len() / 2]).unwrap();
+    let mut inspect = bin();
+    inspect.arg("inspect").arg(&shards).arg("--json");
+    let output = run(inspect).await;
+    expect_exit(&output, 1);
+    let report: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(report["problems"], serde_json::json!([]), "{report}");
+    let file = &report["files"][3];
+    assert_eq!(file["problems"][0]["check"], "readable", "{file}");
 }
 
 #[tokio::test]
