@@ -284,7 +284,10 @@ fn datasets(files: &[PathBuf]) -> (Vec<Dataset>, Vec<usize>) {
         of_file.push(index);
     }
     if let Some(first) = datasets.first_mut() {
-        let unread = files.iter().zip(&of_file).filter(|(_, i)| **i == usize::MAX);
+        let unread = files
+            .iter()
+            .zip(&of_file)
+            .filter(|(_, i)| **i == usize::MAX);
         first.files.extend(unread.map(|(file, _)| file.clone()));
     }
     let of_file = of_file
