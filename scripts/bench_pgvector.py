@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 
+from bench_jobs import write_job
 from bench_run import corpus
 
 
@@ -18,27 +19,8 @@ def log(message):
 
 
 def job(work, name, corpus_path, base_url, output):
-    path = os.path.join(work, f"job-{name}.toml")
-    with open(path, "w") as f:
-        f.write(f"""name = "bench-{name}"
-[source]
-kind = "jsonl"
-path = "{corpus_path}"
-text_field = "text"
-id_field = "id"
-[chunking]
-max_tokens = 256
-overlap_tokens = 0
-[backend]
-kind = "api"
-base_url = "{base_url}"
-model = "svc-embed-1"
-concurrency = 8
-max_inputs_per_request = 128
-[output]
-{output}
-""")
-    return path
+    return write_job(work, name, corpus_path, base_url=base_url, model="svc-embed-1",
+                     concurrency=8, batch=128, output=output)
 
 
 def pg_output(name, work, index):

@@ -30,6 +30,8 @@ import time
 import urllib.parse
 import urllib.request
 
+from bench_jobs import write_job
+
 WINDOW_MS = 2000
 LATENCY_MS = 20
 CONCURRENCY = 16
@@ -87,28 +89,10 @@ def job_file(work, name, corpus_path, url, limits, concurrency=CONCURRENCY, shar
     out_dir = os.path.join(work, "out", name)
     shutil.rmtree(out_dir, ignore_errors=True)
     out = os.path.join(out_dir, "shards" if sharded else "embeddings.parquet")
-    path = os.path.join(work, f"job-{name}.toml")
     extra = "".join(f"{key} = {value}\n" for key, value in limits.items())
-    with open(path, "w") as f:
-        f.write(f"""name = "bench-{name}"
-[source]
-kind = "jsonl"
-path = "{corpus_path}"
-text_field = "text"
-id_field = "id"
-[chunking]
-max_tokens = 256
-overlap_tokens = 0
-[backend]
-kind = "api"
-base_url = "{url}"
-model = "svc-embed-1"
-concurrency = {concurrency}
-max_inputs_per_request = {BATCH}
-{extra}[output]
-path = "{out}"
-include_text = false
-""")
+    path = write_job(work, name, corpus_path, base_url=url, model="svc-embed-1",
+                     concurrency=concurrency, batch=BATCH, backend_extra=extra,
+                     output=f'path = "{out}"\ninclude_text = false')
     return path, out
 
 

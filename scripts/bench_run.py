@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 
+from bench_jobs import write_job
 from bench_quota import QUOTA_RECORDS, quota_section
 from bench_shards import shards_section
 
@@ -43,28 +44,10 @@ def corpus(work, n):
 
 
 def job_file(work, name, corpus_path, dims, concurrency, batch):
-    path = os.path.join(work, f"job-{name}.toml")
-    with open(path, "w") as f:
-        f.write(f"""name = "bench-{name}"
-[source]
-kind = "jsonl"
-path = "{corpus_path}"
-text_field = "text"
-id_field = "id"
-[chunking]
-max_tokens = 256
-overlap_tokens = 0
-[backend]
-kind = "api"
-base_url = "http://127.0.0.1:1"
-model = "{MODELS[dims]}"
-concurrency = {concurrency}
-max_inputs_per_request = {batch}
-[output]
-path = "{os.path.join(work, 'out', name + '.parquet')}"
-include_text = false
-""")
-    return path
+    out = os.path.join(work, "out", name + ".parquet")
+    return write_job(work, name, corpus_path, base_url="http://127.0.0.1:1",
+                     model=MODELS[dims], concurrency=concurrency, batch=batch,
+                     output=f'path = "{out}"\ninclude_text = false')
 
 
 class Simulator:

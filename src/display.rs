@@ -15,6 +15,16 @@ pub fn counted(n: u64, noun: &str) -> String {
     }
 }
 
+/// `a, b, c and 7 more`: the names `shown` of `total`.
+pub fn listed(shown: &[String], total: u64) -> String {
+    let more = total.saturating_sub(shown.len() as u64);
+    let mut text = shown.join(", ");
+    if more > 0 {
+        text.push_str(&format!(" and {more} more"));
+    }
+    text
+}
+
 /// A duration for people: `4.2s`, `3m 05s`, `2h 10m`.
 pub fn duration(seconds: f64) -> String {
     if !seconds.is_finite() || seconds < 0.0 {

@@ -31,7 +31,7 @@ pub struct Estimate {
     pub job: String,
     /// The shard of the job estimated (`--shard`), `I/N`.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub shard: Option<String>,
+    pub shard: Option<crate::job::Shard>,
     /// For the whole of a split job, the number of shards whose files and
     /// state the estimate found to reuse.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -88,7 +88,7 @@ pub struct Estimate {
 impl Estimate {
     /// `docs`, or `docs (shard 1/4)`.
     fn job_text(&self) -> String {
-        match (&self.shard, self.shards) {
+        match (self.shard, self.shards) {
             (Some(shard), _) => format!("{} (shard {shard})", self.job),
             (None, Some(shards)) => format!("{} (all {shards} shards)", self.job),
             (None, None) => self.job.clone(),
@@ -179,7 +179,7 @@ pub fn estimate(
     count.tokens = sorted.sent_tokens;
     Ok(Estimate {
         job: job.name.clone(),
-        shard: job.shard.map(|s| s.to_string()),
+        shard: job.shard,
         shards: None,
         backend: info.kind.to_string(),
         model: info.model.clone(),
@@ -316,20 +316,8 @@ pub fn table(e: &Estimate) -> String {
             }
         );
     }
-    let files = &e.skipped_files;
-    if files.count > 0 {
-        let _ = writeln!(
-            out,
-            "(skipped {} that {} not UTF-8 text: {}{})",
-            crate::display::counted(files.count, "file"),
-            if files.count == 1 { "is" } else { "are" },
-            files.first.join(", "),
-            if files.count > files.first.len() as u64 {
-                " …"
-            } else {
-                ""
-            }
-        );
+    if e.skipped_files.count > 0 {
+        let _ = writeln!(out, "(skipped {})", e.skipped_files.text());
     }
     out
 }

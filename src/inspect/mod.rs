@@ -146,7 +146,6 @@ pub struct FileReport {
     /// The job that wrote the file (`embedjob.job`), when it says.
     pub job: Option<String>,
     /// The shard of the job the file holds (`embedjob.shard`, `I/N`).
-    #[serde(serialize_with = "shards::serialize")]
     pub shard: Option<Shard>,
     /// Columns besides the output's own (`source.metadata_fields`), with their types.
     pub metadata_columns: Vec<String>,
@@ -496,9 +495,9 @@ fn read_metadata(report: &mut FileReport, kv: &BTreeMap<String, String>) {
     report.backend = text("embedjob.backend");
     report.job = kv.get(JOB_KEY).cloned();
     if let Some(shard) = kv.get(SHARD_KEY) {
-        match shards::parse(shard) {
-            Some(shard) => report.shard = Some(shard),
-            None => report.problem(
+        match crate::job::shard::parse(shard, |_| None) {
+            Ok(shard) => report.shard = Some(shard),
+            Err(_) => report.problem(
                 Check::Metadata,
                 None,
                 None,

@@ -10,22 +10,6 @@ use crate::job::Shard;
 /// Shards named per problem; the rest are counted.
 const NAMED: usize = 10;
 
-/// `I/N` as `embedjob.shard` records it.
-pub(super) fn parse(text: &str) -> Option<Shard> {
-    let (index, count) = text.trim().split_once('/')?;
-    Shard::new(index.parse().ok()?, count.parse().ok()?).ok()
-}
-
-pub(super) fn serialize<S: serde::Serializer>(
-    shard: &Option<Shard>,
-    serializer: S,
-) -> Result<S::Ok, S::Error> {
-    match shard {
-        Some(shard) => serializer.serialize_str(&shard.to_string()),
-        None => serializer.serialize_none(),
-    }
-}
-
 /// The problems of each dataset whose files are shards: a shard missing or
 /// in two files, files split another way, or a file of the whole job among
 /// them.
@@ -137,14 +121,5 @@ fn name(path: &Path) -> String {
 
 /// The first [`NAMED`] names, and how many more.
 fn listed(names: &[String]) -> String {
-    let mut text = names
-        .iter()
-        .take(NAMED)
-        .cloned()
-        .collect::<Vec<_>>()
-        .join(", ");
-    if names.len() > NAMED {
-        text.push_str(&format!(" and {} more", names.len() - NAMED));
-    }
-    text
+    crate::display::listed(&names[..names.len().min(NAMED)], names.len() as u64)
 }

@@ -38,6 +38,13 @@ impl fmt::Display for Shard {
     }
 }
 
+/// As it is written everywhere: `I/N`.
+impl serde::Serialize for Shard {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
 impl Shard {
     /// Shard `index` of `count`, when both are in range.
     pub fn new(index: u32, count: u32) -> Result<Shard, String> {
@@ -96,17 +103,30 @@ impl Shard {
         crate::fsio::with_suffix(dir, ".embedjob")
     }
 
+    /// The shards' files in `dir`, in name order, each with its shard; none
+    /// when `dir` does not exist.
+    fn files_in(dir: &Path) -> std::io::Result<Vec<(PathBuf, Shard)>> {
+        let entries = match std::fs::read_dir(dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(e),
+        };
+        let mut files = Vec::new();
+        for entry in entries {
+            let entry = entry?;
+            if let Some(shard) = entry.file_name().to_str().and_then(Shard::from_file_name) {
+                files.push((entry.path(), shard));
+            }
+        }
+        files.sort();
+        Ok(files)
+    }
+
     /// The number of shards whose files are in `dir`, when it holds some;
     /// an error when they are of splits into different numbers.
     pub fn count_in(dir: &Path) -> Result<Option<u32>, String> {
-        let entries = std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        let mut counts = std::collections::BTreeSet::new();
-        for entry in entries {
-            let entry = entry.map_err(|e| format!("{}: {e}", dir.display()))?;
-            if let Some(shard) = entry.file_name().to_str().and_then(Shard::from_file_name) {
-                counts.insert(shard.count);
-            }
-        }
+        let files = Shard::files_in(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let counts: std::collections::BTreeSet<u32> = files.iter().map(|(_, s)| s.count).collect();
         match counts.len() {
             0 => Ok(None),
             1 => Ok(counts.first().copied()),
@@ -127,22 +147,11 @@ impl Shard {
     /// left by runs split another way, they would hold the same documents
     /// twice.
     pub fn foreign_files(&self, dir: &Path) -> std::io::Result<Vec<PathBuf>> {
-        let entries = match std::fs::read_dir(dir) {
-            Ok(entries) => entries,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => return Err(e),
-        };
-        let mut foreign = Vec::new();
-        for entry in entries {
-            let entry = entry?;
-            let name = entry.file_name();
-            let other = name.to_str().and_then(Shard::from_file_name);
-            if other.is_some_and(|other| other.count != self.count) {
-                foreign.push(entry.path());
-            }
-        }
-        foreign.sort();
-        Ok(foreign)
+        Ok(Shard::files_in(dir)?
+            .into_iter()
+            .filter(|(_, other)| other.count != self.count)
+            .map(|(path, _)| path)
+            .collect())
     }
 }
 

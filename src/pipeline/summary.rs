@@ -29,7 +29,7 @@ pub struct Summary {
     pub job: String,
     /// The shard of the job this run embedded (`--shard`), `I/N`.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub shard: Option<String>,
+    pub shard: Option<crate::job::Shard>,
     pub output: String,
     /// Where quarantined chunks are listed, for the human form.
     #[serde(skip)]
@@ -174,7 +174,7 @@ impl Summary {
         };
         Summary {
             job: o.job.name.clone(),
-            shard: o.job.shard.map(|s| s.to_string()),
+            shard: o.job.shard,
             output: o.output.clone(),
             failures_file: o.location.failures().display().to_string(),
             checkpoint_dir: o.location.checkpoint().display().to_string(),
@@ -347,7 +347,7 @@ impl Summary {
     /// and how to carry on.
     /// `docs`, or `docs (shard 1/4)`.
     fn job_text(&self) -> String {
-        match &self.shard {
+        match self.shard {
             Some(shard) => format!("{} (shard {shard})", self.job),
             None => self.job.clone(),
         }
@@ -461,21 +461,8 @@ impl Summary {
                 }
             );
         }
-        let files = &s.skipped_files;
-        if files.count > 0 {
-            let more = files.count.saturating_sub(files.first.len() as u64);
-            let _ = writeln!(
-                out,
-                "  skipped {} that {} not UTF-8 text: {}{}",
-                counted(files.count, "file"),
-                if files.count == 1 { "is" } else { "are" },
-                files.first.join(", "),
-                if more > 0 {
-                    format!(" and {more} more")
-                } else {
-                    String::new()
-                }
-            );
+        if s.skipped_files.count > 0 {
+            let _ = writeln!(out, "  skipped {}", s.skipped_files.text());
         }
     }
 }

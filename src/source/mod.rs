@@ -41,6 +41,18 @@ pub struct SkippedFiles {
     pub first: Vec<String>,
 }
 
+impl SkippedFiles {
+    /// `2 files that are not UTF-8 text: a.bin, b.bin`, and how many more.
+    pub fn text(&self) -> String {
+        format!(
+            "{} that {} not UTF-8 text: {}",
+            crate::display::counted(self.count, "file"),
+            if self.count == 1 { "is" } else { "are" },
+            crate::display::listed(&self.first, self.count)
+        )
+    }
+}
+
 /// What a source read and what it passed over.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct SourceStats {
