@@ -10,7 +10,6 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::parquet_io::FileError;
 use crate::types::Usage;
 
 /// Rows of chunks with their vectors, kept somewhere a run can read them
@@ -54,8 +53,9 @@ pub struct Row<'a> {
 pub enum StoreError {
     #[error("{name}: not a readable checkpoint or output: {message}")]
     Corrupt { name: String, message: String },
+    /// The file or table behind the rows failed to read.
     #[error(transparent)]
-    File(#[from] FileError),
+    Unreadable(Box<dyn std::error::Error + Send + Sync>),
 }
 
 impl StoreError {

@@ -42,6 +42,13 @@ pub const JOB_KEY: &str = "embedjob.job";
 /// The shard a file holds, `I/N`, when the job was split (`--shard`).
 pub const SHARD_KEY: &str = "embedjob.shard";
 
+/// Stored rows read from a Parquet file fail as the file does.
+impl From<FileError> for crate::store::StoreError {
+    fn from(e: FileError) -> Self {
+        crate::store::StoreError::Unreadable(Box::new(e))
+    }
+}
+
 /// A Parquet file that cannot be read or written. Every variant names it.
 #[derive(Debug, thiserror::Error)]
 pub enum FileError {

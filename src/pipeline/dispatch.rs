@@ -29,6 +29,16 @@ pub(super) enum Piece {
     },
 }
 
+impl Piece {
+    /// The tokens the budget reserved for this piece's chunks.
+    fn reserved_tokens(&self) -> u64 {
+        match self {
+            Piece::Embedded(batch) => batch.chunks.iter().map(|c| u64::from(c.token_count)).sum(),
+            Piece::Quarantined { chunk, .. } => u64::from(chunk.token_count),
+        }
+    }
+}
+
 /// How the dispatching stage ended.
 #[derive(Default)]
 pub(super) struct Dispatched {
@@ -250,7 +260,13 @@ impl Dispatch {
         out: &mut Dispatched,
     ) -> bool {
         if let Some(budget) = &self.budget {
-            budget.settle(&pieces);
+            let mut billed = Usage::default();
+            for piece in &pieces {
+                if let Piece::Embedded(batch) = piece {
+                    billed += batch.vectors.usage;
+                }
+            }
+            budget.settle(pieces.iter().map(Piece::reserved_tokens).sum(), billed);
         }
         for piece in pieces {
             let message = match piece {

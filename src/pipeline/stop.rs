@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use super::dispatch::Piece;
+use crate::types::Usage;
 
 /// Asks a running job to stop.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -142,25 +142,12 @@ impl Budget {
         true
     }
 
-    /// Replaces a finished request's reservation with what it was billed.
-    pub(super) fn settle(&self, pieces: &[Piece]) {
-        let (mut reserved, mut billed) = (0u64, 0u64);
-        for piece in pieces {
-            match piece {
-                Piece::Embedded(batch) => {
-                    reserved += batch
-                        .chunks
-                        .iter()
-                        .map(|c| u64::from(c.token_count))
-                        .sum::<u64>();
-                    billed = billed.saturating_add(batch.vectors.usage.prompt_tokens);
-                }
-                Piece::Quarantined { chunk, .. } => reserved += u64::from(chunk.token_count),
-            }
-        }
+    /// Replaces a finished request's reservation (`reserved` tokens) with
+    /// what it was billed.
+    pub(super) fn settle(&self, reserved: u64, billed: Usage) {
         let mut state = self.state();
         state.in_flight_tokens = state.in_flight_tokens.saturating_sub(reserved);
-        state.billed_tokens = state.billed_tokens.saturating_add(billed);
+        state.billed_tokens = state.billed_tokens.saturating_add(billed.prompt_tokens);
     }
 
     /// Why the budget stopped the run, once it did.

@@ -6,6 +6,7 @@ mod client;
 mod cost;
 mod hostile;
 mod inspect;
+mod layout;
 mod local;
 mod pgvector;
 mod query;
