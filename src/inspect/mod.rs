@@ -24,6 +24,8 @@ mod footer;
 mod human;
 mod rows;
 mod shards;
+#[cfg(test)]
+mod tests;
 
 pub use dataset::Dataset;
 pub use human::{first_problem, text};
