@@ -483,3 +483,369 @@ pub(super) fn cost(info: &BackendInfo, usage: Usage) -> Option<f64> {
         .map(|price| usage.prompt_tokens as f64 / 1000.0 * price)
         .filter(|cost| cost.is_finite())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pipeline::RunError;
+
+    fn job(dir: &std::path::Path) -> Job {
+        let text = format!(
+            "[source]\nkind = \"files\"\npaths = [\"unused\"]\n\
+             [backend]\nkind = \"local\"\n\
+             [output]\npath = \"{}\"\n",
+            dir.join("docs.parquet").display()
+        );
+        crate::job::parse(&text, "docs", &[]).unwrap()
+    }
+
+    fn usage(tokens: u64) -> Usage {
+        Usage {
+            prompt_tokens: tokens,
+            total_tokens: tokens,
+        }
+    }
+
+    fn info(input_per_1k: Option<f64>) -> BackendInfo {
+        BackendInfo {
+            kind: BackendKind::Api,
+            model: "svc-embed-1".to_string(),
+            dimensions: Some(1024),
+            context_window: None,
+            input_per_1k,
+        }
+    }
+
+    /// The summary of a run of `job` that read 2 documents into 5 chunks,
+    /// sent 3 of them and wrote all 5, with what `change` makes of it.
+    fn summary(
+        job: &Job,
+        change: impl FnOnce(&mut ReadReport, &mut Dispatched, &mut Written, &mut Earlier),
+        error: Option<&RunError>,
+    ) -> Summary {
+        let mut read = ReadReport::default();
+        read.source.documents = 2;
+        read.counts.chunks = 5;
+        read.counts.reused = 2;
+        let mut dispatched = Dispatched {
+            embedded: 3,
+            ..Dispatched::default()
+        };
+        let mut written = Written {
+            rows: Some(5),
+            ..Written::default()
+        };
+        let mut earlier = Earlier::default();
+        change(&mut read, &mut dispatched, &mut written, &mut earlier);
+        let location = crate::state::StateLocation::for_job(job);
+        Summary::new(&Outcome {
+            job,
+            output: "out/docs.parquet".to_string(),
+            location: &location,
+            info: &info(Some(0.02)),
+            read: &read,
+            dispatched: &dispatched,
+            written: &written,
+            stats: BackendStats {
+                requests: 3,
+                ..BackendStats::default()
+            },
+            earlier,
+            bill: Bill {
+                usage: usage(1500),
+                ..Bill::default()
+            },
+            limits: LearnedLimits::default(),
+            warnings: Vec::new(),
+            elapsed_seconds: 2.0,
+            error,
+        })
+    }
+
+    #[test]
+    fn the_exit_code_follows_the_outcome() {
+        let dir = tempfile::tempdir().unwrap();
+        let job = job(dir.path());
+
+        let done = summary(&job, |_, _, _, _| {}, None);
+        assert_eq!((done.exit_code, done.exit()), (0, Exit::Success));
+        assert_eq!(done.written, 5);
+        assert_eq!(done.committed, 0);
+
+        let quarantined = summary(&job, |_, _, w, _| w.quarantined = 1, None);
+        assert_eq!(
+            (quarantined.exit_code, quarantined.exit()),
+            (3, Exit::Quarantined)
+        );
+
+        let stopped = summary(
+            &job,
+            |r, d, _, e| {
+                d.stopped = Some("stopped by the time limit".to_string());
+                r.counts.removed = 4;
+                e.rows = 7;
+            },
+            None,
+        );
+        assert_eq!((stopped.exit_code, stopped.exit()), (4, Exit::Stopped));
+        // What the checkpoint holds: earlier runs' vectors and this run's.
+        assert_eq!(stopped.committed, 10);
+        // Rows of the last output are not removed by a run that stopped.
+        assert_eq!(stopped.removed, 0);
+
+        let error = RunError::Internal("the writer stopped".to_string());
+        let failed = summary(
+            &job,
+            |_, d, w, _| {
+                d.stopped = Some("interrupted".to_string());
+                w.quarantined = 1;
+            },
+            Some(&error),
+        );
+        assert_eq!((failed.exit_code, failed.exit()), (1, Exit::Failed));
+        assert_eq!(failed.error.as_deref(), Some("the writer stopped"));
+
+        let mut later = summary(&job, |_, _, _, _| {}, None);
+        later.fail(&error);
+        assert_eq!((later.exit_code, later.exit()), (1, Exit::Failed));
+        assert_eq!(later.error.as_deref(), Some("the writer stopped"));
+    }
+
+    #[test]
+    fn a_run_that_failed_before_work_did_and_billed_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let job = job(dir.path());
+        let s = Summary::before_work(&job, None, "the service refused the key", Exit::Usage);
+        assert_eq!((s.exit_code, s.exit()), (2, Exit::Usage));
+        assert_eq!(s.error.as_deref(), Some("the service refused the key"));
+        assert_eq!(s.backend, "local");
+        assert_eq!((s.documents, s.written, s.requests), (0, 0, 0));
+        assert_eq!(s.usage, Usage::default());
+
+        let long = "x".repeat(MAX_ERROR_CHARS + 500);
+        let s = Summary::before_work(&job, Some(&info(None)), &long, Exit::Failed);
+        assert_eq!((s.exit_code, s.exit()), (1, Exit::Failed));
+        assert_eq!(s.backend, "api");
+        let kept = s.error.unwrap();
+        // Cut, and the cut marked.
+        assert_eq!(kept.chars().count(), MAX_ERROR_CHARS + 1);
+        assert!(kept.ends_with("x…"), "{kept}");
+    }
+
+    #[test]
+    fn an_unknown_exit_code_is_a_failure() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = summary(&job(dir.path()), |_, _, _, _| {}, None);
+        s.exit_code = 9;
+        assert_eq!(s.exit(), Exit::Failed);
+    }
+
+    #[test]
+    fn the_human_form_counts_what_the_run_did() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = summary(
+            &job(dir.path()),
+            |r, _, w, _| {
+                r.source.skipped_null = 1;
+                r.counts.deduplicated = 1;
+                r.counts.added = 5;
+                r.skipped_files = SkippedFiles {
+                    count: 2,
+                    first: vec!["a.bin".to_string(), "b.bin".to_string()],
+                };
+                w.quarantined = 1;
+            },
+            None,
+        );
+        s.retries = 1;
+        s.timeouts = 2;
+        s.discarded_tokens = 100;
+        s.warnings = vec!["the service sends no rate headers".to_string()];
+        s.learned_limits = LearnedLimits {
+            max_inputs_per_request: Some(16),
+            max_tokens_per_request: None,
+            concurrency: Some(2),
+        };
+        let text = s.text();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines[0],
+            "docs: 5 chunks from 2 documents written to out/docs.parquet"
+        );
+        assert_eq!(
+            lines[1],
+            "  model svc-embed-1 (api backend), 1024 dimensions"
+        );
+        assert_eq!(
+            lines[2],
+            "  tokens: 1500 billed, 0 estimated locally; 3 requests, 1 retry (0 throttled, 0 invalid responses)"
+        );
+        assert_eq!(
+            lines[3],
+            "  rate: 90.0 requests and 45000 tokens a minute on average; 0.0s waiting for the quota"
+        );
+        assert_eq!(lines[4], "  cost: 0.030000");
+        assert!(lines[5].starts_with("  of the tokens billed, 100 paid for vectors"));
+        assert_eq!(
+            lines[6],
+            "  2 requests timed out; the service may have billed them too"
+        );
+        assert_eq!(
+            lines[7],
+            "  learned from the service: at most 16 inputs per request, 2 requests in flight"
+        );
+        assert_eq!(
+            lines[8],
+            "  chunks: 3 embedded, 2 reused from the last output, 0 resumed, 1 repeat; \
+             5 added, 0 changed, 0 unchanged, 0 removed; 0 tokens saved"
+        );
+        assert_eq!(lines[9], "  skipped: 1 null, 0 empty text");
+        assert_eq!(lines[10], format!("  skipped {}", s.skipped_files.text()));
+        assert!(lines[10].contains("a.bin"), "{}", lines[10]);
+        assert_eq!(
+            lines[11],
+            format!("  quarantined: 1 chunk (see {})", s.failures_file)
+        );
+        assert_eq!(lines[12], "  warning: the service sends no rate headers");
+        assert_eq!(lines[13], "  2.0s, 2 chunks/s");
+        assert_eq!(lines.len(), 14, "{text}");
+    }
+
+    #[test]
+    fn the_local_backend_bills_nothing_and_learns_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = summary(&job(dir.path()), |_, _, _, _| {}, None);
+        s.backend = BackendKind::Local.to_string();
+        s.estimated_tokens = 42;
+        let text = s.text();
+        assert!(
+            text.contains(
+                "\n  tokens: 42 counted locally; 3 requests; the local model bills nothing\n"
+            ),
+            "{text}"
+        );
+        assert!(!text.contains("cost"), "{text}");
+        assert!(!text.contains("learned"), "{text}");
+        assert!(!text.contains("skipped"), "{text}");
+    }
+
+    #[test]
+    fn a_stopped_run_says_what_is_kept_and_how_to_carry_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut job = job(dir.path());
+        job.shard = Some(crate::job::Shard { index: 1, count: 4 });
+        let mut s = summary(
+            &job,
+            |_, d, _, e| {
+                d.stopped = Some("stopped by the budget".to_string());
+                e.rows = 2;
+            },
+            None,
+        );
+        let text = s.text();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines[0],
+            "docs (shard 1/4): stopped by the budget before the end; out/docs.parquet is as it was"
+        );
+        assert_eq!(
+            lines[1],
+            format!(
+                "  committed: 5 vectors in {} (3 from this run), kept for the next run",
+                s.checkpoint_dir
+            )
+        );
+        assert_eq!(
+            lines[2],
+            "  to carry on: run the job again (only what is not committed is sent)"
+        );
+        s.carry_on = Some("embedjob run docs.toml --shard 1/4".to_string());
+        assert!(s
+            .text()
+            .contains("  to carry on: embedjob run docs.toml --shard 1/4 (only"));
+    }
+
+    #[test]
+    fn the_json_form_has_the_documented_keys() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut job = job(dir.path());
+        let s = summary(&job, |_, _, _, _| {}, None);
+        let value = serde_json::to_value(&s).unwrap();
+        let object = value.as_object().unwrap();
+        for key in [
+            "job",
+            "output",
+            "backend",
+            "model",
+            "dimensions",
+            "documents",
+            "skipped_null",
+            "skipped_empty",
+            "skipped_files",
+            "chunks",
+            "written",
+            "quarantined",
+            "embedded",
+            "reused",
+            "resumed",
+            "deduplicated",
+            "added",
+            "changed",
+            "unchanged",
+            "removed",
+            "estimated_tokens",
+            "tokens_saved",
+            "usage",
+            "discarded_tokens",
+            "billed_token_ratio",
+            "resumed_usage",
+            "requests",
+            "retries",
+            "invalid_responses",
+            "throttled",
+            "quota_wait_seconds",
+            "requests_per_minute",
+            "tokens_per_minute",
+            "timeouts",
+            "cost",
+            "learned_limits",
+            "warnings",
+            "stopped",
+            "committed",
+            "error",
+            "elapsed_seconds",
+            "chunks_per_second",
+            "exit_code",
+        ] {
+            assert!(object.contains_key(key), "no {key:?} in {value}");
+        }
+        // What is only for people stays out, and the shard only when there is one.
+        for key in ["failures_file", "checkpoint_dir", "carry_on", "shard"] {
+            assert!(!object.contains_key(key), "{key:?} in {value}");
+        }
+        assert_eq!(value["usage"]["prompt_tokens"], 1500);
+        assert_eq!(value["skipped_files"]["count"], 0);
+        assert_eq!(
+            value["learned_limits"]["concurrency"],
+            serde_json::Value::Null
+        );
+        assert_eq!(value["exit_code"], 0);
+        assert_eq!(value["cost"], 0.03);
+
+        job.shard = Some(crate::job::Shard { index: 0, count: 2 });
+        let s = summary(&job, |_, _, _, _| {}, None);
+        assert_eq!(serde_json::to_value(&s).unwrap()["shard"], "0/2");
+    }
+
+    #[test]
+    fn the_cost_needs_a_price() {
+        let usage = usage(2500);
+        assert_eq!(cost(&info(None), usage), None);
+        assert_eq!(cost(&info(Some(0.0)), usage), Some(0.0));
+        let priced = cost(&info(Some(0.02)), usage).unwrap();
+        assert!((priced - 0.05).abs() < 1e-12, "{priced}");
+        assert_eq!(cost(&info(Some(f64::INFINITY)), usage), None);
+        assert!((per_minute(30, 60.0) - 30.0).abs() < 1e-12);
+        assert!(per_minute(30, 0.0).abs() < f64::EPSILON);
+    }
+}

@@ -1,272 +1,23 @@
-//! Shared state, authentication, request parsing, and the model, embeddings and
-//! ledger endpoints.
+//! `POST /v1/embeddings`: the inputs parsed, the size and quota checked,
+//! the fault drawn, the vectors sent and billed.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::Duration;
+use std::sync::Arc;
 
-use axum::body::Body;
-use axum::extract::rejection::{BytesRejection, PathRejection};
-use axum::extract::{Path, Request, State};
-use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode, Uri};
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::Response;
 use bytes::Bytes;
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 
-use super::config::{DimensionsParam, ModelSpec, SimConfig, TokenCount};
-use super::error::ApiError;
-use super::faults::{dropped_body, truncated_body, Fault, FaultDice};
-use super::ledger::Ledger;
-use super::quota::{Quotas, Refused};
-use super::vectors::{count_tokens, embeddings_body, Damage, Item, Shape};
-
-/// The fixed `created` timestamp of every model and completion.
-pub(crate) const CREATED: u64 = 1_700_000_000;
-
-/// State shared by all requests.
-#[derive(Debug)]
-pub(crate) struct Shared {
-    pub config: SimConfig,
-    ledger: Mutex<Ledger>,
-    dice: Mutex<FaultDice>,
-    pub chat_ids: AtomicU64,
-    embeddings_in_flight: AtomicUsize,
-    quotas: Quotas,
-}
-
-/// An embeddings request being served; frees its place when dropped.
-pub(crate) struct Slot<'a>(&'a AtomicUsize);
-
-impl Drop for Slot<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
-impl Shared {
-    pub fn new(config: SimConfig) -> Self {
-        Shared {
-            dice: Mutex::new(FaultDice::new(&config.faults)),
-            quotas: Quotas::new(config.quota.clone()),
-            config,
-            ledger: Mutex::new(Ledger::default()),
-            chat_ids: AtomicU64::new(1),
-            embeddings_in_flight: AtomicUsize::new(0),
-        }
-    }
-
-    /// Takes a place among the embeddings requests served at once, or
-    /// refuses with a 429 when `max_concurrent_requests` are already in.
-    pub fn enter(&self) -> Result<Slot<'_>, ApiError> {
-        let now = self.embeddings_in_flight.fetch_add(1, Ordering::SeqCst) + 1;
-        let slot = Slot(&self.embeddings_in_flight);
-        match self.config.max_concurrent_requests {
-            Some(max) if now > max => Err(ApiError {
-                fault: Some("concurrency_limit"),
-                ..ApiError::rate_limited(self.config.faults.retry_after_seconds)
-            }),
-            _ => Ok(slot),
-        }
-    }
-
-    /// Takes a request of `tokens` billed tokens from the caller's quota:
-    /// the quota's headers, or the 429 that refuses it and its headers.
-    fn take_quota(&self, headers: &HeaderMap, tokens: u64) -> Result<HeaderMap, Box<Refused>> {
-        if !self.config.quota.is_set() {
-            return Ok(HeaderMap::new());
-        }
-        let key = caller_key(headers).unwrap_or_default();
-        let answer = self.quotas.admit(key, tokens);
-        let refused = answer.as_ref().err().map(|r| r.refusal.name());
-        self.ledger().record_quota(key, refused);
-        answer
-    }
-
-    pub fn ledger(&self) -> MutexGuard<'_, Ledger> {
-        // The counters stay meaningful even if a request panicked while holding the lock.
-        self.ledger.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    pub fn dice(&self) -> MutexGuard<'_, FaultDice> {
-        self.dice.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Draws the fault of one request and records it.
-    pub fn roll(&self, embeddings: bool) -> Option<Fault> {
-        let fault = self.dice().roll(embeddings);
-        self.record(fault);
-        fault
-    }
-
-    pub fn record(&self, fault: Option<Fault>) {
-        if let Some(fault) = fault {
-            self.ledger().record_fault(fault.name());
-        }
-    }
-
-    /// Turns an error into its response, counting it when it is a fault.
-    pub fn fail(&self, error: ApiError) -> Response {
-        if let Some(name) = error.fault {
-            self.ledger().record_fault(name);
-        }
-        error.into_response()
-    }
-
-    pub async fn latency(&self) {
-        sleep_ms(self.config.latency_ms).await;
-    }
-
-    /// The model `id`, if it exists and the caller may see it.
-    pub fn visible_model(&self, caller: Caller, id: &str) -> Result<&ModelSpec, ApiError> {
-        self.config
-            .model(id)
-            .filter(|model| caller.sees(&self.config, &model.id))
-            .ok_or_else(|| ApiError::model_not_found(id))
-    }
-}
-
-pub(crate) async fn sleep_ms(ms: u64) {
-    if ms > 0 {
-        tokio::time::sleep(Duration::from_millis(ms)).await;
-    }
-}
-
-/// Who is calling: the index of their key, or `None` when any key is accepted.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Caller {
-    key: Option<usize>,
-}
-
-impl Caller {
-    fn sees(self, config: &SimConfig, model: &str) -> bool {
-        self.key
-            .and_then(|index| config.keys.get(index))
-            .is_none_or(|key| key.sees(model))
-    }
-}
-
-pub(crate) fn authorize(shared: &Shared, headers: &HeaderMap) -> Result<Caller, ApiError> {
-    let key = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|value| value.to_str().ok())
-        .and_then(bearer)
-        .filter(|key| !key.is_empty())
-        .ok_or_else(ApiError::missing_key)?;
-    if shared.config.keys.is_empty() {
-        return Ok(Caller { key: None });
-    }
-    let index = shared
-        .config
-        .keys
-        .iter()
-        .position(|known| known.key == key)
-        .ok_or_else(|| ApiError::unknown_key(key))?;
-    Ok(Caller { key: Some(index) })
-}
-
-fn bearer(value: &str) -> Option<&str> {
-    let (scheme, key) = value.trim().split_once(' ')?;
-    scheme.eq_ignore_ascii_case("bearer").then(|| key.trim())
-}
-
-/// Counts every request to `/v1/*` before it is handled, whatever its outcome.
-pub(crate) async fn count_requests(
-    State(shared): State<Arc<Shared>>,
-    request: Request,
-    next: Next,
-) -> Response {
-    let path = request.uri().path();
-    let prefix = shared.config.url_prefix.as_str();
-    if let Some(route) = path
-        .strip_prefix(prefix)
-        .filter(|route| route.is_empty() || route.starts_with('/'))
-        .filter(|_| !path.starts_with("/_ledger"))
-    {
-        let mut ledger = shared.ledger();
-        ledger.requests += 1;
-        if request.method() == Method::POST {
-            match route {
-                "/embeddings" => ledger.embedding_requests += 1,
-                "/chat/completions" => ledger.chat_requests += 1,
-                _ => {}
-            }
-        }
-    }
-    next.run(request).await
-}
-
-// ---- request parsing ------------------------------------------------------------------------
-
-/// The request body as bytes, or the error the service gives for it.
-pub(crate) fn body_bytes(
-    body: Result<Bytes, BytesRejection>,
-    max_body_bytes: usize,
-) -> Result<Bytes, ApiError> {
-    body.map_err(|rejection| {
-        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError {
-                status: StatusCode::PAYLOAD_TOO_LARGE,
-                code: Some("request_too_large"),
-                fault: Some("too_large"),
-                ..ApiError::bad_request(format!(
-                    "Request body too large: the maximum is {max_body_bytes} bytes."
-                ))
-            }
-        } else {
-            ApiError::bad_request(format!(
-                "Could not read the request body: {}",
-                rejection.body_text()
-            ))
-        }
-    })
-}
-
-pub(crate) fn parse_object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
-    match serde_json::from_slice::<Value>(body) {
-        Ok(Value::Object(object)) => Ok(object),
-        Ok(other) => Err(ApiError::bad_request(format!(
-            "The request body must be a JSON object, but got {} instead.",
-            type_name(&other)
-        ))),
-        Err(error) => Err(ApiError::bad_request(format!(
-            "We could not parse the JSON body of your request ({error}). \
-             The service expects a JSON object."
-        ))),
-    }
-}
-
-pub(crate) fn type_name(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(n) if n.is_f64() => "a decimal",
-        Value::Number(_) => "an integer",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
-}
-
-/// A required string field.
-pub(crate) fn required_string(object: &Map<String, Value>, name: &str) -> Result<String, ApiError> {
-    match object.get(name) {
-        None | Some(Value::Null) => Err(ApiError::missing(name)),
-        Some(Value::String(value)) => Ok(value.clone()),
-        Some(other) => Err(wrong_type(name, "a string", other)),
-    }
-}
-
-pub(crate) fn wrong_type(param: &str, expected: &str, got: &Value) -> ApiError {
-    ApiError::invalid(
-        param,
-        format!(
-            "Invalid type for '{param}': expected {expected}, but got {} instead.",
-            type_name(got)
-        ),
-    )
-}
+use super::{
+    authorize, body_bytes, caller_key, json_response, parse_object, required_string, sleep_ms,
+    wrong_type, Caller, Shared,
+};
+use crate::simulate::config::{DimensionsParam, ModelSpec, SimConfig, TokenCount};
+use crate::simulate::error::ApiError;
+use crate::simulate::faults::{dropped_body, truncated_body, Fault};
+use crate::simulate::vectors::{count_tokens, embeddings_body, Damage, Item, Shape};
 
 /// One input of an embeddings request: a text, or token ids (cl100k) and
 /// the text they decode to.
@@ -345,73 +96,6 @@ fn token_input(param: &str, ids: &[Value]) -> Result<Input, ApiError> {
     })
 }
 
-// ---- models ---------------------------------------------------------------------------------
-
-fn model_json(model: &ModelSpec, bare: bool) -> Value {
-    if bare {
-        return json!({
-            "id": model.id,
-            "object": "model",
-            "created": CREATED,
-            "owned_by": "svc",
-        });
-    }
-    json!({
-        "id": model.id,
-        "object": "model",
-        "created": CREATED,
-        "owned_by": "svc",
-        "context_window": model.context_window,
-        "modalities": model.modalities,
-        "pricing": {
-            "input_per_1k": model.input_per_1k,
-            "output_per_1k": model.output_per_1k,
-        },
-    })
-}
-
-pub(crate) async fn list_models(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Response {
-    let caller = match authorize(&shared, &headers) {
-        Ok(caller) => caller,
-        Err(error) => return shared.fail(error),
-    };
-    let data: Vec<Value> = shared
-        .config
-        .models
-        .iter()
-        .filter(|model| caller.sees(&shared.config, &model.id))
-        .map(|model| model_json(model, shared.config.bare_listing))
-        .collect();
-    axum::Json(json!({ "object": "list", "data": data })).into_response()
-}
-
-pub(crate) async fn get_model(
-    State(shared): State<Arc<Shared>>,
-    headers: HeaderMap,
-    id: Result<Path<String>, PathRejection>,
-) -> Response {
-    let found = authorize(&shared, &headers).and_then(|caller| {
-        let Path(id) =
-            id.map_err(|_| ApiError::bad_request("The model id in the URL is not valid."))?;
-        shared
-            .visible_model(caller, &id)
-            .map(|model| model_json(model, shared.config.bare_listing))
-    });
-    match found {
-        Ok(model) => axum::Json(model).into_response(),
-        Err(error) => shared.fail(error),
-    }
-}
-
-/// `GET /v1/models/{id}` on a server without the route: FastAPI's 404.
-pub(crate) async fn no_model_route() -> Response {
-    let mut response = axum::Json(json!({ "detail": "Not Found" })).into_response();
-    *response.status_mut() = StatusCode::NOT_FOUND;
-    response
-}
-
-// ---- embeddings -----------------------------------------------------------------------------
-
 /// An embeddings request after validation and the fault draw.
 struct Prepared {
     fault: Option<Fault>,
@@ -439,14 +123,6 @@ pub(crate) async fn embeddings(
         response.headers_mut().extend(quota);
     }
     response
-}
-
-fn caller_key(headers: &HeaderMap) -> Option<&str> {
-    headers
-        .get(header::AUTHORIZATION)
-        .and_then(|value| value.to_str().ok())
-        .and_then(bearer)
-        .filter(|key| !key.is_empty())
 }
 
 async fn embeddings_response(
@@ -629,7 +305,7 @@ fn prepare_embeddings(shared: &Shared, caller: Caller, body: &[u8]) -> Result<Pr
 
     let digests: Vec<[u8; 32]> = inputs
         .iter()
-        .map(|input| super::vectors::text_digest(&input.text))
+        .map(|input| crate::simulate::vectors::text_digest(&input.text))
         .collect();
     let items: Vec<Item> = order
         .into_iter()
@@ -728,59 +404,4 @@ fn check_size(
         }
     }
     Ok(())
-}
-
-pub(crate) fn json_response(body: Body) -> Response {
-    let mut response = Response::new(body);
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    response
-}
-
-// ---- ledger and fallbacks -------------------------------------------------------------------
-
-pub(crate) async fn get_ledger(State(shared): State<Arc<Shared>>, uri: Uri) -> Response {
-    let without_texts = uri.query().is_some_and(|query| {
-        query
-            .split('&')
-            .any(|pair| pair == "texts=false" || pair == "texts=0")
-    });
-    let body = {
-        let ledger = shared.ledger();
-        if without_texts {
-            let mut value = serde_json::to_value(Ledger {
-                texts: HashMap::new(),
-                faults: ledger.faults.clone(),
-                billed_sizes: ledger.billed_sizes.clone(),
-                refused: ledger.refused.clone(),
-                refusal_runs: HashMap::new(),
-                ..*ledger
-            });
-            if let Ok(Value::Object(object)) = &mut value {
-                object.remove("texts");
-            }
-            value
-        } else {
-            serde_json::to_value(&*ledger)
-        }
-    };
-    match body {
-        Ok(body) => axum::Json(body).into_response(),
-        Err(_) => ApiError::internal().into_response(),
-    }
-}
-
-pub(crate) async fn reset_ledger(State(shared): State<Arc<Shared>>) -> Response {
-    *shared.ledger() = Ledger::default();
-    axum::Json(Ledger::default()).into_response()
-}
-
-pub(crate) async fn unknown_url(method: Method, uri: Uri) -> Response {
-    ApiError::unknown_url(method.as_str(), uri.path()).into_response()
-}
-
-pub(crate) async fn method_not_allowed(method: Method, uri: Uri) -> Response {
-    ApiError::method_not_allowed(method.as_str(), uri.path()).into_response()
 }

@@ -1,0 +1,76 @@
+//! `GET /v1/models` and `GET /v1/models/{id}`.
+
+use std::sync::Arc;
+
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::{json, Value};
+
+use super::{authorize, Shared, CREATED};
+use crate::simulate::config::ModelSpec;
+use crate::simulate::error::ApiError;
+
+fn model_json(model: &ModelSpec, bare: bool) -> Value {
+    if bare {
+        return json!({
+            "id": model.id,
+            "object": "model",
+            "created": CREATED,
+            "owned_by": "svc",
+        });
+    }
+    json!({
+        "id": model.id,
+        "object": "model",
+        "created": CREATED,
+        "owned_by": "svc",
+        "context_window": model.context_window,
+        "modalities": model.modalities,
+        "pricing": {
+            "input_per_1k": model.input_per_1k,
+            "output_per_1k": model.output_per_1k,
+        },
+    })
+}
+
+pub(crate) async fn list_models(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Response {
+    let caller = match authorize(&shared, &headers) {
+        Ok(caller) => caller,
+        Err(error) => return shared.fail(error),
+    };
+    let data: Vec<Value> = shared
+        .config
+        .models
+        .iter()
+        .filter(|model| caller.sees(&shared.config, &model.id))
+        .map(|model| model_json(model, shared.config.bare_listing))
+        .collect();
+    axum::Json(json!({ "object": "list", "data": data })).into_response()
+}
+
+pub(crate) async fn get_model(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    id: Result<Path<String>, PathRejection>,
+) -> Response {
+    let found = authorize(&shared, &headers).and_then(|caller| {
+        let Path(id) =
+            id.map_err(|_| ApiError::bad_request("The model id in the URL is not valid."))?;
+        shared
+            .visible_model(caller, &id)
+            .map(|model| model_json(model, shared.config.bare_listing))
+    });
+    match found {
+        Ok(model) => axum::Json(model).into_response(),
+        Err(error) => shared.fail(error),
+    }
+}
+
+/// `GET /v1/models/{id}` on a server without the route: FastAPI's 404.
+pub(crate) async fn no_model_route() -> Response {
+    let mut response = axum::Json(json!({ "detail": "Not Found" })).into_response();
+    *response.status_mut() = StatusCode::NOT_FOUND;
+    response
+}
