@@ -29,6 +29,26 @@ pub(super) enum Piece {
     },
 }
 
+/// The tokens a request's pieces reserved in the budget (their local
+/// count) and what they were billed.
+fn reckoned(pieces: &[Piece]) -> (u64, Usage) {
+    let (mut reserved, mut billed) = (0u64, Usage::default());
+    for piece in pieces {
+        match piece {
+            Piece::Embedded(batch) => {
+                reserved += batch
+                    .chunks
+                    .iter()
+                    .map(|c| u64::from(c.token_count))
+                    .sum::<u64>();
+                billed += batch.vectors.usage;
+            }
+            Piece::Quarantined { chunk, .. } => reserved += u64::from(chunk.token_count),
+        }
+    }
+    (reserved, billed)
+}
+
 /// How the dispatching stage ended.
 #[derive(Default)]
 pub(super) struct Dispatched {
@@ -250,7 +270,8 @@ impl Dispatch {
         out: &mut Dispatched,
     ) -> bool {
         if let Some(budget) = &self.budget {
-            budget.settle(&pieces);
+            let (reserved, billed) = reckoned(&pieces);
+            budget.settle(reserved, billed);
         }
         for piece in pieces {
             let message = match piece {

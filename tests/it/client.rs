@@ -159,7 +159,7 @@ async fn chat_plain_and_streamed_agree() {
     let sim = simulator(SimConfig::default()).await;
     let client = client(&sim.base_url());
     let request = chat_request("svc-base", "tell me about lighthouses");
-    let plain = client.chat(&request).await.unwrap();
+    let plain = client.chat(&request).await.unwrap().text;
     assert!(plain.contains("lighthouses"), "{plain}");
     let stream = client.chat_stream(&request).await.unwrap();
     let (streamed, error) = collect(stream).await;
@@ -538,7 +538,7 @@ async fn shuffled_and_corrupt_responses_are_caught_by_the_checks() {
 
 mod discovery {
     use embedjob::client::{discover, DiscoveryError};
-    use embedjob::retry::RetryPolicy;
+    use embedjob::rate::RetryPolicy;
 
     use crate::support::{client, scripted_server, Scripted};
 

@@ -37,6 +37,7 @@ use super::{BackendError, BackendInfo, BackendStats, EmbeddingBackend};
 use crate::job::{BackendConfig, BackendKind};
 use crate::types::{RawVectors, Usage, Vectors};
 use crate::validate;
+use crate::warnings::{Warning, Warnings};
 
 /// The model used when `backend.model` is not set.
 pub const DEFAULT_MODEL: &str = "all-MiniLM-L6-v2";
@@ -570,9 +571,13 @@ fn environment(path: &Path) -> Result<ort::environment::Environment, LocalError>
     Ok(environment)
 }
 
+/// What ONNX Runtime logs, for the command to print: one runtime per
+/// process, so one place for every local backend.
+static RUNTIME_LOG: std::sync::LazyLock<Warnings> = std::sync::LazyLock::new(Warnings::new);
+
 fn runtime_log(level: ort::logging::LogLevel, _category: &str, _id: &str, _at: &str, text: &str) {
     if level >= ort::logging::LogLevel::Error {
-        eprintln!("embedjob: onnxruntime: {text}");
+        RUNTIME_LOG.push(Warning::logged("onnxruntime", text));
     }
 }
 
@@ -718,6 +723,7 @@ fn answer(
     let tokens = lengths.iter().sum::<usize>() as u64;
     let usage = Usage {
         prompt_tokens: tokens,
+        completion_tokens: 0,
         total_tokens: tokens,
     };
     validate::check(
@@ -779,6 +785,7 @@ impl LocalBackend {
                 dimensions: Some(dimensions),
                 context_window: Some(MAX_LENGTH as u64),
                 input_per_1k: Some(0.0),
+                output_per_1k: None,
             },
             requests,
             tokenizer,
@@ -961,6 +968,10 @@ impl EmbeddingBackend for LocalBackend {
             requests: self.answered.load(Ordering::Relaxed),
             ..BackendStats::default()
         }
+    }
+
+    fn notices(&self) -> Warnings {
+        RUNTIME_LOG.clone()
     }
 }
 
