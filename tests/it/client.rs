@@ -173,6 +173,58 @@ async fn chat_plain_and_streamed_agree() {
     assert_eq!(err.kind, ErrorKind::Permanent);
 }
 
+/// `chat` returns what the reply was billed; a stream, asked for its usage
+/// with `stream_options`, tells it once it has ended.
+#[tokio::test]
+async fn chat_returns_what_the_reply_was_billed() {
+    let sim = simulator(SimConfig::default()).await;
+    let client = client(&sim.base_url());
+    let request = chat_request("svc-base", "count these tokens");
+    let plain = client.chat(&request).await.unwrap();
+    let usage = plain.usage.expect("the reply's usage");
+    assert_eq!(
+        usage.completion_tokens,
+        u64::from(simulate::count_tokens(&plain.text))
+    );
+    assert_eq!(
+        usage.total_tokens,
+        usage.prompt_tokens + usage.completion_tokens
+    );
+    let mut stream = client.chat_stream(&request).await.unwrap();
+    assert_eq!(stream.usage(), None, "not before the stream ends");
+    let mut text = String::new();
+    while let Some(fragment) = stream.next().await {
+        text.push_str(&fragment.unwrap());
+    }
+    assert_eq!(text, plain.text);
+    assert_eq!(stream.usage(), Some(usage));
+}
+
+/// A server that does not take `stream_options` is asked again without it.
+#[tokio::test]
+async fn a_stream_is_asked_for_without_usage_where_that_is_refused() {
+    let (base, seen) = scripted_server(vec![
+        Scripted::json(
+            400,
+            r#"{"error":{"message":"Unrecognized request argument supplied: stream_options"}}"#,
+        ),
+        Scripted::sse(&[
+            "data: {\"choices\":[{\"delta\":{\"content\":\"fine\"}}]}\n\n",
+            "data: [DONE]\n\n",
+        ]),
+    ])
+    .await;
+    let stream = client(&base)
+        .chat_stream(&chat_request("svc-base", "hi"))
+        .await
+        .unwrap();
+    assert_eq!(stream.usage(), None);
+    let (text, error) = collect(stream).await;
+    assert!(error.is_none(), "{error:?}");
+    assert_eq!(text, "fine");
+    assert_eq!(seen.lock().unwrap().len(), 2);
+}
+
 #[tokio::test]
 async fn sse_edge_cases_are_tolerated() {
     // CRLF, comments, blank lines, a role-only first chunk, a chunk without
