@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-pub use self::headers::{parse_reset, retry_after, QuotaHeader, RateLimitHeaders, MAX_RETRY_AFTER};
+pub use self::headers::{retry_after, QuotaHeader, RateLimitHeaders};
 pub use self::limits::RateLimits;
 pub use self::pacing::QuotaStop;
 pub use self::retry::{with_retries, with_retries_notify, RetryPolicy, Retryable};
