@@ -24,7 +24,7 @@ fn smooth_quota(per_minute: NonZeroU32, least_burst: u32) -> Quota {
 }
 
 /// The client-side limits `backend.requests_per_minute` and
-/// `backend.tokens_per_minute` set, as the backend applies them; the estimate
+/// `backend.tokens_per_minute` set, as requests wait on them; the estimate
 /// uses the same quotas to tell the shortest time a run can take.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RateLimits {

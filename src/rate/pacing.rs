@@ -1,4 +1,4 @@
-//! Pacing by the service's quota: one shared state per backend.
+//! Pacing by the service's quota: one shared state per [`RateControl`](super::RateControl).
 //!
 //! Every response's `x-ratelimit-*` headers tell what is left of the request
 //! and token quotas and when each is whole again (from which the rate it
@@ -238,7 +238,7 @@ impl Ticket {
     }
 }
 
-/// The pacing state a backend shares among its requests.
+/// The pacing state the requests to one service share.
 #[derive(Debug)]
 pub struct Pacing {
     /// Requests are let through one at a time, in the order they asked.
