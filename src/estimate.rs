@@ -16,13 +16,13 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use crate::backend::api::RateLimits;
 use crate::backend::BackendInfo;
 use crate::batch::{Batch, Batcher};
 use crate::chunk::Chunker;
 use crate::exit::Exit;
 use crate::job::{BackendKind, Job};
 use crate::pipeline::{Class, Classifier};
+use crate::rate::RateLimits;
 use crate::source::{self, SkippedFiles, SourceError, SourceStats};
 
 /// What a run of the job would send and what it would cost.
@@ -364,6 +364,7 @@ path = "{out}"
             dimensions: Some(1024),
             context_window: Some(8192),
             input_per_1k: price,
+            output_per_1k: None,
         }
     }
 

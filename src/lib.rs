@@ -6,8 +6,9 @@
 //! channels, [`stages`] builds them from a [`job`] file, and [`state`] keeps
 //! what a job remembers between runs (lock, checkpoint, failures, summary).
 //! The data the stages pass on is in [`types`]; [`client`] speaks to the
-//! model service and [`simulate`] stands in for it in tests and users'
-//! pipelines.
+//! model service, [`rate`] paces and retries what is sent to it, and
+//! [`simulate`] stands in for it in tests and users' pipelines. Only
+//! [`commands`] prints: lower layers hand their [`warnings`] up.
 //!
 //! ```no_run
 //! use embedjob::client::{ApiKey, Client, ClientConfig, EmbeddingInput};
@@ -36,7 +37,7 @@ pub mod parquet_io;
 pub mod pipeline;
 pub mod progress;
 pub mod query;
-pub mod retry;
+pub mod rate;
 pub mod secret;
 #[cfg(feature = "simulator")]
 pub mod simulate;
@@ -49,3 +50,4 @@ pub mod store;
 mod testing;
 pub mod types;
 pub mod validate;
+pub mod warnings;

@@ -28,12 +28,6 @@ use crate::types::Chunk;
 use crate::types::Document;
 use crate::types::Usage;
 
-/// Prints a warning on stderr, on a line of its own, with no key in it.
-pub fn warn(message: &str) {
-    let line = format!("embedjob: warning: {message}");
-    eprintln!("{}", crate::secret::scrub(&line));
-}
-
 /// How often the bar is refreshed.
 const BAR_INTERVAL: Duration = Duration::from_millis(200);
 

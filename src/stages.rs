@@ -16,7 +16,7 @@ use crate::exit::{Exit, Failure};
 use crate::job::BackendConfig;
 use crate::job::{BackendParams, ChunkingConfig, Job};
 use crate::pipeline::Stages;
-use crate::retry::RetryPolicy;
+use crate::rate::RetryPolicy;
 
 /// The backend a job embeds with, and the chunker that counts tokens as it does.
 pub struct Embedding {
@@ -214,6 +214,7 @@ async fn build_api(job: &Job) -> Result<Embedding, Failure> {
         encoding: api.encoding_format,
         context_window: api.context_window,
         input_per_1k: api.input_per_1k,
+        output_per_1k: api.output_per_1k,
         warnings,
         renames_models: api.server_renames_models,
         stall_timeout: Duration::from_secs(api.stall_timeout_seconds),

@@ -238,6 +238,7 @@ impl Store {
         self.earlier.parts += 1;
         self.earlier.usage += Usage {
             prompt_tokens: number("embedjob.usage.prompt_tokens"),
+            completion_tokens: 0,
             total_tokens: number("embedjob.usage.total_tokens"),
         };
         self.earlier.requests = self

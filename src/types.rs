@@ -101,8 +101,26 @@ pub fn content_hash(text: &str) -> [u8; 32] {
 pub struct Usage {
     #[serde(default)]
     pub prompt_tokens: u64,
+    /// The reply's tokens (a chat's); embeddings have none, and then the
+    /// count is left out of what is written.
+    #[serde(
+        default,
+        deserialize_with = "null_as_zero",
+        skip_serializing_if = "is_zero"
+    )]
+    pub completion_tokens: u64,
     #[serde(default)]
     pub total_tokens: u64,
+}
+
+/// Some servers write `null` for the completion tokens of an answer without any.
+fn null_as_zero<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<u64, D::Error> {
+    Ok(Option::<u64>::deserialize(deserializer)?.unwrap_or(0))
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)]
+fn is_zero(count: &u64) -> bool {
+    *count == 0
 }
 
 /// Sums saturate: a server can claim any count, and a sum that wrapped
@@ -110,6 +128,9 @@ pub struct Usage {
 impl std::ops::AddAssign for Usage {
     fn add_assign(&mut self, other: Usage) {
         self.prompt_tokens = self.prompt_tokens.saturating_add(other.prompt_tokens);
+        self.completion_tokens = self
+            .completion_tokens
+            .saturating_add(other.completion_tokens);
         self.total_tokens = self.total_tokens.saturating_add(other.total_tokens);
     }
 }
@@ -129,12 +150,15 @@ impl Usage {
     pub fn saturating_sub(self, other: Usage) -> Usage {
         Usage {
             prompt_tokens: self.prompt_tokens.saturating_sub(other.prompt_tokens),
+            completion_tokens: self
+                .completion_tokens
+                .saturating_sub(other.completion_tokens),
             total_tokens: self.total_tokens.saturating_sub(other.total_tokens),
         }
     }
 
     pub fn is_zero(&self) -> bool {
-        self.prompt_tokens == 0 && self.total_tokens == 0
+        self.prompt_tokens == 0 && self.completion_tokens == 0 && self.total_tokens == 0
     }
 }
 
@@ -287,4 +311,43 @@ pub struct OutputMetadata {
     pub cost: Option<f64>,
     /// Further keys, written as given; they may not repeat a key above.
     pub extra: std::collections::BTreeMap<String, String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn completion_tokens_are_read_when_given_and_written_only_when_some() {
+        let chat: Usage = serde_json::from_str(
+            r#"{"prompt_tokens": 7, "completion_tokens": 5, "total_tokens": 12}"#,
+        )
+        .unwrap();
+        assert_eq!(chat.completion_tokens, 5);
+        assert_eq!(
+            serde_json::to_value(chat).unwrap()["completion_tokens"],
+            5,
+            "{chat:?}"
+        );
+        for embeddings in [
+            r#"{"prompt_tokens": 7, "total_tokens": 7}"#,
+            r#"{"prompt_tokens": 7, "completion_tokens": null, "total_tokens": 7}"#,
+        ] {
+            let usage: Usage = serde_json::from_str(embeddings).unwrap();
+            assert_eq!(usage.completion_tokens, 0, "{embeddings}");
+            assert_eq!(
+                serde_json::to_string(&usage).unwrap(),
+                r#"{"prompt_tokens":7,"total_tokens":7}"#,
+                "an embedding's usage is written as before"
+            );
+        }
+        let sum = chat + chat;
+        assert_eq!(sum.completion_tokens, 10);
+        assert_eq!(sum.saturating_sub(chat), chat);
+        assert!(!Usage {
+            completion_tokens: 1,
+            ..Usage::default()
+        }
+        .is_zero());
+    }
 }

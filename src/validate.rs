@@ -225,6 +225,7 @@ mod tests {
                 .collect(),
             usage: Some(Usage {
                 prompt_tokens: 3,
+                completion_tokens: 0,
                 total_tokens: 3,
             }),
             model: None,

@@ -5,14 +5,14 @@
 pub mod api;
 #[cfg(feature = "local")]
 pub mod local;
-pub mod quota;
-pub mod throttle;
 
 use futures::future::BoxFuture;
 use serde::Serialize;
 
 use crate::job::BackendKind;
+use crate::rate::QuotaStop;
 use crate::types::{Usage, Vectors};
+use crate::warnings::Warnings;
 
 /// What a backend embeds with.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -26,6 +26,10 @@ pub struct BackendInfo {
     pub context_window: Option<u64>,
     /// Price per 1000 input tokens, when the service lists one.
     pub input_per_1k: Option<f64>,
+    /// Price per 1000 output tokens, when the service lists one; output
+    /// tokens are priced as input tokens without it. Embeddings have none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub output_per_1k: Option<f64>,
 }
 
 /// Tokens the local model adds to every text (`[CLS]` and `[SEP]`), which
@@ -41,6 +45,18 @@ impl BackendInfo {
             BackendKind::Local => window.saturating_sub(LOCAL_SPECIAL_TOKENS),
             BackendKind::Api => window,
         })
+    }
+
+    /// What `usage` costs at the model's prices, when it has an input price:
+    /// output tokens at the output price, or at the input price without one
+    /// (so that a budget never counts them free).
+    #[allow(clippy::cast_precision_loss)]
+    pub fn cost(&self, usage: Usage) -> Option<f64> {
+        let input = self.input_per_1k?;
+        let output = self.output_per_1k.unwrap_or(input);
+        let cost = usage.prompt_tokens as f64 / 1000.0 * input
+            + usage.completion_tokens as f64 / 1000.0 * output;
+        cost.is_finite().then_some(cost)
     }
 }
 
@@ -87,7 +103,7 @@ pub enum BackendError {
     /// timeout, or the quota is used up. What was paid for is kept; the
     /// next run carries on.
     #[error("{0}")]
-    Quota(#[from] quota::QuotaStop),
+    Quota(#[from] QuotaStop),
 }
 
 impl BackendError {
@@ -97,7 +113,7 @@ impl BackendError {
             | BackendError::OverLimit { status, .. }
             | BackendError::Permanent { status, .. } => *status,
             BackendError::Exhausted { .. } => None,
-            BackendError::Quota(quota::QuotaStop::InsufficientQuota(_)) => Some(429),
+            BackendError::Quota(QuotaStop::InsufficientQuota(_)) => Some(429),
             BackendError::Quota(_) => None,
         }
     }
@@ -144,5 +160,11 @@ pub trait EmbeddingBackend: Send + Sync {
     /// service, for stderr and the run's summary.
     fn warnings(&self) -> Vec<String> {
         Vec::new()
+    }
+
+    /// Where the backend puts what it finds while it works that is worth a
+    /// word on stderr only (not in the summary); the command prints it.
+    fn notices(&self) -> Warnings {
+        Warnings::new()
     }
 }

@@ -9,7 +9,7 @@
 //! service says does not exist, is a refusal.
 
 use super::{ApiError, Client, ErrorKind, Model};
-use crate::retry::{with_retries, RetryPolicy};
+use crate::rate::{with_retries, RetryPolicy};
 
 /// What the service told about a model, and what it could not tell.
 #[derive(Debug, Clone, Default, PartialEq)]

@@ -360,6 +360,7 @@ mod fast {
             })?;
             Some(Some(Usage {
                 prompt_tokens: prompt.unwrap_or_default(),
+                completion_tokens: 0,
                 total_tokens: total.unwrap_or_default(),
             }))
         }

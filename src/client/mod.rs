@@ -10,28 +10,27 @@ mod body;
 mod discovery;
 mod error;
 mod flat;
-mod ratelimit;
 mod sse;
 mod wire;
 
 use std::fmt;
-use std::sync::Arc;
+use std::future::Future;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
 use reqwest::{header, Method};
 use serde::de::DeserializeOwned;
 
+use crate::rate::RateLimitHeaders;
 use crate::secret::Scrubber;
+use crate::types::Usage;
 
 pub use body::embeddings_limit;
 pub use discovery::{discover, Discovery, DiscoveryError};
-pub use error::{
-    classify, retry_after, server_message, size_limit, ApiError, ErrorKind, SizeLimit,
-    MAX_RETRY_AFTER,
-};
+pub use error::{classify, server_message, size_limit, ApiError, ErrorKind, SizeLimit};
 pub use flat::with_non_finite_quoted;
-pub use ratelimit::{parse_reset, QuotaHeader, RateLimitHeaders};
 pub use sse::{SseDecoder, SseError};
 pub use wire::{
     ChatMessage, ChatRequest, EmbeddingInput, EmbeddingItem, EmbeddingRequest, EmbeddingResponse,
@@ -136,8 +135,47 @@ impl fmt::Debug for Client {
     }
 }
 
-/// What a chat stream yields: fragments of the reply, in order.
-pub type ChatStream = std::pin::Pin<Box<dyn Stream<Item = Result<String, ApiError>> + Send>>;
+/// A chat reply: its text, and what it was billed when the service said.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChatReply {
+    pub text: String,
+    pub usage: Option<Usage>,
+}
+
+/// What a chat stream yields: fragments of the reply, in order. Once it has
+/// ended, [`ChatStream::usage`] tells what the reply was billed.
+pub struct ChatStream {
+    fragments: std::pin::Pin<Box<dyn Stream<Item = Result<String, ApiError>> + Send>>,
+    usage: Arc<Mutex<Option<Usage>>>,
+}
+
+impl ChatStream {
+    /// The usage the stream's last chunk reported (it is asked for with
+    /// `stream_options.include_usage`); `None` before it came, or from a
+    /// service that sends none.
+    pub fn usage(&self) -> Option<Usage> {
+        *self.usage.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Stream for ChatStream {
+    type Item = Result<String, ApiError>;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Self::Item>> {
+        self.fragments.as_mut().poll_next(cx)
+    }
+}
+
+impl fmt::Debug for ChatStream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ChatStream")
+            .field("usage", &self.usage())
+            .finish_non_exhaustive()
+    }
+}
 
 impl Client {
     pub fn new(config: ClientConfig) -> Result<Self, ConfigError> {
@@ -183,6 +221,25 @@ impl Client {
             observer: Some(observer),
             ..self.clone()
         }
+    }
+
+    /// Runs `request` on this client, and returns its result with the quota
+    /// headers of the last response it received: what [`crate::rate`] paces by.
+    pub async fn with_quota_headers<T, Fut>(
+        &self,
+        request: impl FnOnce(Client) -> Fut,
+    ) -> (T, Option<RateLimitHeaders>)
+    where
+        Fut: Future<Output = T>,
+    {
+        let seen = Arc::new(Mutex::new(None));
+        let slot = Arc::clone(&seen);
+        let client = self.observed(Arc::new(move |_, headers| {
+            *slot.lock().unwrap_or_else(PoisonError::into_inner) = RateLimitHeaders::parse(headers);
+        }));
+        let result = request(client).await;
+        let headers = seen.lock().unwrap_or_else(PoisonError::into_inner).take();
+        (result, headers)
     }
 
     /// The normalised base URL (no trailing slash; without `/v1` unless an
@@ -265,35 +322,49 @@ impl Client {
         self.call(Method::GET, &path, None::<&()>).await
     }
 
-    /// `POST /v1/chat/completions` without streaming: the reply text.
-    pub async fn chat(&self, request: &ChatRequest) -> Result<String, ApiError> {
+    /// `POST /v1/chat/completions` without streaming: the reply's text and usage.
+    pub async fn chat(&self, request: &ChatRequest) -> Result<ChatReply, ApiError> {
         let mut request = request.clone();
         request.stream = false;
         let path = self.route("/chat/completions");
         let endpoint = format!("POST {path}");
         let endpoint = endpoint.as_str();
         let reply: wire::ChatResponse = self.call(Method::POST, &path, Some(&request)).await?;
+        let usage = reply.usage;
         let choice = reply
             .choices
             .into_iter()
             .next()
             .ok_or_else(|| ApiError::transient(endpoint, "the reply has no choices"))?;
-        Ok(choice.message.and_then(|m| m.content).unwrap_or_default())
+        Ok(ChatReply {
+            text: choice.message.and_then(|m| m.content).unwrap_or_default(),
+            usage,
+        })
     }
 
     /// `POST /v1/chat/completions` with `stream: true`: the reply's fragments
-    /// as they arrive. A stream that ends before `data: [DONE]` ends with an
-    /// error, never silently short.
+    /// as they arrive, and its usage at the end (asked for with
+    /// `stream_options`, unless the service refuses that). A stream that
+    /// ends before `data: [DONE]` ends with an error, never silently short.
     pub async fn chat_stream(&self, request: &ChatRequest) -> Result<ChatStream, ApiError> {
         let mut request = request.clone();
         request.stream = true;
         let path = self.route("/chat/completions");
         let endpoint = "POST /v1/chat/completions";
-        let response = self
-            .send(Method::POST, &path, Some(&request), false)
-            .await?;
+        let with_usage = wire::StreamedChat::with_usage(&request);
+        let response = match self
+            .send(Method::POST, &path, Some(&with_usage), false)
+            .await
+        {
+            Err(e) if refuses_stream_options(&e) => {
+                self.send(Method::POST, &path, Some(&request), false)
+                    .await?
+            }
+            other => other?,
+        };
         let scrubber = Arc::clone(&self.scrubber);
         let bytes = response.bytes_stream();
+        let usage = Arc::new(Mutex::new(None));
         let state = StreamState {
             bytes: Box::pin(bytes),
             decoder: SseDecoder::new(),
@@ -302,6 +373,7 @@ impl Client {
             done: false,
             deadline: tokio::time::Instant::now() + self.stream_timeout,
             stream_timeout: self.stream_timeout,
+            usage: Arc::clone(&usage),
         };
         let stream = futures::stream::unfold(state, move |mut state| {
             let scrubber = Arc::clone(&scrubber);
@@ -310,7 +382,10 @@ impl Client {
                 item.map(|result| (result.map_err(|e| e.redact(&scrubber)), state))
             }
         });
-        Ok(Box::pin(stream))
+        Ok(ChatStream {
+            fragments: Box::pin(stream),
+            usage,
+        })
     }
 
     async fn call<T: DeserializeOwned>(
@@ -418,6 +493,16 @@ pub fn decode_embeddings(
     flat::decode(body, capacity).map_err(|e| unparseable("POST /v1/embeddings", &e, body))
 }
 
+/// A service that does not take `stream_options` (an older server) refuses
+/// the request it is in; the stream is then asked for without it.
+fn refuses_stream_options(error: &ApiError) -> bool {
+    matches!(error.status, Some(400 | 422))
+        && error
+            .message
+            .to_ascii_lowercase()
+            .contains("stream_options")
+}
+
 fn unparseable(endpoint: &str, err: &serde_json::Error, body: &[u8]) -> ApiError {
     // Python-based services write NaN and Infinity as bare tokens, which JSON
     // does not allow; name that check rather than a column number.
@@ -442,6 +527,8 @@ struct StreamState {
     /// When the whole stream must have ended.
     deadline: tokio::time::Instant,
     stream_timeout: Duration,
+    /// Where the usage of the last chunk goes.
+    usage: Arc<Mutex<Option<Usage>>>,
 }
 
 /// The next reply fragment, `None` after `[DONE]`.
@@ -454,7 +541,7 @@ async fn next_fragment(
             return None;
         }
         while let Some(data) = state.queue.pop_front() {
-            match fragment_of(&data, endpoint) {
+            match fragment_of(&data, endpoint, &state.usage) {
                 Ok(Some(Fragment::Text(text))) => return Some(Ok(text)),
                 Ok(Some(Fragment::Done)) => {
                     state.done = true;
@@ -513,7 +600,11 @@ enum Fragment {
     Done,
 }
 
-fn fragment_of(data: &str, endpoint: &str) -> Result<Option<Fragment>, ApiError> {
+fn fragment_of(
+    data: &str,
+    endpoint: &str,
+    usage: &Mutex<Option<Usage>>,
+) -> Result<Option<Fragment>, ApiError> {
     if data.trim() == "[DONE]" {
         return Ok(Some(Fragment::Done));
     }
@@ -530,6 +621,9 @@ fn fragment_of(data: &str, endpoint: &str) -> Result<Option<Fragment>, ApiError>
             endpoint,
             format!("the stream reported an error: {message}"),
         ));
+    }
+    if let Some(reported) = chunk.usage {
+        *usage.lock().unwrap_or_else(PoisonError::into_inner) = Some(reported);
     }
     let text: String = chunk
         .choices

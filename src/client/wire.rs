@@ -237,10 +237,45 @@ pub struct ChatRequest {
     pub stream: bool,
 }
 
+/// A streamed chat request that asks for the usage in a last chunk.
+#[derive(Debug, Serialize)]
+pub(crate) struct StreamedChat<'a> {
+    #[serde(flatten)]
+    pub request: &'a ChatRequest,
+    pub stream_options: StreamOptions,
+}
+
+#[derive(Debug, Serialize)]
+pub(crate) struct StreamOptions {
+    pub include_usage: bool,
+}
+
+impl<'a> StreamedChat<'a> {
+    pub(crate) fn with_usage(request: &'a ChatRequest) -> Self {
+        StreamedChat {
+            request,
+            stream_options: StreamOptions {
+                include_usage: true,
+            },
+        }
+    }
+}
+
 #[derive(Debug, Deserialize)]
 pub(crate) struct ChatResponse {
     #[serde(default)]
     pub choices: Vec<ChatChoice>,
+    #[serde(default, deserialize_with = "lenient_usage")]
+    pub usage: Option<Usage>,
+}
+
+/// A reply's `usage`, when it reads as one: a server's odd usage object
+/// (counts as `null`, say) costs the count, never the reply.
+fn lenient_usage<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<Usage>, D::Error> {
+    let value = Option::<serde_json::Value>::deserialize(deserializer)?;
+    Ok(value.and_then(|v| serde_json::from_value(v).ok()))
 }
 
 #[derive(Debug, Deserialize)]
@@ -263,6 +298,9 @@ pub(crate) struct ChatChunk {
     /// Some services report a failure inside the stream instead of by status.
     #[serde(default)]
     pub error: Option<serde_json::Value>,
+    /// The last chunk's, when asked for; `null` in the others.
+    #[serde(default, deserialize_with = "lenient_usage")]
+    pub usage: Option<Usage>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -2,7 +2,7 @@
 
 use tokio::sync::watch;
 
-use super::{print_json, Outcome};
+use super::{messages, print_json, Outcome};
 use crate::cli::{EstimateArgs, RunArgs};
 use crate::exit::{Exit, Failure};
 use crate::pipeline::{Classifier, Failed, RunOptions, StopRequest, Summary};
@@ -26,9 +26,8 @@ pub async fn run(args: &RunArgs) -> Outcome {
         Ok(stages) => stages,
         Err(failure) => return Err(failed_before_work(&job, None, failure, args.json)),
     };
-    for warning in stages.backend.warnings() {
-        eprintln!("embedjob: warning: {warning}");
-    }
+    messages::follow(&stages.backend.notices());
+    messages::warn_all(stages.backend.warnings());
     let info = stages.backend.info().clone();
     if job.budget.max_cost.is_some() && info.input_per_1k.is_none() {
         let failure = Failure::usage(anyhow::anyhow!(
@@ -42,6 +41,7 @@ pub async fn run(args: &RunArgs) -> Outcome {
         fresh: args.fresh,
         max_duration: args.max_duration,
         stop: Some(stop_on_signals()),
+        warnings: messages::printed(),
     };
     let fingerprint = Fingerprint::new(&job, &info);
     let state = match JobState::open(
@@ -60,11 +60,12 @@ pub async fn run(args: &RunArgs) -> Outcome {
             ))
         }
     };
+    messages::warn_all(state.warnings());
     if let (Some(previous), true) = (state.taken_over(), options.progress) {
-        eprintln!(
-            "embedjob: {}: taking over from a run that is gone ({previous})",
+        messages::note(&format!(
+            "{}: taking over from a run that is gone ({previous})",
             state.location().lock().display()
-        );
+        ));
     }
     let mut summary = match crate::pipeline::execute(&job, stages, state, options).await {
         Ok(summary) => summary,
@@ -211,7 +212,7 @@ fn failed_before_work(
     let location = StateLocation::for_job(job);
     if location.summary().exists() {
         if let Err(e) = crate::state::write_summary_unlocked(&location, &value) {
-            crate::progress::warn(&format!(
+            messages::warn(&format!(
                 "the summary of this run could not be written: {e}"
             ));
         }
@@ -244,9 +245,9 @@ fn stop_on_signals() -> watch::Receiver<StopRequest> {
             };
             received += 1;
             let request = if received == 1 {
-                eprintln!(
-                    "embedjob: {name}: stopping after the requests in flight (again to stop at once)"
-                );
+                messages::note(&format!(
+                    "{name}: stopping after the requests in flight (again to stop at once)"
+                ));
                 StopRequest::Graceful(format!("stopped by {name}"))
             } else {
                 StopRequest::Now(format!("stopped by {name}"))
@@ -264,10 +265,9 @@ pub async fn estimate(args: &EstimateArgs) -> Outcome {
     // The run's own set-up: the same key checks, model listing and chunker.
     let Embedding { backend, chunker } = crate::stages::build_embedding(&job).await?;
     let info = backend.info().clone();
+    messages::follow(&backend.notices());
     let warnings = backend.warnings();
-    for warning in &warnings {
-        eprintln!("embedjob: warning: {warning}");
-    }
+    messages::warn_all(&warnings);
     let fresh = args.fresh;
     // A job not split, over a directory of shards: what all of them hold.
     let parts = parts_of(&job)?;
@@ -295,6 +295,7 @@ pub async fn estimate(args: &EstimateArgs) -> Outcome {
             let location = StateLocation::for_job(part);
             crate::state::peek_into(&mut reuse, &part.name, &location, &fingerprint, held, fresh)
                 .map_err(state_failure)?;
+            messages::warn_all(reuse.warnings.drain(..));
             keeps_rows = sink.keeps_rows();
         }
         let classifier = Classifier::new(reuse.store, reuse.held_ids, keeps_rows);

@@ -2,10 +2,12 @@
 //! [`query`]), which `init` writes ([`init`]); `models`, `embed` and `chat`
 //! talk to the service or the local model ([`service`]); `simulate`,
 //! `inspect`, `completions` and `man` need neither. Results go to stdout;
-//! nothing else does.
+//! nothing else does. Only the commands print: warnings from below come up
+//! as values and go to stderr through [`messages`], scrubbed of the key.
 
 mod init;
 mod job;
+mod messages;
 mod query;
 mod service;
 

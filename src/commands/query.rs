@@ -2,7 +2,7 @@
 
 use serde_json::json;
 
-use super::{print_json, Outcome};
+use super::{messages, print_json, Outcome};
 use crate::cli::QueryArgs;
 use crate::exit::{Exit, Failure};
 use crate::job::OutputParams;
@@ -24,6 +24,7 @@ pub async fn query(args: &QueryArgs) -> Outcome {
     let job = crate::job::load(&args.job.job, &args.job.overrides).map_err(Failure::usage)?;
     // The job's own backend and model, checked as a run checks them.
     let Embedding { backend, chunker } = crate::stages::build_embedding(&job).await?;
+    messages::follow(&backend.notices());
     let tokens = chunker.count_tokens(&args.text) as u64;
     let texts = [args.text.as_str()];
     let vectors = backend

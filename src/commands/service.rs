@@ -8,13 +8,13 @@ use anyhow::Context;
 use futures::StreamExt;
 use serde_json::json;
 
-use super::{client_from_env, print_json, Outcome, COMMAND_RETRIES};
+use super::{client_from_env, messages, print_json, Outcome, COMMAND_RETRIES};
 use crate::backend::api::{ApiBackend, ApiSettings};
 use crate::backend::EmbeddingBackend;
 use crate::cli::{ChatArgs, EmbedArgs, ModelsArgs};
 use crate::client::{ChatMessage, ChatRequest, Model};
 use crate::exit::{Exit, Failure};
-use crate::retry::{with_retries, RetryPolicy};
+use crate::rate::{with_retries, RateControl, RateSettings, RetryPolicy};
 
 pub async fn models(args: &ModelsArgs) -> Outcome {
     let client = client_from_env()?;
@@ -100,6 +100,7 @@ const EMBED_GROUP: usize = 128;
 pub async fn embed(args: &EmbedArgs) -> Outcome {
     let texts = embed_texts(&args.texts)?;
     let (backend, model) = embed_backend(args).await?;
+    messages::follow(&backend.notices());
     let mut out = std::io::stdout().lock();
     let mut all: Vec<Vec<f32>> = Vec::new();
     let mut usage = crate::types::Usage::default();
@@ -137,16 +138,16 @@ pub async fn embed(args: &EmbedArgs) -> Outcome {
             "usage": usage,
         }))?;
     } else if backend.info().kind == crate::job::BackendKind::Local {
-        eprintln!(
+        messages::say(&format!(
             "{} of {dimensions} dimensions from the local model {model}, which bills nothing",
             crate::display::counted(texts.len() as u64, "vector")
-        );
+        ));
     } else {
-        eprintln!(
+        messages::say(&format!(
             "{} of {dimensions} dimensions, {} prompt tokens billed",
             crate::display::counted(texts.len() as u64, "vector"),
             usage.prompt_tokens
-        );
+        ));
     }
     Ok(Exit::Success)
 }
@@ -236,19 +237,29 @@ pub async fn chat(args: &ChatArgs) -> Outcome {
         max_tokens: args.max_tokens,
         stream: !args.no_stream,
     };
-    let policy = RetryPolicy::with_max_retries(COMMAND_RETRIES);
+    // Paced by the service's quota and retried as the embeddings are.
+    let rate = RateControl::new(&RateSettings::new(RetryPolicy::with_max_retries(
+        COMMAND_RETRIES,
+    )));
+    let request = &request;
     let mut out = std::io::stdout().lock();
     let write_err =
         |e: std::io::Error| Failure::failed(anyhow::Error::from(e).context("writing to stdout"));
     if args.no_stream {
-        let reply = with_retries(&policy, || client.chat(&request))
+        let reply = rate
+            .call(0, || {
+                client.with_quota_headers(|client| async move { client.chat(request).await })
+            })
             .await
             .map_err(Failure::failed)?;
-        writeln!(out, "{}", crate::secret::scrub(&reply)).map_err(write_err)?;
+        writeln!(out, "{}", crate::secret::scrub(&reply.text)).map_err(write_err)?;
         return Ok(Exit::Success);
     }
     // Only opening the stream is retried: once text is on the screen, a retry would repeat it.
-    let mut stream = with_retries(&policy, || client.chat_stream(&request))
+    let mut stream = rate
+        .call(0, || {
+            client.with_quota_headers(|client| async move { client.chat_stream(request).await })
+        })
         .await
         .map_err(Failure::failed)?;
     let mut held = String::new();

@@ -113,8 +113,8 @@ impl Default for PipelineConfig {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct BudgetConfig {
-    /// The most one run may cost, in the currency of the model's
-    /// `pricing.input_per_1k`; unset, no cap.
+    /// The most one run may cost, in the currency of the model's prices
+    /// (`pricing.input_per_1k`, `output_per_1k`); unset, no cap.
     pub max_cost: Option<f64>,
 }
 
@@ -734,10 +734,13 @@ fn api_problems(b: &BackendShared, api: &ApiParams, p: &mut Vec<String>) {
             api.stall_timeout_seconds
         ));
     }
-    if let Some(price) = api.input_per_1k {
-        if !price.is_finite() || price < 0.0 {
+    for (key, price) in [
+        ("input_per_1k", api.input_per_1k),
+        ("output_per_1k", api.output_per_1k),
+    ] {
+        if let Some(price) = price.filter(|p| !p.is_finite() || *p < 0.0) {
             p.push(format!(
-                "`backend.input_per_1k` must be a price of 0 or more, not {price}"
+                "`backend.{key}` must be a price of 0 or more, not {price}"
             ));
         }
     }

@@ -518,6 +518,9 @@ pub struct ApiParams {
     /// The price per 1000 input tokens, for servers that do not list it; it
     /// takes precedence over the listing.
     pub input_per_1k: Option<f64>,
+    /// The price per 1000 output tokens, as `input_per_1k`; output tokens
+    /// are priced as input tokens without it. Embeddings have none.
+    pub output_per_1k: Option<f64>,
     pub encoding_format: EncodingFormat,
     /// The environment variable that holds the API key (never the key itself).
     pub api_key_env: String,
@@ -541,6 +544,7 @@ impl Default for ApiParams {
             api_path: None,
             context_window: None,
             input_per_1k: None,
+            output_per_1k: None,
             encoding_format: EncodingFormat::Auto,
             api_key_env: DEFAULT_API_KEY_ENV.to_string(),
             requests_per_minute: 0,
@@ -576,6 +580,7 @@ const API_KEYS: &[&str] = &[
     "api_path",
     "context_window",
     "input_per_1k",
+    "output_per_1k",
     "encoding_format",
     "api_key_env",
     "requests_per_minute",

@@ -749,6 +749,7 @@ mod tests {
             backend: "api".into(),
             usage: Usage {
                 prompt_tokens: 123,
+                completion_tokens: 0,
                 total_tokens: 456,
             },
             requests: 7,

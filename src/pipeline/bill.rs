@@ -64,6 +64,7 @@ pub(super) fn output_metadata(e: &Ending<'_>) -> OutputMetadata {
     let local = e.dispatched.local_tokens + e.earlier.local_tokens;
     let kept = usage.saturating_sub(Usage {
         prompt_tokens: discarded,
+        completion_tokens: 0,
         total_tokens: discarded,
     });
     let mut extra: std::collections::BTreeMap<String, String> = [
@@ -100,6 +101,7 @@ mod tests {
     fn what_no_vector_carries_is_billed_and_discarded() {
         let usage = |n| Usage {
             prompt_tokens: n,
+            completion_tokens: 0,
             total_tokens: n,
         };
         let dispatched = Dispatched {

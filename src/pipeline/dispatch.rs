@@ -29,14 +29,24 @@ pub(super) enum Piece {
     },
 }
 
-impl Piece {
-    /// The tokens the budget reserved for this piece's chunks.
-    fn reserved_tokens(&self) -> u64 {
-        match self {
-            Piece::Embedded(batch) => batch.chunks.iter().map(|c| u64::from(c.token_count)).sum(),
-            Piece::Quarantined { chunk, .. } => u64::from(chunk.token_count),
+/// The tokens a request's pieces reserved in the budget (their local
+/// count) and what they were billed.
+fn reckoned(pieces: &[Piece]) -> (u64, Usage) {
+    let (mut reserved, mut billed) = (0u64, Usage::default());
+    for piece in pieces {
+        match piece {
+            Piece::Embedded(batch) => {
+                reserved += batch
+                    .chunks
+                    .iter()
+                    .map(|c| u64::from(c.token_count))
+                    .sum::<u64>();
+                billed += batch.vectors.usage;
+            }
+            Piece::Quarantined { chunk, .. } => reserved += u64::from(chunk.token_count),
         }
     }
+    (reserved, billed)
 }
 
 /// How the dispatching stage ended.
@@ -260,13 +270,8 @@ impl Dispatch {
         out: &mut Dispatched,
     ) -> bool {
         if let Some(budget) = &self.budget {
-            let mut billed = Usage::default();
-            for piece in &pieces {
-                if let Piece::Embedded(batch) = piece {
-                    billed += batch.vectors.usage;
-                }
-            }
-            budget.settle(pieces.iter().map(Piece::reserved_tokens).sum(), billed);
+            let (reserved, billed) = reckoned(&pieces);
+            budget.settle(reserved, billed);
         }
         for piece in pieces {
             let message = match piece {

@@ -38,6 +38,7 @@ use crate::state::Billed;
 use crate::state::{Fingerprint, JobState, Reuse, StateError};
 use crate::store::StoreError;
 use crate::types::TOKEN_RATIO_KEY;
+use crate::warnings::Warnings;
 
 pub use self::classify::{Class, Classifier, Counts};
 pub use self::stop::StopRequest;
@@ -45,7 +46,7 @@ pub use self::summary::{LearnedLimits, Summary};
 
 use self::dispatch::{Dispatch, Dispatched, Limits};
 use self::read::{ReadReport, Reading};
-use self::stop::{Budget, Stops};
+use self::stop::{Budget, Prices, Stops};
 use self::write::{SinkMessage, Writing, Written};
 
 #[derive(Debug, thiserror::Error)]
@@ -107,6 +108,10 @@ pub struct RunOptions {
     pub max_duration: Option<Duration>,
     /// Stop requests, from signals.
     pub stop: Option<watch::Receiver<StopRequest>>,
+    /// Where the run puts what it passes over or finds worth a warning
+    /// (a damaged checkpoint part, a shard's rows removed), for the command
+    /// to print.
+    pub warnings: Warnings,
 }
 
 /// A run that failed once its state was opened: the error, and the summary
@@ -200,7 +205,11 @@ async fn run_stages(
     let info = backend.info().clone();
     let fingerprint = Fingerprint::new(job, &info);
     let keeps_rows = sink.keeps_rows();
-    let (reuse, sink, state, previous_ratio) = load_reuse(sink, state, options.fresh).await?;
+    let (mut reuse, sink, state, previous_ratio) = load_reuse(sink, state, options.fresh).await?;
+    for warning in reuse.warnings.drain(..) {
+        options.warnings.warn(warning);
+    }
+    let warnings = options.warnings.clone();
     let earlier = reuse.store.earlier();
     report.earlier = earlier;
     let checkpoint_dimensions = reuse.store.dimensions().filter(|_| earlier.parts > 0);
@@ -273,6 +282,9 @@ async fn run_stages(
         let _ = sink_tx.send(SinkMessage::Billed(unseen)).await;
     }
     report.written = finish_writing(ending, dispatched, sink_tx, writer).await?;
+    for warning in &report.written.warnings {
+        warnings.warn(warning.clone());
+    }
     state.close();
     Ok(())
 }
@@ -308,12 +320,17 @@ fn ending(ending: &bill::Ending<'_>) -> SinkMessage {
     }
 }
 
-/// `budget.max_cost`, priced by the model's price per token.
+/// `budget.max_cost`, priced by the model's prices per token (output
+/// tokens at the input price when it has no output price).
 fn budget(job: &Job, info: &crate::backend::BackendInfo) -> Option<Arc<Budget>> {
-    let price_per_token = info.input_per_1k.unwrap_or(0.0) / 1000.0;
+    let input = info.input_per_1k.unwrap_or(0.0);
+    let prices = Prices {
+        input: input / 1000.0,
+        output: info.output_per_1k.unwrap_or(input) / 1000.0,
+    };
     job.budget
         .max_cost
-        .map(|max_cost| Arc::new(Budget::new(max_cost, price_per_token)))
+        .map(|max_cost| Arc::new(Budget::new(max_cost, prices)))
 }
 
 /// The limits the service's answers lowered during the run.

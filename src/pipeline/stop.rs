@@ -91,25 +91,33 @@ impl Stops {
 }
 
 /// `budget.max_cost`: a request is sent only if what was billed, what is in
-/// flight (by local token count) and the request itself stay within it.
+/// flight (by local token count, as input) and the request itself stay
+/// within it.
 pub(super) struct Budget {
     max_cost: f64,
-    price_per_token: f64,
+    prices: Prices,
     state: std::sync::Mutex<BudgetState>,
+}
+
+/// The model's prices per token.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct Prices {
+    pub input: f64,
+    pub output: f64,
 }
 
 #[derive(Default)]
 struct BudgetState {
-    billed_tokens: u64,
+    billed: Usage,
     in_flight_tokens: u64,
     exceeded: Option<String>,
 }
 
 impl Budget {
-    pub(super) fn new(max_cost: f64, price_per_token: f64) -> Budget {
+    pub(super) fn new(max_cost: f64, prices: Prices) -> Budget {
         Budget {
             max_cost,
-            price_per_token,
+            prices,
             state: std::sync::Mutex::default(),
         }
     }
@@ -120,15 +128,23 @@ impl Budget {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// What `input` and `output` tokens cost.
+    #[allow(clippy::cast_precision_loss)]
+    fn cost(&self, input: u64, output: u64) -> f64 {
+        input as f64 * self.prices.input + output as f64 * self.prices.output
+    }
+
     /// Reserves a request of `tokens`, unless it would take the run over budget.
     pub(super) fn admit(&self, tokens: u64) -> bool {
         let mut state = self.state();
-        let spent = state.billed_tokens as f64 * self.price_per_token;
-        let projected = state
-            .billed_tokens
+        let output = state.billed.completion_tokens;
+        let spent = self.cost(state.billed.prompt_tokens, output);
+        let input = state
+            .billed
+            .prompt_tokens
             .saturating_add(state.in_flight_tokens)
-            .saturating_add(tokens) as f64
-            * self.price_per_token;
+            .saturating_add(tokens);
+        let projected = self.cost(input, output);
         if projected > self.max_cost {
             state.exceeded.get_or_insert_with(|| {
                 format!(
@@ -142,12 +158,12 @@ impl Budget {
         true
     }
 
-    /// Replaces a finished request's reservation (`reserved` tokens) with
-    /// what it was billed.
+    /// Replaces a finished request's reservation of `reserved` tokens with
+    /// what it was `billed`.
     pub(super) fn settle(&self, reserved: u64, billed: Usage) {
         let mut state = self.state();
         state.in_flight_tokens = state.in_flight_tokens.saturating_sub(reserved);
-        state.billed_tokens = state.billed_tokens.saturating_add(billed.prompt_tokens);
+        state.billed += billed;
     }
 
     /// Why the budget stopped the run, once it did.
@@ -163,12 +179,42 @@ mod tests {
     #[test]
     fn the_budget_admits_requests_until_the_next_would_go_over() {
         // 1 per 1000 tokens: a budget of 0.01 is 10 tokens.
-        let budget = Budget::new(0.01, 0.001);
+        let budget = Budget::new(
+            0.01,
+            Prices {
+                input: 0.001,
+                output: 0.002,
+            },
+        );
         assert!(budget.admit(4));
         assert!(budget.admit(4));
         assert!(!budget.admit(4), "4 + 4 + 4 in flight would be 12 tokens");
         assert!(budget.exceeded().unwrap().contains("budget of 0.01"));
         assert!(budget.admit(2), "a smaller request still fits");
+    }
+
+    #[test]
+    fn output_tokens_are_priced_at_the_output_price() {
+        let prices = Prices {
+            input: 0.001,
+            output: 0.002,
+        };
+        let budget = Budget::new(0.0105, prices);
+        assert!(budget.admit(2));
+        // Two input tokens and two output tokens billed: 0.002 + 0.004.
+        budget.settle(
+            2,
+            Usage {
+                prompt_tokens: 2,
+                completion_tokens: 2,
+                total_tokens: 4,
+            },
+        );
+        assert!(budget.admit(4), "0.006 billed and 0.004 more fit");
+        assert!(!budget.admit(1));
+        let stop = budget.exceeded().unwrap();
+        assert!(stop.contains("0.006000 billed"), "{stop}");
+        assert!(stop.contains("0.011000"), "{stop}");
     }
 
     #[tokio::test(start_paused = true)]

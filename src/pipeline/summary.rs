@@ -245,6 +245,7 @@ impl Summary {
                 dimensions: job.backend.shared.dimensions,
                 context_window: None,
                 input_per_1k: None,
+                output_per_1k: None,
             };
             &fallback
         };
@@ -477,11 +478,9 @@ fn error_text(error: &str) -> String {
 /// The longest error a summary keeps.
 const MAX_ERROR_CHARS: usize = 2000;
 
-/// What `usage` costs at the model's price, when it has one.
+/// What `usage` costs at the model's prices, when it has them.
 pub(super) fn cost(info: &BackendInfo, usage: Usage) -> Option<f64> {
-    info.input_per_1k
-        .map(|price| usage.prompt_tokens as f64 / 1000.0 * price)
-        .filter(|cost| cost.is_finite())
+    info.cost(usage)
 }
 
 #[cfg(test)]
@@ -502,6 +501,7 @@ mod tests {
     fn usage(tokens: u64) -> Usage {
         Usage {
             prompt_tokens: tokens,
+            completion_tokens: 0,
             total_tokens: tokens,
         }
     }
@@ -513,6 +513,7 @@ mod tests {
             dimensions: Some(1024),
             context_window: None,
             input_per_1k,
+            output_per_1k: None,
         }
     }
 

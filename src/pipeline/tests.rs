@@ -99,6 +99,7 @@ impl Texts {
                 dimensions: Some(2),
                 context_window: None,
                 input_per_1k: None,
+                output_per_1k: None,
             },
             max_inputs,
             refused,
@@ -136,6 +137,7 @@ impl EmbeddingBackend for Texts {
             let vectors = texts.iter().map(|t| vector_of(t).to_vec()).collect();
             let usage = Usage {
                 prompt_tokens: tokens,
+                completion_tokens: 0,
                 total_tokens: tokens,
             };
             crate::validate::check(RawVectors::in_order(vectors, usage), texts.len(), Some(2))
@@ -246,7 +248,10 @@ impl Sink for TableSink {
             state.rows.insert(chunk.id.clone(), (chunk, vector));
         }
         state.fingerprint = metadata.extra.get(FINGERPRINT_KEY).cloned();
-        Ok(SinkReport { rows })
+        Ok(SinkReport {
+            rows,
+            warnings: Vec::new(),
+        })
     }
 
     fn abort(self: Box<Self>) {}

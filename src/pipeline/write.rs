@@ -44,6 +44,8 @@ pub(super) struct Written {
     pub rows: Option<u64>,
     pub dimensions: Option<usize>,
     pub quarantined: u64,
+    /// What the sink found worth a warning as it finished.
+    pub warnings: Vec<String>,
 }
 
 pub(super) struct Writing {
@@ -245,6 +247,7 @@ impl Writing {
             rows: Some(report.rows),
             dimensions,
             quarantined,
+            warnings: report.warnings,
         })
     }
 

@@ -65,10 +65,12 @@ pub trait Sink: Send {
 }
 
 /// What a finished sink holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct SinkReport {
     /// Rows written by this run.
     pub rows: u64,
+    /// What finishing found worth a warning, for the command to print.
+    pub warnings: Vec<String>,
 }
 
 /// A problem writing to or reading from a sink. Every variant names it.

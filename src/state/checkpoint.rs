@@ -37,6 +37,8 @@ pub struct Checkpoint {
     /// Why the checkpoint on disk cannot be used at all, when it cannot: its
     /// parts are then left out.
     damaged: Option<String>,
+    /// The warning that [`Checkpoint::open`] discarded a damaged checkpoint.
+    discarded: Option<String>,
 }
 
 impl Checkpoint {
@@ -67,7 +69,7 @@ impl Checkpoint {
         }
         let mut checkpoint = Checkpoint::read(job_name, location, fingerprint)?;
         if let Some(reason) = checkpoint.damaged.take() {
-            crate::progress::warn(&format!(
+            checkpoint.discarded = Some(format!(
                 "{}: discarded, its chunks are embedded again: {reason}",
                 dir.display()
             ));
@@ -124,6 +126,7 @@ impl Checkpoint {
             fingerprint: fingerprint.clone(),
             parts,
             damaged,
+            discarded: None,
         })
     }
 
@@ -131,6 +134,11 @@ impl Checkpoint {
     /// discards such a checkpoint.
     pub fn damaged(&self) -> Option<&str> {
         self.damaged.as_deref()
+    }
+
+    /// The warning, when [`Checkpoint::open`] discarded a damaged checkpoint.
+    pub fn discarded(&self) -> Option<&str> {
+        self.discarded.as_deref()
     }
 }
 

@@ -167,6 +167,9 @@ pub struct Reuse {
     /// The sink's rows from the last finished run, by id key, each with its
     /// content hash's first 64 bits.
     pub held_ids: HeldIds,
+    /// What was passed over (a damaged output or checkpoint part), for the
+    /// command to print.
+    pub warnings: Vec<String>,
 }
 
 /// The state of a job, opened by the run that holds its lock.
@@ -175,6 +178,8 @@ pub struct JobState {
     location: StateLocation,
     lock: JobLock,
     checkpoint: Checkpoint,
+    /// What opening found and discarded, for the command to print.
+    warnings: Vec<String>,
 }
 
 impl JobState {
@@ -190,11 +195,22 @@ impl JobState {
     ) -> Result<JobState, StateError> {
         let lock = JobLock::acquire(&location.lock())?;
         let checkpoint = Checkpoint::open(job_name, &location, fingerprint, fresh)?;
+        let warnings = checkpoint
+            .discarded()
+            .map(str::to_string)
+            .into_iter()
+            .collect();
         Ok(JobState {
             location,
             lock,
             checkpoint,
+            warnings,
         })
+    }
+
+    /// What opening found and discarded (a damaged checkpoint).
+    pub fn warnings(&self) -> &[String] {
+        &self.warnings
     }
 
     pub fn location(&self) -> &StateLocation {
@@ -264,7 +280,7 @@ pub fn peek_into(
     }
     let checkpoint = Checkpoint::read(job_name, location, fingerprint)?;
     if let Some(reason) = checkpoint.damaged() {
-        crate::progress::warn(&format!(
+        found.warnings.push(format!(
             "{}: {reason}; a run will discard it and embed its chunks again",
             checkpoint.dir().display()
         ));
@@ -305,7 +321,7 @@ fn reuse_into(
                         .store
                         .add(held, Origin::Previous, Some(&mut reuse.held_ids))?;
                 }
-                Err(e) => crate::progress::warn(&format!(
+                Err(e) => reuse.warnings.push(format!(
                     "{e}; its vectors are not reused, and its chunks are embedded again"
                 )),
             }
@@ -320,7 +336,9 @@ fn reuse_into(
         let added = checked_part(part, checkpoint.fingerprint())
             .and_then(|rows| reuse.store.add(rows, Origin::Checkpoint, None));
         if let Err(e) = added {
-            discard_part(part, &e.to_string(), discard);
+            reuse
+                .warnings
+                .push(discard_part(part, &e.to_string(), discard));
         }
     }
     Ok(())
@@ -351,8 +369,8 @@ fn checked_part(part: &Path, fingerprint: &Fingerprint) -> Result<Box<dyn Stored
     Ok(Box::new(rows))
 }
 
-/// Passes over a damaged part with a warning, removing it with `discard`.
-fn discard_part(part: &Path, reason: &str, discard: bool) {
+/// Passes over a damaged part, removing it with `discard`; returns the warning.
+fn discard_part(part: &Path, reason: &str, discard: bool) -> String {
     let action = if discard {
         match std::fs::remove_file(part) {
             Ok(()) => "discarded",
@@ -362,9 +380,7 @@ fn discard_part(part: &Path, reason: &str, discard: bool) {
     } else {
         "to be discarded"
     };
-    crate::progress::warn(&format!(
-        "checkpoint part {action}, its chunks are embedded again: {reason}"
-    ));
+    format!("checkpoint part {action}, its chunks are embedded again: {reason}")
 }
 
 /// Writes `value` as the job's summary, whole or not at all, with no key in

@@ -292,10 +292,12 @@ mod tests {
                 values: (0..texts.len()).map(|i| i as f32 + 1.0).collect(),
                 usage: Usage {
                     prompt_tokens: tokens,
+                    completion_tokens: 0,
                     total_tokens: tokens,
                 },
                 discarded: Usage {
                     prompt_tokens: tokens / 5,
+                    completion_tokens: 0,
                     total_tokens: tokens / 5,
                 },
             },
@@ -332,6 +334,7 @@ mod tests {
         next.add_billed(Billed {
             usage: Usage {
                 prompt_tokens: 6,
+                completion_tokens: 0,
                 total_tokens: 6,
             },
             requests: 2,
@@ -371,6 +374,7 @@ mod tests {
             .add_billed(Billed {
                 usage: Usage {
                     prompt_tokens: 3,
+                    completion_tokens: 0,
                     total_tokens: 3,
                 },
                 requests: 1,
@@ -405,6 +409,7 @@ mod tests {
                 values: vec![0.5],
                 usage: Usage {
                     prompt_tokens: 1,
+                    completion_tokens: 0,
                     total_tokens: 1,
                 },
                 discarded: Usage::default(),

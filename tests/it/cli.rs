@@ -163,6 +163,35 @@ async fn chat_streams_and_waits() {
     );
 }
 
+/// `chat` goes through the rate control the embeddings use: a rate limit
+/// is waited out and uses up none of its three retries.
+#[tokio::test]
+async fn chat_waits_out_rate_limits_beyond_its_retries() {
+    let sim = simulator(SimConfig {
+        faults: simulate::Faults {
+            rate_429: 1.0,
+            retry_after_seconds: 0,
+            limit: Some(5),
+            ..simulate::Faults::default()
+        },
+        ..SimConfig::default()
+    })
+    .await;
+    for stream in [false, true] {
+        let mut args = vec!["chat", "--model", "svc-base", "hello there"];
+        if !stream {
+            args.insert(1, "--no-stream");
+        }
+        let output = run(with_service(&sim.base_url(), KEY, &args)).await;
+        let (stdout, stderr) = no_key(&output, KEY);
+        assert!(output.status.success(), "{stderr}");
+        assert!(stdout.contains("You said: hello there"), "{stdout}");
+    }
+    let ledger = sim.ledger();
+    assert_eq!(ledger.faults["429"], 5, "{:?}", ledger.faults);
+    assert_eq!(ledger.chat_requests, 7, "five refusals, then two replies");
+}
+
 #[tokio::test]
 async fn failures_are_one_line_with_the_right_exit_code_and_no_key() {
     let sim = simulator(SimConfig {

@@ -159,7 +159,7 @@ async fn chat_plain_and_streamed_agree() {
     let sim = simulator(SimConfig::default()).await;
     let client = client(&sim.base_url());
     let request = chat_request("svc-base", "tell me about lighthouses");
-    let plain = client.chat(&request).await.unwrap();
+    let plain = client.chat(&request).await.unwrap().text;
     assert!(plain.contains("lighthouses"), "{plain}");
     let stream = client.chat_stream(&request).await.unwrap();
     let (streamed, error) = collect(stream).await;
@@ -171,6 +171,58 @@ async fn chat_plain_and_streamed_agree() {
     let err = client.chat(&bad).await.unwrap_err();
     assert_eq!(err.status, Some(400));
     assert_eq!(err.kind, ErrorKind::Permanent);
+}
+
+/// `chat` returns what the reply was billed; a stream, asked for its usage
+/// with `stream_options`, tells it once it has ended.
+#[tokio::test]
+async fn chat_returns_what_the_reply_was_billed() {
+    let sim = simulator(SimConfig::default()).await;
+    let client = client(&sim.base_url());
+    let request = chat_request("svc-base", "count these tokens");
+    let plain = client.chat(&request).await.unwrap();
+    let usage = plain.usage.expect("the reply's usage");
+    assert_eq!(
+        usage.completion_tokens,
+        u64::from(simulate::count_tokens(&plain.text))
+    );
+    assert_eq!(
+        usage.total_tokens,
+        usage.prompt_tokens + usage.completion_tokens
+    );
+    let mut stream = client.chat_stream(&request).await.unwrap();
+    assert_eq!(stream.usage(), None, "not before the stream ends");
+    let mut text = String::new();
+    while let Some(fragment) = stream.next().await {
+        text.push_str(&fragment.unwrap());
+    }
+    assert_eq!(text, plain.text);
+    assert_eq!(stream.usage(), Some(usage));
+}
+
+/// A server that does not take `stream_options` is asked again without it.
+#[tokio::test]
+async fn a_stream_is_asked_for_without_usage_where_that_is_refused() {
+    let (base, seen) = scripted_server(vec![
+        Scripted::json(
+            400,
+            r#"{"error":{"message":"Unrecognized request argument supplied: stream_options"}}"#,
+        ),
+        Scripted::sse(&[
+            "data: {\"choices\":[{\"delta\":{\"content\":\"fine\"}}]}\n\n",
+            "data: [DONE]\n\n",
+        ]),
+    ])
+    .await;
+    let stream = client(&base)
+        .chat_stream(&chat_request("svc-base", "hi"))
+        .await
+        .unwrap();
+    assert_eq!(stream.usage(), None);
+    let (text, error) = collect(stream).await;
+    assert!(error.is_none(), "{error:?}");
+    assert_eq!(text, "fine");
+    assert_eq!(seen.lock().unwrap().len(), 2);
 }
 
 #[tokio::test]
@@ -538,7 +590,7 @@ async fn shuffled_and_corrupt_responses_are_caught_by_the_checks() {
 
 mod discovery {
     use embedjob::client::{discover, DiscoveryError};
-    use embedjob::retry::RetryPolicy;
+    use embedjob::rate::RetryPolicy;
 
     use crate::support::{client, scripted_server, Scripted};
 

@@ -569,6 +569,36 @@ async fn the_key_is_in_no_form_in_the_failures_file() {
     assert_no_key_anywhere(&output, dir.path(), key);
 }
 
+/// A warning raised below the commands (the backend's, about the name the
+/// service answers under) reaches stderr through the one printer, scrubbed.
+#[tokio::test]
+async fn regression_a_warning_from_a_lower_layer_reaches_stderr_without_the_key() {
+    let server = hostile_server(|_, request| {
+        let texts = inputs(request);
+        let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+        json_response(
+            StatusCode::OK,
+            embedjob::simulate::embeddings_response_body(HOSTILE_KEY, 1024, &refs),
+        )
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let job = three_document_job(dir.path(), &server.base_url);
+    let output = run_measured(run_command(
+        &job,
+        &["--set", "backend.server_renames_models=true"],
+    ))
+    .await
+    .output;
+    let stderr = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains("warning: the service answers requests for model \"svc-embed-1\" as model \"[REDACTED]\""),
+        "{stderr}"
+    );
+    assert_no_key_anywhere(&output, dir.path(), HOSTILE_KEY);
+}
+
 #[tokio::test]
 async fn a_response_from_another_model_is_refused_unless_the_job_allows_it() {
     let server = hostile_server(|_, request| {

@@ -9,25 +9,23 @@
 //! billed again. A request that times out is not sent again whole: the
 //! server may still compute and bill it.
 
-use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
 use futures::FutureExt;
-use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 
-use super::quota::{self, Pacing, QuotaStop, Ticket};
-use super::throttle::Throttle;
 use super::{BackendError, BackendInfo, BackendStats, EmbeddingBackend, RequestLimit};
-use crate::client::{
-    ApiError, Client, EmbeddingInput, EmbeddingRequest, ErrorKind, RateLimitHeaders, SizeLimit,
-};
+use crate::client::{ApiError, Client, EmbeddingInput, EmbeddingRequest, ErrorKind, SizeLimit};
 use crate::job::{BackendKind, EncodingFormat};
-use crate::retry::{with_retries_notify, RetryPolicy, Retryable};
+use crate::rate::{
+    with_retries_notify, Fault, QuotaStop, RateControl, RateSettings, Refusal, RetryPolicy,
+    Retryable,
+};
 use crate::types::{RawVectors, Usage, Vectors};
 use crate::validate::{self, Checked, ValidationError};
+use crate::warnings::Warnings;
 
 #[derive(Debug, Clone)]
 pub struct ApiSettings {
@@ -46,6 +44,8 @@ pub struct ApiSettings {
     pub context_window: Option<u64>,
     /// `backend.input_per_1k`, over the listing's.
     pub input_per_1k: Option<f64>,
+    /// `backend.output_per_1k`, over the listing's.
+    pub output_per_1k: Option<f64>,
     /// What setting up found the service does not tell.
     pub warnings: Vec<String>,
     /// The service answers under another name than the model asked for (an
@@ -75,6 +75,7 @@ impl ApiSettings {
             encoding: EncodingFormat::Float,
             context_window: None,
             input_per_1k: None,
+            output_per_1k: None,
             warnings: Vec::new(),
             sharing: 1,
             renames_models: false,
@@ -87,6 +88,7 @@ impl ApiSettings {
 #[derive(Debug, Default)]
 struct UsageCounter {
     prompt: AtomicU64,
+    completion: AtomicU64,
     total: AtomicU64,
 }
 
@@ -94,12 +96,15 @@ impl UsageCounter {
     fn add(&self, usage: Usage) {
         self.prompt
             .fetch_add(usage.prompt_tokens, Ordering::Relaxed);
+        self.completion
+            .fetch_add(usage.completion_tokens, Ordering::Relaxed);
         self.total.fetch_add(usage.total_tokens, Ordering::Relaxed);
     }
 
     fn get(&self) -> Usage {
         Usage {
             prompt_tokens: self.prompt.load(Ordering::Relaxed),
+            completion_tokens: self.completion.load(Ordering::Relaxed),
             total_tokens: self.total.load(Ordering::Relaxed),
         }
     }
@@ -108,12 +113,9 @@ impl UsageCounter {
 pub struct ApiBackend {
     client: Client,
     info: BackendInfo,
-    retry: RetryPolicy,
-    throttle: Throttle,
-    /// The service's quota, as its headers and refusals describe it.
-    pacing: Pacing,
-    requests_limit: Option<DefaultDirectRateLimiter>,
-    tokens_limit: Option<(DefaultDirectRateLimiter, NonZeroU32)>,
+    /// The job's limits, the window of requests in flight, and the
+    /// service's quota as its headers and refusals describe it.
+    rate: RateControl,
     learned_dimensions: OnceLock<usize>,
     /// Vectors of the expected length have come: a lone vector of another
     /// length is then a damaged one, not the model's length.
@@ -134,6 +136,8 @@ pub struct ApiBackend {
     timeouts: AtomicU64,
     billed: UsageCounter,
     warnings: Mutex<Vec<String>>,
+    /// What is worth a word on stderr only, for the command to print.
+    notices: Warnings,
 }
 
 /// One failed attempt: the service said no, or its answer failed a check.
@@ -181,105 +185,24 @@ fn refuses_parameter(error: &ApiError, words: &[&str]) -> bool {
             .any(|w| error.message.to_ascii_lowercase().contains(w))
 }
 
-/// `per_minute` spread evenly over the minute, with a burst of one second's
-/// worth (but at least `least_burst`, and at most the minute's): a limit of
-/// 600 a minute sends 10 a second, not 600 at once.
-fn smooth_quota(per_minute: NonZeroU32, least_burst: u32) -> Quota {
-    let burst = per_minute
-        .get()
-        .div_ceil(60)
-        .max(least_burst)
-        .min(per_minute.get());
-    let burst = NonZeroU32::new(burst).unwrap_or(NonZeroU32::MIN);
-    let period = Duration::from_secs(60) / per_minute.get();
-    Quota::with_period(period)
-        .unwrap_or_else(|| Quota::per_minute(per_minute))
-        .allow_burst(burst)
-}
-
-/// The client-side limits `backend.requests_per_minute` and
-/// `backend.tokens_per_minute` set, as the backend applies them; the estimate
-/// uses the same quotas to tell the shortest time a run can take.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct RateLimits {
-    requests: Option<Quota>,
-    /// The token quota and its burst, which caps the cells one request takes.
-    tokens: Option<(Quota, NonZeroU32)>,
-}
-
-impl RateLimits {
-    /// The limits for the given settings; 0 means no limit. The token bucket
-    /// holds at least one request of `max_tokens_per_request` tokens.
-    #[must_use]
-    pub fn new(
-        requests_per_minute: u32,
-        tokens_per_minute: u64,
-        max_tokens_per_request: u64,
-    ) -> Self {
-        let requests = NonZeroU32::new(requests_per_minute).map(|rpm| smooth_quota(rpm, 1));
-        let tokens =
-            NonZeroU32::new(u32::try_from(tokens_per_minute).unwrap_or(u32::MAX)).map(|tpm| {
-                let request = u32::try_from(max_tokens_per_request).unwrap_or(u32::MAX);
-                let quota = smooth_quota(tpm, request);
-                (quota, quota.burst_size())
-            });
-        RateLimits { requests, tokens }
-    }
-
-    /// Whether any client-side limit is set.
-    pub fn is_limited(&self) -> bool {
-        self.requests.is_some() || self.tokens.is_some()
-    }
-
-    /// The cells a request of `tokens` tokens takes from the token bucket.
-    pub fn token_cells(&self, tokens: u64) -> u64 {
-        self.tokens
-            .map_or(0, |(_, burst)| u64::from(token_cells(tokens, burst)))
-    }
-
-    /// The least time in which `requests` requests taking `token_cells`
-    /// cells in all can be let through, with no retries: each bucket starts
-    /// full and then refills one cell per replenish interval. `None` when no
-    /// limit is set, as the time then depends on the service alone.
-    pub fn shortest_duration(&self, requests: u64, token_cells: u64) -> Option<Duration> {
-        if !self.is_limited() {
-            return None;
-        }
-        let wait = |quota: Quota, cells: u64| {
-            let beyond_burst = cells.saturating_sub(u64::from(quota.burst_size().get()));
-            quota
-                .replenish_interval()
-                .checked_mul(u32::try_from(beyond_burst).unwrap_or(u32::MAX))
-                .unwrap_or(Duration::MAX)
-        };
-        let by_requests = self.requests.map_or(Duration::ZERO, |q| wait(q, requests));
-        let by_tokens = self
-            .tokens
-            .map_or(Duration::ZERO, |(q, _)| wait(q, token_cells));
-        Some(by_requests.max(by_tokens))
-    }
-}
-
-/// The listed price per 1000 input tokens, when it is a price: a negative,
-/// infinite or NaN one is taken as unknown.
-fn price_of(model: &crate::client::Model) -> Option<f64> {
-    let price = model.pricing.and_then(|p| p.input_per_1k)?;
+/// A listed price per 1000 tokens (`input` or `output`), when it is a
+/// price: a negative, infinite or NaN one is taken as unknown, with a warning.
+fn price_of(
+    model: &crate::client::Model,
+    price: Option<f64>,
+    what: &str,
+    notices: &Warnings,
+) -> Option<f64> {
+    let price = price?;
     if price.is_finite() && price >= 0.0 {
         Some(price)
     } else {
-        crate::progress::warn(&format!(
-            "model {}: the listed price {price} per 1000 tokens is not a price; the cost is unknown",
+        notices.warn(format!(
+            "model {}: the listed price {price} per 1000 {what} tokens is not a price; the cost is unknown",
             model.id
         ));
         None
     }
-}
-
-/// A request larger than the bucket waits for a full bucket.
-fn token_cells(tokens: u64, burst: NonZeroU32) -> u32 {
-    u32::try_from(tokens)
-        .unwrap_or(u32::MAX)
-        .clamp(1, burst.get())
 }
 
 impl ApiBackend {
@@ -291,6 +214,10 @@ impl ApiBackend {
     ) -> Self {
         let known = validate::known_model_dimensions(&settings.model);
         let dimensions = settings.dimensions.or(known);
+        let notices = Warnings::new();
+        let listed = |what: &str, price: fn(&crate::client::Pricing) -> Option<f64>| {
+            model.and_then(|m| price_of(m, m.pricing.as_ref().and_then(price), what, &notices))
+        };
         let info = BackendInfo {
             kind: BackendKind::Api,
             model: settings.model.clone(),
@@ -298,25 +225,26 @@ impl ApiBackend {
             context_window: settings
                 .context_window
                 .or_else(|| model.and_then(|m| m.context_window)),
-            input_per_1k: settings.input_per_1k.or_else(|| model.and_then(price_of)),
+            input_per_1k: settings
+                .input_per_1k
+                .or_else(|| listed("input", |p| p.input_per_1k)),
+            output_per_1k: settings
+                .output_per_1k
+                .or_else(|| listed("output", |p| p.output_per_1k)),
         };
-        let limits = RateLimits::new(
-            settings.requests_per_minute,
-            settings.tokens_per_minute,
-            settings.max_tokens_per_request,
-        );
-        let requests_limit = limits.requests.map(RateLimiter::direct);
-        let tokens_limit = limits
-            .tokens
-            .map(|(quota, burst)| (RateLimiter::direct(quota), burst));
+        let rate = RateControl::new(&RateSettings {
+            concurrency: settings.concurrency,
+            requests_per_minute: settings.requests_per_minute,
+            tokens_per_minute: settings.tokens_per_minute,
+            max_tokens_per_request: settings.max_tokens_per_request,
+            retry: settings.retry,
+            stall_timeout: settings.stall_timeout,
+            sharing: settings.sharing,
+        });
         ApiBackend {
             client,
             info,
-            retry: settings.retry,
-            throttle: Throttle::new(settings.concurrency),
-            pacing: Pacing::new(settings.stall_timeout).shared_by(settings.sharing),
-            requests_limit,
-            tokens_limit,
+            rate,
             learned_dimensions: OnceLock::new(),
             confirmed: AtomicBool::new(false),
             base64: AtomicBool::new(settings.encoding != EncodingFormat::Float),
@@ -331,6 +259,7 @@ impl ApiBackend {
             timeouts: AtomicU64::new(0),
             billed: UsageCounter::default(),
             warnings: Mutex::new(settings.warnings),
+            notices,
         }
     }
 
@@ -341,19 +270,6 @@ impl ApiBackend {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         if !warnings.contains(&warning) {
             warnings.push(warning);
-        }
-    }
-
-    async fn wait_for_rate_limits(&self, tokens: u64) {
-        let _waiting = (self.requests_limit.is_some() || self.tokens_limit.is_some())
-            .then(|| self.pacing.waiting());
-        if let Some(limit) = &self.requests_limit {
-            limit.until_ready().await;
-        }
-        if let Some((limit, burst)) = &self.tokens_limit {
-            let n = NonZeroU32::new(token_cells(tokens, *burst)).unwrap_or(NonZeroU32::MIN);
-            // n never exceeds the quota's burst, so capacity is always sufficient.
-            let _ = limit.until_n_ready(n).await;
         }
     }
 
@@ -375,7 +291,7 @@ impl ApiBackend {
             return Err(Attempt::WrongModel(answered.to_string()));
         }
         if self.renamed.set(answered.to_string()).is_ok() {
-            crate::progress::warn(&format!(
+            self.notices.warn(format!(
                 "the service answers requests for model {asked:?} as model {answered:?}; \
                  accepted because `backend.server_renames_models` is set"
             ));
@@ -396,11 +312,7 @@ impl ApiBackend {
     ) -> Result<RawVectors, Attempt> {
         let capacity = texts.len() * self.expected_dimensions().unwrap_or(0);
         loop {
-            self.wait_for_rate_limits(tokens).await;
-            // A place in flight first, then the quota: a pause set while
-            // waiting for the place still holds the request back.
-            let permit = self.throttle.acquire().await;
-            let ticket = self.pacing.admit(tokens).await.map_err(Attempt::Stop)?;
+            let admission = self.rate.admit(tokens).await.map_err(Attempt::Stop)?;
             let base64 = self.base64.load(Ordering::Relaxed);
             let dimensions = self
                 .send_dimensions
@@ -410,16 +322,18 @@ impl ApiBackend {
                 dimensions,
                 ..EmbeddingRequest::new(&self.info.model, EmbeddingInput::Many(texts.to_vec()))
             };
-            let (result, headers) = self.send(&request, capacity).await;
-            drop(permit);
+            let (result, headers) = self
+                .client
+                .with_quota_headers(|client| async move {
+                    client.embed_request(&request, capacity).await
+                })
+                .await;
             let error = match result {
                 Ok(raw) => {
                     self.requests.fetch_add(1, Ordering::Relaxed);
                     let usage = raw.usage.unwrap_or_default();
                     self.billed.add(usage);
-                    self.pacing
-                        .on_answer(ticket, headers, raw.usage.map(|u| u.prompt_tokens));
-                    self.throttle.on_success();
+                    admission.answered(headers, raw.usage.map(|u| u.prompt_tokens));
                     if let Some(answered) = raw.model.as_deref() {
                         self.check_model(answered)?;
                     }
@@ -427,14 +341,20 @@ impl ApiBackend {
                 }
                 Err(e) => e,
             };
-            if error.status == Some(429) {
-                self.rate_limited(ticket, headers, error)?;
-                continue;
+            if error.is_refusal() {
+                match admission.refused(headers, &error) {
+                    Refusal::Wait => continue,
+                    Refusal::Stop(stop) => return Err(Attempt::Stop(stop)),
+                    Refusal::TooLarge => {
+                        let mut error = error;
+                        error.kind = ErrorKind::TooLarge;
+                        return Err(Attempt::Api(error));
+                    }
+                }
             }
-            self.pacing.on_failure(ticket, headers);
+            admission.failed(headers, error.timed_out);
             if error.timed_out {
                 self.timeouts.fetch_add(1, Ordering::Relaxed);
-                self.throttle.on_timeout();
                 if splittable && texts.len() > 1 {
                     return Err(Attempt::TimedOut(error));
                 }
@@ -464,54 +384,6 @@ impl ApiBackend {
         }
     }
 
-    /// Sends one request, with the quota's headers of its answer, if any.
-    async fn send(
-        &self,
-        request: &EmbeddingRequest<'_>,
-        capacity: usize,
-    ) -> (Result<RawVectors, ApiError>, Option<RateLimitHeaders>) {
-        let seen = std::sync::Arc::new(Mutex::new(None));
-        let slot = std::sync::Arc::clone(&seen);
-        let client = self.client.observed(std::sync::Arc::new(move |_, headers| {
-            *slot
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner) =
-                RateLimitHeaders::parse(headers);
-        }));
-        let result = client.embed_request(request, capacity).await;
-        let headers = seen
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .take();
-        (result, headers)
-    }
-
-    /// A 429. A rate limit is waited out (the caller sends again once the
-    /// quota allows) and uses up no retry; a refusal because the quota is
-    /// used up, or because the request is larger than the whole quota, is
-    /// handed back.
-    fn rate_limited(
-        &self,
-        ticket: Ticket,
-        headers: Option<RateLimitHeaders>,
-        mut error: ApiError,
-    ) -> Result<(), Attempt> {
-        if quota::is_insufficient_quota(&error) {
-            self.pacing.on_failure(ticket, headers);
-            return Err(Attempt::Stop(QuotaStop::InsufficientQuota(error.message)));
-        }
-        if quota::is_larger_than_quota(&error) {
-            self.pacing.on_failure(ticket, headers);
-            error.kind = ErrorKind::TooLarge;
-            return Err(Attempt::Api(error));
-        }
-        if !self.pacing.on_refused(ticket, headers, &error) {
-            // No headers to pace by: fewer requests in flight (the pause is the pacing's).
-            self.throttle.on_throttled(None);
-        }
-        Ok(())
-    }
-
     /// Sends `texts` until an answer holds together (count and indices
     /// right), retrying transient faults and answers that do not; every
     /// answer that failed whole adds its usage to `wasted`. Only the first
@@ -527,7 +399,7 @@ impl ApiBackend {
     ) -> Result<Checked, BackendError> {
         let mut attempts = 1;
         let result = with_retries_notify(
-            &self.retry,
+            self.rate.retry_policy(),
             || async {
                 let raw = self.attempt(texts, tokens, first).await?;
                 let usage = raw.usage.unwrap_or_default();
@@ -638,7 +510,7 @@ impl ApiBackend {
             rounds += 1;
             self.retries.fetch_add(1, Ordering::Relaxed);
             self.invalid.fetch_add(1, Ordering::Relaxed);
-            if rounds > self.retry.max_retries {
+            if rounds > self.rate.retry_policy().max_retries {
                 return Err(BackendError::Exhausted {
                     attempts: rounds,
                     message: format!(
@@ -767,11 +639,11 @@ impl EmbeddingBackend for ApiBackend {
             requests: self.requests.load(Ordering::Relaxed),
             retries: self.retries.load(Ordering::Relaxed),
             invalid_responses: self.invalid.load(Ordering::Relaxed),
-            throttled: self.pacing.throttled(),
-            quota_wait_ms: u64::try_from(self.pacing.waited().as_millis()).unwrap_or(u64::MAX),
+            throttled: self.rate.throttled(),
+            quota_wait_ms: u64::try_from(self.rate.waited().as_millis()).unwrap_or(u64::MAX),
             timeouts: self.timeouts.load(Ordering::Relaxed),
             billed: self.billed.get(),
-            lowered_concurrency: self.throttle.lowered(),
+            lowered_concurrency: self.rate.lowered(),
         }
     }
 
@@ -781,48 +653,8 @@ impl EmbeddingBackend for ApiBackend {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone()
     }
-}
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn no_limit_has_no_shortest_duration() {
-        let limits = RateLimits::new(0, 0, 1000);
-        assert!(!limits.is_limited());
-        assert_eq!(limits.shortest_duration(1000, 0), None);
-        assert_eq!(limits.token_cells(500), 0);
-    }
-
-    #[test]
-    fn requests_beyond_the_burst_wait_one_interval_each() {
-        // 60 a minute: one a second, a burst of one.
-        let limits = RateLimits::new(60, 0, 1000);
-        assert_eq!(limits.shortest_duration(1, 0), Some(Duration::ZERO));
-        assert_eq!(
-            limits.shortest_duration(11, 0),
-            Some(Duration::from_secs(10))
-        );
-        // 600 a minute: a burst of 10, then one every 100 ms.
-        let limits = RateLimits::new(600, 0, 1000);
-        assert_eq!(limits.shortest_duration(10, 0), Some(Duration::ZERO));
-        assert_eq!(
-            limits.shortest_duration(20, 0),
-            Some(Duration::from_secs(1))
-        );
-    }
-
-    #[test]
-    fn tokens_bound_the_duration_when_they_are_the_tighter_limit() {
-        // 6000 tokens a minute, a burst of one 1000-token request, then 100 tokens a second.
-        let limits = RateLimits::new(600, 6000, 1000);
-        assert_eq!(limits.token_cells(0), 1);
-        // A request larger than the burst takes the whole burst.
-        assert_eq!(limits.token_cells(7000), 1000);
-        assert_eq!(
-            limits.shortest_duration(3, 3000),
-            Some(Duration::from_secs(20))
-        );
+    fn notices(&self) -> Warnings {
+        self.notices.clone()
     }
 }

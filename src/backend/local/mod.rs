@@ -21,6 +21,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::job::BackendConfig;
+use crate::warnings::{Warning, Warnings};
 
 mod assets;
 mod model;
@@ -255,8 +256,12 @@ fn environment(path: &Path) -> Result<ort::environment::Environment, LocalError>
     Ok(environment)
 }
 
+/// What ONNX Runtime logs, for the command to print: one runtime per
+/// process, so one place for every local backend.
+static RUNTIME_LOG: std::sync::LazyLock<Warnings> = std::sync::LazyLock::new(Warnings::new);
+
 fn runtime_log(level: ort::logging::LogLevel, _category: &str, _id: &str, _at: &str, text: &str) {
     if level >= ort::logging::LogLevel::Error {
-        eprintln!("embedjob: onnxruntime: {text}");
+        RUNTIME_LOG.push(Warning::logged("onnxruntime", text));
     }
 }

@@ -157,6 +157,7 @@ pub(super) fn answer(
     let tokens = lengths.iter().sum::<usize>() as u64;
     let usage = Usage {
         prompt_tokens: tokens,
+        completion_tokens: 0,
         total_tokens: tokens,
     };
     validate::check(

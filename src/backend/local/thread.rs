@@ -19,6 +19,7 @@ use super::{LocalError, LocalSettings, MAX_LENGTH, THREAD_NAME};
 use crate::backend::{BackendError, BackendInfo, BackendStats, EmbeddingBackend};
 use crate::job::BackendKind;
 use crate::types::{Usage, Vectors};
+use crate::warnings::Warnings;
 
 struct Request {
     texts: Vec<String>,
@@ -71,6 +72,7 @@ impl LocalBackend {
                 dimensions: Some(dimensions),
                 context_window: Some(MAX_LENGTH as u64),
                 input_per_1k: Some(0.0),
+                output_per_1k: None,
             },
             requests,
             tokenizer,
@@ -253,5 +255,9 @@ impl EmbeddingBackend for LocalBackend {
             requests: self.answered.load(Ordering::Relaxed),
             ..BackendStats::default()
         }
+    }
+
+    fn notices(&self) -> Warnings {
+        super::RUNTIME_LOG.clone()
     }
 }

@@ -88,12 +88,14 @@ impl Sink for ParquetSink {
                     d => d,
                 };
                 if dimensions == 0 {
-                    crate::progress::warn(&format!(
-                        "{}: not written: this shard has no rows, and the model's vector \
-                         length is not known to write an empty file with",
-                        self.path.display()
-                    ));
-                    return Ok(SinkReport::default());
+                    return Ok(SinkReport {
+                        rows: 0,
+                        warnings: vec![format!(
+                            "{}: not written: this shard has no rows, and the model's vector \
+                             length is not known to write an empty file with",
+                            self.path.display()
+                        )],
+                    });
                 }
                 VectorFile::create_with_metadata(
                     &self.path,
@@ -106,6 +108,7 @@ impl Sink for ParquetSink {
         };
         Ok(SinkReport {
             rows: file.finish(metadata)?.rows,
+            warnings: Vec::new(),
         })
     }
 

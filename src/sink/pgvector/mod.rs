@@ -41,6 +41,7 @@ use crate::job::{PgvectorOutput, Shard, VectorIndex, HNSW_MAX_DIMENSIONS};
 use crate::parquet_io::{standard_pairs, FINGERPRINT_KEY};
 use crate::store::StoredRows;
 use crate::types::{EmbeddedBatch, OutputMetadata};
+use crate::warnings::Warnings;
 
 pub use self::search::search;
 
@@ -436,9 +437,13 @@ impl Sink for PgvectorSink {
             builds_on: builds_on.as_ref(),
             dimensions,
             metadata,
+            warnings: Warnings::new(),
         };
         sink.handle.block_on(merge.run(&mut sink.client))?;
-        Ok(SinkReport { rows: sink.staged })
+        Ok(SinkReport {
+            rows: sink.staged,
+            warnings: merge.warnings.take().into_iter().map(|w| w.text).collect(),
+        })
     }
 
     /// The staging table goes with the session: the output table is untouched.
@@ -458,6 +463,8 @@ struct Merge<'a> {
     /// Of the run's vectors, or of the table's when the run wrote none.
     dimensions: usize,
     metadata: &'a OutputMetadata,
+    /// What the merge found worth a warning.
+    warnings: Warnings,
 }
 
 impl Merge<'_> {
@@ -547,7 +554,7 @@ impl Merge<'_> {
                         // A run of the whole job replaces every row anyway.
                         continue;
                     }
-                    crate::progress::warn(&format!(
+                    self.warnings.warn(format!(
                         "table {}: removed the rows {} made under another configuration; \
                          they are embedded again on its next run",
                         self.names.display(),

@@ -31,7 +31,6 @@ struct State {
     in_flight: usize,
     paused_until: Option<Instant>,
     last_decrease: Option<Instant>,
-    throttled: u64,
 }
 
 /// A request's place in flight; dropping it frees the place.
@@ -59,7 +58,6 @@ impl Throttle {
                 in_flight: 0,
                 paused_until: None,
                 last_decrease: None,
-                throttled: 0,
             }),
             notify: Notify::new(),
         }
@@ -111,7 +109,6 @@ impl Throttle {
     pub fn on_throttled(&self, retry_after: Option<Duration>) {
         let mut state = self.lock();
         let now = Instant::now();
-        state.throttled += 1;
         let recent = state
             .last_decrease
             .is_some_and(|at| now.duration_since(at) < DECREASE_SPACING);
@@ -150,17 +147,14 @@ impl Throttle {
     }
 
     /// The current window, in requests.
-    pub fn window(&self) -> f64 {
+    #[cfg(test)]
+    fn window(&self) -> f64 {
         self.lock().window
     }
 
-    pub fn in_flight(&self) -> usize {
+    #[cfg(test)]
+    fn in_flight(&self) -> usize {
         self.lock().in_flight
-    }
-
-    /// 429s seen so far.
-    pub fn throttled(&self) -> u64 {
-        self.lock().throttled
     }
 }
 

@@ -1,10 +1,15 @@
-//! The `x-ratelimit-*` headers a service sends with every response (OpenAI
-//! and many compatible services): what is left of each quota and when it is
-//! full again.
+//! The headers a service paces its clients by: `x-ratelimit-*` with every
+//! response (OpenAI and many compatible services: what is left of each quota
+//! and when it is full again), and `Retry-After` / `retry-after-ms` with a
+//! refusal.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use reqwest::header::HeaderMap;
+
+/// The longest delay a server may ask for; a longer `Retry-After` is taken
+/// as this. It is also the most the retry policy waits on a server's word.
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(120);
 
 /// The longest reset taken as it is; a longer one (or a number too large
 /// for a `Duration`) is read as this.
@@ -104,10 +109,54 @@ fn capped(seconds: f64) -> Option<Duration> {
     Some(Duration::try_from_secs_f64(seconds).map_or(MAX_RESET, |d| d.min(MAX_RESET)))
 }
 
+/// The delay the server asked for: `retry-after-ms`, else `Retry-After` in
+/// seconds (fractions allowed) or as an HTTP date; at most [`MAX_RETRY_AFTER`].
+pub fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
+    let header = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim)
+    };
+    if let Some(ms) = header("retry-after-ms").and_then(|v| v.parse::<f64>().ok()) {
+        if let Some(delay) = capped_seconds(ms / 1000.0) {
+            return Some(delay);
+        }
+    }
+    let value = header("retry-after")?;
+    if let Ok(seconds) = value.parse::<f64>() {
+        return capped_seconds(seconds);
+    }
+    let when = httpdate::parse_http_date(value).ok()?;
+    Some(
+        when.duration_since(now)
+            .unwrap_or(Duration::ZERO)
+            .min(MAX_RETRY_AFTER),
+    )
+}
+
+/// A server's delay in seconds, capped; `None` for a negative or non-number.
+fn capped_seconds(seconds: f64) -> Option<Duration> {
+    if !(seconds.is_finite() && seconds >= 0.0) {
+        return None;
+    }
+    Some(Duration::from_secs_f64(
+        seconds.min(MAX_RETRY_AFTER.as_secs_f64()),
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use reqwest::header::HeaderValue;
+
+    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.insert(*name, HeaderValue::from_str(value).unwrap());
+        }
+        map
+    }
 
     #[test]
     fn resets_are_read_as_services_write_them() {
@@ -149,5 +198,56 @@ mod tests {
                 reset: Some(Duration::from_millis(60)),
             })
         );
+    }
+
+    #[test]
+    fn retry_after_seconds_date_and_ms() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        assert_eq!(
+            retry_after(&headers(&[("retry-after", "7")]), now),
+            Some(Duration::from_secs(7))
+        );
+        assert_eq!(
+            retry_after(&headers(&[("retry-after", "1.5")]), now),
+            Some(Duration::from_millis(1500))
+        );
+        let date = httpdate::fmt_http_date(now + Duration::from_secs(30));
+        assert_eq!(
+            retry_after(&headers(&[("retry-after", &date)]), now),
+            Some(Duration::from_secs(30))
+        );
+        let past = httpdate::fmt_http_date(now - Duration::from_secs(30));
+        assert_eq!(
+            retry_after(&headers(&[("retry-after", &past)]), now),
+            Some(Duration::ZERO)
+        );
+        assert_eq!(
+            retry_after(
+                &headers(&[("retry-after", "9"), ("retry-after-ms", "250")]),
+                now
+            ),
+            Some(Duration::from_millis(250)),
+            "retry-after-ms is the more precise of the two"
+        );
+        assert_eq!(retry_after(&headers(&[("retry-after", "soon")]), now), None);
+        for huge in [
+            ("retry-after", "99999999999"),
+            ("retry-after", "1e300"),
+            ("retry-after-ms", "99999999999"),
+            ("retry-after-ms", "1e300"),
+        ] {
+            assert_eq!(
+                retry_after(&headers(&[huge]), now),
+                Some(MAX_RETRY_AFTER),
+                "{huge:?}"
+            );
+        }
+        let far = httpdate::fmt_http_date(now + Duration::from_secs(100_000_000));
+        assert_eq!(
+            retry_after(&headers(&[("retry-after", &far)]), now),
+            Some(MAX_RETRY_AFTER)
+        );
+        assert_eq!(retry_after(&headers(&[("retry-after", "-3")]), now), None);
+        assert_eq!(retry_after(&HeaderMap::new(), now), None);
     }
 }

@@ -1,4 +1,4 @@
-//! Pacing by the service's quota: one shared state per backend.
+//! Pacing by the service's quota: one shared state per [`RateControl`](super::RateControl).
 //!
 //! Every response's `x-ratelimit-*` headers tell what is left of the request
 //! and token quotas and when each is whole again (from which the rate it
@@ -24,7 +24,8 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
 
-use crate::client::{ApiError, QuotaHeader, RateLimitHeaders};
+use super::headers::{QuotaHeader, RateLimitHeaders};
+use super::Fault;
 
 /// The longest pause a service's `Retry-After` sets; a longer one is taken as this.
 pub const MAX_PAUSE: Duration = Duration::from_secs(120);
@@ -73,19 +74,17 @@ pub enum QuotaStop {
     InsufficientQuota(String),
 }
 
-/// Whether a refusal is a billing stop rather than a rate limit: waiting will not help.
-pub fn is_insufficient_quota(error: &ApiError) -> bool {
-    let message = error.message.to_ascii_lowercase();
+/// Whether a refusal's `message` is a billing stop rather than a rate limit: waiting will not help.
+pub fn is_insufficient_quota(message: &str) -> bool {
+    let message = message.to_ascii_lowercase();
     message.contains("insufficient_quota") || message.contains("exceeded your current quota")
 }
 
-/// Whether a 429 refuses a request larger than the whole quota (OpenAI's
-/// "Request too large ... on tokens per min"): it must be split, not retried.
-pub fn is_larger_than_quota(error: &ApiError) -> bool {
-    error
-        .message
-        .to_ascii_lowercase()
-        .contains("request too large")
+/// Whether a 429's `message` refuses a request larger than the whole quota
+/// (OpenAI's "Request too large ... on tokens per min"): it must be split,
+/// not retried.
+pub fn is_larger_than_quota(message: &str) -> bool {
+    message.to_ascii_lowercase().contains("request too large")
 }
 
 /// One quota as the client models it from the headers.
@@ -232,7 +231,14 @@ pub struct Ticket {
     local_tokens: u64,
 }
 
-/// The pacing state a backend shares among its requests.
+impl Ticket {
+    /// When the request was let through.
+    pub fn sent_at(&self) -> Instant {
+        self.sent_at
+    }
+}
+
+/// The pacing state the requests to one service share.
 #[derive(Debug)]
 pub struct Pacing {
     /// Requests are let through one at a time, in the order they asked.
@@ -394,8 +400,9 @@ impl Pacing {
         &self,
         ticket: Ticket,
         headers: Option<RateLimitHeaders>,
-        error: &ApiError,
+        error: &impl Fault,
     ) -> bool {
+        let retry_after = error.requested_delay();
         let mut state = self.lock();
         state.throttled += 1;
         state.last_refusal = Some(error.to_string());
@@ -403,13 +410,13 @@ impl Pacing {
         let now = Instant::now();
         state.observe(ticket, headers);
         state.yield_share(now);
-        if let (Some(headers), Some(asked)) = (headers, error.retry_after) {
+        if let (Some(headers), Some(asked)) = (headers, retry_after) {
             // The service says when the refused request fits: until then, nothing is ours.
             if let Some(until) = now.checked_add(asked.min(MAX_PAUSE)) {
                 state.refused(&headers, ticket, until);
             }
         }
-        let pause = match error.retry_after {
+        let pause = match retry_after {
             Some(asked) => asked.min(MAX_PAUSE),
             // The headers tell when the budget returns; the pacing waits for it.
             None if described => Duration::ZERO,
@@ -443,7 +450,8 @@ impl Pacing {
     }
 
     /// Billed tokens over local tokens, as learned from the answers.
-    pub fn ratio(&self) -> f64 {
+    #[cfg(test)]
+    fn ratio(&self) -> f64 {
         self.lock().ratio()
     }
 }
@@ -582,6 +590,7 @@ impl State {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::rate::tests::TestFault;
 
     fn headers(
         requests: Option<(f64, f64, u64)>,
@@ -598,11 +607,8 @@ mod tests {
         }
     }
 
-    fn rate_limited(retry_after: Option<Duration>) -> ApiError {
-        let mut error = ApiError::transient("POST /v1/embeddings", "Rate limit reached");
-        error.status = Some(429);
-        error.retry_after = retry_after;
-        error
+    fn rate_limited(retry_after: Option<Duration>) -> TestFault {
+        TestFault::refusal("Rate limit reached", retry_after)
     }
 
     #[tokio::test(start_paused = true)]
@@ -819,11 +825,13 @@ mod tests {
 
     #[test]
     fn insufficient_quota_is_told_from_a_rate_limit() {
-        let mut error = rate_limited(None);
-        assert!(!is_insufficient_quota(&error));
-        error.message =
+        assert!(!is_insufficient_quota("Rate limit reached"));
+        assert!(is_insufficient_quota(
             "You exceeded your current quota, please check your plan and billing details. [insufficient_quota]"
-                .into();
-        assert!(is_insufficient_quota(&error));
+        ));
+        assert!(is_larger_than_quota(
+            "Request too large for model on tokens per min (TPM): Limit 1000000, Requested 1200000"
+        ));
+        assert!(!is_larger_than_quota("Rate limit reached"));
     }
 }

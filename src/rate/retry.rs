@@ -9,23 +9,13 @@ use std::time::Duration;
 
 use backon::{ExponentialBuilder, Retryable as _};
 
-use crate::client::ApiError;
+use super::headers::MAX_RETRY_AFTER;
 
 /// Sorts a failure into "try again" or "give up".
 pub trait Retryable {
     fn should_retry(&self) -> bool;
     /// The delay the other side asked for, if any.
     fn requested_delay(&self) -> Option<Duration>;
-}
-
-impl Retryable for ApiError {
-    fn should_retry(&self) -> bool {
-        self.is_transient()
-    }
-
-    fn requested_delay(&self) -> Option<Duration> {
-        self.retry_after
-    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -44,7 +34,7 @@ impl Default for RetryPolicy {
             max_retries: 8,
             min_delay: Duration::from_millis(250),
             max_delay: Duration::from_secs(30),
-            max_requested_delay: crate::client::MAX_RETRY_AFTER,
+            max_requested_delay: MAX_RETRY_AFTER,
         }
     }
 }
