@@ -1,26 +1,19 @@
 //! One file read through: its footer, its columns, its rows a batch at a
 //! time, and the run's summary beside it.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use arrow::datatypes::DataType;
 use parquet::arrow::ProjectionMask;
 
 use super::footer::{check_schema, read_metadata};
-use super::rows::check_rows;
+use super::rows::{check_rows, Ids};
 use super::{Check, FileReport, BATCH_ROWS};
 use crate::job::Shard;
 use crate::parquet_io::{
     guard as parquet_guard, key_values, open_reader as parquet_reader, FileError,
 };
 use crate::state::StateLocation;
-
-/// Ids seen so far, as 128-bit hashes with the file they were first seen in.
-#[derive(Default)]
-pub(super) struct Ids {
-    pub(super) seen: HashMap<u128, u32>,
-}
 
 pub(super) fn inspect_file(
     path: &Path,

@@ -34,7 +34,8 @@ use crate::exit::Exit;
 use crate::job::Shard;
 use crate::parquet_io::{list_parquet_files, FileError};
 use dataset::datasets;
-use file::{inspect_file, Ids};
+use file::inspect_file;
+use rows::Ids;
 
 /// Rows decoded at a time.
 const BATCH_ROWS: usize = 1024;

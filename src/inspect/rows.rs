@@ -2,14 +2,20 @@
 //! nulls, finite and not all zeros.
 
 use std::collections::hash_map::Entry;
+use std::collections::HashMap;
 use std::path::PathBuf;
 
 use arrow::array::{Array, AsArray, FixedSizeListArray, RecordBatch};
 use arrow::datatypes::Float32Type;
 
-use super::file::Ids;
 use super::{Check, FileReport};
 use crate::types::id_key128;
+
+/// Ids seen so far, as 128-bit hashes with the file they were first seen in.
+#[derive(Default)]
+pub(super) struct Ids {
+    pub(super) seen: HashMap<u128, u32>,
+}
 
 pub(super) fn check_rows(
     report: &mut FileReport,
