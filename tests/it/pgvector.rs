@@ -683,7 +683,7 @@ async fn metadata_columns(db: &TestDb, table: &str) -> Vec<(String, String)> {
     let rows = client
         .query(
             "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod) FROM pg_attribute a \
-             WHERE a.attrelid = $1::regclass AND a.attnum > 0 AND NOT a.attisdropped \
+             WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped \
              ORDER BY a.attnum",
             &[&table],
         )
