@@ -629,7 +629,7 @@ fn check_schema(report: &mut FileReport, schema: &Schema) -> Option<usize> {
                 None,
                 None,
                 format!(
-                    "embedjob.dimensions is {declared} but the embedding column holds {length}-dimensional vectors"
+                    "{DIMENSIONS_KEY} is {declared} but the embedding column holds {length}-dimensional vectors"
                 ),
             );
         }

@@ -17,8 +17,8 @@ use serde_json::Value;
 use tokio_postgres::types::{to_sql_checked, FromSql, IsNull, ToSql, Type};
 
 use super::db::{quote, Extension};
-use crate::contract::{self, ColumnType, COLUMNS, ID};
-use crate::types::{MetaValue, MetadataSchema};
+use crate::contract::{self, ColumnType, ShapeError, COLUMNS, ID};
+use crate::types::{EmbeddedBatch, MetaValue, MetadataSchema};
 
 /// PostgreSQL truncates longer identifiers.
 const MAX_IDENTIFIER_BYTES: usize = 63;
@@ -241,6 +241,46 @@ pub(crate) fn reconcile(
 }
 
 // ----------------------------------------------------------------- values
+
+/// What PostgreSQL cannot store of a batch that passed the output's check
+/// (a NUL character in text, an offset beyond `bigint`, a date beyond its
+/// range); else its chunks' metadata values as the table takes them.
+pub(crate) fn row_values(batch: &EmbeddedBatch) -> Result<Vec<Vec<PgValue>>, ShapeError> {
+    let mut rows = Vec::with_capacity(batch.chunks.len());
+    for chunk in &batch.chunks {
+        let refuse = |message: String| ShapeError::Metadata {
+            id: chunk.id.clone(),
+            message,
+        };
+        let fields = [&chunk.id, &*chunk.doc_id, &*chunk.source, &chunk.text];
+        if fields.iter().any(|f| f.contains('\0')) {
+            return Err(refuse(
+                "holds a NUL character, which PostgreSQL text cannot store".to_string(),
+            ));
+        }
+        if i64::try_from(chunk.byte_end).is_err() {
+            return Err(refuse(format!(
+                "byte offset {} is out of range",
+                chunk.byte_end
+            )));
+        }
+        let values = match &chunk.metadata {
+            Some(metadata) => metadata
+                .schema
+                .fields
+                .iter()
+                .zip(metadata.values.iter())
+                .map(|(field, value)| {
+                    to_pg(value, &field.data_type)
+                        .map_err(|message| refuse(format!("column {:?}: {message}", field.column)))
+                })
+                .collect::<Result<Vec<_>, _>>()?,
+            None => Vec::new(),
+        };
+        rows.push(values);
+    }
+    Ok(rows)
+}
 
 /// A metadata value in the form its column takes in PostgreSQL.
 #[derive(Debug, Clone, PartialEq)]
@@ -722,6 +762,40 @@ mod tests {
         assert!(fails(MetaValue::Int(i64::MAX), DataType::Date32).contains("out of the range"));
         assert!(fails(MetaValue::Text("a\0b".into()), DataType::Utf8).contains("NUL"));
         assert!(fails(MetaValue::Text("x".into()), DataType::Int64).contains("does not fit"));
+    }
+
+    #[test]
+    fn a_batch_is_refused_for_what_postgresql_cannot_store_naming_the_chunk() {
+        use crate::testing::batch;
+        use crate::types::Metadata;
+        let columns = Arc::new(schema(&[("n", DataType::Int16), ("lang", DataType::Utf8)]));
+        let with = |n: i64, lang: &str| {
+            let mut b = batch("a", 0, 2, 2);
+            for chunk in &mut b.chunks {
+                chunk.metadata = Some(Arc::new(Metadata {
+                    schema: Arc::clone(&columns),
+                    values: vec![MetaValue::Int(n), MetaValue::Text(lang.into())].into(),
+                }));
+            }
+            b
+        };
+        assert_eq!(
+            row_values(&with(5, "en")).unwrap(),
+            vec![vec![PgValue::Int2(5), PgValue::Text("en".into())]; 2]
+        );
+        assert_eq!(
+            row_values(&batch("a", 0, 2, 2)).unwrap(),
+            vec![Vec::new(); 2]
+        );
+        let message = |b: &EmbeddedBatch| row_values(b).unwrap_err().to_string();
+        assert!(message(&with(70_000, "en")).starts_with("chunk a#0: column \"n\": "));
+        assert!(message(&with(1, "e\0n")).contains("column \"lang\": holds a NUL"));
+        let mut nul = batch("a", 0, 2, 2);
+        nul.chunks[1].text.push('\0');
+        assert!(message(&nul).starts_with("chunk a#1: holds a NUL character"));
+        let mut far = batch("a", 0, 1, 2);
+        far.chunks[0].byte_end = u64::MAX;
+        assert!(message(&far).contains("byte offset 18446744073709551615 is out of range"));
     }
 
     #[test]

@@ -281,42 +281,8 @@ impl PgvectorSink {
             .as_ref()
             .map_or(batch.vectors.dimensions, |s| s.dimensions);
         check_batch(batch, dimensions, self.metadata.as_ref())
-            .map_err(|e| self.data_error(e.to_string()))?;
-        let mut values = Vec::with_capacity(batch.chunks.len());
-        for chunk in &batch.chunks {
-            let fields = [&chunk.id, &*chunk.doc_id, &*chunk.source, &chunk.text];
-            if fields.iter().any(|f| f.contains('\0')) {
-                return Err(self.data_error(format!(
-                    "chunk {:?} holds a NUL character, which PostgreSQL text cannot store",
-                    chunk.id
-                )));
-            }
-            if i64::try_from(chunk.byte_end).is_err() {
-                return Err(self.data_error(format!(
-                    "chunk {}: byte offset {} is out of range",
-                    chunk.id, chunk.byte_end
-                )));
-            }
-            let row = match &chunk.metadata {
-                Some(metadata) => metadata
-                    .schema
-                    .fields
-                    .iter()
-                    .zip(metadata.values.iter())
-                    .map(|(field, value)| {
-                        columns::to_pg(value, &field.data_type).map_err(|message| {
-                            self.data_error(format!(
-                                "chunk {}: column {:?}: {message}",
-                                chunk.id, field.column
-                            ))
-                        })
-                    })
-                    .collect::<Result<Vec<_>, _>>()?,
-                None => Vec::new(),
-            };
-            values.push(row);
-        }
-        Ok(values)
+            .and_then(|()| columns::row_values(batch))
+            .map_err(|e| self.data_error(e.to_string()))
     }
 
     /// Writes the batches buffered so far to the staging table, in one `COPY`.
@@ -768,5 +734,50 @@ impl Merge<'_> {
             .await
             .map_err(self.failed("cannot write the metadata"))?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::Usage;
+
+    #[test]
+    fn the_metadata_table_records_the_runs_keys_generation_and_columns() {
+        let metadata = OutputMetadata {
+            model: "svc-embed-1".into(),
+            dimensions: 3,
+            backend: "api".into(),
+            usage: Usage {
+                prompt_tokens: 10,
+                total_tokens: 10,
+            },
+            requests: 2,
+            cost: Some(0.5),
+            extra: [
+                (FINGERPRINT_KEY.to_string(), "{}".to_string()),
+                ("embedjob.model".to_string(), "not this".to_string()),
+            ]
+            .into(),
+        };
+        let columns = [PgColumn("lang".into(), "text".into())];
+        let pairs: BTreeMap<String, String> =
+            PgvectorSink::metadata_pairs(&metadata, 3, 4, &columns)
+                .into_iter()
+                .collect();
+        assert_eq!(pairs[GENERATION_KEY], "4");
+        assert_eq!(pairs[COST_KEY], "0.5");
+        assert_eq!(pairs[METADATA_COLUMNS_KEY], r#"[["lang","text"]]"#);
+        assert_eq!(pairs[FINGERPRINT_KEY], "{}");
+        assert_eq!(
+            pairs["embedjob.model"], "svc-embed-1",
+            "a standard key wins"
+        );
+        assert_eq!(
+            pairs["embedjob.schema_version"],
+            crate::contract::SCHEMA_VERSION
+        );
+        let without = PgvectorSink::metadata_pairs(&metadata, 3, 1, &[]);
+        assert!(without.iter().all(|(k, _)| k != METADATA_COLUMNS_KEY));
     }
 }

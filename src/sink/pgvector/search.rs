@@ -113,3 +113,26 @@ fn search_sql(table: &str, distance: &str, metadata: &[columns::PgColumn]) -> St
          ORDER BY embedding {distance} $1 LIMIT $2"
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_search_selects_the_metadata_columns_after_the_distance() {
+        let metadata = [
+            columns::PgColumn("lang".into(), "text".into()),
+            columns::PgColumn("Day".into(), "date".into()),
+        ];
+        assert_eq!(
+            search_sql("\"t\"", "OPERATOR(v.<=>)", &metadata),
+            "SELECT id, doc_id, text, embedding OPERATOR(v.<=>) $1 AS distance, \"lang\", \
+             \"Day\" FROM \"t\" ORDER BY embedding OPERATOR(v.<=>) $1 LIMIT $2"
+        );
+        assert_eq!(
+            search_sql("t", "<=>", &[]),
+            "SELECT id, doc_id, text, embedding <=> $1 AS distance FROM t \
+             ORDER BY embedding <=> $1 LIMIT $2"
+        );
+    }
+}
