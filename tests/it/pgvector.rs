@@ -903,3 +903,48 @@ async fn row_versions(db: &TestDb, table: &str) -> BTreeMap<String, String> {
         .unwrap();
     rows.iter().map(|r| (r.get(0), r.get(1))).collect()
 }
+
+/// A column the user added to the table is never dropped, and one in the
+/// way of a metadata field (another type) is refused before any work,
+/// naming the table and the column.
+#[tokio::test]
+async fn a_column_of_the_tables_own_is_kept_and_never_taken_for_a_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("records.parquet");
+    typed_records(&input);
+    let db = TestDb::new().await;
+    let sim = simulator(SimConfig::default()).await;
+    let job = |fields: &[&str]| {
+        let source = records_source(&input, fields);
+        write_pg_job(dir.path(), &sim.base_url(), &source, &db, "own", "")
+    };
+    expect_exit(&run_pg(&job(&["lang"]), &db, &["--quiet"]).await, 0);
+    let client = db.client().await;
+    client
+        .batch_execute("ALTER TABLE own ADD COLUMN rank integer; UPDATE own SET rank = 42")
+        .await
+        .unwrap();
+
+    let output = run_pg(&job(&["lang", "rank"]), &db, &["--quiet"]).await;
+    expect_exit(&output, 2);
+    let stderr = text(&output.stderr);
+    assert!(
+        stderr.contains("table own") && stderr.contains("\"rank\" is integer, not smallint"),
+        "{stderr}"
+    );
+    assert_eq!(
+        metadata_values(&db, "own", &["rank"]).await["a"],
+        [Some("42".to_string())]
+    );
+
+    // Without fields, the column embedjob made goes and the user's stays.
+    sim.reset_ledger();
+    expect_exit(&run_pg(&job(&[]), &db, &["--quiet"]).await, 0);
+    assert_eq!(sim.ledger().embedding_requests, 0);
+    let columns = metadata_columns(&db, "own").await;
+    assert_eq!(columns, [("rank".to_string(), "integer".to_string())]);
+    assert_eq!(
+        metadata_values(&db, "own", &["rank"]).await["c"],
+        [Some("42".to_string())]
+    );
+}

@@ -615,8 +615,14 @@ impl Merge<'_> {
                 .map_err(self.failed("cannot replace the rows"))?;
             }
             Some(_) if self.rewrite => {
+                // Rows written again are updated in place, keeping the table's own columns.
+                let staged = if self.staged > 0 {
+                    format!(" AND NOT EXISTS (SELECT 1 FROM {STAGING} s WHERE s.id = {table}.id)")
+                } else {
+                    String::new()
+                };
                 tx.batch_execute(&format!(
-                    "DELETE FROM {table} WHERE {}",
+                    "DELETE FROM {table} WHERE {}{staged}",
                     split::rows_of_owner(self.shard)
                 ))
                 .await
