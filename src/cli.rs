@@ -169,7 +169,8 @@ pub struct QueryArgs {
     /// How many results (1 to 1000).
     #[arg(short = 'k', long = "top", default_value_t = 10, value_name = "K")]
     pub k: usize,
-    /// Print one JSON object on stdout: {"results": [{rank, score, id, doc_id, text}, …]}.
+    /// Print one JSON object on stdout: {"results": [{rank, score, id, doc_id, text, metadata}, …]}
+    /// (`metadata`: the output's metadata columns, when it has some).
     #[arg(long)]
     pub json: bool,
 }

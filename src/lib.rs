@@ -27,6 +27,7 @@ pub mod chunk;
 pub mod cli;
 pub mod client;
 pub mod commands;
+pub mod contract;
 pub mod display;
 pub mod estimate;
 pub mod exit;

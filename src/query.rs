@@ -11,10 +11,11 @@ use std::collections::{BTreeMap, BinaryHeap};
 use std::path::{Path, PathBuf};
 
 use arrow::array::{Array, AsArray};
-use arrow::datatypes::Float32Type;
+use arrow::datatypes::{DataType, Float32Type};
 use parquet::arrow::ProjectionMask;
 use serde::Serialize;
 
+use crate::contract::{arrow_value, is_standard_column, json_value, readable};
 use crate::parquet_io::{embedding_dimensions, guard, key_values, open_reader, FileError};
 
 /// Rows decoded at a time.
@@ -34,6 +35,10 @@ pub struct Hit {
     pub doc_id: String,
     /// The chunk's text, when the output holds it.
     pub text: Option<String>,
+    /// The chunk's metadata columns (`source.metadata_fields`), by name;
+    /// left out when the output has none.
+    #[serde(skip_serializing_if = "serde_json::Map::is_empty")]
+    pub metadata: serde_json::Map<String, serde_json::Value>,
 }
 
 /// A search that cannot be done. Every variant names the output.
@@ -73,9 +78,9 @@ pub fn check_model(
     model: &str,
     dimensions: usize,
 ) -> Result<(), QueryError> {
-    let held_model = metadata.get("embedjob.model").map(String::as_str);
+    let held_model = metadata.get(crate::contract::MODEL_KEY).map(String::as_str);
     let held_dimensions = metadata
-        .get("embedjob.dimensions")
+        .get(crate::contract::DIMENSIONS_KEY)
         .and_then(|d| d.parse::<usize>().ok());
     let same_model = held_model.is_none_or(|m| m == model);
     let same_length = held_dimensions.is_none_or(|d| d == dimensions);
@@ -103,6 +108,7 @@ struct Candidate {
     id: String,
     doc_id: String,
     text: Option<String>,
+    metadata: serde_json::Map<String, serde_json::Value>,
 }
 
 impl Eq for Candidate {}
@@ -166,6 +172,7 @@ impl TopK {
                 id: c.id,
                 doc_id: c.doc_id,
                 text: c.text,
+                metadata: c.metadata,
             })
             .collect()
     }
@@ -250,8 +257,15 @@ fn scan(path: &Path, query: &[f32], top: &mut TopK) -> Result<(), QueryError> {
             query.len()
         )));
     }
-    let wanted: Vec<usize> = ["id", "doc_id", "text", "embedding"]
+    let metadata_columns: Vec<(String, DataType)> = schema
+        .fields()
         .iter()
+        .filter(|f| !is_standard_column(f.name()))
+        .map(|f| (f.name().clone(), f.data_type().clone()))
+        .collect();
+    let wanted: Vec<usize> = ["id", "doc_id", "text", "embedding"]
+        .into_iter()
+        .chain(metadata_columns.iter().map(|(name, _)| name.as_str()))
         .filter_map(|name| schema.index_of(name).ok())
         .collect();
     let mask = ProjectionMask::roots(builder.parquet_schema(), wanted);
@@ -280,6 +294,17 @@ fn scan(path: &Path, query: &[f32], top: &mut TopK) -> Result<(), QueryError> {
             .values()
             .as_primitive_opt::<Float32Type>()
             .ok_or_else(|| layout("\"embedding\" does not hold float32 values".to_string()))?;
+        let metadata = metadata_columns
+            .iter()
+            .filter_map(|(name, data_type)| {
+                let column = batch.column_by_name(name)?;
+                Some(
+                    readable(column, data_type)
+                        .map(|values| (name, data_type, values))
+                        .map_err(|e| layout(format!("column {name:?}: {e}"))),
+                )
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         for i in 0..batch.num_rows() {
             if embedding.is_null(i) || ids.is_null(i) {
                 continue;
@@ -303,6 +328,13 @@ fn scan(path: &Path, query: &[f32], top: &mut TopK) -> Result<(), QueryError> {
                 id: id.to_string(),
                 doc_id: optional(doc_ids).unwrap_or_default(),
                 text: optional(texts),
+                metadata: metadata
+                    .iter()
+                    .map(|(name, data_type, values)| {
+                        let value = arrow_value(values, i);
+                        ((*name).clone(), json_value(&value, data_type))
+                    })
+                    .collect(),
             });
         }
     }
@@ -345,6 +377,7 @@ mod tests {
             id: id.to_string(),
             doc_id: String::new(),
             text: None,
+            metadata: serde_json::Map::new(),
         }
     }
 

@@ -182,10 +182,11 @@ impl Store {
                 "holds {dimensions}-dimensional vectors where the rest hold {d}"
             )));
         }
-        if let Some(declared) = rows.metadata().get("embedjob.dimensions") {
+        if let Some(declared) = rows.metadata().get(crate::contract::DIMENSIONS_KEY) {
             if declared.parse::<usize>().ok() != Some(dimensions) {
                 return Err(corrupt(format!(
-                    "embedjob.dimensions says {declared}, the vectors have {dimensions}"
+                    "{} says {declared}, the vectors have {dimensions}",
+                    crate::contract::DIMENSIONS_KEY
                 )));
             }
         }
@@ -237,22 +238,22 @@ impl Store {
         };
         self.earlier.parts += 1;
         self.earlier.usage += Usage {
-            prompt_tokens: number("embedjob.usage.prompt_tokens"),
+            prompt_tokens: number(crate::contract::PROMPT_TOKENS_KEY),
             completion_tokens: 0,
-            total_tokens: number("embedjob.usage.total_tokens"),
+            total_tokens: number(crate::contract::TOTAL_TOKENS_KEY),
         };
         self.earlier.requests = self
             .earlier
             .requests
-            .saturating_add(number("embedjob.requests"));
+            .saturating_add(number(crate::contract::REQUESTS_KEY));
         self.earlier.discarded_tokens = self
             .earlier
             .discarded_tokens
-            .saturating_add(number(crate::types::DISCARDED_TOKENS_KEY));
+            .saturating_add(number(crate::contract::DISCARDED_TOKENS_KEY));
         self.earlier.local_tokens = self
             .earlier
             .local_tokens
-            .saturating_add(number(crate::types::LOCAL_TOKENS_KEY));
+            .saturating_add(number(crate::contract::LOCAL_TOKENS_KEY));
     }
 
     /// Where the vector of a chunk with this content hash is stored.

@@ -36,7 +36,7 @@ pub struct MetadataSchema {
 pub struct MetadataField {
     /// The field as the job names it (a column, or a dotted JSON path).
     pub field: String,
-    /// The output column (see `crate::job::metadata_column`).
+    /// The output column (see `crate::contract::metadata_column`).
     pub column: String,
     /// Its type in the output: a string, boolean, integer, float, date or
     /// timestamp type, as in the input.
@@ -287,15 +287,6 @@ pub fn id_key128(id: &str) -> u128 {
     };
     (u128::from(half(0)) << 64) | u128::from(half(1))
 }
-
-/// Of `embedjob.usage.prompt_tokens`, the tokens that paid for vectors that
-/// failed a check and were discarded.
-pub const DISCARDED_TOKENS_KEY: &str = "embedjob.usage.discarded_tokens";
-/// The local token count of the chunks whose vectors were paid for.
-pub const LOCAL_TOKENS_KEY: &str = "embedjob.usage.local_tokens";
-/// Billed tokens (those discarded left out) over the local count of the same
-/// chunks, for the next estimate of the job.
-pub const TOKEN_RATIO_KEY: &str = "embedjob.billed_token_ratio";
 
 /// What an output's metadata records about the run that made it.
 #[derive(Debug, Clone, PartialEq, Default)]

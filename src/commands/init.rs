@@ -333,7 +333,7 @@ fn choose(path: &Path, guesses: &[FieldGuess]) -> Result<Fields, Failure> {
         .filter(|name| {
             // Names the output already has are left out.
             let mut problems = Vec::new();
-            crate::job::metadata_problems(std::slice::from_ref(name), &mut problems);
+            crate::contract::metadata_problems(std::slice::from_ref(name), &mut problems);
             problems.is_empty()
         })
         .take(METADATA_OFFERED)

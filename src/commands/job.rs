@@ -326,12 +326,12 @@ fn learned_ratio(
     metadata: &std::collections::BTreeMap<String, String>,
     fingerprint: &Fingerprint,
 ) -> Option<f64> {
-    let made_under = Fingerprint::from_json(metadata.get(crate::parquet_io::FINGERPRINT_KEY)?)?;
+    let made_under = Fingerprint::from_json(metadata.get(crate::contract::FINGERPRINT_KEY)?)?;
     if !fingerprint.differences(&made_under).is_empty() {
         return None;
     }
     metadata
-        .get(crate::types::TOKEN_RATIO_KEY)?
+        .get(crate::contract::TOKEN_RATIO_KEY)?
         .parse::<f64>()
         .ok()
         .filter(|r| r.is_finite() && *r > 0.0)

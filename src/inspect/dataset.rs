@@ -5,7 +5,8 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
-use crate::parquet_io::{key_values, open_reader as parquet_reader, FINGERPRINT_KEY, JOB_KEY};
+use crate::contract::{DIMENSIONS_KEY, FINGERPRINT_KEY, JOB_KEY, MODEL_KEY};
+use crate::parquet_io::{key_values, open_reader as parquet_reader};
 
 /// Files written by one job under one configuration.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -60,8 +61,8 @@ pub(super) fn datasets(files: &[PathBuf]) -> (Vec<Dataset>, Vec<usize>) {
         };
         let kv = key_values(builder.metadata());
         let job = kv.get(JOB_KEY).cloned();
-        let model = kv.get("embedjob.model").cloned();
-        let dimensions = kv.get("embedjob.dimensions").cloned();
+        let model = kv.get(MODEL_KEY).cloned();
+        let dimensions = kv.get(DIMENSIONS_KEY).cloned();
         let configuration = kv.get(FINGERPRINT_KEY).cloned().or_else(|| {
             Some(format!(
                 "{}/{}",

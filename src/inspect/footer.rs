@@ -6,7 +6,10 @@ use std::collections::BTreeMap;
 use arrow::datatypes::{DataType, Schema};
 
 use super::{Check, FileReport};
-use crate::parquet_io::{output_schema, JOB_KEY, SCHEMA_VERSION, SHARD_KEY};
+use crate::contract::{
+    output_schema, BACKEND_KEY, COST_KEY, DIMENSIONS_KEY, JOB_KEY, MODEL_KEY, PROMPT_TOKENS_KEY,
+    REQUESTS_KEY, SCHEMA_VERSION, SCHEMA_VERSION_KEY, SHARD_KEY, TOTAL_TOKENS_KEY, VERSION_KEY,
+};
 use crate::validate::known_model_dimensions;
 
 /// Reads the `embedjob.*` keys; each one missing or malformed is a problem.
@@ -19,10 +22,10 @@ pub(super) fn read_metadata(report: &mut FileReport, kv: &BTreeMap<String, Strin
         }
         value
     };
-    report.schema_version = text("embedjob.schema_version");
-    report.written_by = text("embedjob.version");
-    report.model = text("embedjob.model");
-    report.backend = text("embedjob.backend");
+    report.schema_version = text(SCHEMA_VERSION_KEY);
+    report.written_by = text(VERSION_KEY);
+    report.model = text(MODEL_KEY);
+    report.backend = text(BACKEND_KEY);
     report.job = kv.get(JOB_KEY).cloned();
     if let Some(shard) = kv.get(SHARD_KEY) {
         match crate::job::shard::parse(shard, |_| None) {
@@ -35,10 +38,10 @@ pub(super) fn read_metadata(report: &mut FileReport, kv: &BTreeMap<String, Strin
             ),
         }
     }
-    let dimensions = text("embedjob.dimensions");
-    let prompt_tokens = text("embedjob.usage.prompt_tokens");
-    let total_tokens = text("embedjob.usage.total_tokens");
-    let requests = text("embedjob.requests");
+    let dimensions = text(DIMENSIONS_KEY);
+    let prompt_tokens = text(PROMPT_TOKENS_KEY);
+    let total_tokens = text(TOTAL_TOKENS_KEY);
+    let requests = text(REQUESTS_KEY);
     if !missing.is_empty() {
         let message = format!("missing metadata keys: {}", missing.join(", "));
         report.problem(Check::Metadata, None, None, message);
@@ -54,22 +57,22 @@ pub(super) fn read_metadata(report: &mut FileReport, kv: &BTreeMap<String, Strin
             }
         }
     };
-    let dimensions = number("embedjob.dimensions", dimensions);
-    let prompt_tokens = number("embedjob.usage.prompt_tokens", prompt_tokens);
-    let total_tokens = number("embedjob.usage.total_tokens", total_tokens);
-    let requests = number("embedjob.requests", requests);
+    let dimensions = number(DIMENSIONS_KEY, dimensions);
+    let prompt_tokens = number(PROMPT_TOKENS_KEY, prompt_tokens);
+    let total_tokens = number(TOTAL_TOKENS_KEY, total_tokens);
+    let requests = number(REQUESTS_KEY, requests);
     report.dimensions = dimensions.and_then(|d| usize::try_from(d).ok());
     report.prompt_tokens = prompt_tokens;
     report.total_tokens = total_tokens;
     report.requests = requests;
-    if let Some(cost) = kv.get("embedjob.cost") {
+    if let Some(cost) = kv.get(COST_KEY) {
         match cost.trim().parse::<f64>() {
             Ok(c) if c.is_finite() && c >= 0.0 => report.cost = Some(c),
             _ => report.problem(
                 Check::Metadata,
                 None,
                 None,
-                format!("embedjob.cost is {cost:?}, not an amount"),
+                format!("{COST_KEY} is {cost:?}, not an amount"),
             ),
         }
     }
@@ -80,7 +83,7 @@ pub(super) fn read_metadata(report: &mut FileReport, kv: &BTreeMap<String, Strin
                 None,
                 None,
                 format!(
-                    "embedjob.schema_version is {version:?}; this version of embedjob checks {SCHEMA_VERSION:?}"
+                    "{SCHEMA_VERSION_KEY} is {version:?}; this version of embedjob checks {SCHEMA_VERSION:?}"
                 ),
             );
         }
@@ -154,7 +157,7 @@ pub(super) fn check_schema(report: &mut FileReport, schema: &Schema) -> Option<u
                 None,
                 None,
                 format!(
-                    "embedjob.dimensions is {declared} but the embedding column holds {length}-dimensional vectors"
+                    "{DIMENSIONS_KEY} is {declared} but the embedding column holds {length}-dimensional vectors"
                 ),
             );
         }

@@ -13,7 +13,7 @@ use parquet::file::metadata::KeyValue;
 use parquet::file::properties::WriterProperties;
 
 use super::*;
-use crate::parquet_io::{output_schema, FINGERPRINT_KEY, JOB_KEY, SCHEMA_VERSION, SHARD_KEY};
+use crate::contract::{output_schema, FINGERPRINT_KEY, JOB_KEY, SCHEMA_VERSION, SHARD_KEY};
 use crate::state::StateLocation;
 
 /// An output file to write: the output's columns, rows that pass every

@@ -22,7 +22,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::validate::known_model_dimensions;
 
-pub use self::params::{metadata_column, metadata_problems, OnInvalid, STDIN, STDIN_NAME};
 use self::params::{one_line, Parsed};
 pub use self::params::{
     ApiParams, BackendConfig, BackendKind, BackendParams, BackendShared, EncodingFormat,
@@ -30,6 +29,7 @@ pub use self::params::{
     PgvectorOutput, RecordsSource, SourceConfig, SourceKind, VectorIndex, DEFAULT_API_KEY_ENV,
     HNSW_MAX_DIMENSIONS, METADATA_TABLE_SUFFIX,
 };
+pub use self::params::{OnInvalid, STDIN, STDIN_NAME};
 pub use self::shard::Shard;
 
 #[derive(Debug, Clone, PartialEq)]

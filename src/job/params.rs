@@ -219,13 +219,6 @@ impl RecordsSource {
 /// The `path` that names stdin.
 pub const STDIN: &str = "-";
 
-/// The output column a metadata field is written to: its name, with the
-/// dots of a JSON path made underscores (`meta.lang` → `meta_lang`), so that
-/// SQL can name it without quotes.
-pub fn metadata_column(field: &str) -> String {
-    field.replace('.', "_")
-}
-
 /// Records as written, before the required keys are checked.
 #[derive(Debug, Clone, Deserialize)]
 struct RawRecords {
@@ -348,50 +341,8 @@ impl SourceConfig {
                             .to_string(),
                     );
                 }
-                metadata_problems(&r.metadata_fields, p);
+                crate::contract::metadata_problems(&r.metadata_fields, p);
             }
-        }
-    }
-}
-
-/// The columns every output has, which a metadata field may not take.
-const OUTPUT_COLUMNS: &[&str] = &[
-    "id",
-    "doc_id",
-    "chunk_index",
-    "source",
-    "byte_start",
-    "byte_end",
-    "text",
-    "content_hash",
-    "token_count",
-    "embedding",
-];
-
-/// Problems with a `source.metadata_fields` list: names that are not field
-/// names or paths, or whose columns would clash with the output's or each
-/// other's.
-pub fn metadata_problems(fields: &[String], p: &mut Vec<String>) {
-    let mut columns: Vec<(String, &str)> = Vec::new();
-    for field in fields {
-        if field.is_empty() || field.split('.').any(str::is_empty) {
-            p.push(format!(
-                "`source.metadata_fields`: {field:?} is not a field name or a dotted path"
-            ));
-            continue;
-        }
-        let column = metadata_column(field);
-        if OUTPUT_COLUMNS.contains(&column.as_str()) {
-            p.push(format!(
-                "`source.metadata_fields`: {field:?} would be written as column {column:?}, \
-                 which the output already has"
-            ));
-        } else if let Some((_, other)) = columns.iter().find(|(c, _)| *c == column) {
-            p.push(format!(
-                "`source.metadata_fields`: {other:?} and {field:?} would both be written as column {column:?}"
-            ));
-        } else {
-            columns.push((column, field));
         }
     }
 }

@@ -10,9 +10,6 @@ use std::hash::Hasher as _;
 
 use twox_hash::XxHash3_64;
 
-/// The metadata key of a file's checksum.
-pub const CHECKSUM_KEY: &str = "embedjob.checksum";
-
 const ALGORITHM: &str = "xxh3-64";
 
 /// A checksum being computed, row after row.

@@ -28,19 +28,9 @@ use parquet::file::metadata::{PageIndexPolicy, ParquetMetaData};
 
 use crate::fsio::FsError;
 
-pub use self::checksum::{Checksum, CHECKSUM_KEY};
+pub use self::checksum::Checksum;
 pub use self::rows::ParquetRows;
-pub use self::writer::{
-    output_schema, output_schema_with, standard_pairs, Compression, FileOptions, VectorFile,
-    WrittenFile, SCHEMA_VERSION,
-};
-
-/// The metadata key holding a file's fingerprint, as JSON.
-pub const FINGERPRINT_KEY: &str = "embedjob.fingerprint";
-/// The metadata key holding the name of the job that wrote a file.
-pub const JOB_KEY: &str = "embedjob.job";
-/// The shard a file holds, `I/N`, when the job was split (`--shard`).
-pub const SHARD_KEY: &str = "embedjob.shard";
+pub use self::writer::{Compression, FileOptions, VectorFile, WrittenFile};
 
 /// Stored rows read from a Parquet file fail as the file does.
 impl From<FileError> for crate::store::StoreError {
@@ -100,6 +90,43 @@ pub enum FileError {
 }
 
 impl FileError {
+    /// A batch that does not fit the file at `path`.
+    pub(crate) fn shape(path: &Path, error: crate::contract::ShapeError) -> FileError {
+        use crate::contract::ShapeError;
+        let path = path.to_path_buf();
+        match error {
+            ShapeError::Dimensions { expected, got } => FileError::Dimensions {
+                path,
+                expected,
+                got,
+            },
+            ShapeError::RowCount {
+                chunks,
+                values,
+                dimensions,
+            } => FileError::RowCount {
+                path,
+                chunks,
+                values,
+                dimensions,
+            },
+            ShapeError::NonFinite {
+                id,
+                position,
+                value,
+            } => FileError::NonFinite {
+                path,
+                id,
+                position,
+                value,
+            },
+            ShapeError::Metadata { id, message } => FileError::Metadata {
+                path,
+                message: format!("chunk {id}: {message}"),
+            },
+        }
+    }
+
     pub(crate) fn corrupt(path: &Path, message: impl std::fmt::Display) -> FileError {
         FileError::Corrupt {
             path: path.to_path_buf(),

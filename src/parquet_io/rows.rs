@@ -12,8 +12,9 @@ use parquet::arrow::arrow_reader::{
 };
 use parquet::arrow::ProjectionMask;
 
-use super::checksum::{Checksum, CHECKSUM_KEY};
+use super::checksum::Checksum;
 use super::{embedding_dimensions, guard, key_values, load_metadata, FileError};
+use crate::contract::CHECKSUM_KEY;
 use crate::fsio::FsError;
 use crate::store::{ReadRow, Row, StoreError, StoredRows};
 

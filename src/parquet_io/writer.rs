@@ -10,21 +10,20 @@ use arrow::array::{
     ArrayRef, BooleanBuilder, FixedSizeListArray, Float32Array, Float64Builder, Int64Builder,
     RecordBatch, StringBuilder, UInt32Builder, UInt64Builder,
 };
-use arrow::datatypes::{DataType, Field, FieldRef, Schema, SchemaRef};
+use arrow::datatypes::{DataType, FieldRef, SchemaRef};
 use parquet::arrow::ArrowWriter;
 use parquet::basic::ZstdLevel;
 use parquet::file::metadata::KeyValue;
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::schema::types::ColumnPath;
 
-use super::checksum::{Checksum, CHECKSUM_KEY};
+use super::checksum::Checksum;
 use super::FileError;
+use crate::contract::{
+    check_batch, item_field, output_schema_with, standard_pairs, CHECKSUM_KEY, COST_KEY,
+};
 use crate::fsio::{FsError, TempFile};
 use crate::types::{EmbeddedBatch, MetaValue, MetadataSchema, OutputMetadata};
-
-/// The version of the output's layout, stored as `embedjob.schema_version`.
-/// Bump it when a column is added, removed or changes type.
-pub const SCHEMA_VERSION: &str = "1";
 
 const ZSTD_LEVEL: i32 = 3;
 
@@ -32,58 +31,6 @@ const ZSTD_LEVEL: i32 = 3;
 /// vector: `chunk_index`, `byte_start`, `byte_end`, `token_count` and the hex
 /// `content_hash`.
 const FIXED_ROW_BYTES: u64 = 4 + 8 + 8 + 4 + 64;
-
-/// The schema of the output.
-///
-/// - `id` and `embedding` are declared not null, as the product's contract
-///   says; the other columns are declared nullable but never hold a null.
-/// - `text` is absent, not null-filled, when the text is not included, so that
-///   readers see no column rather than a column of nulls.
-/// - `embedding` is `FixedSizeList<Float32>[dimensions]` whose child field is
-///   `item`, nullable: the layout pyarrow's `pa.list_(pa.float32(), n)`
-///   produces and `LanceDB` expects for a vector column. No value is ever null.
-pub fn output_schema(dimensions: usize, include_text: bool) -> SchemaRef {
-    output_schema_with(dimensions, include_text, None)
-}
-
-/// The schema of an output that carries `metadata` columns
-/// (`source.metadata_fields`): [`output_schema`]'s columns with the metadata
-/// columns, nullable and typed as in the input, just before `embedding`.
-pub fn output_schema_with(
-    dimensions: usize,
-    include_text: bool,
-    metadata: Option<&MetadataSchema>,
-) -> SchemaRef {
-    let size = i32::try_from(dimensions).unwrap_or(i32::MAX);
-    let mut fields = vec![
-        Field::new("id", DataType::Utf8, false),
-        Field::new("doc_id", DataType::Utf8, true),
-        Field::new("chunk_index", DataType::UInt32, true),
-        Field::new("source", DataType::Utf8, true),
-        Field::new("byte_start", DataType::UInt64, true),
-        Field::new("byte_end", DataType::UInt64, true),
-    ];
-    if include_text {
-        fields.push(Field::new("text", DataType::Utf8, true));
-    }
-    fields.extend([
-        Field::new("content_hash", DataType::Utf8, true),
-        Field::new("token_count", DataType::UInt32, true),
-    ]);
-    for field in metadata.iter().flat_map(|m| &m.fields) {
-        fields.push(Field::new(&field.column, field.data_type.clone(), true));
-    }
-    fields.push(Field::new(
-        "embedding",
-        DataType::FixedSizeList(item_field(), size),
-        false,
-    ));
-    Arc::new(Schema::new(fields))
-}
-
-fn item_field() -> FieldRef {
-    Arc::new(Field::new("item", DataType::Float32, true))
-}
 
 fn writer_properties(
     compression: Compression,
@@ -296,74 +243,8 @@ impl VectorFile {
     }
 
     fn check(&self, batch: &EmbeddedBatch) -> Result<(), FileError> {
-        let vectors = &batch.vectors;
-        if vectors.dimensions != self.dimensions {
-            return Err(FileError::Dimensions {
-                path: self.path_buf(),
-                expected: self.dimensions,
-                got: vectors.dimensions,
-            });
-        }
-        if Some(vectors.values.len()) != batch.chunks.len().checked_mul(self.dimensions) {
-            return Err(FileError::RowCount {
-                path: self.path_buf(),
-                chunks: batch.chunks.len(),
-                values: vectors.values.len(),
-                dimensions: self.dimensions,
-            });
-        }
-        if let Some(at) = vectors.values.iter().position(|v| !v.is_finite()) {
-            return Err(FileError::NonFinite {
-                path: self.path_buf(),
-                id: batch.chunks[at / self.dimensions].id.clone(),
-                position: at % self.dimensions,
-                value: vectors.values[at],
-            });
-        }
-        for chunk in &batch.chunks {
-            self.check_metadata(chunk)?;
-        }
-        Ok(())
-    }
-
-    /// A chunk's metadata must have the file's columns, each value of its
-    /// column's kind.
-    fn check_metadata(&self, chunk: &crate::types::Chunk) -> Result<(), FileError> {
-        let fail = |message: String| FileError::Metadata {
-            path: self.path_buf(),
-            message: format!("chunk {}: {message}", chunk.id),
-        };
-        let (schema, metadata) = match (&self.metadata, &chunk.metadata) {
-            (None, None) => return Ok(()),
-            (Some(schema), Some(metadata)) => (schema, metadata),
-            (None, Some(_)) => {
-                return Err(fail("carries metadata the file has no columns for".into()))
-            }
-            (Some(_), None) => {
-                return Err(fail("carries none of the file's metadata columns".into()))
-            }
-        };
-        if !Arc::ptr_eq(schema, &metadata.schema) && **schema != *metadata.schema {
-            return Err(fail(
-                "carries other metadata columns than the file's".into(),
-            ));
-        }
-        for (field, value) in schema.fields.iter().zip(metadata.values.iter()) {
-            if !MetaBuilder::holds(&field.data_type, value) {
-                return Err(fail(format!(
-                    "value {value:?} does not fit column {:?} ({})",
-                    field.column, field.data_type
-                )));
-            }
-        }
-        if schema.fields.len() != metadata.values.len() {
-            return Err(fail(format!(
-                "{} metadata values for {} columns",
-                metadata.values.len(),
-                schema.fields.len()
-            )));
-        }
-        Ok(())
+        check_batch(batch, self.dimensions, self.metadata.as_ref())
+            .map_err(|e| FileError::shape(self.temp.final_path(), e))
     }
 
     /// Writes the buffered rows as one row group.
@@ -409,7 +290,7 @@ impl VectorFile {
             if !cost.is_finite() || cost < 0.0 {
                 return Err(fail(format!("cost {cost} is not a finite amount")));
             }
-            pairs.push(("embedjob.cost".to_string(), cost.to_string()));
+            pairs.push((COST_KEY.to_string(), cost.to_string()));
         }
         for (key, value) in &metadata.extra {
             if pairs.iter().any(|(k, _)| k == key) {
@@ -641,20 +522,7 @@ impl MetaBuilder {
         }
     }
 
-    /// Whether a column of `data_type` holds `value`.
-    fn holds(data_type: &DataType, value: &MetaValue) -> bool {
-        matches!(
-            (MetaBuilder::new(data_type), value),
-            (_, MetaValue::Null)
-                | (MetaBuilder::Text(_), MetaValue::Text(_))
-                | (MetaBuilder::Bool(_), MetaValue::Bool(_))
-                | (MetaBuilder::Int(_), MetaValue::Int(_))
-                | (MetaBuilder::UInt(_), MetaValue::UInt(_))
-                | (MetaBuilder::Float(_), MetaValue::Float(_))
-        )
-    }
-
-    /// Appends `value` (checked to fit by [`MetaBuilder::holds`]); returns
+    /// Appends `value` (checked to fit by [`value_fits`](crate::contract::value_fits)); returns
     /// the bytes it adds.
     fn append(&mut self, value: &MetaValue) -> usize {
         match (self, value) {
@@ -697,30 +565,6 @@ impl MetaBuilder {
     }
 }
 
-/// The `embedjob.*` keys every output records, whatever holds it: schema
-/// and program version, model, `dimensions`, backend, usage and requests.
-pub fn standard_pairs(metadata: &OutputMetadata, dimensions: usize) -> Vec<(String, String)> {
-    [
-        ("embedjob.schema_version", SCHEMA_VERSION.to_string()),
-        ("embedjob.version", env!("CARGO_PKG_VERSION").to_string()),
-        ("embedjob.model", metadata.model.clone()),
-        ("embedjob.dimensions", dimensions.to_string()),
-        ("embedjob.backend", metadata.backend.clone()),
-        (
-            "embedjob.usage.prompt_tokens",
-            metadata.usage.prompt_tokens.to_string(),
-        ),
-        (
-            "embedjob.usage.total_tokens",
-            metadata.usage.total_tokens.to_string(),
-        ),
-        ("embedjob.requests", metadata.requests.to_string()),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v))
-    .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
@@ -730,6 +574,9 @@ mod tests {
     use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
     use super::*;
+    use arrow::datatypes::Field;
+
+    use crate::contract::output_schema;
     use crate::parquet_io::read_key_values as read_metadata;
     use crate::testing::{batch, chunk, names, value};
     use crate::types::Usage;

@@ -5,12 +5,12 @@
 use super::dispatch::Dispatched;
 use super::summary::Bill;
 use crate::backend::{BackendInfo, BackendStats};
-use crate::parquet_io::{FINGERPRINT_KEY, JOB_KEY, SHARD_KEY};
+use crate::contract::{
+    DISCARDED_TOKENS_KEY, FINGERPRINT_KEY, JOB_KEY, LOCAL_TOKENS_KEY, SHARD_KEY, TOKEN_RATIO_KEY,
+};
 use crate::state::{Billed, Fingerprint};
 use crate::store::Earlier;
-use crate::types::{
-    OutputMetadata, Usage, DISCARDED_TOKENS_KEY, LOCAL_TOKENS_KEY, TOKEN_RATIO_KEY,
-};
+use crate::types::{OutputMetadata, Usage};
 
 /// The run's bill, and the part of it no vector sent to the writer carries
 /// (requests whose vectors were all discarded, or whose answers came after

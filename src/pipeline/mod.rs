@@ -28,6 +28,7 @@ use tokio::sync::{mpsc, watch};
 use crate::backend::{BackendError, EmbeddingBackend};
 use crate::batch::{Batch, Batcher};
 use crate::chunk::Chunker;
+use crate::contract::TOKEN_RATIO_KEY;
 use crate::exit::Exit;
 use crate::fsio::FsError;
 use crate::job::Job;
@@ -37,7 +38,6 @@ use crate::source::{Source, SourceError};
 use crate::state::Billed;
 use crate::state::{Fingerprint, JobState, Reuse, StateError};
 use crate::store::StoreError;
-use crate::types::TOKEN_RATIO_KEY;
 use crate::warnings::Warnings;
 
 pub use self::classify::{Class, Classifier, Counts};
@@ -200,12 +200,16 @@ async fn run_stages(
         source,
         chunker,
         backend,
-        sink,
+        mut sink,
     } = stages;
     let info = backend.info().clone();
     let fingerprint = Fingerprint::new(job, &info);
-    let keeps_rows = sink.keeps_rows();
+    // Told before it reads what it holds, which may depend on them.
+    if let Some(schema) = source.metadata_schema() {
+        sink.columns(schema);
+    }
     let (mut reuse, sink, state, previous_ratio) = load_reuse(sink, state, options.fresh).await?;
+    let keeps_rows = sink.keeps_rows();
     for warning in reuse.warnings.drain(..) {
         options.warnings.warn(warning);
     }

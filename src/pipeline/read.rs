@@ -51,9 +51,6 @@ impl Reading {
     pub(super) fn run(mut self, mut source: Box<dyn Source>, chunker: &dyn Chunker) -> ReadReport {
         let mut reuse = Vec::new();
         let mut kept = 0;
-        if let Some(schema) = source.metadata_schema() {
-            let _ = self.sink.blocking_send(SinkMessage::Columns(schema));
-        }
         let outcome = self.read_all(source.as_mut(), chunker, &mut reuse, &mut kept);
         let report = ReadReport {
             source: source.stats(),

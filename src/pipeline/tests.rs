@@ -9,8 +9,8 @@ use futures::future::BoxFuture;
 
 use super::*;
 use crate::backend::{BackendInfo, BackendStats};
+use crate::contract::FINGERPRINT_KEY;
 use crate::job::BackendKind;
-use crate::parquet_io::FINGERPRINT_KEY;
 use crate::sink::SinkReport;
 use crate::source::SourceStats;
 use crate::state::StateLocation;

@@ -11,7 +11,7 @@ use super::repeats::{RepeatGate, Repeats, Settled};
 use super::RunError;
 use crate::sink::Sink;
 use crate::state::{Billed, FailuresFile, PartWriter};
-use crate::types::{Chunk, EmbeddedBatch, MetadataSchema, OutputMetadata, Usage, Vectors};
+use crate::types::{Chunk, EmbeddedBatch, OutputMetadata, Usage, Vectors};
 
 pub(super) enum SinkMessage {
     /// Vectors paid for by this run.
@@ -28,8 +28,6 @@ pub(super) enum SinkMessage {
     },
     /// Rows the sink held whose ids no chunk of this run has.
     Remove(Vec<String>),
-    /// The metadata columns of the input, for an output with no rows.
-    Columns(Arc<MetadataSchema>),
     /// Billing no vector carries, for the checkpoint.
     Billed(Billed),
     Finish(OutputMetadata),
@@ -150,7 +148,6 @@ impl Writing {
                     self.gate.leave(count);
                 }
                 SinkMessage::Remove(ids) => self.sink.remove(&ids)?,
-                SinkMessage::Columns(schema) => self.sink.columns(schema),
                 SinkMessage::Billed(billed) => self.parts.add_billed(billed)?,
                 SinkMessage::Finish(metadata) => return Ok(Some(metadata)),
                 SinkMessage::Stop => return Ok(None),

@@ -13,11 +13,11 @@
 
 use std::sync::Arc;
 
-use arrow::array::{Array, ArrayRef, AsArray};
-use arrow::datatypes::{DataType, Float64Type, Int64Type, UInt64Type};
+use arrow::datatypes::DataType;
 use serde_json::{Map, Value};
 
-use crate::job::metadata_column;
+use crate::contract::metadata_column;
+pub(super) use crate::contract::{arrow_value, readable};
 use crate::types::{MetaValue, Metadata, MetadataField, MetadataSchema};
 
 /// A schema whose fields are `fields`, of the types `types`.
@@ -183,48 +183,10 @@ pub(super) fn output_type(input: &DataType) -> Option<DataType> {
     })
 }
 
-/// The type a column of output type `output` is read as: one of the
-/// [`MetaValue`] kinds.
-fn reading_type(output: &DataType) -> DataType {
-    match output {
-        DataType::Utf8 => DataType::Utf8,
-        DataType::Boolean => DataType::Boolean,
-        t if t.is_unsigned_integer() => DataType::UInt64,
-        t if t.is_floating() => DataType::Float64,
-        _ => DataType::Int64,
-    }
-}
-
-/// `array` (a decoded input column) cast to the type its values are read as.
-pub(super) fn readable(array: &ArrayRef, output: &DataType) -> Result<ArrayRef, String> {
-    let to = reading_type(output);
-    let cast = |array: &ArrayRef, to: &DataType| {
-        arrow::compute::cast(array, to).map_err(|e| e.to_string())
-    };
-    match array.data_type() {
-        // Dates are counted in their own integer width first.
-        DataType::Date32 => cast(&cast(array, &DataType::Int32)?, &to),
-        _ => cast(array, &to),
-    }
-}
-
-/// Row `index` of a [`readable`] array.
-pub(super) fn arrow_value(array: &ArrayRef, index: usize) -> MetaValue {
-    if array.is_null(index) {
-        return MetaValue::Null;
-    }
-    match array.data_type() {
-        DataType::Utf8 => MetaValue::Text(array.as_string::<i32>().value(index).into()),
-        DataType::Boolean => MetaValue::Bool(array.as_boolean().value(index)),
-        DataType::UInt64 => MetaValue::UInt(array.as_primitive::<UInt64Type>().value(index)),
-        DataType::Float64 => MetaValue::Float(array.as_primitive::<Float64Type>().value(index)),
-        DataType::Int64 => MetaValue::Int(array.as_primitive::<Int64Type>().value(index)),
-        _ => MetaValue::Null,
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use arrow::array::ArrayRef;
+
     use super::*;
     use serde_json::json;
 

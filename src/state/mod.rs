@@ -33,9 +33,10 @@ mod parts;
 
 use std::path::{Path, PathBuf};
 
+use crate::contract::FINGERPRINT_KEY;
 use crate::fsio::{self, FsError};
 use crate::job::Job;
-use crate::parquet_io::{FileError, ParquetRows, FINGERPRINT_KEY};
+use crate::parquet_io::{FileError, ParquetRows};
 use crate::store::{HeldIds, Origin, Store, StoreError, StoredRows};
 
 pub use self::checkpoint::Checkpoint;

@@ -5,11 +5,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::{Checkpoint, StateError};
-use crate::parquet_io::{Compression, FileOptions, VectorFile, FINGERPRINT_KEY};
+use crate::contract::{DISCARDED_TOKENS_KEY, FINGERPRINT_KEY, LOCAL_TOKENS_KEY};
+use crate::parquet_io::{Compression, FileOptions, VectorFile};
 use crate::store::hash_key;
-use crate::types::{
-    EmbeddedBatch, MetadataSchema, OutputMetadata, Usage, DISCARDED_TOKENS_KEY, LOCAL_TOKENS_KEY,
-};
+use crate::types::{EmbeddedBatch, MetadataSchema, OutputMetadata, Usage};
 
 /// The number of a part file, `part-000042.parquet` → 42.
 pub(super) fn part_number(path: &Path) -> Option<u64> {

@@ -592,3 +592,359 @@ async fn database_errors_are_clear_and_never_show_the_password() {
     assert_eq!(output.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("EMBEDJOB_NO_SUCH_VAR"), "{stderr}");
 }
+
+/// A Parquet input of three records whose metadata columns have most of the
+/// types a metadata column can take; record b's are null but for `lang`.
+fn typed_records(path: &Path) {
+    use std::sync::Arc;
+
+    use arrow::array::{
+        ArrayRef, BooleanArray, Date32Array, DictionaryArray, Float32Array, Float64Array,
+        Int16Array, RecordBatch, StringArray, TimestampMicrosecondArray, TimestampMillisecondArray,
+        UInt64Array,
+    };
+    use arrow::datatypes::Int8Type;
+
+    let columns: Vec<(&str, ArrayRef)> = vec![
+        ("id", Arc::new(StringArray::from(vec!["a", "b", "c"]))),
+        (
+            "text",
+            Arc::new(StringArray::from(vec![
+                "Lighthouse keepers climb the spiral stairs at dusk.",
+                "Sourdough starters are fed flour and water for days.",
+                "The coastal train leaves from platform nine on weekdays.",
+            ])),
+        ),
+        (
+            "rank",
+            Arc::new(Int16Array::from(vec![Some(3), None, Some(-7)])),
+        ),
+        (
+            "views",
+            Arc::new(UInt64Array::from(vec![Some(u64::MAX), None, Some(0)])),
+        ),
+        (
+            "score",
+            Arc::new(Float32Array::from(vec![Some(0.1), None, Some(1.5)])),
+        ),
+        (
+            "ratio",
+            Arc::new(Float64Array::from(vec![Some(2.5), None, Some(-0.25)])),
+        ),
+        // 2024-05-17 and 1999-12-31.
+        (
+            "day",
+            Arc::new(Date32Array::from(vec![Some(19_860), None, Some(10_956)])),
+        ),
+        (
+            "at",
+            Arc::new(
+                TimestampMillisecondArray::from(vec![Some(1_715_934_600_123), None, Some(0)])
+                    .with_timezone("UTC"),
+            ),
+        ),
+        (
+            "local",
+            Arc::new(TimestampMicrosecondArray::from(vec![
+                Some(1_715_934_600_000_001),
+                None,
+                Some(0),
+            ])),
+        ),
+        (
+            "draft",
+            Arc::new(BooleanArray::from(vec![Some(false), None, Some(true)])),
+        ),
+        (
+            "lang",
+            Arc::new(DictionaryArray::<Int8Type>::from_iter(["en", "fr", "de"])),
+        ),
+    ];
+    let batch = RecordBatch::try_from_iter(columns).unwrap();
+    let file = std::fs::File::create(path).unwrap();
+    let mut writer = parquet::arrow::ArrowWriter::try_new(file, batch.schema(), None).unwrap();
+    writer.write(&batch).unwrap();
+    writer.close().unwrap();
+}
+
+fn records_source(input: &Path, fields: &[&str]) -> String {
+    let fields: Vec<String> = fields.iter().map(|f| format!("{f:?}")).collect();
+    format!(
+        "kind = \"parquet\"\npath = \"{}\"\ntext_field = \"text\"\nid_field = \"id\"\n\
+         metadata_fields = [{}]",
+        input.display(),
+        fields.join(", ")
+    )
+}
+
+/// The table's columns beyond `embedding`, with their SQL types, in order.
+async fn metadata_columns(db: &TestDb, table: &str) -> Vec<(String, String)> {
+    let client = db.client().await;
+    let rows = client
+        .query(
+            "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod) FROM pg_attribute a \
+             WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped \
+             ORDER BY a.attnum",
+            &[&table],
+        )
+        .await
+        .unwrap();
+    let all: Vec<(String, String)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    let embedding = all
+        .iter()
+        .position(|(name, _)| name == "embedding")
+        .unwrap();
+    all[embedding + 1..].to_vec()
+}
+
+/// Each row's metadata as PostgreSQL prints it, by id.
+async fn metadata_values(
+    db: &TestDb,
+    table: &str,
+    columns: &[&str],
+) -> BTreeMap<String, Vec<Option<String>>> {
+    let client = db.client().await;
+    client.batch_execute("SET TIME ZONE 'UTC'").await.unwrap();
+    let select: Vec<String> = columns.iter().map(|c| format!("{c}::text")).collect();
+    let rows = client
+        .query(
+            &format!("SELECT doc_id, {} FROM {table}", select.join(", ")),
+            &[],
+        )
+        .await
+        .unwrap();
+    rows.iter()
+        .map(|r| {
+            let values = (1..=columns.len()).map(|i| r.get(i)).collect();
+            (r.get(0), values)
+        })
+        .collect()
+}
+
+/// The table holds `typed_records`' metadata as typed columns, and records them.
+async fn assert_typed_columns(db: &TestDb, table: &str, all: &[&str]) {
+    let expected_types = [
+        ("rank", "smallint"),
+        ("views", "numeric(20,0)"),
+        ("score", "real"),
+        ("ratio", "double precision"),
+        ("day", "date"),
+        ("at", "timestamp with time zone"),
+        ("local", "timestamp without time zone"),
+        ("draft", "boolean"),
+        ("lang", "text"),
+    ];
+    let expected_types: Vec<(String, String)> = expected_types
+        .iter()
+        .map(|(a, b)| ((*a).to_string(), (*b).to_string()))
+        .collect();
+    assert_eq!(metadata_columns(db, table).await, expected_types);
+    let values = metadata_values(db, table, all).await;
+    let row = |values: &[Option<&str>]| -> Vec<Option<String>> {
+        values.iter().map(|v| v.map(str::to_string)).collect()
+    };
+    assert_eq!(
+        values["a"],
+        row(&[
+            Some("3"),
+            Some("18446744073709551615"),
+            Some("0.1"),
+            Some("2.5"),
+            Some("2024-05-17"),
+            Some("2024-05-17 08:30:00.123+00"),
+            Some("2024-05-17 08:30:00.000001"),
+            Some("false"),
+            Some("en"),
+        ])
+    );
+    assert_eq!(
+        values["b"],
+        row(&[None, None, None, None, None, None, None, None, Some("fr")])
+    );
+    assert_eq!(
+        values["c"],
+        row(&[
+            Some("-7"),
+            Some("0"),
+            Some("1.5"),
+            Some("-0.25"),
+            Some("1999-12-31"),
+            Some("1970-01-01 00:00:00+00"),
+            Some("1970-01-01 00:00:00"),
+            Some("true"),
+            Some("de"),
+        ])
+    );
+    assert_eq!(
+        db.metadata(table).await["embedjob.metadata_columns"],
+        serde_json::to_string(&expected_types).unwrap()
+    );
+}
+
+/// `source.metadata_fields` of every type reach the table as typed columns,
+/// `query --json` returns them as it does from a Parquet output, and a
+/// table made without them gets them on the next run, its vectors reused.
+#[tokio::test]
+async fn metadata_fields_become_typed_columns_that_query_returns() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("records.parquet");
+    typed_records(&input);
+    let db = TestDb::new().await;
+    let sim = simulator(SimConfig::default()).await;
+    let all = [
+        "rank", "views", "score", "ratio", "day", "at", "local", "draft", "lang",
+    ];
+
+    // A first run without metadata fields makes a table without their columns.
+    let job = write_pg_job(
+        dir.path(),
+        &sim.base_url(),
+        &records_source(&input, &[]),
+        &db,
+        "typed",
+        "",
+    );
+    expect_exit(&run_pg(&job, &db, &["--quiet"]).await, 0);
+    assert!(metadata_columns(&db, "typed").await.is_empty());
+    let vectors = db.rows("typed").await;
+    assert_eq!(vectors.len(), 3);
+
+    // With the fields: the columns are added, and every row written again
+    // with its values, from the vectors the table holds.
+    let job = write_pg_job(
+        dir.path(),
+        &sim.base_url(),
+        &records_source(&input, &all),
+        &db,
+        "typed",
+        "",
+    );
+    sim.reset_ledger();
+    let output = run_pg(&job, &db, &["--json"]).await;
+    expect_exit(&output, 0);
+    assert_eq!(
+        sim.ledger().embedding_requests,
+        0,
+        "no vector is paid for again"
+    );
+    assert_eq!(summary(&output)["reused"], 3, "{}", text(&output.stdout));
+    assert_eq!(db.rows("typed").await, vectors);
+    assert_typed_columns(&db, "typed", &all).await;
+
+    // `query --json` returns them, as it does from a Parquet output of the same job.
+    let parquet_job = crate::run::write_job(
+        dir.path(),
+        &sim.base_url(),
+        &records_source(&input, &all),
+        "",
+    );
+    expect_exit(&crate::run::run_job(&parquet_job, &["--quiet"]).await, 0);
+    let password = [(PASSWORD_ENV, db.password.as_str())];
+    let expected = serde_json::json!({
+        "rank": 3,
+        "views": u64::MAX,
+        "score": 0.1,
+        "ratio": 2.5,
+        "day": "2024-05-17",
+        "at": "2024-05-17T08:30:00.123Z",
+        "local": "2024-05-17T08:30:00.000001",
+        "draft": false,
+        "lang": "en",
+    });
+    let text_a = "Lighthouse keepers climb the spiral stairs at dusk.";
+    let from_table = crate::query::query_json(&job, text_a, 3, &password).await;
+    assert_eq!(from_table[0]["id"], "a#0");
+    assert_eq!(from_table[0]["metadata"], expected, "{from_table:#?}");
+    let from_file = crate::query::query_json(&parquet_job, text_a, 3, &[]).await;
+    assert_eq!(from_file[0]["metadata"], expected, "{from_file:#?}");
+    let text_b = "Sourdough starters are fed flour and water for days.";
+    let from_table = crate::query::query_json(&job, text_b, 1, &password).await;
+    let from_file = crate::query::query_json(&parquet_job, text_b, 1, &[]).await;
+    assert_eq!(from_table[0]["metadata"]["day"], Value::Null);
+    assert_eq!(from_table[0]["metadata"]["lang"], "fr");
+    assert_eq!(from_table[0]["metadata"], from_file[0]["metadata"]);
+
+    // Fewer fields: the columns embedjob made and no longer writes are dropped.
+    let job = write_pg_job(
+        dir.path(),
+        &sim.base_url(),
+        &records_source(&input, &["lang", "day"]),
+        &db,
+        "typed",
+        "",
+    );
+    sim.reset_ledger();
+    expect_exit(&run_pg(&job, &db, &["--quiet"]).await, 0);
+    assert_eq!(sim.ledger().embedding_requests, 0);
+    let names: Vec<String> = metadata_columns(&db, "typed")
+        .await
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    assert_eq!(names, ["day", "lang"]);
+    let results = crate::query::query_json(&job, text_a, 1, &password).await;
+    assert_eq!(
+        results[0]["metadata"],
+        serde_json::json!({"lang": "en", "day": "2024-05-17"})
+    );
+
+    // Unchanged: the rows stay as they are (a row written again has a new xmin).
+    let before = row_versions(&db, "typed").await;
+    expect_exit(&run_pg(&job, &db, &["--quiet"]).await, 0);
+    assert_eq!(row_versions(&db, "typed").await, before);
+}
+
+/// Each row's `xmin`, by id: the transaction that last wrote it.
+async fn row_versions(db: &TestDb, table: &str) -> BTreeMap<String, String> {
+    let client = db.client().await;
+    let rows = client
+        .query(&format!("SELECT id, xmin::text FROM {table}"), &[])
+        .await
+        .unwrap();
+    rows.iter().map(|r| (r.get(0), r.get(1))).collect()
+}
+
+/// A column the user added to the table is never dropped, and one in the
+/// way of a metadata field (another type) is refused before any work,
+/// naming the table and the column.
+#[tokio::test]
+async fn a_column_of_the_tables_own_is_kept_and_never_taken_for_a_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("records.parquet");
+    typed_records(&input);
+    let db = TestDb::new().await;
+    let sim = simulator(SimConfig::default()).await;
+    let job = |fields: &[&str]| {
+        let source = records_source(&input, fields);
+        write_pg_job(dir.path(), &sim.base_url(), &source, &db, "own", "")
+    };
+    expect_exit(&run_pg(&job(&["lang"]), &db, &["--quiet"]).await, 0);
+    let client = db.client().await;
+    client
+        .batch_execute("ALTER TABLE own ADD COLUMN rank integer; UPDATE own SET rank = 42")
+        .await
+        .unwrap();
+
+    let output = run_pg(&job(&["lang", "rank"]), &db, &["--quiet"]).await;
+    expect_exit(&output, 2);
+    let stderr = text(&output.stderr);
+    assert!(
+        stderr.contains("table own") && stderr.contains("\"rank\" is integer, not smallint"),
+        "{stderr}"
+    );
+    assert_eq!(
+        metadata_values(&db, "own", &["rank"]).await["a"],
+        [Some("42".to_string())]
+    );
+
+    // Without fields, the column embedjob made goes and the user's stays.
+    sim.reset_ledger();
+    expect_exit(&run_pg(&job(&[]), &db, &["--quiet"]).await, 0);
+    assert_eq!(sim.ledger().embedding_requests, 0);
+    let columns = metadata_columns(&db, "own").await;
+    assert_eq!(columns, [("rank".to_string(), "integer".to_string())]);
+    assert_eq!(
+        metadata_values(&db, "own", &["rank"]).await["c"],
+        [Some("42".to_string())]
+    );
+}

@@ -9,7 +9,9 @@ use std::time::Duration;
 use tokio_postgres::config::Host;
 use tokio_postgres::{Client, GenericClient, NoTls};
 
+use super::columns::standard_sql;
 use super::PgError;
+use crate::contract::{COLUMNS, EMBEDDING};
 use crate::job::{PgvectorOutput, METADATA_TABLE_SUFFIX};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -322,57 +324,6 @@ async fn find_extension(db: &Database, client: &Client) -> Result<Option<Extensi
     }))
 }
 
-/// The columns of the table, in order, with their SQL types (the vector's
-/// length is added when the table is created).
-pub(crate) const COLUMNS: &[(&str, &str)] = &[
-    ("id", "text"),
-    ("doc_id", "text"),
-    ("chunk_index", "bigint"),
-    ("source", "text"),
-    ("byte_start", "bigint"),
-    ("byte_end", "bigint"),
-    ("text", "text"),
-    ("content_hash", "text"),
-    ("token_count", "bigint"),
-    ("embedding", "vector"),
-];
-
-/// The column list, for `INSERT`, `COPY` and `SELECT`.
-pub(crate) fn column_list() -> String {
-    COLUMNS
-        .iter()
-        .map(|(name, _)| *name)
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-/// `CREATE TABLE` of the output's layout, `id` its primary key.
-pub(crate) fn create_table(
-    name: &str,
-    ext: &Extension,
-    dimensions: usize,
-    temporary: bool,
-) -> String {
-    let columns: Vec<String> = COLUMNS
-        .iter()
-        .map(|(column, kind)| match *column {
-            "id" if temporary => "id text NOT NULL".to_string(),
-            "id" => "id text PRIMARY KEY".to_string(),
-            "embedding" => format!("embedding {} NOT NULL", ext.vector(dimensions)),
-            _ => format!("{column} {kind}"),
-        })
-        .collect();
-    let kind = if temporary {
-        "TEMPORARY TABLE"
-    } else {
-        "TABLE"
-    };
-    format!(
-        "CREATE {kind} IF NOT EXISTS {name} ({})",
-        columns.join(", ")
-    )
-}
-
 /// What is known of an existing output table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Layout {
@@ -433,15 +384,17 @@ pub(crate) async fn layout(
         })
         .collect();
     let mut dimensions = 0;
-    for (column, kind) in COLUMNS {
-        let expected = match *kind {
+    for column in COLUMNS {
+        let kind = standard_sql(column.column_type);
+        let expected = match kind {
             "text" => "text",
             "bigint" => "int8",
             _ => "vector",
         };
-        match found.get(*column) {
+        let column = column.name;
+        match found.get(column) {
             Some((actual, modifier)) if actual == expected => {
-                if *column == "embedding" {
+                if column == EMBEDDING {
                     dimensions = usize::try_from(*modifier).unwrap_or(0);
                 }
             }
@@ -477,6 +430,32 @@ fn index_regclass(names: &Names) -> String {
         Some(schema) => format!("{}.{}", quote(schema), names.index()),
         None => names.index(),
     }
+}
+
+/// The table's columns and their types, as `format_type` spells them;
+/// `None` when there is no table.
+pub(crate) async fn table_columns(
+    db: &Database,
+    client: &impl GenericClient,
+    names: &Names,
+) -> Result<Option<BTreeMap<String, String>>, PgError> {
+    let rows = client
+        .query(
+            "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod) FROM pg_attribute a \
+             WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped",
+            &[&names.table()],
+        )
+        .await
+        .map_err(|e| PgError::Query {
+            table: names.display(),
+            action: "cannot read the table's columns",
+            message: db.describe(&e),
+        })?;
+    Ok((!rows.is_empty()).then(|| {
+        rows.iter()
+            .map(|r| (r.get::<_, String>(0), r.get::<_, String>(1)))
+            .collect()
+    }))
 }
 
 /// The metadata table's keys and values; empty when it does not exist.

@@ -3,8 +3,10 @@
 //!
 //! ```text
 //! docs_chunks             id (primary key), doc_id, chunk_index, source, byte_start,
-//!                         byte_end, text, content_hash, token_count, embedding vector(dim)
-//! docs_chunks_embedjob    key, value: the run's model, dimensions, fingerprint, usage
+//!                         byte_end, text, content_hash, token_count, embedding vector(dim),
+//!                         then a typed column per `source.metadata_fields`
+//! docs_chunks_embedjob    key, value: the run's model, dimensions, fingerprint, usage,
+//!                         metadata columns
 //! ```
 //!
 //! A run writes its rows with binary `COPY`, a batch at a time, into a
@@ -16,10 +18,15 @@
 //! checkpoint, and the next run carries on from it. Rows held unchanged are
 //! never sent to the sink (see [`Sink::keeps_rows`]).
 //!
+//! A run whose metadata columns are not those the table's rows were written
+//! with (a field added, removed or retyped) gives the table its columns and
+//! writes all its rows again, with vectors reused, not paid for again.
+//!
 //! The shards of a job write one table together (see [`split`]): each
 //! reads, replaces and deletes only the rows of its own documents, and
 //! records its metadata under its own name.
 
+mod columns;
 mod db;
 mod rows;
 mod search;
@@ -33,22 +40,24 @@ use tokio_postgres::binary_copy::BinaryCopyInWriter;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, Transaction};
 
+use self::columns::{PgColumn, PgValue};
 use self::db::{Database, Extension, Layout, Names};
 use self::rows::TableRows;
 use self::split::{Namespaces, Owner};
 use super::{Sink, SinkError, SinkReport};
+use crate::contract::{
+    check_batch, standard_pairs, COLUMNS, COST_KEY, FINGERPRINT_KEY, GENERATION_KEY,
+    METADATA_COLUMNS_KEY,
+};
 use crate::job::{PgvectorOutput, Shard, VectorIndex, HNSW_MAX_DIMENSIONS};
-use crate::parquet_io::{standard_pairs, FINGERPRINT_KEY};
 use crate::store::StoredRows;
-use crate::types::{EmbeddedBatch, OutputMetadata};
+use crate::types::{EmbeddedBatch, MetadataSchema, OutputMetadata};
 use crate::warnings::Warnings;
 
 pub use self::search::search;
 
 /// The temporary table a run stages its rows in.
 const STAGING: &str = "pg_temp.embedjob_staging";
-/// The metadata key counting the runs that finished on a table.
-const GENERATION_KEY: &str = "embedjob.generation";
 /// Rows are buffered up to this size (vectors and text) and copied in one
 /// statement: fewer round trips, and a writer that is rarely busy, so that
 /// the checkpoint is committed as answers arrive.
@@ -122,6 +131,9 @@ struct Basis {
     /// The generations that must not have changed when the run finishes.
     watched: BTreeMap<Owner, String>,
     fingerprint: Option<String>,
+    /// The table's rows of this run's documents were written with other
+    /// metadata columns: the run writes them all again.
+    rewrite: bool,
 }
 
 /// The staging table, once the first batch has set the vector length.
@@ -142,8 +154,12 @@ pub struct PgvectorSink {
     layout: Option<Layout>,
     basis: Mutex<Option<Basis>>,
     staging: Option<Staging>,
-    /// Batches not yet copied to the staging table, and their size.
-    pending: Vec<EmbeddedBatch>,
+    /// The input's metadata columns, and as the table holds them.
+    metadata: Option<Arc<MetadataSchema>>,
+    columns: Result<Vec<PgColumn>, String>,
+    /// Batches not yet copied to the staging table, with their metadata
+    /// values as the table takes them, and their size.
+    pending: Vec<(EmbeddedBatch, Vec<Vec<PgValue>>)>,
     pending_bytes: usize,
     staged: u64,
     removals: Vec<String>,
@@ -184,6 +200,8 @@ impl PgvectorSink {
             layout,
             basis: Mutex::new(None),
             staging: None,
+            metadata: None,
+            columns: Ok(Vec::new()),
             pending: Vec::new(),
             pending_bytes: 0,
             staged: 0,
@@ -207,18 +225,32 @@ impl PgvectorSink {
         }
     }
 
+    /// The table's metadata columns; a column a table cannot hold is a
+    /// problem of configuration.
+    fn pg_columns(&self) -> Result<&[PgColumn], PgError> {
+        self.columns.as_deref().map_err(|message| PgError::Layout {
+            table: self.names.display(),
+            message: message.clone(),
+        })
+    }
+
     /// Creates the staging table for vectors of `dimensions` values.
     fn stage(&mut self, dimensions: usize) -> Result<(), PgError> {
-        if let Some(staging) = &self.staging {
-            if staging.dimensions != dimensions {
-                return Err(self.data_error(format!(
-                    "a batch has {dimensions}-dimensional vectors, the run's others have {}",
-                    staging.dimensions
-                )));
-            }
+        if self.staging.is_some() {
             return Ok(());
         }
-        let create = db::create_table("embedjob_staging", &self.extension, dimensions, true);
+        let columns = self.pg_columns()?;
+        let create = columns::create_table(
+            "embedjob_staging",
+            &self.extension,
+            dimensions,
+            true,
+            columns,
+        );
+        let metadata_types: Vec<Type> = columns
+            .iter()
+            .map(|c| columns::pg_type(c.sql()).unwrap_or(Type::TEXT))
+            .collect();
         let probe = format!("SELECT NULL::{}", self.extension.vector(dimensions));
         let client = &self.client;
         let vector_type = self.handle.block_on(async {
@@ -227,57 +259,31 @@ impl PgvectorSink {
             Ok::<_, tokio_postgres::Error>(statement.columns()[0].type_().clone())
         });
         let vector_type = vector_type.map_err(|e| self.query_error("cannot stage rows", &e))?;
-        let types = vec![
-            Type::TEXT,
-            Type::TEXT,
-            Type::INT8,
-            Type::TEXT,
-            Type::INT8,
-            Type::INT8,
-            Type::TEXT,
-            Type::TEXT,
-            Type::INT8,
-            vector_type,
-        ];
+        let types = COLUMNS
+            .iter()
+            .map(|c| match columns::standard_sql(c.column_type) {
+                "text" => Type::TEXT,
+                "bigint" => Type::INT8,
+                _ => vector_type.clone(),
+            })
+            .chain(metadata_types)
+            .collect();
         self.staging = Some(Staging { dimensions, types });
         Ok(())
     }
 
-    /// Checks a batch as the Parquet writer does, and what PostgreSQL
-    /// cannot store (a NUL character in text).
-    fn check(&self, batch: &EmbeddedBatch) -> Result<(), PgError> {
-        let d = batch.vectors.dimensions;
-        if d == 0 || Some(batch.vectors.values.len()) != batch.chunks.len().checked_mul(d) {
-            return Err(self.data_error(format!(
-                "a batch has {} chunks but {} vector values ({d} per row)",
-                batch.chunks.len(),
-                batch.vectors.values.len()
-            )));
-        }
-        if let Some(at) = batch.vectors.values.iter().position(|v| !v.is_finite()) {
-            return Err(self.data_error(format!(
-                "chunk {}: vector value {} at position {} is not finite",
-                batch.chunks[at / d].id,
-                batch.vectors.values[at],
-                at % d
-            )));
-        }
-        for chunk in &batch.chunks {
-            let fields = [&chunk.id, &*chunk.doc_id, &*chunk.source, &chunk.text];
-            if fields.iter().any(|f| f.contains('\0')) {
-                return Err(self.data_error(format!(
-                    "chunk {:?} holds a NUL character, which PostgreSQL text cannot store",
-                    chunk.id
-                )));
-            }
-            if i64::try_from(chunk.byte_end).is_err() {
-                return Err(self.data_error(format!(
-                    "chunk {}: byte offset {} is out of range",
-                    chunk.id, chunk.byte_end
-                )));
-            }
-        }
-        Ok(())
+    /// Checks a batch against the output contract ([`check_batch`]) and
+    /// for what PostgreSQL cannot store (a NUL character in text, an offset
+    /// beyond `bigint`, a date beyond its range); returns its metadata
+    /// values as the table takes them.
+    fn check(&self, batch: &EmbeddedBatch) -> Result<Vec<Vec<PgValue>>, PgError> {
+        let dimensions = self
+            .staging
+            .as_ref()
+            .map_or(batch.vectors.dimensions, |s| s.dimensions);
+        check_batch(batch, dimensions, self.metadata.as_ref())
+            .and_then(|()| columns::row_values(batch))
+            .map_err(|e| self.data_error(e.to_string()))
     }
 
     /// Writes the batches buffered so far to the staging table, in one `COPY`.
@@ -292,7 +298,7 @@ impl PgvectorSink {
             .unwrap_or_default();
         let copy = format!(
             "COPY {STAGING} ({}) FROM STDIN (FORMAT binary)",
-            db::column_list()
+            columns::column_list(self.pg_columns()?)
         );
         let pending = std::mem::take(&mut self.pending);
         self.pending_bytes = 0;
@@ -301,14 +307,15 @@ impl PgvectorSink {
             let sink = client.copy_in(&copy).await?;
             let writer = BinaryCopyInWriter::new(sink, &types);
             futures::pin_mut!(writer);
-            for batch in &pending {
-                for (chunk, vector) in batch.chunks.iter().zip(batch.vectors.rows()) {
+            for (batch, metadata) in &pending {
+                let rows = batch.chunks.iter().zip(batch.vectors.rows()).zip(metadata);
+                for ((chunk, vector), metadata) in rows {
                     let hash = chunk.content_hash_hex();
                     // Checked to fit by `check`.
                     let start = i64::try_from(chunk.byte_start).unwrap_or(i64::MAX);
                     let end = i64::try_from(chunk.byte_end).unwrap_or(i64::MAX);
                     let embedding = pgvector::Vector::from(vector.to_vec());
-                    let row: [&(dyn ToSql + Sync); 10] = [
+                    let standard: [&(dyn ToSql + Sync); 10] = [
                         &chunk.id,
                         &&*chunk.doc_id,
                         &i64::from(chunk.chunk_index),
@@ -320,6 +327,8 @@ impl PgvectorSink {
                         &i64::from(chunk.token_count),
                         &embedding,
                     ];
+                    let mut row: Vec<&(dyn ToSql + Sync)> = standard.to_vec();
+                    row.extend(metadata.iter().map(|v| v as &(dyn ToSql + Sync)));
                     writer.as_mut().write(&row).await?;
                 }
             }
@@ -335,12 +344,16 @@ impl PgvectorSink {
         metadata: &OutputMetadata,
         dimensions: usize,
         generation: u64,
+        columns: &[PgColumn],
     ) -> Vec<(String, String)> {
         let mut pairs: BTreeMap<String, String> =
             standard_pairs(metadata, dimensions).into_iter().collect();
         pairs.insert(GENERATION_KEY.to_string(), generation.to_string());
         if let Some(cost) = metadata.cost.filter(|c| c.is_finite()) {
-            pairs.insert("embedjob.cost".to_string(), cost.to_string());
+            pairs.insert(COST_KEY.to_string(), cost.to_string());
+        }
+        if !columns.is_empty() {
+            pairs.insert(METADATA_COLUMNS_KEY.to_string(), columns::record(columns));
         }
         for (key, value) in &metadata.extra {
             pairs.entry(key.clone()).or_insert_with(|| value.clone());
@@ -355,20 +368,43 @@ impl Sink for PgvectorSink {
     }
 
     fn held(&self) -> Result<Option<Box<dyn StoredRows>>, SinkError> {
+        // A metadata column no table can have is found before any work.
+        self.pg_columns()?;
         let Some(layout) = self.layout else {
             return Ok(None);
         };
-        let (client, all) = self.handle.block_on(async {
+        let (client, all, found) = self.handle.block_on(async {
             let client = self.db.connect().await?;
             let metadata = db::read_metadata(&self.db, &client, &self.names).await?;
-            Ok::<_, PgError>((client, metadata))
+            let found = db::table_columns(&self.db, &client, &self.names).await?;
+            Ok::<_, PgError>((client, metadata, found))
         })?;
         let spaces = Namespaces::new(all);
+        // A column of the table's own, in the way of a metadata column, is found before any work.
+        let made = spaces
+            .all()
+            .flat_map(|(_, keys)| columns::parse_record(keys.get(METADATA_COLUMNS_KEY)))
+            .map(|c| c.0)
+            .collect();
+        columns::reconcile(
+            "",
+            &found.unwrap_or_default(),
+            self.pg_columns()?,
+            &made,
+            &made,
+        )
+        .map_err(|message| PgError::Layout {
+            table: self.names.display(),
+            message,
+        })?;
         let metadata = spaces.basis_for(self.shard);
+        let written_with = columns::parse_record(metadata.get(METADATA_COLUMNS_KEY));
+        let rewrite = written_with != self.pg_columns()?;
         if let Ok(mut basis) = self.basis.lock() {
             *basis = Some(Basis {
                 watched: spaces.watched(self.shard, GENERATION_KEY),
                 fingerprint: metadata.get(FINGERPRINT_KEY).cloned(),
+                rewrite,
             });
         }
         Ok(Some(Box::new(TableRows::new(
@@ -381,19 +417,28 @@ impl Sink for PgvectorSink {
         ))))
     }
 
+    /// Unless the rows it holds were written with other metadata columns
+    /// (known once [`Sink::held`] has read the table).
     fn keeps_rows(&self) -> bool {
-        true
+        self.basis
+            .lock()
+            .map_or(true, |basis| !matches!(&*basis, Some(b) if b.rewrite))
+    }
+
+    fn columns(&mut self, schema: Arc<MetadataSchema>) {
+        self.columns = columns::metadata_columns(&schema);
+        self.metadata = Some(schema);
     }
 
     fn write(&mut self, batch: &EmbeddedBatch) -> Result<(), SinkError> {
         if batch.chunks.is_empty() {
             return Ok(());
         }
-        self.check(batch)?;
+        let values = self.check(batch)?;
         self.stage(batch.vectors.dimensions)?;
         self.pending_bytes += batch.vectors.values.len() * 4
             + batch.chunks.iter().map(|c| c.text.len()).sum::<usize>();
-        self.pending.push(batch.clone());
+        self.pending.push((batch.clone(), values));
         if self.pending_bytes >= COPY_BYTES {
             self.copy_pending()?;
         }
@@ -425,8 +470,11 @@ impl Sink for PgvectorSink {
                 ))
                 .into());
         }
+        let columns = self.pg_columns()?.to_vec();
         let mut sink = *self;
         let merge = Merge {
+            rewrite: builds_on.as_ref().is_some_and(|b| b.rewrite),
+            columns: &columns,
             db: &sink.db,
             names: &sink.names,
             shard: sink.shard,
@@ -460,6 +508,10 @@ struct Merge<'a> {
     staged: u64,
     removals: &'a [String],
     builds_on: Option<&'a Basis>,
+    /// Builds on the table's rows but writes all of its own again.
+    rewrite: bool,
+    /// The table's metadata columns after this run.
+    columns: &'a [PgColumn],
     /// Of the run's vectors, or of the table's when the run wrote none.
     dimensions: usize,
     metadata: &'a OutputMetadata,
@@ -511,11 +563,12 @@ impl Merge<'_> {
                 others: others.join(", "),
             });
         }
-        self.prepare(&tx, &spaces, &conflicts).await?;
-        self.write_rows(&tx).await?;
-        let mut replaced = conflicts;
+        let mut replaced = conflicts.clone();
         replaced.push(self.shard);
         replaced.extend(spaces.superseded(self.shard));
+        self.prepare(&tx, &spaces, &conflicts).await?;
+        self.reconcile(&tx, &spaces, &replaced).await?;
+        self.write_rows(&tx).await?;
         self.write_metadata(&tx, generation, &spaces.stored_keys(&replaced))
             .await?;
         tx.commit()
@@ -568,10 +621,25 @@ impl Merge<'_> {
                 .await
                 .map_err(self.failed("cannot replace the rows"))?;
             }
+            Some(_) if self.rewrite => {
+                // Rows written again are updated in place, keeping the table's own columns.
+                let staged = if self.staged > 0 {
+                    format!(" AND NOT EXISTS (SELECT 1 FROM {STAGING} s WHERE s.id = {table}.id)")
+                } else {
+                    String::new()
+                };
+                tx.batch_execute(&format!(
+                    "DELETE FROM {table} WHERE {}{staged}",
+                    split::rows_of_owner(self.shard)
+                ))
+                .await
+                .map_err(self.failed("cannot replace the rows"))?;
+            }
             _ => {}
         }
         if self.dimensions > 0 {
-            let create = db::create_table(&table, self.extension, self.dimensions, false);
+            let create =
+                columns::create_table(&table, self.extension, self.dimensions, false, self.columns);
             tx.batch_execute(&create)
                 .await
                 .map_err(self.failed("cannot create the table"))?;
@@ -582,6 +650,43 @@ impl Merge<'_> {
         ))
         .await
         .map_err(self.failed("cannot create the metadata table"))
+    }
+
+    /// Gives the table this run's metadata columns (see [`columns::reconcile`]):
+    /// those of runs whose rows stay after this one are kept.
+    async fn reconcile(
+        &self,
+        tx: &Transaction<'_>,
+        spaces: &Namespaces,
+        replaced: &[Owner],
+    ) -> Result<(), PgError> {
+        let Some(found) = db::table_columns(self.db, tx, self.names).await? else {
+            return Ok(());
+        };
+        let mut made = std::collections::BTreeSet::new();
+        let mut kept = std::collections::BTreeSet::new();
+        for (owner, keys) in spaces.all() {
+            for column in columns::parse_record(keys.get(METADATA_COLUMNS_KEY)) {
+                if !replaced.contains(&owner) {
+                    kept.insert(column.name().to_string());
+                }
+                made.insert(column.0);
+            }
+        }
+        let table = self.names.table();
+        let statements =
+            columns::reconcile(&table, &found, self.columns, &made, &kept).map_err(|message| {
+                PgError::Data {
+                    table: self.names.display(),
+                    message,
+                }
+            })?;
+        for statement in statements {
+            tx.batch_execute(&statement)
+                .await
+                .map_err(self.failed("cannot give the table its metadata columns"))?;
+        }
+        Ok(())
     }
 
     /// Deletes the rows of changed and deleted chunks and upserts the run's.
@@ -596,17 +701,7 @@ impl Merge<'_> {
             }
         }
         if self.staged > 0 {
-            let columns = db::column_list();
-            let updates: Vec<String> = db::COLUMNS
-                .iter()
-                .skip(1)
-                .map(|(c, _)| format!("{c} = EXCLUDED.{c}"))
-                .collect();
-            let upsert = format!(
-                "INSERT INTO {table} ({columns}) SELECT {columns} FROM {STAGING} \
-                 ON CONFLICT (id) DO UPDATE SET {}",
-                updates.join(", ")
-            );
+            let upsert = columns::upsert(&table, STAGING, self.columns);
             tx.batch_execute(&upsert)
                 .await
                 .map_err(self.failed("cannot write the run's rows"))?;
@@ -632,7 +727,8 @@ impl Merge<'_> {
         generation: u64,
         replaced: &[String],
     ) -> Result<(), PgError> {
-        let pairs = PgvectorSink::metadata_pairs(self.metadata, self.dimensions, generation);
+        let pairs =
+            PgvectorSink::metadata_pairs(self.metadata, self.dimensions, generation, self.columns);
         let (keys, values): (Vec<String>, Vec<String>) = pairs
             .into_iter()
             .map(|(k, v)| (Namespaces::key(self.shard, &k), v))
@@ -651,5 +747,51 @@ impl Merge<'_> {
             .await
             .map_err(self.failed("cannot write the metadata"))?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::Usage;
+
+    #[test]
+    fn the_metadata_table_records_the_runs_keys_generation_and_columns() {
+        let metadata = OutputMetadata {
+            model: "svc-embed-1".into(),
+            dimensions: 3,
+            backend: "api".into(),
+            usage: Usage {
+                prompt_tokens: 10,
+                completion_tokens: 0,
+                total_tokens: 10,
+            },
+            requests: 2,
+            cost: Some(0.5),
+            extra: [
+                (FINGERPRINT_KEY.to_string(), "{}".to_string()),
+                ("embedjob.model".to_string(), "not this".to_string()),
+            ]
+            .into(),
+        };
+        let columns = [PgColumn("lang".into(), "text".into())];
+        let pairs: BTreeMap<String, String> =
+            PgvectorSink::metadata_pairs(&metadata, 3, 4, &columns)
+                .into_iter()
+                .collect();
+        assert_eq!(pairs[GENERATION_KEY], "4");
+        assert_eq!(pairs[COST_KEY], "0.5");
+        assert_eq!(pairs[METADATA_COLUMNS_KEY], r#"[["lang","text"]]"#);
+        assert_eq!(pairs[FINGERPRINT_KEY], "{}");
+        assert_eq!(
+            pairs["embedjob.model"], "svc-embed-1",
+            "a standard key wins"
+        );
+        assert_eq!(
+            pairs["embedjob.schema_version"],
+            crate::contract::SCHEMA_VERSION
+        );
+        let without = PgvectorSink::metadata_pairs(&metadata, 3, 1, &[]);
+        assert!(without.iter().all(|(k, _)| k != METADATA_COLUMNS_KEY));
     }
 }

@@ -4,8 +4,10 @@
 
 use std::collections::BTreeMap;
 
+use super::columns::{self, PgValue};
 use super::db::{self, Database, Names};
 use super::PgError;
+use crate::contract::METADATA_COLUMNS_KEY;
 use crate::job::PgvectorOutput;
 use crate::query::Hit;
 
@@ -44,12 +46,19 @@ pub async fn search(
         action: "cannot search",
         message: database.describe(&e),
     };
+    // The metadata columns the table's rows were written with, and still has.
+    let found = db::table_columns(&database, &client, &names)
+        .await?
+        .unwrap_or_default();
+    let metadata_columns: Vec<_> = columns::parse_record(metadata.get(METADATA_COLUMNS_KEY))
+        .into_iter()
+        .filter(|c| found.get(c.name()).map(String::as_str) == Some(c.sql()))
+        .collect();
     let limit = i64::try_from(k).unwrap_or(i64::MAX);
-    let sql = format!(
-        "SELECT id, doc_id, text, embedding {op} $1 AS distance FROM {table} \
-         ORDER BY embedding {op} $1 LIMIT $2",
-        op = extension.cosine_distance(),
-        table = names.table()
+    let sql = search_sql(
+        &names.table(),
+        &extension.cosine_distance(),
+        &metadata_columns,
     );
     let vector = pgvector::Vector::from(query.to_vec());
     let tx = client.transaction().await.map_err(failed)?;
@@ -66,14 +75,64 @@ pub async fn search(
         .enumerate()
         .map(|(i, row)| {
             let distance: Option<f64> = row.get(3);
-            Hit {
+            let mut shown = serde_json::Map::new();
+            for (j, column) in metadata_columns.iter().enumerate() {
+                let value = row
+                    .try_get::<_, PgValue>(4 + j)
+                    .map_err(|e| PgError::Data {
+                        table: names.display(),
+                        message: format!(
+                            "row {:?}: column {:?}: {e}",
+                            row.get::<_, String>(0),
+                            column.name()
+                        ),
+                    })?;
+                shown.insert(column.name().to_string(), value.to_json());
+            }
+            Ok(Hit {
                 rank: i + 1,
                 score: distance.map_or(0.0, |d| 1.0 - d),
                 id: row.get(0),
                 doc_id: row.get::<_, Option<String>>(1).unwrap_or_default(),
                 text: row.get(2),
-            }
+                metadata: shown,
+            })
         })
-        .collect();
+        .collect::<Result<_, PgError>>()?;
     Ok((metadata, hits))
+}
+
+/// The query of the `$2` rows nearest to `$1`, with their metadata columns.
+fn search_sql(table: &str, distance: &str, metadata: &[columns::PgColumn]) -> String {
+    let extra: String = metadata
+        .iter()
+        .map(|c| format!(", {}", db::quote(c.name())))
+        .collect();
+    format!(
+        "SELECT id, doc_id, text, embedding {distance} $1 AS distance{extra} FROM {table} \
+         ORDER BY embedding {distance} $1 LIMIT $2"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_search_selects_the_metadata_columns_after_the_distance() {
+        let metadata = [
+            columns::PgColumn("lang".into(), "text".into()),
+            columns::PgColumn("Day".into(), "date".into()),
+        ];
+        assert_eq!(
+            search_sql("\"t\"", "OPERATOR(v.<=>)", &metadata),
+            "SELECT id, doc_id, text, embedding OPERATOR(v.<=>) $1 AS distance, \"lang\", \
+             \"Day\" FROM \"t\" ORDER BY embedding OPERATOR(v.<=>) $1 LIMIT $2"
+        );
+        assert_eq!(
+            search_sql("t", "<=>", &[]),
+            "SELECT id, doc_id, text, embedding <=> $1 AS distance FROM t \
+             ORDER BY embedding <=> $1 LIMIT $2"
+        );
+    }
 }

@@ -9,8 +9,8 @@
 
 use std::collections::BTreeMap;
 
+use crate::contract::{FINGERPRINT_KEY, METADATA_COLUMNS_KEY};
 use crate::job::Shard;
-use crate::parquet_io::FINGERPRINT_KEY;
 
 /// Whose keys: a shard's, or (`None`) a run of the whole job's.
 pub(crate) type Owner = Option<Shard>;
@@ -50,18 +50,28 @@ impl Namespaces {
 
     /// The keys of the run that made the table's rows: `owner`'s own, or,
     /// before its first run, those of another run of the job, for their
-    /// fingerprint (the rows of the owner's documents are still reusable).
+    /// fingerprint and metadata columns (the rows of the owner's documents
+    /// are still reusable).
     pub fn basis_for(&self, owner: Owner) -> BTreeMap<String, String> {
         if let Some(own) = self.of(owner) {
             return own.clone();
         }
-        let fingerprint = self
+        let Some(other) = self
             .0
             .values()
-            .find_map(|keys| keys.get(FINGERPRINT_KEY).cloned());
-        fingerprint
-            .map(|f| [(FINGERPRINT_KEY.to_string(), f)].into())
-            .unwrap_or_default()
+            .find(|keys| keys.contains_key(FINGERPRINT_KEY))
+        else {
+            return BTreeMap::new();
+        };
+        [FINGERPRINT_KEY, METADATA_COLUMNS_KEY]
+            .into_iter()
+            .filter_map(|key| other.get(key).map(|v| (key.to_string(), v.clone())))
+            .collect()
+    }
+
+    /// Every run's keys, by the run.
+    pub fn all(&self) -> impl Iterator<Item = (Owner, &BTreeMap<String, String>)> {
+        self.0.iter().map(|(o, keys)| (*o, keys))
     }
 
     /// The metadata of the table as a whole, for a search: the whole job's
@@ -191,6 +201,20 @@ mod tests {
         assert_eq!(s.basis_for(shard(2, 4))[FINGERPRINT_KEY], "A");
         assert_eq!(s.basis_for(shard(1, 4))["embedjob.generation"], "3");
         assert!(Namespaces::default().basis_for(None).is_empty());
+    }
+
+    #[test]
+    fn a_shards_first_run_takes_the_metadata_columns_with_the_fingerprint() {
+        let s = spaces(&[
+            ("embedjob.fingerprint", "A"),
+            ("embedjob.metadata_columns", r#"[["lang","text"]]"#),
+            ("embedjob.generation", "2"),
+        ]);
+        let basis = s.basis_for(shard(0, 2));
+        assert_eq!(basis.len(), 2, "{basis:?}");
+        assert_eq!(basis[METADATA_COLUMNS_KEY], r#"[["lang","text"]]"#);
+        let owners: Vec<Owner> = s.all().map(|(o, _)| o).collect();
+        assert_eq!(owners, [None]);
     }
 
     #[test]
