@@ -16,12 +16,14 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
+use crate::backend::api::ApiParams;
 use crate::backend::api::RateLimits;
 use crate::backend::BackendInfo;
+use crate::backend::BackendKind;
 use crate::batch::{Batch, Batcher};
 use crate::chunk::Chunker;
 use crate::exit::Exit;
-use crate::job::{BackendKind, Job};
+use crate::job::Job;
 use crate::pipeline::{Class, Classifier};
 use crate::source::{self, SkippedFiles, SourceError, SourceStats};
 
@@ -145,7 +147,9 @@ pub fn estimate(
 ) -> Result<Estimate, EstimateError> {
     let mut source = source::open_shard(&job.source, job.shard)?;
     let b = &job.backend;
-    let api = b.api().filter(|_| info.kind == BackendKind::Api);
+    let api = b
+        .get::<ApiParams>()
+        .filter(|_| info.kind == BackendKind::Api);
     let limits = match api {
         Some(api) => RateLimits::new(
             api.requests_per_minute,
@@ -354,7 +358,7 @@ path = "{out}"
             root = dir.join("docs").display(),
             out = dir.join("out.parquet").display()
         );
-        crate::job::parse(&text, "t", &[]).unwrap()
+        crate::kinds::parse(&text, "t", &[]).unwrap()
     }
 
     fn info(price: Option<f64>) -> BackendInfo {

@@ -32,6 +32,7 @@ pub mod exit;
 pub mod fsio;
 pub mod inspect;
 pub mod job;
+pub mod kinds;
 pub mod parquet_io;
 pub mod pipeline;
 pub mod progress;
@@ -42,7 +43,6 @@ pub mod secret;
 pub mod simulate;
 pub mod sink;
 pub mod source;
-pub mod stages;
 pub mod state;
 pub mod store;
 #[cfg(test)]

@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 use futures::future::BoxFuture;
 
 use super::*;
+use crate::backend::BackendKind;
 use crate::backend::{BackendInfo, BackendStats};
-use crate::job::BackendKind;
 use crate::parquet_io::FINGERPRINT_KEY;
 use crate::sink::SinkReport;
 use crate::source::SourceStats;
@@ -297,7 +297,7 @@ fn job(dir: &std::path::Path) -> Job {
          [output]\npath = \"{}\"\n",
         dir.join("table").display()
     );
-    crate::job::parse(&text, "fake", &[]).unwrap()
+    crate::kinds::parse(&text, "fake", &[]).unwrap()
 }
 
 async fn run_with(

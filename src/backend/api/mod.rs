@@ -9,6 +9,13 @@
 //! billed again. A request that times out is not sent again whole: the
 //! server may still compute and bill it.
 
+mod config;
+
+pub use self::config::{
+    ApiParams, EncodingFormat, Kind, DEFAULT_API_KEY_ENV, DEFAULT_STALL_TIMEOUT_SECONDS,
+    MAX_STALL_TIMEOUT_SECONDS,
+};
+
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
@@ -20,11 +27,10 @@ use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 
 use super::quota::{self, Pacing, QuotaStop, Ticket};
 use super::throttle::Throttle;
-use super::{BackendError, BackendInfo, BackendStats, EmbeddingBackend, RequestLimit};
+use super::{BackendError, BackendInfo, BackendKind, BackendStats, EmbeddingBackend, RequestLimit};
 use crate::client::{
     ApiError, Client, EmbeddingInput, EmbeddingRequest, ErrorKind, RateLimitHeaders, SizeLimit,
 };
-use crate::job::{BackendKind, EncodingFormat};
 use crate::retry::{with_retries_notify, RetryPolicy, Retryable};
 use crate::types::{RawVectors, Usage, Vectors};
 use crate::validate::{self, Checked, ValidationError};

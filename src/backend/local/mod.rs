@@ -16,6 +16,10 @@
 //!
 //! [`embed`]: EmbeddingBackend::embed
 
+mod config;
+
+pub use self::config::{local_backend, Kind, LocalParams};
+
 use std::fmt;
 use std::fs::File;
 use std::io::{self, Read};
@@ -33,8 +37,8 @@ use futures::FutureExt;
 use tokenizers::Tokenizer;
 use tokio::sync::{mpsc, oneshot};
 
-use super::{BackendError, BackendInfo, BackendStats, EmbeddingBackend};
-use crate::job::{BackendConfig, BackendKind};
+use super::{BackendError, BackendInfo, BackendKind, BackendStats, EmbeddingBackend};
+use crate::job::BackendConfig;
 use crate::types::{RawVectors, Usage, Vectors};
 use crate::validate;
 
@@ -443,7 +447,7 @@ impl LocalSettings {
     /// The settings of a job's `[backend]`, finding the assets as a run does.
     pub fn from_config(config: &BackendConfig) -> LocalSettings {
         let shared = &config.shared;
-        let local = config.local().cloned().unwrap_or_default();
+        let local = config.get::<LocalParams>().cloned().unwrap_or_default();
         LocalSettings {
             model: shared
                 .model

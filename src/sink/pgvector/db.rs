@@ -10,7 +10,7 @@ use tokio_postgres::config::Host;
 use tokio_postgres::{Client, GenericClient, NoTls};
 
 use super::PgError;
-use crate::job::{PgvectorOutput, METADATA_TABLE_SUFFIX};
+use super::{PgvectorOutput, METADATA_TABLE_SUFFIX};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 

@@ -20,6 +20,7 @@
 //! reads, replaces and deletes only the rows of its own documents, and
 //! records its metadata under its own name.
 
+mod config;
 mod db;
 mod rows;
 mod search;
@@ -37,11 +38,14 @@ use self::db::{Database, Extension, Layout, Names};
 use self::rows::TableRows;
 use self::split::{Namespaces, Owner};
 use super::{Sink, SinkError, SinkReport};
-use crate::job::{PgvectorOutput, Shard, VectorIndex, HNSW_MAX_DIMENSIONS};
+use crate::job::Shard;
 use crate::parquet_io::{standard_pairs, FINGERPRINT_KEY};
 use crate::store::StoredRows;
 use crate::types::{EmbeddedBatch, OutputMetadata};
 
+pub use self::config::{
+    Kind, PgvectorOutput, VectorIndex, HNSW_MAX_DIMENSIONS, METADATA_TABLE_SUFFIX,
+};
 pub use self::search::search;
 
 /// The temporary table a run stages its rows in.

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use super::db::{self, Database, Names};
 use super::PgError;
-use crate::job::PgvectorOutput;
+use super::PgvectorOutput;
 use crate::query::Hit;
 
 /// The `k` rows nearest to `query` by cosine distance, best first, with the
