@@ -425,3 +425,59 @@ fn missing_sections_and_bad_toml() {
     let problems = parse(MINIMAL, "x", &["novalue".into()]).unwrap_err();
     assert!(problems[0].contains("KEY=VALUE"));
 }
+
+#[test]
+fn a_kind_not_registered_is_refused_with_the_kinds_there_are() {
+    let problems = parse(
+        MINIMAL,
+        "x",
+        &[
+            "source.kind=foo".into(),
+            "backend.kind=3".into(),
+            "output.kind=files".into(),
+        ],
+    )
+    .unwrap_err();
+    assert_eq!(
+        problems,
+        [
+            "`source.kind`: unknown variant `foo`, expected one of `files`, `jsonl`, `csv`, `parquet`",
+            "`backend.kind`: invalid type: unit variant, expected string only",
+            "`output.kind`: unknown variant `files`, expected `parquet` or `pgvector`",
+        ]
+    );
+}
+
+/// A section's kinds as the registries list them: name and keys.
+type Listed = Vec<(&'static str, &'static [&'static str])>;
+
+#[test]
+fn every_registered_kind_has_a_name_of_its_own_and_keys_apart_from_kind() {
+    let all = super::all();
+    let sections: [(&str, Listed); 3] = [
+        (
+            "source",
+            all.source.iter().map(|k| (k.name(), k.keys())).collect(),
+        ),
+        (
+            "backend",
+            all.backend.iter().map(|k| (k.name(), k.keys())).collect(),
+        ),
+        (
+            "output",
+            all.output.iter().map(|k| (k.name(), k.keys())).collect(),
+        ),
+    ];
+    for (section, kinds) in sections {
+        let mut names: Vec<&str> = kinds.iter().map(|(name, _)| *name).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), kinds.len(), "[{section}] names a kind twice");
+        for (name, keys) in kinds {
+            assert!(
+                !keys.contains(&"kind"),
+                "[{section}] kind {name} takes `kind`"
+            );
+        }
+    }
+}
