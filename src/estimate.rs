@@ -16,7 +16,6 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use crate::backend::api::ApiParams;
 use crate::backend::api::RateLimits;
 use crate::backend::BackendInfo;
 use crate::backend::BackendKind;
@@ -147,15 +146,14 @@ pub fn estimate(
 ) -> Result<Estimate, EstimateError> {
     let mut source = source::open_shard(&job.source, job.shard)?;
     let b = &job.backend;
-    let api = b
-        .get::<ApiParams>()
+    let per_minute = b
+        .params
+        .per_minute_limits()
         .filter(|_| info.kind == BackendKind::Api);
-    let limits = match api {
-        Some(api) => RateLimits::new(
-            api.requests_per_minute,
-            api.tokens_per_minute,
-            b.shared.max_tokens_per_request as u64,
-        ),
+    let limits = match per_minute {
+        Some((requests, tokens)) => {
+            RateLimits::new(requests, tokens, b.shared.max_tokens_per_request as u64)
+        }
         None => RateLimits::default(),
     };
     let mut batcher = Batcher::for_backend(b);
@@ -208,8 +206,8 @@ pub fn estimate(
         cost: info
             .input_per_1k
             .map(|price| count.tokens as f64 / 1000.0 * price),
-        requests_per_minute: api.map(|a| a.requests_per_minute).filter(|&rpm| rpm > 0),
-        tokens_per_minute: api.map(|a| a.tokens_per_minute).filter(|&tpm| tpm > 0),
+        requests_per_minute: per_minute.map(|(rpm, _)| rpm).filter(|&rpm| rpm > 0),
+        tokens_per_minute: per_minute.map(|(_, tpm)| tpm).filter(|&tpm| tpm > 0),
         shortest_duration_seconds: limits
             .shortest_duration(count.requests, count.token_cells)
             .map(|d| d.as_secs_f64()),

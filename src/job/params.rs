@@ -438,6 +438,11 @@ pub trait BackendParams: Erased {
     );
     /// This kind's part of making the job one shard of `shard.count`.
     fn split(&mut self, _shard: Shard, _problems: &mut Vec<String>) {}
+    /// The client-side limits on requests and tokens per minute (0: none),
+    /// for a kind that sends requests to a service.
+    fn per_minute_limits(&self) -> Option<(u32, u64)> {
+        None
+    }
 }
 
 /// `[backend]`: the keys every kind shares, and one kind's own.

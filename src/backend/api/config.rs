@@ -182,6 +182,10 @@ impl BackendParams for ApiParams {
         self.requests_per_minute = u32::try_from(requests).unwrap_or(u32::MAX);
         self.tokens_per_minute = share("tokens_per_minute", self.tokens_per_minute, problems);
     }
+
+    fn per_minute_limits(&self) -> Option<(u32, u64)> {
+        Some((self.requests_per_minute, self.tokens_per_minute))
+    }
 }
 
 impl ApiParams {
