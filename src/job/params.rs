@@ -621,3 +621,108 @@ pub fn metadata_problems(fields: &[String], p: &mut Vec<String>) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! `job/` with kinds of its own, standing in for the stages' registries.
+
+    use super::*;
+
+    /// Kind "a" takes `x`; kind "b" takes `y`.
+    #[derive(Debug, Clone, PartialEq, Deserialize)]
+    struct A {
+        x: u32,
+    }
+
+    #[derive(Debug, Clone, PartialEq, Deserialize)]
+    struct B {
+        #[serde(default)]
+        y: u32,
+    }
+
+    struct Named<T>(
+        &'static str,
+        &'static [&'static str],
+        std::marker::PhantomData<T>,
+    );
+
+    impl<T> Kind<dyn SourceParams> for Named<T>
+    where
+        T: SourceParams + DeserializeOwned + Sync,
+    {
+        fn name(&self) -> &'static str {
+            self.0
+        }
+        fn keys(&self) -> &'static [&'static str] {
+            self.1
+        }
+        fn parse(&self, table: &mut KindTable<'_>) -> Option<Box<dyn SourceParams>> {
+            let params: T = table.deserialize()?;
+            Some(Box::new(params))
+        }
+    }
+
+    macro_rules! fake_source {
+        ($t:ty, $name:literal) => {
+            impl SourceParams for $t {
+                fn kind(&self) -> &'static str {
+                    $name
+                }
+                fn clone_box(&self) -> Box<dyn SourceParams> {
+                    Box::new(self.clone())
+                }
+                fn resolve_paths(&mut self, _base: &Path) {}
+                fn problems(&self, _p: &mut Vec<String>) {}
+                fn describe(&self) -> String {
+                    String::new()
+                }
+            }
+        };
+    }
+    fake_source!(A, "a");
+    fake_source!(B, "b");
+
+    static KIND_A: Named<A> = Named("a", &["x"], std::marker::PhantomData);
+    static KIND_B: Named<B> = Named("b", &["y"], std::marker::PhantomData);
+
+    fn source(text: &str) -> Parsed<Box<dyn SourceParams>> {
+        let kinds = Kinds {
+            source: vec![&KIND_A, &KIND_B],
+            backend: Vec::new(),
+            output: Vec::new(),
+        };
+        parse_source(toml::from_str(text).unwrap(), &kinds)
+    }
+
+    #[test]
+    fn a_section_is_read_by_the_kind_it_names_and_another_kinds_keys_are_told_apart() {
+        let parsed = source("kind = \"a\"\nx = 1\n");
+        assert!(parsed.problems.is_empty(), "{:?}", parsed.problems);
+        let a = parsed.value.unwrap();
+        assert_eq!(a.as_any().downcast_ref::<A>(), Some(&A { x: 1 }));
+
+        let parsed = source("kind = \"b\"\nx = 1\nz = 2\n");
+        assert_eq!(
+            parsed.problems,
+            [
+                "`source.x` does not apply to kind \"b\"",
+                "unknown key `source.z`"
+            ]
+        );
+        let parsed = source("kind = \"a\"\nx = \"one\"\n");
+        assert_eq!(
+            parsed.problems,
+            ["`source.x`: invalid type: string \"one\", expected u32 in `x`"]
+        );
+        assert!(parsed.value.is_none());
+        let parsed = source("kind = \"a\"\n");
+        assert_eq!(parsed.problems, ["`source.x` is required"]);
+        let parsed = source("kind = \"c\"\n");
+        assert_eq!(
+            parsed.problems,
+            ["`source.kind`: unknown variant `c`, expected `a` or `b`"]
+        );
+        let parsed = source("x = 1\n");
+        assert_eq!(parsed.problems, ["`source.kind` is required"]);
+    }
+}
