@@ -64,7 +64,7 @@ fn main() -> anyhow::Result<()> {
     } else {
         embeddings_response_body
     };
-    let job = embedjob::job::load(&job_path, &overrides)?;
+    let job = embedjob::kinds::load(&job_path, &overrides)?;
     let model = job.backend.shared.model.clone().unwrap_or_default();
     let Some(dimensions) = job
         .backend

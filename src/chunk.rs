@@ -64,10 +64,7 @@ fn o200k_base() -> Result<&'static CoreBPE, ChunkError> {
         })
 }
 
-/// Whether `chunking.tokenizer` names one of the built-in encodings rather than a file.
-pub fn named_encoding(tokenizer: &str) -> bool {
-    matches!(tokenizer, "cl100k_base" | "o200k_base")
-}
+pub use crate::job::named_encoding;
 
 /// What counts tokens.
 enum Counter {

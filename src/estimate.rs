@@ -17,10 +17,11 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use crate::backend::BackendInfo;
+use crate::backend::BackendKind;
 use crate::batch::{Batch, Batcher};
 use crate::chunk::Chunker;
 use crate::exit::Exit;
-use crate::job::{BackendKind, Job};
+use crate::job::Job;
 use crate::pipeline::{Class, Classifier};
 use crate::rate::RateLimits;
 use crate::source::{self, SkippedFiles, SourceError, SourceStats};
@@ -145,13 +146,14 @@ pub fn estimate(
 ) -> Result<Estimate, EstimateError> {
     let mut source = source::open_shard(&job.source, job.shard)?;
     let b = &job.backend;
-    let api = b.api().filter(|_| info.kind == BackendKind::Api);
-    let limits = match api {
-        Some(api) => RateLimits::new(
-            api.requests_per_minute,
-            api.tokens_per_minute,
-            b.shared.max_tokens_per_request as u64,
-        ),
+    let per_minute = b
+        .params
+        .per_minute_limits()
+        .filter(|_| info.kind == BackendKind::Api);
+    let limits = match per_minute {
+        Some((requests, tokens)) => {
+            RateLimits::new(requests, tokens, b.shared.max_tokens_per_request as u64)
+        }
         None => RateLimits::default(),
     };
     let mut batcher = Batcher::for_backend(b);
@@ -204,8 +206,8 @@ pub fn estimate(
         cost: info
             .input_per_1k
             .map(|price| count.tokens as f64 / 1000.0 * price),
-        requests_per_minute: api.map(|a| a.requests_per_minute).filter(|&rpm| rpm > 0),
-        tokens_per_minute: api.map(|a| a.tokens_per_minute).filter(|&tpm| tpm > 0),
+        requests_per_minute: per_minute.map(|(rpm, _)| rpm).filter(|&rpm| rpm > 0),
+        tokens_per_minute: per_minute.map(|(_, tpm)| tpm).filter(|&tpm| tpm > 0),
         shortest_duration_seconds: limits
             .shortest_duration(count.requests, count.token_cells)
             .map(|d| d.as_secs_f64()),
@@ -354,7 +356,7 @@ path = "{out}"
             root = dir.join("docs").display(),
             out = dir.join("out.parquet").display()
         );
-        crate::job::parse(&text, "t", &[]).unwrap()
+        crate::kinds::parse(&text, "t", &[]).unwrap()
     }
 
     fn info(price: Option<f64>) -> BackendInfo {

@@ -2,9 +2,11 @@
 //!
 //! The crate follows the data's way through a job:
 //! [`source`] → [`chunk`] → [`batch`] → [`backend`] → [`validate`] →
-//! [`sink`]. [`pipeline`] wires the built stages together with bounded
-//! channels, [`stages`] builds them from a [`job`] file, and [`state`] keeps
-//! what a job remembers between runs (lock, checkpoint, failures, summary).
+//! [`sink`]. Each kind of source, backend and sink reads its part of a
+//! [`job`] file and builds itself; [`kinds`] reads a job file with them all.
+//! [`pipeline`] builds a job's stages and wires them together with bounded
+//! channels, and [`state`] keeps what a job remembers between runs (lock,
+//! checkpoint, failures, summary).
 //! The data the stages pass on is in [`types`]; [`client`] speaks to the
 //! model service, [`rate`] paces and retries what is sent to it, and
 //! [`simulate`] stands in for it in tests and users' pipelines. Only
@@ -34,6 +36,7 @@ pub mod exit;
 pub mod fsio;
 pub mod inspect;
 pub mod job;
+pub mod kinds;
 pub mod parquet_io;
 pub mod pipeline;
 pub mod progress;
@@ -44,7 +47,6 @@ pub mod secret;
 pub mod simulate;
 pub mod sink;
 pub mod source;
-pub mod stages;
 pub mod state;
 pub mod store;
 #[cfg(test)]

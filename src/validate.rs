@@ -6,14 +6,9 @@
 
 use crate::types::{RawItem, RawVectors, Vectors};
 
-/// The vector length of the models the service documents.
-pub fn known_model_dimensions(model: &str) -> Option<usize> {
-    match model {
-        "svc-embed-1" => Some(1024),
-        "svc-embed-1-l" => Some(3072),
-        _ => None,
-    }
-}
+/// The vector length of the models the service documents (kept with the
+/// job's checks, which refuse a `backend.dimensions` longer than it).
+pub use crate::job::known_model_dimensions;
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum ValidationError {

@@ -3,16 +3,49 @@
 //! only the trait.
 
 pub mod api;
+mod build;
 #[cfg(feature = "local")]
 pub mod local;
+/// Without the model, the local kind's parameters are still read, so that
+/// a job naming it is told why it cannot run.
+#[cfg(not(feature = "local"))]
+pub mod local {
+    mod config;
+    pub use self::config::{local_backend, Kind, LocalParams};
+}
+
+use std::fmt;
 
 use futures::future::BoxFuture;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-use crate::job::BackendKind;
 use crate::rate::QuotaStop;
 use crate::types::{Usage, Vectors};
 use crate::warnings::Warnings;
+
+pub use self::build::{build, fitted_chunking, info_kind, kinds, Embedding, EmbeddingKind};
+
+/// Every kind of backend, one line each, in the order messages list them.
+const KINDS: &[&dyn EmbeddingKind] = &[&api::Kind, &local::Kind];
+
+/// Whether a backend is a service (billed by tokens, rate-limited) or a
+/// model in this process, as [`BackendInfo`] tells it: not the job's
+/// `backend.kind`, of which there may be more than these two.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BackendKind {
+    Api,
+    Local,
+}
+
+impl fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            BackendKind::Api => "api",
+            BackendKind::Local => "local",
+        })
+    }
+}
 
 /// What a backend embeds with.
 #[derive(Debug, Clone, PartialEq, Serialize)]

@@ -16,7 +16,6 @@ use serde_json::Value;
 use super::Outcome;
 use crate::cli::InitArgs;
 use crate::exit::{Exit, Failure};
-use crate::job::SourceKind;
 use crate::source::input;
 
 /// Field names taken for the text, best first.
@@ -122,13 +121,33 @@ fn write_checked(path: &Path, text: &str) -> Result<(), Failure> {
     std::fs::write(path, text)
         .with_context(|| format!("cannot write {}", path.display()))
         .map_err(Failure::failed)?;
-    if let Err(errors) = crate::job::load(path, &[]) {
+    if let Err(errors) = crate::kinds::load(path, &[]) {
         let _ = std::fs::remove_file(path);
         return Err(Failure::failed(anyhow::anyhow!(
             "the job file written does not read back: {errors}"
         )));
     }
     Ok(())
+}
+
+/// The source kind a job for the target reads with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SourceKind {
+    Files,
+    Jsonl,
+    Csv,
+    Parquet,
+}
+
+impl std::fmt::Display for SourceKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            SourceKind::Files => "files",
+            SourceKind::Jsonl => "jsonl",
+            SourceKind::Csv => "csv",
+            SourceKind::Parquet => "parquet",
+        })
+    }
 }
 
 /// The kind of records a file holds, by its name (less `.gz` or `.zst`).

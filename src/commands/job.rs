@@ -3,10 +3,10 @@
 use tokio::sync::watch;
 
 use super::{messages, print_json, Outcome};
+use crate::backend::Embedding;
 use crate::cli::{EstimateArgs, RunArgs};
 use crate::exit::{Exit, Failure};
 use crate::pipeline::{Classifier, Failed, RunOptions, StopRequest, Summary};
-use crate::stages::Embedding;
 use crate::state::{Fingerprint, JobState, StateError, StateLocation};
 
 pub async fn run(args: &RunArgs) -> Outcome {
@@ -22,7 +22,7 @@ pub async fn run(args: &RunArgs) -> Outcome {
             job.output.state_stem(&job.name).display()
         )));
     }
-    let stages = match crate::stages::build(&job).await {
+    let stages = match crate::pipeline::build(&job).await {
         Ok(stages) => stages,
         Err(failure) => return Err(failed_before_work(&job, None, failure, args.json)),
     };
@@ -94,7 +94,7 @@ fn load(
     overrides: &[String],
     shard: Option<&str>,
 ) -> Result<crate::job::Job, Failure> {
-    let mut job = crate::job::load(path, overrides).map_err(Failure::usage)?;
+    let mut job = crate::kinds::load(path, overrides).map_err(Failure::usage)?;
     let Some(spec) = shard else {
         return Ok(job);
     };
@@ -109,24 +109,13 @@ fn load(
     Ok(job)
 }
 
-/// For a job not split, whose Parquet `output.path` is a directory: the
-/// number of shards whose files it holds. A directory without any is not an
-/// output.
+/// For a job not split, whose output holds the outputs of a split job's
+/// shards (a Parquet `output.path` that is a directory): how many shards.
 fn whole_over_shards(job: &crate::job::Job) -> Result<Option<u32>, Failure> {
-    let crate::job::OutputParams::Parquet(parquet) = &job.output.params else {
-        return Ok(None);
-    };
-    if !parquet.path.is_dir() {
-        return Ok(None);
-    }
-    match crate::job::Shard::count_in(&parquet.path) {
-        Ok(Some(count)) => Ok(Some(count)),
-        Ok(None) => Err(Failure::usage(anyhow::anyhow!(
-            "`output.path` {} is a directory, not a Parquet file",
-            parquet.path.display()
-        ))),
-        Err(e) => Err(Failure::usage(anyhow::anyhow!(e))),
-    }
+    job.output
+        .params
+        .shards_held()
+        .map_err(|e| Failure::usage(anyhow::anyhow!(e)))
 }
 
 /// The job as each of its shards runs it: the job itself, unless it is not
@@ -263,7 +252,7 @@ fn stop_on_signals() -> watch::Receiver<StopRequest> {
 pub async fn estimate(args: &EstimateArgs) -> Outcome {
     let job = load(&args.job.job, &args.job.overrides, args.shard.as_deref())?;
     // The run's own set-up: the same key checks, model listing and chunker.
-    let Embedding { backend, chunker } = crate::stages::build_embedding(&job).await?;
+    let Embedding { backend, chunker } = crate::backend::build(&job).await?;
     let info = backend.info().clone();
     messages::follow(&backend.notices());
     let warnings = backend.warnings();
@@ -276,7 +265,7 @@ pub async fn estimate(args: &EstimateArgs) -> Outcome {
     for part in &parts {
         let sink = crate::sink::open(&part.output, part.shard)
             .await
-            .map_err(crate::stages::sink_failure)?;
+            .map_err(crate::sink::failure)?;
         sinks.push(sink);
     }
     let estimate = tokio::task::spawn_blocking(move || {

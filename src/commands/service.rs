@@ -137,7 +137,7 @@ pub async fn embed(args: &EmbedArgs) -> Outcome {
             "embeddings": all,
             "usage": usage,
         }))?;
-    } else if backend.info().kind == crate::job::BackendKind::Local {
+    } else if backend.info().kind == crate::backend::BackendKind::Local {
         messages::say(&format!(
             "{} of {dimensions} dimensions from the local model {model}, which bills nothing",
             crate::display::counted(texts.len() as u64, "vector")
@@ -183,7 +183,7 @@ async fn embed_backend(
     args: &EmbedArgs,
 ) -> Result<(std::sync::Arc<dyn EmbeddingBackend>, String), Failure> {
     if args.local {
-        let backend = crate::stages::local_backend(args.model.clone()).await?;
+        let backend = crate::backend::local::local_backend(args.model.clone()).await?;
         let model = backend.info().model.clone();
         return Ok((backend, model));
     }

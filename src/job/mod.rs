@@ -4,9 +4,10 @@
 //! Keys are snake_case with unit suffixes. Unknown keys are errors: they are
 //! collected by `serde_ignored` rather than `deny_unknown_fields`, which would
 //! stop at the first one. `[source]`, `[backend]` and `[output]` hold one
-//! kind's parameters each (see [`params`]). Relative paths are taken from the
-//! job file's directory (see [`paths`]), so a job runs the same from any
-//! directory, cron's included.
+//! kind's parameters each, read by the kind its stage registers (see
+//! [`params`]): this module depends on no stage. Relative paths are taken
+//! from the job file's directory (see [`paths`]), so a job runs the same from
+//! any directory, cron's included.
 
 mod location;
 mod params;
@@ -20,16 +21,11 @@ use std::path::{Path, PathBuf};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use crate::validate::known_model_dimensions;
-
-use self::params::{one_line, Parsed};
+use self::params::{one_line, parse_backend, parse_output, parse_source, Parsed};
 pub use self::params::{
-    ApiParams, BackendConfig, BackendKind, BackendParams, BackendShared, EncodingFormat,
-    FilesSource, LocalParams, OutputConfig, OutputKind, OutputParams, ParquetOutput,
-    PgvectorOutput, RecordsSource, SourceConfig, SourceKind, VectorIndex, DEFAULT_API_KEY_ENV,
-    HNSW_MAX_DIMENSIONS, METADATA_TABLE_SUFFIX,
+    BackendConfig, BackendParams, BackendShared, Erased, Kind, KindTable, Kinds, OutputConfig,
+    OutputParams, SourceConfig, SourceParams,
 };
-pub use self::params::{OnInvalid, STDIN, STDIN_NAME};
 pub use self::shard::Shard;
 
 #[derive(Debug, Clone, PartialEq)]
@@ -161,10 +157,11 @@ impl fmt::Display for JobErrors {
 
 impl std::error::Error for JobErrors {}
 
-/// Reads, overrides and validates a job file. Relative paths in it (and in
-/// `overrides`) are taken from the job file's directory; problems about a
-/// key the file writes give its line and column.
-pub fn load(path: &Path, overrides: &[String]) -> Result<Job, JobErrors> {
+/// Reads, overrides and validates a job file, its kinded sections read by
+/// `kinds`. Relative paths in it (and in `overrides`) are taken from the job
+/// file's directory; problems about a key the file writes give its line and
+/// column.
+pub fn load(path: &Path, overrides: &[String], kinds: &Kinds) -> Result<Job, JobErrors> {
     let fail = |problems: Vec<String>| JobErrors {
         file: path.to_path_buf(),
         problems,
@@ -179,7 +176,7 @@ pub fn load(path: &Path, overrides: &[String]) -> Result<Job, JobErrors> {
         .iter()
         .filter_map(|o| o.split_once('=').map(|(key, _)| key.trim()))
         .collect();
-    let mut job = parse(&text, &default_name, overrides).map_err(|problems| {
+    let mut job = parse(&text, &default_name, overrides, kinds).map_err(|problems| {
         fail(
             problems
                 .into_iter()
@@ -193,7 +190,12 @@ pub fn load(path: &Path, overrides: &[String]) -> Result<Job, JobErrors> {
 
 /// Parses job-file text with overrides applied; `default_name` names a job
 /// that doesn't. Paths are left as written.
-pub fn parse(text: &str, default_name: &str, overrides: &[String]) -> Result<Job, Vec<String>> {
+pub fn parse(
+    text: &str,
+    default_name: &str,
+    overrides: &[String],
+    kinds: &Kinds,
+) -> Result<Job, Vec<String>> {
     let mut table: toml::Table = toml::from_str(text).map_err(|e| vec![toml_error(text, &e)])?;
     let mut problems = Vec::new();
     for assignment in overrides {
@@ -204,10 +206,20 @@ pub fn parse(text: &str, default_name: &str, overrides: &[String]) -> Result<Job
     let chunk_sizes_set = chunk_sizes_set(&table);
     let mut sections = Sections::new(table);
     let name: Option<String> = sections.take("name", false, &mut problems);
-    let source = sections.take_kinded("source", true, SourceConfig::parse, &mut problems);
+    let source = sections
+        .take_table("source", true, &mut problems)
+        .and_then(|table| sections.parsed("source", parse_source(table, kinds), &mut problems))
+        .map(|params| SourceConfig { params });
     let chunking: Option<ChunkingConfig> = sections.take("chunking", false, &mut problems);
-    let backend = sections.take_kinded("backend", false, BackendConfig::parse, &mut problems);
-    let output = sections.take_kinded("output", true, OutputConfig::parse, &mut problems);
+    // An absent `[backend]` is its default kind with its defaults.
+    let backend = sections
+        .take_table("backend", false, &mut problems)
+        .or_else(|| (!sections.failed("backend")).then(toml::Table::new))
+        .and_then(|table| sections.parsed("backend", parse_backend(table, kinds), &mut problems));
+    let output = sections
+        .take_table("output", true, &mut problems)
+        .and_then(|table| sections.parsed("output", parse_output(table, kinds), &mut problems))
+        .map(|params| OutputConfig { params });
     let pipeline: Option<PipelineConfig> = sections.take("pipeline", false, &mut problems);
     let budget: Option<BudgetConfig> = sections.take("budget", false, &mut problems);
     for key in sections.rest() {
@@ -215,14 +227,13 @@ pub fn parse(text: &str, default_name: &str, overrides: &[String]) -> Result<Job
     }
     // A section that failed doesn't stop the checks of the sections that didn't.
     let chunking = (!sections.failed("chunking")).then(|| chunking.unwrap_or_default());
-    let backend = (!sections.failed("backend")).then(|| backend.unwrap_or_default());
     let pipeline = pipeline.unwrap_or_default();
     let budget = budget.unwrap_or_default();
     let name = name.unwrap_or_else(|| default_name.to_string());
     let mut p = Vec::new();
     name_problems(&name, &mut p);
     if let Some(source) = &source {
-        source.problems(&mut p);
+        source.params.problems(&mut p);
     }
     if let Some(chunking) = &chunking {
         chunking_problems(chunking, &mut p);
@@ -233,7 +244,7 @@ pub fn parse(text: &str, default_name: &str, overrides: &[String]) -> Result<Job
     }
     budget_problems(&budget, &mut p);
     if let Some(output) = &output {
-        output.problems(&mut p);
+        output.params.problems(&mut p);
     }
     pipeline_problems(&pipeline, &mut p);
     problems.extend(p);
@@ -313,14 +324,13 @@ impl Sections {
         result
     }
 
-    /// Takes a section that has a `kind`, parsed by `parse`.
-    fn take_kinded<T>(
+    /// Takes a section that has a `kind`, as a table.
+    fn take_table(
         &mut self,
         key: &str,
         required: bool,
-        parse: fn(toml::Table) -> Parsed<T>,
         problems: &mut Vec<String>,
-    ) -> Option<T> {
+    ) -> Option<toml::Table> {
         let Some(value) = self.table.remove(key) else {
             if required {
                 problems.push(format!("missing `[{key}]`"));
@@ -335,7 +345,11 @@ impl Sections {
             self.failed.push(key.to_string());
             return None;
         };
-        let parsed = parse(table);
+        Some(table)
+    }
+
+    /// The value of a kinded section, its problems added to `problems`.
+    fn parsed<T>(&mut self, key: &str, parsed: Parsed<T>, problems: &mut Vec<String>) -> Option<T> {
         if parsed.value.is_none() {
             self.failed.push(key.to_string());
         }
@@ -511,28 +525,7 @@ fn backend_problems(
             }
         }
     }
-    match &backend.params {
-        BackendParams::Api(api) => {
-            api_problems(b, api, p);
-            if let (Some(window), Some(c)) = (api.context_window, chunking) {
-                if (c.max_tokens as u64) > window {
-                    p.push(format!(
-                        "`chunking.max_tokens` ({}) is larger than `backend.context_window` ({window})",
-                        c.max_tokens
-                    ));
-                }
-            }
-        }
-        BackendParams::Local(local) => {
-            local_problems(local, p);
-            if chunking.is_some_and(|c| c.tokenizer.is_some()) {
-                p.push(
-                    "`chunking.tokenizer` does not apply to backend kind \"local\": the model counts with its own"
-                        .to_string(),
-                );
-            }
-        }
-    }
+    backend.params.problems(b, chunking, p);
 }
 
 impl Job {
@@ -559,62 +552,14 @@ impl Job {
     }
 
     /// Makes this run shard `shard` of the job: it reads only the shard's
-    /// documents; a Parquet output's `path` names a directory, where the
-    /// shard writes its own file; the job's `requests_per_minute`,
-    /// `tokens_per_minute` and `budget.max_cost` are shared out among the
-    /// shards.
+    /// documents; the output and the backend take their parts (a Parquet
+    /// output's `path` names a directory, where the shard writes its own
+    /// file; the api's rate limits are shared out), and so is
+    /// `budget.max_cost`.
     pub fn split(&mut self, shard: Shard) -> Result<(), Vec<String>> {
         let mut problems = Vec::new();
-        if let OutputParams::Parquet(parquet) = &mut self.output.params {
-            let dir = parquet.path.clone();
-            if dir.is_file() {
-                problems.push(format!(
-                    "`output.path` {} is a file; with --shard it names a directory, where \
-                     each shard writes its own part-IIIII-of-NNNNN.parquet",
-                    dir.display()
-                ));
-            }
-            match shard.foreign_files(&dir) {
-                Ok(foreign) if foreign.is_empty() => {}
-                Ok(foreign) => problems.push(format!(
-                    "`output.path` {} holds files of the job split into another number of \
-                     shards than {}: {}; they hold this shard's documents too: remove them \
-                     (and their state in {}), or give the job another `output.path`",
-                    dir.display(),
-                    shard.count,
-                    foreign
-                        .iter()
-                        .map(|p| p.display().to_string())
-                        .collect::<Vec<_>>()
-                        .join(", "),
-                    Shard::state_dir(&dir).display()
-                )),
-                Err(e) => {
-                    problems.push(format!("`output.path` {}: cannot list: {e}", dir.display()))
-                }
-            }
-            parquet.path = dir.join(shard.file_name());
-        }
-        if let BackendParams::Api(api) = &mut self.backend.params {
-            let count = shard.count;
-            let share = |key: &str, total: u64, problems: &mut Vec<String>| {
-                if total > 0 && total < u64::from(count) {
-                    problems.push(format!(
-                        "`backend.{key}` is {total} for the whole job: split {count} ways, \
-                         a shard would get less than 1"
-                    ));
-                }
-                total / u64::from(count)
-            };
-            let requests = share(
-                "requests_per_minute",
-                u64::from(api.requests_per_minute),
-                &mut problems,
-            );
-            api.requests_per_minute = u32::try_from(requests).unwrap_or(u32::MAX);
-            api.tokens_per_minute =
-                share("tokens_per_minute", api.tokens_per_minute, &mut problems);
-        }
+        self.output.params.split(shard, &mut problems);
+        self.backend.params.split(shard, &mut problems);
         // The job's budget, like its rate limits, is the whole job's.
         self.budget.max_cost = self.budget.max_cost.map(|c| c / f64::from(shard.count));
         self.shard = Some(shard);
@@ -629,29 +574,17 @@ impl Job {
     /// shard's is its own, beside the output directory for Parquet, and
     /// with the shard's name for a table.
     pub fn state_stem(&self) -> PathBuf {
-        let stem = self.output.state_stem(&self.name);
-        let Some(shard) = self.shard else {
-            return stem;
-        };
-        match &self.output.params {
-            OutputParams::Parquet(_) => {
-                let dir = crate::fsio::parent_dir(&stem);
-                Shard::state_dir(dir).join(shard.file_name())
-            }
-            OutputParams::Pgvector(_) => {
-                crate::fsio::with_suffix(&stem, &format!(".{}", shard.name()))
-            }
-        }
+        self.output.params.state_stem(&self.name, self.shard)
     }
 
     /// Takes every relative path of the job from `base`, the job file's
     /// directory (see [`paths`]).
     pub fn resolve_paths(&mut self, base: &Path) {
-        self.source.resolve_paths(base);
-        self.backend.resolve_paths(base);
-        self.output.resolve_paths(base);
+        self.source.params.resolve_paths(base);
+        self.backend.params.resolve_paths(base);
+        self.output.params.resolve_paths(base);
         if let Some(tokenizer) = &mut self.chunking.tokenizer {
-            if !crate::chunk::named_encoding(tokenizer) {
+            if !named_encoding(tokenizer) {
                 *tokenizer = paths::relative_to(base, Path::new(tokenizer.as_str()))
                     .to_string_lossy()
                     .into_owned();
@@ -699,7 +632,7 @@ impl Job {
 /// with the start of the SHA-256 of its content, so that an edited file counts
 /// as another tokenizer.
 fn tokenizer_identity(tokenizer: &str) -> String {
-    if crate::chunk::named_encoding(tokenizer) {
+    if named_encoding(tokenizer) {
         return tokenizer.to_string();
     }
     match std::fs::read(tokenizer) {
@@ -712,499 +645,16 @@ fn tokenizer_identity(tokenizer: &str) -> String {
     }
 }
 
-fn api_problems(b: &BackendShared, api: &ApiParams, p: &mut Vec<String>) {
-    if let Some(path) = &api.api_path {
-        let trimmed = path.trim();
-        if !(trimmed.is_empty() || trimmed.starts_with('/'))
-            || trimmed.contains(['?', '#', ' '])
-            || trimmed.contains("//")
-        {
-            p.push(format!(
-                "`backend.api_path` {path:?} must be empty or a path such as \"/v1\""
-            ));
-        }
-    }
-    if api.context_window == Some(0) {
-        p.push("`backend.context_window` must be at least 1".to_string());
-    }
-    if !(1..=params::MAX_STALL_TIMEOUT_SECONDS).contains(&api.stall_timeout_seconds) {
-        p.push(format!(
-            "`backend.stall_timeout_seconds` must be between 1 and {}, not {}",
-            params::MAX_STALL_TIMEOUT_SECONDS,
-            api.stall_timeout_seconds
-        ));
-    }
-    for (key, price) in [
-        ("input_per_1k", api.input_per_1k),
-        ("output_per_1k", api.output_per_1k),
-    ] {
-        if let Some(price) = price.filter(|p| !p.is_finite() || *p < 0.0) {
-            p.push(format!(
-                "`backend.{key}` must be a price of 0 or more, not {price}"
-            ));
-        }
-    }
-    if api.max_retries > MAX_RETRIES {
-        p.push(format!(
-            "`backend.max_retries` must be at most {MAX_RETRIES}, not {}",
-            api.max_retries
-        ));
-    }
-    match &api.base_url {
-        None => p.push("`backend.base_url` is required for kind \"api\"".to_string()),
-        Some(url) => {
-            if let Err(e) = reqwest::Url::parse(url) {
-                p.push(format!("`backend.base_url` {url:?} is not a URL: {e}"));
-            }
-        }
-    }
-    if b.model.as_deref().is_none_or(str::is_empty) {
-        p.push("`backend.model` is required for kind \"api\"".to_string());
-    }
-    if api.api_key_env.is_empty() {
-        p.push("`backend.api_key_env` must name an environment variable".to_string());
-    } else if std::env::var(&api.api_key_env).map_or(true, |k| k.trim().is_empty()) {
-        p.push(format!(
-            "the API key is missing: set the environment variable {} (named by `backend.api_key_env`)",
-            api.api_key_env
-        ));
-    }
+/// Whether `chunking.tokenizer` names one of the built-in encodings rather than a file.
+pub fn named_encoding(tokenizer: &str) -> bool {
+    matches!(tokenizer, "cl100k_base" | "o200k_base")
 }
 
-fn local_problems(local: &LocalParams, p: &mut Vec<String>) {
-    if let Some(threads) = local.threads {
-        if !(1..=1024).contains(&threads) {
-            p.push(format!(
-                "`backend.threads` must be between 1 and 1024, not {threads}"
-            ));
-        }
-    }
-    if let Some(size) = local.batch_size {
-        if !(1..=4096).contains(&size) {
-            p.push(format!(
-                "`backend.batch_size` must be between 1 and 4096, not {size}"
-            ));
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn parquet(job: &Job) -> &ParquetOutput {
-        match &job.output.params {
-            OutputParams::Parquet(p) => p,
-            OutputParams::Pgvector(_) => panic!("not a Parquet output"),
-        }
-    }
-
-    const MINIMAL: &str = r#"
-        [source]
-        kind = "files"
-        paths = ["docs"]
-        [backend]
-        kind = "local"
-        [output]
-        path = "out/docs.parquet"
-    "#;
-
-    #[test]
-    fn defaults_fill_the_rest() {
-        let job = parse(MINIMAL, "docs", &[]).unwrap();
-        assert_eq!(job.name, "docs");
-        assert_eq!(job.chunking, ChunkingConfig::default());
-        assert_eq!(job.backend.shared.concurrency, 8);
-        assert!(parquet(&job).include_text);
-    }
-
-    #[test]
-    fn overrides_take_toml_or_plain_strings() {
-        let job = parse(
-            MINIMAL,
-            "docs",
-            &[
-                "chunking.max_tokens=128".into(),
-                "chunking.overlap_tokens=0".into(),
-                "output.include_text=false".into(),
-                "backend.model=my-model".into(),
-                "source.paths=[\"a\", \"b\"]".into(),
-            ],
-        )
-        .unwrap();
-        assert_eq!(job.chunking.max_tokens, 128);
-        assert!(!parquet(&job).include_text);
-        assert_eq!(job.backend.shared.model.as_deref(), Some("my-model"));
-        assert_eq!(
-            job.source,
-            SourceConfig::Files(FilesSource {
-                paths: vec!["a".into(), "b".into()],
-                ..FilesSource::default()
-            })
-        );
-    }
-
-    #[test]
-    fn every_problem_is_reported_together() {
-        let text = r#"
-            name = "x"
-            colour = "blue"
-            [source]
-            kind = "files"
-            paths = ["docs"]
-            glob = "*.md"
-            [chunking]
-            max_tokens = "many"
-            [backend]
-            kind = "local"
-            concurrency = 0
-            speed = 3
-            [output]
-            path = "out.parquet"
-        "#;
-        let problems = parse(text, "x", &["backend.typo=1".into()]).unwrap_err();
-        let all = problems.join("\n");
-        for needle in [
-            "`colour`",
-            "`source.glob`",
-            "`chunking.max_tokens`",
-            "`backend.speed`",
-            "`backend.typo`",
-        ] {
-            assert!(all.contains(needle), "{needle} missing from:\n{all}");
-        }
-    }
-
-    #[test]
-    fn semantic_problems_are_reported_together() {
-        let problems = parse(
-            MINIMAL,
-            "docs",
-            &[
-                "chunking.overlap_tokens=600".into(),
-                "backend.concurrency=0".into(),
-                "backend.model=svc-embed-1".into(),
-                "backend.dimensions=3072".into(),
-                "source.path=x.jsonl".into(),
-            ],
-        )
-        .unwrap_err();
-        assert_eq!(problems.len(), 4, "{problems:#?}");
-    }
-
-    #[test]
-    fn local_settings_are_checked_and_kept_to_local() {
-        let job = parse(
-            MINIMAL,
-            "docs",
-            &["backend.threads=2".into(), "backend.batch_size=16".into()],
-        )
-        .unwrap();
-        let local = job.backend.local().unwrap();
-        assert_eq!(local.threads, Some(2));
-        assert_eq!(local.batch_size, Some(16));
-        let defaults = parse(MINIMAL, "docs", &[]).unwrap();
-        let local = defaults.backend.local().unwrap();
-        assert_eq!((local.threads, local.batch_size), (None, None));
-
-        let problems = parse(
-            MINIMAL,
-            "docs",
-            &["backend.threads=0".into(), "backend.batch_size=0".into()],
-        )
-        .unwrap_err();
-        assert_eq!(problems.len(), 2, "{problems:#?}");
-        assert!(problems[0].contains("`backend.threads`"), "{problems:?}");
-        assert!(problems[1].contains("`backend.batch_size`"), "{problems:?}");
-
-        let problems = parse(
-            MINIMAL,
-            "docs",
-            &[
-                "backend.kind=api".into(),
-                "backend.base_url=http://127.0.0.1:9".into(),
-                "backend.model=svc-embed-1".into(),
-                "backend.api_key_env=PATH".into(),
-                "backend.model_dir=models/m".into(),
-                "backend.threads=2".into(),
-                "backend.batch_size=8".into(),
-            ],
-        )
-        .unwrap_err();
-        for key in ["model_dir", "threads", "batch_size"] {
-            let needle = format!("`backend.{key}` does not apply to kind \"api\"");
-            assert!(
-                problems.contains(&needle),
-                "{needle} missing from {problems:#?}"
-            );
-        }
-        assert_eq!(problems.len(), 3, "{problems:#?}");
-    }
-
-    const PGVECTOR: &str = r#"
-        name = "docs index"
-        [source]
-        kind = "files"
-        paths = ["docs"]
-        [backend]
-        kind = "local"
-        [output]
-        kind = "pgvector"
-        url = "postgresql://embedjob@127.0.0.1:5432/search"
-        table = "docs_chunks"
-    "#;
-
-    #[test]
-    fn a_shard_writes_its_own_file_keeps_its_own_state_and_takes_its_part_of_the_limits() {
-        let api = [
-            "backend.kind=api".to_string(),
-            "backend.base_url=http://127.0.0.1:9".to_string(),
-            "backend.model=m".to_string(),
-            "backend.api_key_env=PATH".to_string(),
-            "backend.requests_per_minute=40".to_string(),
-            "backend.tokens_per_minute=100000".to_string(),
-            "budget.max_cost=2.0".to_string(),
-        ];
-        let mut job = parse(MINIMAL, "docs", &api).unwrap();
-        job.split(Shard::new(1, 4).unwrap()).unwrap();
-        assert_eq!(
-            parquet(&job).path,
-            Path::new("out/docs.parquet/part-00001-of-00004.parquet")
-        );
-        assert_eq!(
-            job.state_stem(),
-            Path::new("out/docs.parquet.embedjob/part-00001-of-00004.parquet")
-        );
-        let api_params = job.backend.api().unwrap();
-        assert_eq!(api_params.requests_per_minute, 10);
-        assert_eq!(api_params.tokens_per_minute, 25_000);
-        assert_eq!(job.budget.max_cost, Some(0.5));
-
-        let mut job = parse(MINIMAL, "docs", &api).unwrap();
-        let problems = job.split(Shard::new(0, 41).unwrap()).unwrap_err();
-        assert_eq!(problems.len(), 1, "{problems:?}");
-        assert!(problems[0].contains("`backend.requests_per_minute` is 40"));
-
-        let mut job = parse(PGVECTOR, "docs", &[]).unwrap();
-        job.split(Shard::new(2, 4).unwrap()).unwrap();
-        assert_eq!(
-            job.state_stem(),
-            Path::new(".embedjob/docs_index.docs_chunks.part-00002-of-00004")
-        );
-    }
-
-    #[test]
-    fn a_pgvector_output_takes_its_keys_and_names_its_state_after_job_and_table() {
-        let job = parse(PGVECTOR, "docs", &["output.index=hnsw".into()]).unwrap();
-        let OutputParams::Pgvector(pg) = &job.output.params else {
-            panic!("not a pgvector output");
-        };
-        assert_eq!(pg.index, VectorIndex::Hnsw);
-        assert_eq!(pg.password_env, None);
-        assert_eq!(
-            job.output.state_stem(&job.name),
-            Path::new(".embedjob/docs_index.docs_chunks")
-        );
-        let problems = parse(PGVECTOR, "docs", &["output.path=x".into()]).unwrap_err();
-        assert_eq!(
-            problems,
-            ["`output.path` does not apply to kind \"pgvector\""],
-            "{problems:#?}"
-        );
-        let problems = parse(PGVECTOR, "docs", &["output.index=ivf".into()]).unwrap_err();
-        assert!(problems[0].contains("`output.index`"), "{problems:#?}");
-    }
-
-    #[test]
-    fn a_pgvector_url_with_a_password_is_refused_without_quoting_it() {
-        for url in [
-            "postgresql://embedjob:hunter2secret@127.0.0.1/search",
-            "postgresql://embedjob@127.0.0.1/search?password=hunter2secret",
-        ] {
-            let problems = parse(PGVECTOR, "docs", &[format!("output.url=\"{url}\"")]).unwrap_err();
-            assert_eq!(problems.len(), 1, "{problems:#?}");
-            assert!(problems[0].contains("holds a password (not shown)"));
-            assert!(!problems[0].contains("hunter2secret"));
-        }
-        let problems = parse(
-            PGVECTOR,
-            "docs",
-            &[
-                "output.url=\"mysql://h/db\"".into(),
-                "output.table=\"Docs-Chunks\"".into(),
-                "output.password_env=EMBEDJOB_SURELY_UNSET_VARIABLE".into(),
-            ],
-        )
-        .unwrap_err();
-        assert_eq!(problems.len(), 3, "{problems:#?}");
-        let long = format!("output.table={}", "t".repeat(55));
-        let problems = parse(PGVECTOR, "docs", &[long]).unwrap_err();
-        assert!(problems[0].contains("too long"), "{problems:#?}");
-        assert!(parse(PGVECTOR, "docs", &["output.table=search.docs_2".into()]).is_ok());
-    }
-
-    #[test]
-    fn chunk_sizes_left_out_fit_the_window_and_the_request() {
-        let job = parse(MINIMAL, "docs", &[]).unwrap();
-        assert_eq!(job.chunk_sizes_set, ChunkSizesSet::default());
-        let sizes = |job: &Job, window| {
-            let c = job.chunking_for(window);
-            (c.max_tokens, c.overlap_tokens)
-        };
-        assert_eq!(sizes(&job, None), (512, 50));
-        assert_eq!(sizes(&job, Some(8192)), (512, 50));
-        assert_eq!(sizes(&job, Some(254)), (254, 25));
-        assert_eq!(sizes(&job, Some(128)), (128, 13));
-        assert_eq!(sizes(&job, Some(1)), (1, 0));
-        let capped = parse(
-            MINIMAL,
-            "docs",
-            &["backend.max_tokens_per_request=300".into()],
-        )
-        .unwrap();
-        assert_eq!(sizes(&capped, Some(8192)), (300, 29));
-        // Sizes the job sets are kept, whatever the window (the run then refuses them).
-        let set = parse(MINIMAL, "docs", &["chunking.max_tokens=400".into()]).unwrap();
-        assert_eq!(sizes(&set, Some(254)), (400, 39));
-        let overlap = parse(MINIMAL, "docs", &["chunking.overlap_tokens=10".into()]).unwrap();
-        assert_eq!(sizes(&overlap, Some(254)), (254, 10));
-        // Only a chunk size the job sets must fit the request limit at parse time.
-        assert!(parse(
-            MINIMAL,
-            "docs",
-            &["backend.max_tokens_per_request=300".into()]
-        )
-        .is_ok());
-        assert!(parse(
-            MINIMAL,
-            "docs",
-            &[
-                "backend.max_tokens_per_request=300".into(),
-                "chunking.max_tokens=400".into()
-            ]
-        )
-        .is_err());
-    }
-
-    #[test]
-    fn a_tokenizer_file_is_taken_from_the_job_files_directory_and_a_name_stays_a_name() {
-        let dir = tempfile::tempdir().unwrap();
-        let jobs = dir.path().join("jobs");
-        std::fs::create_dir(&jobs).unwrap();
-        let path = jobs.join("t.toml");
-        let job_text = |tokenizer: &str| {
-            format!(
-                "[source]\nkind = \"files\"\npaths = [\"docs\"]\n[chunking]\ntokenizer = \"{tokenizer}\"\n\
-                 [backend]\nkind = \"api\"\nbase_url = \"http://127.0.0.1:9\"\nmodel = \"m\"\n\
-                 api_key_env = \"PATH\"\n[output]\npath = \"out.parquet\"\n"
-            )
-        };
-        std::fs::write(&path, job_text("../tok/tokenizer.json")).unwrap();
-        let job = load(&path, &[]).unwrap();
-        assert_eq!(
-            job.chunking.tokenizer.as_deref().map(Path::new),
-            Some(dir.path().join("tok/tokenizer.json").as_path())
-        );
-        std::fs::write(&path, job_text("o200k_base")).unwrap();
-        let job = load(&path, &[]).unwrap();
-        assert_eq!(job.chunking.tokenizer.as_deref(), Some("o200k_base"));
-    }
-
-    #[test]
-    fn relative_paths_are_taken_from_the_job_files_directory() {
-        let dir = tempfile::tempdir().unwrap();
-        let jobs = dir.path().join("jobs");
-        std::fs::create_dir(&jobs).unwrap();
-        let path = jobs.join("docs.toml");
-        std::fs::write(
-            &path,
-            "[source]\nkind = \"files\"\npaths = [\"../docs/**/*.md\", \"/abs/notes\"]\n\
-             [backend]\nkind = \"local\"\nmodel_dir = \"models/m\"\n[output]\npath = \"out/docs.parquet\"\n",
-        )
-        .unwrap();
-        let job = load(&path, &["output.path=../shared/x.parquet".into()]).unwrap();
-        let SourceConfig::Files(files) = &job.source else {
-            panic!("{:?}", job.source);
-        };
-        assert_eq!(
-            files.paths,
-            [
-                format!("{}/docs/**/*.md", dir.path().display()),
-                "/abs/notes".to_string()
-            ]
-        );
-        assert_eq!(
-            job.output.state_stem(&job.name),
-            dir.path().join("shared/x.parquet")
-        );
-        assert_eq!(
-            job.backend.local().unwrap().model_dir.as_deref(),
-            Some(jobs.join("models/m").as_path())
-        );
-        // Stdin stays stdin.
-        std::fs::write(
-            &path,
-            "[source]\nkind = \"jsonl\"\npath = \"-\"\ntext_field = \"t\"\n[backend]\nkind = \"local\"\n\
-             [output]\npath = \"o.parquet\"\n",
-        )
-        .unwrap();
-        let job = load(&path, &[]).unwrap();
-        assert!(job.source.is_stdin());
-        assert_eq!(job.source.describe(), "<stdin>");
-    }
-
-    #[test]
-    fn source_keys_of_the_new_kinds_are_checked() {
-        let records = "[source]\nkind = \"jsonl\"\npath = \"x.jsonl\"\ntext_field = \"text\"\n\
-                       [backend]\nkind = \"local\"\n[output]\npath = \"o.parquet\"\n";
-        let problems = parse(
-            records,
-            "x",
-            &[
-                "source.metadata_fields=[\"url\", \"meta..x\", \"embedding\", \"a.b\", \"a_b\"]"
-                    .into(),
-            ],
-        )
-        .unwrap_err();
-        let all = problems.join("\n");
-        assert_eq!(problems.len(), 3, "{all}");
-        assert!(all.contains("\"meta..x\" is not a field name"), "{all}");
-        assert!(
-            all.contains("column \"embedding\", which the output already has"),
-            "{all}"
-        );
-        assert!(
-            all.contains("\"a.b\" and \"a_b\" would both be written as column \"a_b\""),
-            "{all}"
-        );
-        let problems = parse(records, "x", &["source.include=[\"*.md\"]".into()]).unwrap_err();
-        assert_eq!(
-            problems,
-            ["`source.include` does not apply to kind \"jsonl\""]
-        );
-        let problems = parse(MINIMAL, "x", &["source.on_invalid=ignore".into()]).unwrap_err();
-        assert!(
-            problems[0].contains("`source.on_invalid`")
-                && problems[0].contains("`skip` or `error`"),
-            "{problems:?}"
-        );
-        let problems = parse(MINIMAL, "x", &["source.include=[\"[\"]".into()]).unwrap_err();
-        assert!(problems[0].contains("not a valid glob"), "{problems:?}");
-        let job = parse(MINIMAL, "x", &["source.on_invalid=error".into()]).unwrap();
-        let SourceConfig::Files(files) = &job.source else {
-            panic!()
-        };
-        assert_eq!(files.on_invalid, OnInvalid::Error);
-    }
-
-    #[test]
-    fn missing_sections_and_bad_toml() {
-        let problems = parse("name = \"x\"", "x", &[]).unwrap_err();
-        assert!(problems.iter().any(|p| p.contains("[source]")));
-        assert!(problems.iter().any(|p| p.contains("[output]")));
-        let problems = parse("name = ", "x", &[]).unwrap_err();
-        assert!(problems[0].starts_with("not valid TOML"), "{problems:?}");
-        let problems = parse(MINIMAL, "x", &["novalue".into()]).unwrap_err();
-        assert!(problems[0].contains("KEY=VALUE"));
+/// The vector length of the models the service documents.
+pub fn known_model_dimensions(model: &str) -> Option<usize> {
+    match model {
+        "svc-embed-1" => Some(1024),
+        "svc-embed-1-l" => Some(3072),
+        _ => None,
     }
 }

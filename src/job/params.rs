@@ -1,22 +1,23 @@
-//! Per-kind parameters of `[source]`, `[backend]` and `[output]`.
+//! `[source]`, `[backend]` and `[output]`: sections that hold one kind's
+//! parameters.
 //!
-//! A section's `kind` is read first; then the rest of the section is
-//! deserialized into that kind's own parameters (and, for the backend, into
-//! the keys every kind shares). A key that belongs to another kind is
-//! reported as not applying to this one, and any other unknown key as
-//! unknown. `#[serde(tag = "kind")]` is not used: through it `serde_ignored`
-//! would not see the unknown keys inside.
+//! A section's `kind` is read first and looked up among the kinds its
+//! stage registers (see [`Kinds`]); that kind then reads the rest of the
+//! section into its own parameters (a [`Kind`] in the kind's own folder),
+//! and the job keeps them behind [`SourceParams`], [`BackendParams`] or
+//! [`OutputParams`]. This module knows no kind by name: a key that belongs
+//! to another registered kind is reported as not applying to this one, and
+//! any other unknown key as unknown. `#[serde(tag = "kind")]` is not used:
+//! through it `serde_ignored` would not see the unknown keys inside.
 
+use std::any::Any;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
 use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
-pub const DEFAULT_API_KEY_ENV: &str = "EMBEDJOB_API_KEY";
-
-/// How stdin is named in messages and in the output's `source` column.
-pub const STDIN_NAME: &str = "<stdin>";
+use super::{ChunkingConfig, Shard};
 
 /// A section's parameters, as deserialized, with the problems found.
 pub(super) struct Parsed<T> {
@@ -89,311 +90,392 @@ pub(super) fn one_line(text: &str) -> String {
     text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
-/// Takes `kind` out of a section, defaulting to `default` when absent.
-fn take_kind<K: DeserializeOwned>(
-    section: &str,
-    table: &mut toml::Table,
-    default: Option<K>,
-    problems: &mut Vec<String>,
-) -> Option<K> {
-    match table.remove("kind") {
-        None => {
-            if default.is_none() {
-                problems.push(format!("`{section}.kind` is required"));
+// ---------------------------------------------------------------- kinds
+
+/// One kind of a section, as its stage registers it: its name, its keys,
+/// and how it reads its parameters. `P` is the section's parameters
+/// (`dyn SourceParams`, `dyn BackendParams` or `dyn OutputParams`).
+pub trait Kind<P: ?Sized>: Sync {
+    /// The section's `kind` that names it.
+    fn name(&self) -> &'static str;
+    /// Its own keys, so that another kind can tell them from unknown ones.
+    fn keys(&self) -> &'static [&'static str];
+    /// Reads the section (less `kind`), reporting its problems in `table`.
+    fn parse(&self, table: &mut KindTable<'_>) -> Option<Box<P>>;
+}
+
+/// Every kind the stages register, in the order their messages list them.
+pub struct Kinds {
+    pub source: Vec<&'static dyn Kind<dyn SourceParams>>,
+    pub backend: Vec<&'static dyn Kind<dyn BackendParams>>,
+    pub output: Vec<&'static dyn Kind<dyn OutputParams>>,
+}
+
+/// A section being read by its kind: the table, and the problems found.
+pub struct KindTable<'a> {
+    section: &'static str,
+    kind: &'static str,
+    table: &'a toml::Table,
+    others: Vec<(&'static str, &'static [&'static str])>,
+    /// For `[backend]`: the keys its shared part did not know. A key only
+    /// one of the two parts knows is known.
+    shared_unknown: Option<Vec<String>>,
+    problems: Vec<String>,
+}
+
+impl KindTable<'_> {
+    /// `source`, `backend` or `output`.
+    pub fn section(&self) -> &'static str {
+        self.section
+    }
+
+    /// The kind reading the section.
+    pub fn kind(&self) -> &'static str {
+        self.kind
+    }
+
+    /// Deserializes the section into `T`, reporting the keys of other kinds,
+    /// the unknown keys and the keys of the wrong type.
+    pub fn deserialize<T: DeserializeOwned>(&mut self) -> Option<T> {
+        let (value, unknown, error) = deserialize::<T>(self.section, self.table);
+        match self.shared_unknown.take() {
+            Some(shared) => {
+                self.problems.extend(error);
+                let unknown = unknown.into_iter().filter(|key| shared.contains(key));
+                self.report_unknown(unknown);
             }
-            default
+            None => {
+                self.report_unknown(unknown);
+                self.problems.extend(error);
+            }
         }
-        Some(value) => match K::deserialize(value) {
-            Ok(kind) => Some(kind),
-            Err(e) => {
-                problems.push(format!("`{section}.kind`: {}", one_line(&e.to_string())));
-                None
+        value
+    }
+
+    /// Adds a problem of the section.
+    pub fn problem(&mut self, problem: String) {
+        self.problems.push(problem);
+    }
+
+    /// Reports each key no part of the section knew: as belonging to another
+    /// kind when one of the others has it, else as unknown.
+    fn report_unknown(&mut self, unknown: impl IntoIterator<Item = String>) {
+        let (section, kind) = (self.section, self.kind);
+        for key in unknown {
+            let elsewhere = self
+                .others
+                .iter()
+                .any(|(other, keys)| *other != kind && keys.contains(&key.as_str()));
+            if elsewhere {
+                self.problems.push(format!(
+                    "`{section}.{key}` does not apply to kind \"{kind}\""
+                ));
+            } else {
+                self.problems.push(format!("unknown key `{section}.{key}`"));
             }
-        },
+        }
     }
 }
 
-/// Reports each key no part of a section knew: as belonging to another kind
-/// when one of `others` (kind name, its keys) has it, else as unknown.
-fn report_unknown(
-    section: &str,
-    kind: &str,
-    unknown: impl IntoIterator<Item = String>,
-    others: &[(&str, &[&str])],
+/// Reads a kinded section: its `kind` (`default` when absent), then the
+/// rest by that kind. `shared_unknown` as in [`KindTable`].
+fn parse_kinded<P: ?Sized + 'static>(
+    section: &'static str,
+    table: &toml::Table,
+    kind: &'static dyn Kind<P>,
+    kinds: &[&'static dyn Kind<P>],
+    shared_unknown: Option<Vec<String>>,
     problems: &mut Vec<String>,
-) {
-    for key in unknown {
-        let elsewhere = others
-            .iter()
-            .any(|(other, keys)| *other != kind && keys.contains(&key.as_str()));
-        if elsewhere {
-            problems.push(format!(
-                "`{section}.{key}` does not apply to kind \"{kind}\""
-            ));
-        } else {
-            problems.push(format!("unknown key `{section}.{key}`"));
+) -> Option<Box<P>> {
+    let mut read = KindTable {
+        section,
+        kind: kind.name(),
+        table,
+        others: kinds.iter().map(|k| (k.name(), k.keys())).collect(),
+        shared_unknown,
+        problems: Vec::new(),
+    };
+    let value = kind.parse(&mut read);
+    problems.extend(read.problems);
+    value
+}
+
+/// `[source]`: its kind's parameters.
+pub(super) fn parse_source(mut table: toml::Table, kinds: &Kinds) -> Parsed<Box<dyn SourceParams>> {
+    let mut problems = Vec::new();
+    let all = &kinds.source;
+    let value = take_kind("source", "SourceKind", &mut table, all, None, &mut problems)
+        .and_then(|kind| parse_kinded("source", &table, kind, all, None, &mut problems));
+    Parsed { value, problems }
+}
+
+/// `[backend]`: the shared keys, and its kind's own (`api` when absent).
+pub(super) fn parse_backend(mut table: toml::Table, kinds: &Kinds) -> Parsed<BackendConfig> {
+    let mut problems = Vec::new();
+    let all = &kinds.backend;
+    let kind = take_kind(
+        "backend",
+        "BackendKind",
+        &mut table,
+        all,
+        Some("api"),
+        &mut problems,
+    );
+    let (shared, unknown_shared, error) = deserialize::<BackendShared>("backend", &table);
+    problems.extend(error);
+    let Some(kind) = kind else {
+        return Parsed {
+            value: None,
+            problems,
+        };
+    };
+    let params = parse_kinded(
+        "backend",
+        &table,
+        kind,
+        all,
+        Some(unknown_shared),
+        &mut problems,
+    );
+    let value = shared
+        .zip(params)
+        .map(|(shared, params)| BackendConfig { shared, params });
+    Parsed { value, problems }
+}
+
+/// `[output]`: its kind's parameters (`parquet` when absent).
+pub(super) fn parse_output(mut table: toml::Table, kinds: &Kinds) -> Parsed<Box<dyn OutputParams>> {
+    let mut problems = Vec::new();
+    let all = &kinds.output;
+    let value = take_kind(
+        "output",
+        "OutputKind",
+        &mut table,
+        all,
+        Some("parquet"),
+        &mut problems,
+    )
+    .and_then(|kind| parse_kinded("output", &table, kind, all, None, &mut problems));
+    Parsed { value, problems }
+}
+
+/// Takes `kind` out of a section, defaulting to `default` when absent.
+/// `type_name` is how serde would name the list of kinds, so that the
+/// messages read as they always have.
+fn take_kind<P: ?Sized + 'static>(
+    section: &str,
+    type_name: &'static str,
+    table: &mut toml::Table,
+    kinds: &[&'static dyn Kind<P>],
+    default: Option<&str>,
+    problems: &mut Vec<String>,
+) -> Option<&'static dyn Kind<P>> {
+    let find = |name: &str| kinds.iter().copied().find(|k| k.name() == name);
+    match table.remove("kind") {
+        None => {
+            let kind = default.and_then(find);
+            if kind.is_none() {
+                problems.push(format!("`{section}.kind` is required"));
+            }
+            kind
         }
+        Some(value) => {
+            let names: Vec<&str> = kinds.iter().map(|k| k.name()).collect();
+            let visitor = KindVisitor {
+                type_name,
+                names: &names,
+            };
+            match serde::Deserializer::deserialize_enum(value, type_name, &[], visitor) {
+                Ok(name) => find(&name),
+                Err(e) => {
+                    problems.push(format!("`{section}.kind`: {}", one_line(&e.to_string())));
+                    None
+                }
+            }
+        }
+    }
+}
+
+/// Reads a kind's name as a unit variant among `names`, with serde's own
+/// messages for a name that is not one.
+struct KindVisitor<'n> {
+    type_name: &'static str,
+    names: &'n [&'n str],
+}
+
+impl<'de> serde::de::Visitor<'de> for KindVisitor<'_> {
+    type Value = String;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "enum {}", self.type_name)
+    }
+
+    fn visit_enum<A: serde::de::EnumAccess<'de>>(self, data: A) -> Result<String, A::Error> {
+        use serde::de::{Error, VariantAccess};
+        let (name, variant): (String, _) = data.variant()?;
+        if !self.names.contains(&name.as_str()) {
+            return Err(A::Error::custom(unknown_variant(&name, self.names)));
+        }
+        variant.unit_variant()?;
+        Ok(name)
+    }
+}
+
+/// serde's message for an unknown variant.
+fn unknown_variant(name: &str, names: &[&str]) -> String {
+    let quoted: Vec<String> = names.iter().map(|n| format!("`{n}`")).collect();
+    match quoted.as_slice() {
+        [] => format!("unknown variant `{name}`, there are no variants"),
+        [one] => format!("unknown variant `{name}`, expected {one}"),
+        [a, b] => format!("unknown variant `{name}`, expected {a} or {b}"),
+        all => format!(
+            "unknown variant `{name}`, expected one of {}",
+            all.join(", ")
+        ),
+    }
+}
+
+/// What every kind's parameters can be asked, whatever their type.
+pub trait Erased: Any + fmt::Debug + Send + Sync {
+    fn as_any(&self) -> &dyn Any;
+    fn as_any_mut(&mut self) -> &mut dyn Any;
+    /// Whether `other` is parameters of the same type, equal to these.
+    fn same_as(&self, other: &dyn Any) -> bool;
+}
+
+impl<T: Any + fmt::Debug + Send + Sync + PartialEq> Erased for T {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+
+    fn same_as(&self, other: &dyn Any) -> bool {
+        other.downcast_ref::<T>().is_some_and(|other| other == self)
     }
 }
 
 // ---------------------------------------------------------------- source
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum SourceKind {
-    Files,
-    Jsonl,
-    Csv,
-    Parquet,
-}
-
-impl fmt::Display for SourceKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            SourceKind::Files => "files",
-            SourceKind::Jsonl => "jsonl",
-            SourceKind::Csv => "csv",
-            SourceKind::Parquet => "parquet",
-        })
+/// One source kind's parameters (`[source]`), as its folder defines them.
+pub trait SourceParams: Erased {
+    fn kind(&self) -> &'static str;
+    fn clone_box(&self) -> Box<dyn SourceParams>;
+    /// Takes relative paths and globs from `base` (stdin stays stdin).
+    fn resolve_paths(&mut self, base: &Path);
+    /// The problems found once the whole job file is read.
+    fn problems(&self, p: &mut Vec<String>);
+    /// The input, for messages: its path, or its list of globs.
+    fn describe(&self) -> String;
+    /// Whether the input is stdin, which can be read only once.
+    fn is_stdin(&self) -> bool {
+        false
     }
 }
 
 /// `[source]`: one kind's parameters.
-#[derive(Debug, Clone, PartialEq)]
-pub enum SourceConfig {
-    Files(FilesSource),
-    Jsonl(RecordsSource),
-    Csv(RecordsSource),
-    Parquet(RecordsSource),
+#[derive(Debug)]
+pub struct SourceConfig {
+    pub params: Box<dyn SourceParams>,
 }
-
-/// `kind = "files"`: text files found by globs, directories or names.
-#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
-pub struct FilesSource {
-    /// Globs, directories or files.
-    #[serde(default)]
-    pub paths: Vec<String>,
-    /// Globs a file's id (its path below the directory or glob root that
-    /// found it) must match; empty: every file.
-    #[serde(default)]
-    pub include: Vec<String>,
-    /// Globs of files to leave out, matched like `include`.
-    #[serde(default)]
-    pub exclude: Vec<String>,
-    /// What to do with a file found by a directory or glob that is not
-    /// UTF-8 text. A file named on its own is always an error.
-    #[serde(default)]
-    pub on_invalid: OnInvalid,
-}
-
-/// `source.on_invalid`: files that are not UTF-8 text.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum OnInvalid {
-    /// Pass them over, counted and named in the summary.
-    #[default]
-    Skip,
-    /// Stop the job with an error naming the file.
-    Error,
-}
-
-/// `kind = "jsonl" | "csv" | "parquet"`: records with a text field.
-#[derive(Debug, Clone, PartialEq)]
-pub struct RecordsSource {
-    /// A file (or, for parquet, a directory of files); `-` is stdin (jsonl, csv).
-    pub path: PathBuf,
-    pub text_field: String,
-    pub id_field: Option<String>,
-    /// Fields carried into the output as columns of their own: column names,
-    /// or for JSON, dotted paths into objects.
-    pub metadata_fields: Vec<String>,
-}
-
-impl RecordsSource {
-    /// Whether the records come from stdin (`path = "-"`).
-    pub fn is_stdin(&self) -> bool {
-        self.path.as_os_str() == STDIN
-    }
-}
-
-/// The `path` that names stdin.
-pub const STDIN: &str = "-";
-
-/// Records as written, before the required keys are checked.
-#[derive(Debug, Clone, Deserialize)]
-struct RawRecords {
-    path: Option<PathBuf>,
-    text_field: Option<String>,
-    id_field: Option<String>,
-    #[serde(default)]
-    metadata_fields: Vec<String>,
-}
-
-const FILES_KEYS: &[&str] = &["paths", "include", "exclude", "on_invalid"];
-const RECORDS_KEYS: &[&str] = &["path", "text_field", "id_field", "metadata_fields"];
-const SOURCE_KINDS: &[(&str, &[&str])] = &[
-    ("files", FILES_KEYS),
-    ("jsonl", RECORDS_KEYS),
-    ("csv", RECORDS_KEYS),
-    ("parquet", RECORDS_KEYS),
-];
 
 impl SourceConfig {
-    pub fn kind(&self) -> SourceKind {
-        match self {
-            SourceConfig::Files(_) => SourceKind::Files,
-            SourceConfig::Jsonl(_) => SourceKind::Jsonl,
-            SourceConfig::Csv(_) => SourceKind::Csv,
-            SourceConfig::Parquet(_) => SourceKind::Parquet,
+    pub fn new(params: impl SourceParams) -> Self {
+        SourceConfig {
+            params: Box::new(params),
         }
     }
 
-    /// The records' parameters, for the kinds that read records.
-    pub fn records(&self) -> Option<&RecordsSource> {
-        match self {
-            SourceConfig::Files(_) => None,
-            SourceConfig::Jsonl(r) | SourceConfig::Csv(r) | SourceConfig::Parquet(r) => Some(r),
-        }
+    pub fn kind(&self) -> &'static str {
+        self.params.kind()
     }
 
-    /// The input, for messages: its path, or its list of globs.
+    /// The parameters, when they are of kind `T`.
+    pub fn get<T: 'static>(&self) -> Option<&T> {
+        self.params.as_any().downcast_ref()
+    }
+
     pub fn describe(&self) -> String {
-        match self {
-            SourceConfig::Files(files) => files.paths.join(", "),
-            SourceConfig::Jsonl(r) | SourceConfig::Csv(r) | SourceConfig::Parquet(r) => {
-                if r.is_stdin() {
-                    STDIN_NAME.to_string()
-                } else {
-                    r.path.display().to_string()
-                }
-            }
-        }
+        self.params.describe()
     }
 
-    /// Whether the input is stdin, which can be read only once.
     pub fn is_stdin(&self) -> bool {
-        self.records().is_some_and(RecordsSource::is_stdin)
+        self.params.is_stdin()
     }
+}
 
-    /// Takes relative paths and globs from `base` (stdin stays stdin).
-    pub(super) fn resolve_paths(&mut self, base: &Path) {
-        match self {
-            SourceConfig::Files(files) => {
-                for pattern in &mut files.paths {
-                    *pattern = super::paths::pattern_relative_to(base, pattern);
-                }
-            }
-            SourceConfig::Jsonl(r) | SourceConfig::Csv(r) | SourceConfig::Parquet(r) => {
-                if !r.is_stdin() {
-                    r.path = super::paths::relative_to(base, &r.path);
-                }
-            }
-        }
-    }
-
-    pub(super) fn parse(mut table: toml::Table) -> Parsed<SourceConfig> {
-        let mut problems = Vec::new();
-        let Some(kind) = take_kind::<SourceKind>("source", &mut table, None, &mut problems) else {
-            return Parsed {
-                value: None,
-                problems,
-            };
-        };
-        let name = kind.to_string();
-        let value = if kind == SourceKind::Files {
-            let (value, unknown, error) = deserialize::<FilesSource>("source", &table);
-            report_unknown("source", &name, unknown, SOURCE_KINDS, &mut problems);
-            problems.extend(error);
-            value.map(SourceConfig::Files)
-        } else {
-            let (raw, unknown, error) = deserialize::<RawRecords>("source", &table);
-            report_unknown("source", &name, unknown, SOURCE_KINDS, &mut problems);
-            problems.extend(error);
-            raw.and_then(|raw| records(kind, raw, &mut problems))
-        };
-        Parsed { value, problems }
-    }
-
-    pub(super) fn problems(&self, p: &mut Vec<String>) {
-        match self {
-            SourceConfig::Files(files) => {
-                if files.paths.is_empty() {
-                    p.push(
-                        "`source.paths` must list at least one glob or directory for kind \"files\""
-                            .to_string(),
-                    );
-                }
-                for (key, patterns) in [("include", &files.include), ("exclude", &files.exclude)] {
-                    for pattern in patterns {
-                        if let Err(e) = glob::Pattern::new(pattern) {
-                            p.push(format!(
-                                "`source.{key}`: {pattern:?} is not a valid glob: {e}"
-                            ));
-                        }
-                    }
-                }
-            }
-            SourceConfig::Jsonl(r) | SourceConfig::Csv(r) | SourceConfig::Parquet(r) => {
-                if r.is_stdin() && self.kind() == SourceKind::Parquet {
-                    p.push(
-                        "`source.path` \"-\" (stdin) is for kinds \"jsonl\" and \"csv\"; \
-                         Parquet must be read from a file"
-                            .to_string(),
-                    );
-                }
-                crate::contract::metadata_problems(&r.metadata_fields, p);
-            }
+impl Clone for SourceConfig {
+    fn clone(&self) -> Self {
+        SourceConfig {
+            params: self.params.clone_box(),
         }
     }
 }
 
-fn records(kind: SourceKind, raw: RawRecords, problems: &mut Vec<String>) -> Option<SourceConfig> {
-    let path = raw.path.filter(|p| !p.as_os_str().is_empty());
-    if path.is_none() {
-        problems.push(format!("`source.path` is required for kind \"{kind}\""));
+impl PartialEq for SourceConfig {
+    fn eq(&self, other: &Self) -> bool {
+        self.params.same_as(other.params.as_any())
     }
-    let text_field = raw.text_field.filter(|f| !f.is_empty());
-    if text_field.is_none() {
-        problems.push(format!(
-            "`source.text_field` is required for kind \"{kind}\""
-        ));
-    }
-    let records = RecordsSource {
-        path: path?,
-        text_field: text_field?,
-        id_field: raw.id_field,
-        metadata_fields: raw.metadata_fields,
-    };
-    Some(match kind {
-        SourceKind::Jsonl => SourceConfig::Jsonl(records),
-        SourceKind::Csv => SourceConfig::Csv(records),
-        SourceKind::Parquet | SourceKind::Files => SourceConfig::Parquet(records),
-    })
 }
 
 // ---------------------------------------------------------------- backend
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum BackendKind {
-    Api,
-    Local,
-}
-
-impl fmt::Display for BackendKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            BackendKind::Api => "api",
-            BackendKind::Local => "local",
-        })
+/// One backend kind's own parameters (`[backend]`, besides the shared keys).
+pub trait BackendParams: Erased {
+    fn kind(&self) -> &'static str;
+    fn clone_box(&self) -> Box<dyn BackendParams>;
+    /// Takes relative paths from `base`.
+    fn resolve_paths(&mut self, _base: &Path) {}
+    /// The problems found once the whole job file is read; `chunking` when
+    /// the job sets `chunking.max_tokens`.
+    fn problems(
+        &self,
+        shared: &BackendShared,
+        chunking: Option<&ChunkingConfig>,
+        p: &mut Vec<String>,
+    );
+    /// This kind's part of making the job one shard of `shard.count`.
+    fn split(&mut self, _shard: Shard, _problems: &mut Vec<String>) {}
+    /// The client-side limits on requests and tokens per minute (0: none),
+    /// for a kind that sends requests to a service.
+    fn per_minute_limits(&self) -> Option<(u32, u64)> {
+        None
     }
 }
 
 /// `[backend]`: the keys every kind shares, and one kind's own.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug)]
 pub struct BackendConfig {
     pub shared: BackendShared,
-    pub params: BackendParams,
+    pub params: Box<dyn BackendParams>,
+}
+
+impl BackendConfig {
+    pub fn kind(&self) -> &'static str {
+        self.params.kind()
+    }
+
+    /// The kind's own keys, when they are of kind `T`.
+    pub fn get<T: 'static>(&self) -> Option<&T> {
+        self.params.as_any().downcast_ref()
+    }
+}
+
+impl Clone for BackendConfig {
+    fn clone(&self) -> Self {
+        BackendConfig {
+            shared: self.shared.clone(),
+            params: self.params.clone_box(),
+        }
+    }
+}
+
+impl PartialEq for BackendConfig {
+    fn eq(&self, other: &Self) -> bool {
+        self.shared == other.shared && self.params.same_as(other.params.as_any())
+    }
 }
 
 /// The keys of `[backend]` that every kind takes.
@@ -424,477 +506,174 @@ impl Default for BackendShared {
     }
 }
 
-/// One backend kind's own keys.
-#[derive(Debug, Clone, PartialEq)]
-pub enum BackendParams {
-    Api(ApiParams),
-    Local(LocalParams),
-}
-
-/// How vectors travel in an embeddings response (`backend.encoding_format`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum EncodingFormat {
-    /// Ask for base64, take floats if they come, and ask for floats for the
-    /// rest of the run if the service refuses the parameter.
-    #[default]
-    Auto,
-    /// JSON numbers: the parameter is not sent.
-    Float,
-    /// Little-endian `f32`s in base64, as OpenAI sends them; a refusal stops the run.
-    Base64,
-}
-
-impl fmt::Display for EncodingFormat {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            EncodingFormat::Auto => "auto",
-            EncodingFormat::Float => "float",
-            EncodingFormat::Base64 => "base64",
-        })
-    }
-}
-
-/// `kind = "api"`: an OpenAI-style service.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(default)]
-pub struct ApiParams {
-    pub base_url: Option<String>,
-    /// The path the API's routes sit under (`/v1` when absent; `""` for
-    /// servers that serve them at the root, as infinity does by default).
-    pub api_path: Option<String>,
-    /// The model's context window, in tokens, for servers that do not list
-    /// it; it takes precedence over the listing.
-    pub context_window: Option<u64>,
-    /// The price per 1000 input tokens, for servers that do not list it; it
-    /// takes precedence over the listing.
-    pub input_per_1k: Option<f64>,
-    /// The price per 1000 output tokens, as `input_per_1k`; output tokens
-    /// are priced as input tokens without it. Embeddings have none.
-    pub output_per_1k: Option<f64>,
-    pub encoding_format: EncodingFormat,
-    /// The environment variable that holds the API key (never the key itself).
-    pub api_key_env: String,
-    /// 0 = no client-side limit.
-    pub requests_per_minute: u32,
-    /// 0 = no client-side limit.
-    pub tokens_per_minute: u64,
-    pub max_retries: usize,
-    /// The service answers under another model name than the one asked for
-    /// (an alias, a gateway); accepted with a warning instead of refused.
-    pub server_renames_models: bool,
-    /// The run stops (exit 4, resumable) when nothing has succeeded for this
-    /// many seconds while the service's quota refuses or holds back requests.
-    pub stall_timeout_seconds: u64,
-}
-
-impl Default for ApiParams {
-    fn default() -> Self {
-        ApiParams {
-            base_url: None,
-            api_path: None,
-            context_window: None,
-            input_per_1k: None,
-            output_per_1k: None,
-            encoding_format: EncodingFormat::Auto,
-            api_key_env: DEFAULT_API_KEY_ENV.to_string(),
-            requests_per_minute: 0,
-            tokens_per_minute: 0,
-            max_retries: 8,
-            server_renames_models: false,
-            stall_timeout_seconds: DEFAULT_STALL_TIMEOUT_SECONDS,
-        }
-    }
-}
-
-/// `kind = "local"`: the embedded fastembed model.
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
-#[serde(default)]
-pub struct LocalParams {
-    /// The directory holding `model.onnx` and the tokenizer files. Absent:
-    /// `EMBEDJOB_MODEL_DIR`, else `models/<model>` in the cache that
-    /// `scripts/setup-local` fills.
-    pub model_dir: Option<PathBuf>,
-    /// ONNX Runtime intra-op threads. Absent: every available core.
-    pub threads: Option<usize>,
-    /// Texts per inference call, grouped by similar length. Absent: 32.
-    pub batch_size: Option<usize>,
-}
-
-/// `backend.stall_timeout_seconds` when the job does not set it.
-pub const DEFAULT_STALL_TIMEOUT_SECONDS: u64 = 600;
-/// The longest `backend.stall_timeout_seconds`: a week.
-pub const MAX_STALL_TIMEOUT_SECONDS: u64 = 7 * 24 * 3600;
-
-const API_KEYS: &[&str] = &[
-    "base_url",
-    "api_path",
-    "context_window",
-    "input_per_1k",
-    "output_per_1k",
-    "encoding_format",
-    "api_key_env",
-    "requests_per_minute",
-    "tokens_per_minute",
-    "max_retries",
-    "server_renames_models",
-    "stall_timeout_seconds",
-];
-const LOCAL_KEYS: &[&str] = &["model_dir", "threads", "batch_size"];
-const BACKEND_KINDS: &[(&str, &[&str])] = &[("api", API_KEYS), ("local", LOCAL_KEYS)];
-
-impl Default for BackendConfig {
-    fn default() -> Self {
-        BackendConfig {
-            shared: BackendShared::default(),
-            params: BackendParams::Api(ApiParams::default()),
-        }
-    }
-}
-
-impl BackendConfig {
-    pub fn kind(&self) -> BackendKind {
-        match self.params {
-            BackendParams::Api(_) => BackendKind::Api,
-            BackendParams::Local(_) => BackendKind::Local,
-        }
-    }
-
-    /// The api kind's own keys, when the kind is api.
-    pub fn api(&self) -> Option<&ApiParams> {
-        match &self.params {
-            BackendParams::Api(api) => Some(api),
-            BackendParams::Local(_) => None,
-        }
-    }
-
-    /// The local kind's own keys, when the kind is local.
-    pub fn local(&self) -> Option<&LocalParams> {
-        match &self.params {
-            BackendParams::Local(local) => Some(local),
-            BackendParams::Api(_) => None,
-        }
-    }
-
-    /// Takes a relative `model_dir` from `base`.
-    pub(super) fn resolve_paths(&mut self, base: &Path) {
-        if let BackendParams::Local(LocalParams {
-            model_dir: Some(dir),
-            ..
-        }) = &mut self.params
-        {
-            *dir = super::paths::relative_to(base, dir);
-        }
-    }
-
-    pub(super) fn parse(mut table: toml::Table) -> Parsed<BackendConfig> {
-        let mut problems = Vec::new();
-        let kind = take_kind("backend", &mut table, Some(BackendKind::Api), &mut problems);
-        let (shared, unknown_shared, error) = deserialize::<BackendShared>("backend", &table);
-        problems.extend(error);
-        let Some(kind) = kind else {
-            return Parsed {
-                value: None,
-                problems,
-            };
-        };
-        let (params, unknown_own, error) = match kind {
-            BackendKind::Api => {
-                let (p, u, e) = deserialize::<ApiParams>("backend", &table);
-                (p.map(BackendParams::Api), u, e)
-            }
-            BackendKind::Local => {
-                let (p, u, e) = deserialize::<LocalParams>("backend", &table);
-                (p.map(BackendParams::Local), u, e)
-            }
-        };
-        problems.extend(error);
-        // Unknown to both the shared keys and this kind's own.
-        let unknown = unknown_own
-            .into_iter()
-            .filter(|key| unknown_shared.contains(key));
-        report_unknown(
-            "backend",
-            &kind.to_string(),
-            unknown,
-            BACKEND_KINDS,
-            &mut problems,
-        );
-        let value = shared
-            .zip(params)
-            .map(|(shared, params)| BackendConfig { shared, params });
-        Parsed { value, problems }
-    }
-}
-
 // ---------------------------------------------------------------- output
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum OutputKind {
-    Parquet,
-    Pgvector,
-}
-
-impl fmt::Display for OutputKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            OutputKind::Parquet => "parquet",
-            OutputKind::Pgvector => "pgvector",
-        })
+/// One sink kind's parameters (`[output]`), as its folder defines them.
+pub trait OutputParams: Erased {
+    fn kind(&self) -> &'static str;
+    fn clone_box(&self) -> Box<dyn OutputParams>;
+    /// Takes a relative output path (or state folder) from `base`.
+    fn resolve_paths(&mut self, base: &Path);
+    /// The problems found once the whole job file is read.
+    fn problems(&self, p: &mut Vec<String>);
+    /// The path the state of job `job_name` (or of its `shard`) is named
+    /// after (see `crate::state`).
+    fn state_stem(&self, job_name: &str, shard: Option<Shard>) -> PathBuf;
+    /// This kind's part of making the job one shard of `shard.count`.
+    fn split(&mut self, _shard: Shard, _problems: &mut Vec<String>) {}
+    /// The file the output is written to, for an output that is one file.
+    fn output_file(&self) -> Option<&Path> {
+        None
+    }
+    /// The size at which the output flushes a row group, when it has one.
+    fn row_group_bytes(&self) -> Option<u64> {
+        None
+    }
+    /// For a job not split whose output holds the outputs of a split job's
+    /// shards: how many shards. An output that is neither is a problem.
+    fn shards_held(&self) -> Result<Option<u32>, String> {
+        Ok(None)
     }
 }
 
 /// `[output]`: one sink kind's parameters.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug)]
 pub struct OutputConfig {
-    pub params: OutputParams,
+    pub params: Box<dyn OutputParams>,
 }
-
-#[derive(Debug, Clone, PartialEq)]
-pub enum OutputParams {
-    Parquet(ParquetOutput),
-    Pgvector(PgvectorOutput),
-}
-
-/// `kind = "parquet"` (the default): one Parquet file.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-pub struct ParquetOutput {
-    pub path: PathBuf,
-    #[serde(default = "default_true")]
-    pub include_text: bool,
-    /// A row group is flushed once its buffered vectors and text reach this size.
-    #[serde(default = "default_row_group_bytes")]
-    pub row_group_bytes: u64,
-}
-
-fn default_true() -> bool {
-    true
-}
-
-fn default_row_group_bytes() -> u64 {
-    16 * 1024 * 1024
-}
-
-/// `kind = "pgvector"`: a PostgreSQL table with the pgvector extension,
-/// kept in sync with the input from one run to the next.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-pub struct PgvectorOutput {
-    /// `postgresql://user@host:port/database`, without a password.
-    pub url: String,
-    /// The environment variable holding the password (never the password itself).
-    #[serde(default)]
-    pub password_env: Option<String>,
-    /// The table, `name` or `schema.name`; its metadata sits beside it in
-    /// `<name>_embedjob`.
-    pub table: String,
-    /// An approximate index on `embedding`: `"none"` (exact search) or
-    /// `"hnsw"` (cosine distance).
-    #[serde(default)]
-    pub index: VectorIndex,
-    /// Where the job's lock, checkpoint, failures file and summary live,
-    /// named `<job name>.<table>` (default `.embedjob`).
-    #[serde(default = "default_state_dir")]
-    pub state_dir: PathBuf,
-}
-
-/// `output.index` of a pgvector output.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum VectorIndex {
-    #[default]
-    None,
-    Hnsw,
-}
-
-/// The most dimensions pgvector (0.6) indexes with HNSW.
-pub const HNSW_MAX_DIMENSIONS: usize = 2000;
-
-/// PostgreSQL's identifier limit (NAMEDATALEN - 1), in bytes.
-const MAX_IDENTIFIER_BYTES: usize = 63;
-
-/// The suffix of a pgvector output's metadata table.
-pub const METADATA_TABLE_SUFFIX: &str = "_embedjob";
-
-fn default_state_dir() -> PathBuf {
-    PathBuf::from(".embedjob")
-}
-
-impl PgvectorOutput {
-    /// `(schema, name)`: the schema is `None` when the table is not qualified.
-    pub fn table_parts(&self) -> (Option<&str>, &str) {
-        match self.table.split_once('.') {
-            Some((schema, name)) => (Some(schema), name),
-            None => (None, self.table.as_str()),
-        }
-    }
-
-    fn problems(&self, p: &mut Vec<String>) {
-        url_problems(&self.url, p);
-        match &self.password_env {
-            Some(name) if name.is_empty() => {
-                p.push("`output.password_env` must name an environment variable".to_string());
-            }
-            Some(name) if std::env::var(name).map_or(true, |v| v.is_empty()) => p.push(format!(
-                "the database password is missing: set the environment variable {name} \
-                 (named by `output.password_env`)"
-            )),
-            _ => {}
-        }
-        let (schema, name) = self.table_parts();
-        let identifier = |part: &str| {
-            let mut chars = part.chars();
-            chars
-                .next()
-                .is_some_and(|c| c.is_ascii_lowercase() || c == '_')
-                && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
-        };
-        if !schema.is_none_or(identifier) || !identifier(name) {
-            p.push(format!(
-                "`output.table` {:?} must be a lowercase name or schema.name \
-                 (letters a-z, digits and _, not starting with a digit)",
-                self.table
-            ));
-        } else if name.len() + METADATA_TABLE_SUFFIX.len() > MAX_IDENTIFIER_BYTES
-            || schema.is_some_and(|s| s.len() > MAX_IDENTIFIER_BYTES)
-        {
-            p.push(format!(
-                "`output.table` {:?} is too long: at most {} characters for the name, \
-                 so that `<name>{METADATA_TABLE_SUFFIX}` fits PostgreSQL's {MAX_IDENTIFIER_BYTES}",
-                self.table,
-                MAX_IDENTIFIER_BYTES - METADATA_TABLE_SUFFIX.len()
-            ));
-        }
-        if self.state_dir.as_os_str().is_empty() {
-            p.push("`output.state_dir` must not be empty".to_string());
-        }
-    }
-}
-
-/// A database URL must be a `postgresql://` URL that holds no password:
-/// the password comes from `output.password_env`. Nothing of the URL is
-/// quoted back, so that a password typed into it is not shown either.
-fn url_problems(url: &str, p: &mut Vec<String>) {
-    let parsed = match reqwest::Url::parse(url) {
-        Ok(parsed) if matches!(parsed.scheme(), "postgresql" | "postgres") => parsed,
-        Ok(_) => {
-            p.push(
-                "`output.url` must be a postgresql:// URL, e.g. \
-                 postgresql://user@127.0.0.1:5432/database"
-                    .to_string(),
-            );
-            return;
-        }
-        Err(e) => {
-            p.push(format!("`output.url` is not a URL: {e}"));
-            return;
-        }
-    };
-    let in_query = parsed
-        .query_pairs()
-        .any(|(key, _)| key.eq_ignore_ascii_case("password"));
-    if parsed.password().is_some() || in_query {
-        p.push(
-            "`output.url` holds a password (not shown): remove it and put it in the \
-             environment variable named by `output.password_env`"
-                .to_string(),
-        );
-    }
-}
-
-const PARQUET_OUTPUT_KEYS: &[&str] = &["path", "include_text", "row_group_bytes"];
-const PGVECTOR_OUTPUT_KEYS: &[&str] = &["url", "password_env", "table", "index", "state_dir"];
-const OUTPUT_KINDS: &[(&str, &[&str])] = &[
-    ("parquet", PARQUET_OUTPUT_KEYS),
-    ("pgvector", PGVECTOR_OUTPUT_KEYS),
-];
 
 impl OutputConfig {
-    pub fn kind(&self) -> OutputKind {
-        match self.params {
-            OutputParams::Parquet(_) => OutputKind::Parquet,
-            OutputParams::Pgvector(_) => OutputKind::Pgvector,
-        }
+    pub fn kind(&self) -> &'static str {
+        self.params.kind()
     }
 
-    /// Takes a relative output path (or state folder) from `base`.
-    pub(super) fn resolve_paths(&mut self, base: &Path) {
-        match &mut self.params {
-            OutputParams::Parquet(parquet) => {
-                parquet.path = super::paths::relative_to(base, &parquet.path);
-            }
-            OutputParams::Pgvector(pg) => {
-                pg.state_dir = super::paths::relative_to(base, &pg.state_dir);
-            }
-        }
+    /// The parameters, when they are of kind `T`.
+    pub fn get<T: 'static>(&self) -> Option<&T> {
+        self.params.as_any().downcast_ref()
     }
 
     /// The path the job's state is named after (see `crate::state`): a
     /// Parquet output's own path; for a table, `<state_dir>/<job>.<table>`.
     pub fn state_stem(&self, job_name: &str) -> PathBuf {
-        match &self.params {
-            OutputParams::Parquet(parquet) => parquet.path.clone(),
-            OutputParams::Pgvector(pg) => {
-                let name: String = job_name
-                    .chars()
-                    .map(|c| {
-                        if c.is_ascii_alphanumeric() || matches!(c, '-' | '_') {
-                            c
-                        } else {
-                            '_'
-                        }
-                    })
-                    .collect();
-                pg.state_dir.join(format!("{name}.{}", pg.table))
-            }
+        self.params.state_stem(job_name, None)
+    }
+}
+
+impl Clone for OutputConfig {
+    fn clone(&self) -> Self {
+        OutputConfig {
+            params: self.params.clone_box(),
+        }
+    }
+}
+
+impl PartialEq for OutputConfig {
+    fn eq(&self, other: &Self) -> bool {
+        self.params.same_as(other.params.as_any())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! `job/` with kinds of its own, standing in for the stages' registries.
+
+    use super::*;
+
+    /// Kind "a" takes `x`; kind "b" takes `y`.
+    #[derive(Debug, Clone, PartialEq, Deserialize)]
+    struct A {
+        x: u32,
+    }
+
+    #[derive(Debug, Clone, PartialEq, Deserialize)]
+    struct B {
+        #[serde(default)]
+        y: u32,
+    }
+
+    struct Named<T>(
+        &'static str,
+        &'static [&'static str],
+        std::marker::PhantomData<T>,
+    );
+
+    impl<T> Kind<dyn SourceParams> for Named<T>
+    where
+        T: SourceParams + DeserializeOwned + Sync,
+    {
+        fn name(&self) -> &'static str {
+            self.0
+        }
+        fn keys(&self) -> &'static [&'static str] {
+            self.1
+        }
+        fn parse(&self, table: &mut KindTable<'_>) -> Option<Box<dyn SourceParams>> {
+            let params: T = table.deserialize()?;
+            Some(Box::new(params))
         }
     }
 
-    pub(super) fn parse(mut table: toml::Table) -> Parsed<OutputConfig> {
-        let mut problems = Vec::new();
-        let kind = take_kind(
-            "output",
-            &mut table,
-            Some(OutputKind::Parquet),
-            &mut problems,
-        );
-        let value = match kind {
-            Some(OutputKind::Parquet) => {
-                let (value, unknown, error) = deserialize::<ParquetOutput>("output", &table);
-                report_unknown("output", "parquet", unknown, OUTPUT_KINDS, &mut problems);
-                problems.extend(error);
-                value.map(|p| OutputConfig {
-                    params: OutputParams::Parquet(p),
-                })
+    macro_rules! fake_source {
+        ($t:ty, $name:literal) => {
+            impl SourceParams for $t {
+                fn kind(&self) -> &'static str {
+                    $name
+                }
+                fn clone_box(&self) -> Box<dyn SourceParams> {
+                    Box::new(self.clone())
+                }
+                fn resolve_paths(&mut self, _base: &Path) {}
+                fn problems(&self, _p: &mut Vec<String>) {}
+                fn describe(&self) -> String {
+                    String::new()
+                }
             }
-            Some(OutputKind::Pgvector) => {
-                let (value, unknown, error) = deserialize::<PgvectorOutput>("output", &table);
-                report_unknown("output", "pgvector", unknown, OUTPUT_KINDS, &mut problems);
-                problems.extend(error);
-                value.map(|p| OutputConfig {
-                    params: OutputParams::Pgvector(p),
-                })
-            }
-            None => None,
         };
-        Parsed { value, problems }
+    }
+    fake_source!(A, "a");
+    fake_source!(B, "b");
+
+    static KIND_A: Named<A> = Named("a", &["x"], std::marker::PhantomData);
+    static KIND_B: Named<B> = Named("b", &["y"], std::marker::PhantomData);
+
+    fn source(text: &str) -> Parsed<Box<dyn SourceParams>> {
+        let kinds = Kinds {
+            source: vec![&KIND_A, &KIND_B],
+            backend: Vec::new(),
+            output: Vec::new(),
+        };
+        parse_source(toml::from_str(text).unwrap(), &kinds)
     }
 
-    pub(super) fn problems(&self, p: &mut Vec<String>) {
-        match &self.params {
-            OutputParams::Parquet(parquet) => {
-                if parquet.path.as_os_str().is_empty() {
-                    p.push("`output.path` must not be empty".to_string());
-                }
-                if !(1024..=super::MAX_ROW_GROUP_BYTES).contains(&parquet.row_group_bytes) {
-                    p.push(format!(
-                        "`output.row_group_bytes` must be between 1024 and {}, not {}",
-                        super::MAX_ROW_GROUP_BYTES,
-                        parquet.row_group_bytes
-                    ));
-                }
-            }
-            OutputParams::Pgvector(pg) => pg.problems(p),
-        }
+    #[test]
+    fn a_section_is_read_by_the_kind_it_names_and_another_kinds_keys_are_told_apart() {
+        let parsed = source("kind = \"a\"\nx = 1\n");
+        assert!(parsed.problems.is_empty(), "{:?}", parsed.problems);
+        let a = parsed.value.unwrap();
+        assert_eq!(a.as_any().downcast_ref::<A>(), Some(&A { x: 1 }));
+
+        let parsed = source("kind = \"b\"\nx = 1\nz = 2\n");
+        assert_eq!(
+            parsed.problems,
+            [
+                "`source.x` does not apply to kind \"b\"",
+                "unknown key `source.z`"
+            ]
+        );
+        let parsed = source("kind = \"a\"\nx = \"one\"\n");
+        assert_eq!(
+            parsed.problems,
+            ["`source.x`: invalid type: string \"one\", expected u32 in `x`"]
+        );
+        assert!(parsed.value.is_none());
+        let parsed = source("kind = \"a\"\n");
+        assert_eq!(parsed.problems, ["`source.x` is required"]);
+        let parsed = source("kind = \"c\"\n");
+        assert_eq!(
+            parsed.problems,
+            ["`source.kind`: unknown variant `c`, expected `a` or `b`"]
+        );
+        let parsed = source("x = 1\n");
+        assert_eq!(parsed.problems, ["`source.kind` is required"]);
     }
 }

@@ -9,6 +9,7 @@
 //! in the checkpoint, see [`crate::state`]) are not sent again.
 
 mod bill;
+mod build;
 mod classify;
 mod dispatch;
 mod read;
@@ -40,6 +41,7 @@ use crate::state::{Fingerprint, JobState, Reuse, StateError};
 use crate::store::StoreError;
 use crate::warnings::Warnings;
 
+pub use self::build::build;
 pub use self::classify::{Class, Classifier, Counts};
 pub use self::stop::StopRequest;
 pub use self::summary::{LearnedLimits, Summary};
@@ -347,10 +349,11 @@ fn learned(limits: &Limits, stats: &crate::backend::BackendStats) -> LearnedLimi
 }
 
 fn output_row_group_bytes(job: &Job) -> u64 {
-    match &job.output.params {
-        crate::job::OutputParams::Parquet(p) => p.row_group_bytes,
-        crate::job::OutputParams::Pgvector(_) => 16 * 1024 * 1024,
-    }
+    // An output without row groups of its own: the Parquet default.
+    job.output
+        .params
+        .row_group_bytes()
+        .unwrap_or(16 * 1024 * 1024)
 }
 
 /// What the sink holds and the checkpoint's parts, indexed off the runtime,

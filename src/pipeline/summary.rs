@@ -8,10 +8,11 @@ use serde::Serialize;
 use super::dispatch::Dispatched;
 use super::read::ReadReport;
 use super::write::Written;
+use crate::backend::BackendKind;
 use crate::backend::{BackendInfo, BackendStats};
 use crate::display::{count, counted};
 use crate::exit::Exit;
-use crate::job::{BackendKind, Job};
+use crate::job::Job;
 use crate::source::SkippedFiles;
 use crate::store::Earlier;
 use crate::types::Usage;
@@ -240,7 +241,7 @@ impl Summary {
             info
         } else {
             fallback = BackendInfo {
-                kind: job.backend.kind(),
+                kind: crate::backend::info_kind(&job.backend),
                 model: job.backend.shared.model.clone().unwrap_or_default(),
                 dimensions: job.backend.shared.dimensions,
                 context_window: None,
@@ -495,7 +496,7 @@ mod tests {
              [output]\npath = \"{}\"\n",
             dir.join("docs.parquet").display()
         );
-        crate::job::parse(&text, "docs", &[]).unwrap()
+        crate::kinds::parse(&text, "docs", &[]).unwrap()
     }
 
     fn usage(tokens: u64) -> Usage {

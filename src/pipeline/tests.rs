@@ -8,9 +8,9 @@ use std::sync::{Arc, Mutex};
 use futures::future::BoxFuture;
 
 use super::*;
+use crate::backend::BackendKind;
 use crate::backend::{BackendInfo, BackendStats};
 use crate::contract::FINGERPRINT_KEY;
-use crate::job::BackendKind;
 use crate::sink::SinkReport;
 use crate::source::SourceStats;
 use crate::state::StateLocation;
@@ -302,7 +302,7 @@ fn job(dir: &std::path::Path) -> Job {
          [output]\npath = \"{}\"\n",
         dir.join("table").display()
     );
-    crate::job::parse(&text, "fake", &[]).unwrap()
+    crate::kinds::parse(&text, "fake", &[]).unwrap()
 }
 
 async fn run_with(

@@ -4,23 +4,100 @@
 //! a `Box<dyn Sink>`. A sink writes the run's rows and makes them appear on
 //! [`Sink::finish`], and answers "which content hashes do you already
 //! hold?" ([`Sink::held`]) so that a run reuses vectors instead of paying
-//! for them again. A new kind of sink is a new file here and one line in
-//! [`open`].
+//! for them again. A new kind of sink is a folder here (its parameters and
+//! its [`SinkKind`]) and one line in [`KINDS`].
 
-mod parquet;
+pub mod parquet;
 #[cfg(feature = "pgvector")]
 pub mod pgvector;
+/// Without the database client, pgvector's parameters are still read, so
+/// that a job naming it is told why it cannot run.
+#[cfg(not(feature = "pgvector"))]
+pub mod pgvector {
+    mod config;
+    pub use self::config::{
+        Kind, PgvectorOutput, VectorIndex, HNSW_MAX_DIMENSIONS, METADATA_TABLE_SUFFIX,
+    };
+}
 
-use crate::job::{OutputConfig, OutputParams, Shard};
-use crate::parquet_io::FileError;
-use crate::store::{StoreError, StoredRows};
 use std::sync::Arc;
 
+use futures::future::BoxFuture;
+
+use crate::exit::Failure;
+use crate::job::{OutputConfig, OutputParams, Shard};
+use crate::parquet_io::FileError;
+use crate::query::{Hit, QueryError};
+use crate::store::{StoreError, StoredRows};
 use crate::types::{EmbeddedBatch, MetadataSchema, OutputMetadata};
 
 pub use self::parquet::ParquetSink;
 #[cfg(feature = "pgvector")]
 pub use self::pgvector::{PgError, PgvectorSink};
+
+/// Every kind of sink, one line each, in the order messages list them.
+const KINDS: &[&dyn SinkKind] = &[&parquet::Kind, &pgvector::Kind];
+
+/// A kind of sink: its parameters (read as a [`crate::job::Kind`]), its
+/// checks before work, how it opens and how its output is searched.
+pub trait SinkKind: crate::job::Kind<dyn OutputParams> {
+    /// Builds the sink. A sink in a database connects here, so that a wrong
+    /// address or password is found before any work. With a `shard`, the
+    /// sink holds and writes that shard's rows only.
+    fn open<'a>(
+        &'a self,
+        params: &'a dyn OutputParams,
+        shard: Option<Shard>,
+    ) -> BoxFuture<'a, Result<Box<dyn Sink>, SinkError>>;
+
+    /// Refuses, before any work, vectors of `dimensions` made by `model`
+    /// that the output could not hold.
+    fn check(
+        &self,
+        _params: &dyn OutputParams,
+        _dimensions: Option<usize>,
+        _model: &str,
+    ) -> Result<(), SinkError> {
+        Ok(())
+    }
+
+    /// The `k` rows of the output nearest to `vector`, after checking that
+    /// `model` made them (`query`).
+    fn search<'a>(
+        &'a self,
+        params: &'a dyn OutputParams,
+        vector: Vec<f32>,
+        model: &'a str,
+        k: usize,
+    ) -> BoxFuture<'a, Result<Vec<Hit>, Failure>>;
+}
+
+/// The sink kinds, for reading a job file.
+pub fn kinds() -> Vec<&'static dyn crate::job::Kind<dyn OutputParams>> {
+    // Each kind, seen as the job file's reader of its section.
+    let mut all: Vec<&'static dyn crate::job::Kind<dyn OutputParams>> = Vec::new();
+    for &kind in KINDS {
+        all.push(kind);
+    }
+    all
+}
+
+/// The kind that reads `output`.
+fn kind_of(output: &OutputConfig) -> Result<&'static dyn SinkKind, SinkError> {
+    KINDS
+        .iter()
+        .copied()
+        .find(|kind| kind.name() == output.kind())
+        .ok_or(SinkError::Kind(output.kind()))
+}
+
+/// `params` as the kind's own type.
+pub(crate) fn params_of<T: 'static>(params: &dyn OutputParams) -> Result<&T, SinkError> {
+    params
+        .as_any()
+        .downcast_ref()
+        .ok_or(SinkError::Kind(params.kind()))
+}
 
 /// Where embedded batches are written.
 ///
@@ -85,6 +162,11 @@ pub enum SinkError {
     Pgvector(#[from] PgError),
     #[error("`output.kind = \"{0}\"`: this embedjob was built without it (cargo feature `{0}`)")]
     NotBuilt(&'static str),
+    /// The output cannot take what the job would write.
+    #[error("{0}")]
+    Refused(String),
+    #[error("`output.kind = \"{0}\"`: parameters this sink cannot read")]
+    Kind(&'static str),
 }
 
 impl SinkError {
@@ -94,24 +176,45 @@ impl SinkError {
         match self {
             #[cfg(feature = "pgvector")]
             SinkError::Pgvector(e) => e.is_found_before_work(),
-            SinkError::NotBuilt(_) => true,
+            SinkError::NotBuilt(_) | SinkError::Refused(_) | SinkError::Kind(_) => true,
             _ => false,
         }
     }
 }
 
-/// Builds the sink a job's `[output]` names. A sink in a database connects
-/// here, so that a wrong address or password is found before any work.
-/// With a `shard`, the sink holds and writes that shard's rows only.
+/// Builds the sink a job's `[output]` names (see [`SinkKind::open`]).
 pub async fn open(output: &OutputConfig, shard: Option<Shard>) -> Result<Box<dyn Sink>, SinkError> {
-    match &output.params {
-        OutputParams::Parquet(params) => Ok(Box::new(ParquetSink::new(params, shard))),
-        #[cfg(feature = "pgvector")]
-        OutputParams::Pgvector(params) => Ok(Box::new(PgvectorSink::open(params, shard).await?)),
-        #[cfg(not(feature = "pgvector"))]
-        OutputParams::Pgvector(_) => {
-            let _ = shard;
-            Err(SinkError::NotBuilt("pgvector"))
-        }
-    }
+    kind_of(output)?.open(output.params.as_ref(), shard).await
+}
+
+/// Refuses, before any work, an output that cannot hold vectors of
+/// `dimensions` made by `model` (see [`SinkKind::check`]).
+pub fn check(
+    output: &OutputConfig,
+    dimensions: Option<usize>,
+    model: &str,
+) -> Result<(), SinkError> {
+    kind_of(output)?.check(output.params.as_ref(), dimensions, model)
+}
+
+/// The `k` rows of the output nearest to `vector` (see [`SinkKind::search`]).
+pub async fn search(
+    output: &OutputConfig,
+    vector: Vec<f32>,
+    model: &str,
+    k: usize,
+) -> Result<Vec<Hit>, Failure> {
+    let kind = kind_of(output).map_err(failure)?;
+    kind.search(output.params.as_ref(), vector, model, k).await
+}
+
+/// A sink that cannot be opened: a problem of configuration (exit 2), or a
+/// database that cannot be reached (exit 1).
+pub fn failure(e: SinkError) -> Failure {
+    Failure::found(e.is_found_before_work(), e)
+}
+
+/// A search refused before any work (exit 2), or failed (exit 1).
+pub(crate) fn query_failure(e: QueryError) -> Failure {
+    Failure::found(e.is_found_before_work(), e)
 }

@@ -9,8 +9,8 @@ use std::path::Path;
 
 use flate2::read::MultiGzDecoder;
 
+use super::records::STDIN;
 use super::{io_error, open_file, SourceError};
-use crate::job::STDIN;
 
 const GZIP_MAGIC: &[u8] = &[0x1f, 0x8b];
 const ZSTD_MAGIC: &[u8] = &[0x28, 0xb5, 0x2f, 0xfd];

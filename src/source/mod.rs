@@ -18,7 +18,7 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::job::{Shard, SourceConfig};
+use crate::job::{Shard, SourceConfig, SourceParams};
 use crate::parquet_io::FileError;
 use crate::types::{id_key, Document, MetadataSchema};
 
@@ -28,6 +28,40 @@ pub(crate) mod input;
 mod jsonl;
 mod metadata;
 mod parquet;
+pub mod records;
+
+pub use self::files::{FilesParams, OnInvalid};
+pub use self::records::{RecordsParams, RecordsSource, STDIN, STDIN_NAME};
+
+/// Every kind of source, one line each, in the order messages list them.
+const KINDS: &[&dyn SourceKind] = &[&files::Kind, &jsonl::Kind, &csv::Kind, &parquet::Kind];
+
+/// A kind of source: its parameters (read as a [`crate::job::Kind`]) and how
+/// it opens them. A new kind is a folder here and a line in [`KINDS`].
+pub trait SourceKind: crate::job::Kind<dyn SourceParams> {
+    /// Opens the input, checking what can be checked before reading it.
+    fn open(&self, params: &dyn SourceParams) -> Result<Box<dyn Source>, SourceError>;
+}
+
+/// The source kinds, for reading a job file.
+pub fn kinds() -> Vec<&'static dyn crate::job::Kind<dyn SourceParams>> {
+    // Each kind, seen as the job file's reader of its section.
+    let mut all: Vec<&'static dyn crate::job::Kind<dyn SourceParams>> = Vec::new();
+    for &kind in KINDS {
+        all.push(kind);
+    }
+    all
+}
+
+/// `params` as the kind's own type.
+pub(crate) fn params_of<T: 'static>(params: &dyn SourceParams) -> Result<&T, SourceError> {
+    params
+        .as_any()
+        .downcast_ref()
+        .ok_or_else(|| SourceError::Kind {
+            kind: params.kind().to_string(),
+        })
+}
 
 /// Names of files passed over that a source keeps, for the summary.
 pub const SKIPPED_NAMES_KEPT: usize = 5;
@@ -103,6 +137,8 @@ pub enum SourceError {
     },
     #[error("{input}: the input has no documents with text")]
     Empty { input: String },
+    #[error("`source.kind = \"{kind}\"`: parameters this source cannot read")]
+    Kind { kind: String },
 }
 
 impl From<FileError> for SourceError {
@@ -133,6 +169,7 @@ impl SourceError {
                 | SourceError::NoMatch { .. }
                 | SourceError::Pattern { .. }
                 | SourceError::Column { .. }
+                | SourceError::Kind { .. }
         )
     }
 }
@@ -180,18 +217,19 @@ pub fn open_shard(
 }
 
 fn open_unchecked(config: &SourceConfig) -> Result<Box<dyn Source>, SourceError> {
-    Ok(match config {
-        SourceConfig::Files(files) => Box::new(files::FilesSource::open(files)?),
-        SourceConfig::Jsonl(r) => Box::new(jsonl::JsonlSource::open_records(r)?),
-        SourceConfig::Csv(r) => Box::new(csv::CsvSource::open_records(r)?),
-        SourceConfig::Parquet(r) => Box::new(parquet::ParquetSource::open_records(r)?),
-    })
+    let kind = KINDS
+        .iter()
+        .find(|kind| kind.name() == config.kind())
+        .ok_or_else(|| SourceError::Kind {
+            kind: config.kind().to_string(),
+        })?;
+    kind.open(config.params.as_ref())
 }
 
 /// A path for messages and for [`Document::source`]; stdin is `<stdin>`.
 pub(crate) fn path_text(path: &Path) -> String {
     if input::is_stdin(path) {
-        return crate::job::STDIN_NAME.to_string();
+        return STDIN_NAME.to_string();
     }
     path.to_string_lossy().into_owned()
 }
@@ -280,10 +318,7 @@ impl Checked {
     /// enough to be called a repeat).
     fn first_place(&self, id: &str) -> Result<Option<String>, SourceError> {
         if self.config.is_stdin() {
-            return Ok(Some(format!(
-                "an earlier row of {}",
-                crate::job::STDIN_NAME
-            )));
+            return Ok(Some(format!("an earlier row of {}", STDIN_NAME)));
         }
         let mut again = open_unchecked(&self.config)?;
         for _ in 0..self.read {
@@ -340,8 +375,27 @@ impl Source for Checked {
 
 #[cfg(test)]
 pub(crate) mod testing {
+    pub use super::files::FilesParams as FilesSource;
+    pub use super::records::{RecordsParams, RecordsSource};
     use super::*;
-    pub use crate::job::{FilesSource, RecordsSource, SourceKind};
+
+    /// The kinds of source, for tests.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum SourceKind {
+        Jsonl,
+        Csv,
+        Parquet,
+    }
+
+    impl std::fmt::Display for SourceKind {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(match self {
+                SourceKind::Jsonl => "jsonl",
+                SourceKind::Csv => "csv",
+                SourceKind::Parquet => "parquet",
+            })
+        }
+    }
 
     /// Reads a source to its end, or to its first error.
     pub fn read_all(source: &mut dyn Source) -> Result<Vec<Document>, SourceError> {
@@ -370,11 +424,16 @@ pub(crate) mod testing {
             id_field: id.map(str::to_string),
             metadata_fields: Vec::new(),
         };
-        match kind {
-            SourceKind::Jsonl => SourceConfig::Jsonl(records),
-            SourceKind::Csv => SourceConfig::Csv(records),
-            SourceKind::Parquet | SourceKind::Files => SourceConfig::Parquet(records),
-        }
+        let (kind, reads_stdin) = match kind {
+            SourceKind::Jsonl => ("jsonl", true),
+            SourceKind::Csv => ("csv", true),
+            SourceKind::Parquet => ("parquet", false),
+        };
+        SourceConfig::new(RecordsParams {
+            kind,
+            reads_stdin,
+            records,
+        })
     }
 
     pub fn ids(documents: &[Document]) -> Vec<&str> {
@@ -384,6 +443,7 @@ pub(crate) mod testing {
 
 #[cfg(test)]
 mod tests {
+    use super::testing::SourceKind;
     use super::testing::*;
     use super::*;
 
@@ -446,7 +506,7 @@ mod tests {
             std::fs::create_dir(dir.path().join(sub)).unwrap();
             std::fs::write(dir.path().join(sub).join("a.md"), "# A").unwrap();
         }
-        let config = SourceConfig::Files(FilesSource {
+        let config = SourceConfig::new(FilesSource {
             paths: vec![
                 path_text(&dir.path().join("one")),
                 path_text(&dir.path().join("two")),

@@ -59,12 +59,12 @@ impl StateLocation {
     /// table, beside a shard's output directory (see [`Job::state_stem`]).
     pub fn for_job(job: &Job) -> StateLocation {
         let stem = job.state_stem();
-        let output = match &job.output.params {
-            crate::job::OutputParams::Parquet(parquet) if parquet.path != stem => {
-                Some(parquet.path.clone())
-            }
-            _ => None,
-        };
+        let output = job
+            .output
+            .params
+            .output_file()
+            .filter(|path| *path != stem)
+            .map(Path::to_path_buf);
         StateLocation { stem, output }
     }
 

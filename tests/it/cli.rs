@@ -487,7 +487,7 @@ async fn init_writes_a_commented_job_that_reads_back() {
     ] {
         assert!(written.contains(needle), "{needle:?} not in:\n{written}");
     }
-    let job = embedjob::job::load(&dir.path().join("my-docs.toml"), &[]).unwrap();
+    let job = embedjob::kinds::load(&dir.path().join("my-docs.toml"), &[]).unwrap();
     assert_eq!(
         job.source.describe(),
         dir.path().join("my docs").display().to_string()
@@ -527,7 +527,7 @@ async fn init_writes_a_commented_job_that_reads_back() {
     ] {
         assert!(written.contains(needle), "{needle:?} not in:\n{written}");
     }
-    let job = embedjob::job::load(&dir.path().join("jobs/pages.toml"), &[]).unwrap();
+    let job = embedjob::kinds::load(&dir.path().join("jobs/pages.toml"), &[]).unwrap();
     assert_eq!(
         job.source.describe(),
         dir.path().join("data/pages.jsonl").display().to_string()

@@ -714,9 +714,9 @@ mod discovery {
 /// for the rest of the run; the answer is kept either way.
 #[tokio::test]
 async fn a_refused_base64_falls_back_to_floats() {
+    use embedjob::backend::api::EncodingFormat;
     use embedjob::backend::api::{ApiBackend, ApiSettings};
     use embedjob::backend::EmbeddingBackend;
-    use embedjob::job::EncodingFormat;
 
     let floats =
         String::from_utf8(simulate::embeddings_response_body("m", 4, &["a", "b"])).unwrap();

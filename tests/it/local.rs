@@ -14,8 +14,8 @@ use std::time::Duration;
 use embedjob::backend::local::{
     AssetSearch, LocalBackend, LocalError, LocalSettings, MAX_LENGTH, MODEL_FILES,
 };
+use embedjob::backend::BackendKind;
 use embedjob::backend::EmbeddingBackend;
-use embedjob::job::BackendKind;
 use serde_json::Value;
 
 fn reference_dir() -> PathBuf {

@@ -9,6 +9,13 @@
 //! billed again. A request that times out is not sent again whole: the
 //! server may still compute and bill it.
 
+mod config;
+
+pub use self::config::{
+    ApiParams, EncodingFormat, Kind, DEFAULT_API_KEY_ENV, DEFAULT_STALL_TIMEOUT_SECONDS,
+    MAX_STALL_TIMEOUT_SECONDS,
+};
+
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
@@ -16,9 +23,8 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use futures::FutureExt;
 
-use super::{BackendError, BackendInfo, BackendStats, EmbeddingBackend, RequestLimit};
+use super::{BackendError, BackendInfo, BackendKind, BackendStats, EmbeddingBackend, RequestLimit};
 use crate::client::{ApiError, Client, EmbeddingInput, EmbeddingRequest, ErrorKind, SizeLimit};
-use crate::job::{BackendKind, EncodingFormat};
 use crate::rate::{
     with_retries_notify, Fault, QuotaStop, RateControl, RateSettings, Refusal, RetryPolicy,
     Retryable,

@@ -16,6 +16,10 @@
 //!
 //! [`embed`]: crate::backend::EmbeddingBackend::embed
 
+mod config;
+
+pub use self::config::{local_backend, Kind, LocalParams};
+
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -178,7 +182,7 @@ impl LocalSettings {
     /// The settings of a job's `[backend]`, finding the assets as a run does.
     pub fn from_config(config: &BackendConfig) -> LocalSettings {
         let shared = &config.shared;
-        let local = config.local().cloned().unwrap_or_default();
+        let local = config.get::<LocalParams>().cloned().unwrap_or_default();
         LocalSettings {
             model: shared
                 .model

@@ -16,8 +16,8 @@ use super::assets::{locate, Assets};
 use super::model::{answer, Model};
 use super::runtime::RuntimeVersion;
 use super::{LocalError, LocalSettings, MAX_LENGTH, THREAD_NAME};
+use crate::backend::BackendKind;
 use crate::backend::{BackendError, BackendInfo, BackendStats, EmbeddingBackend};
-use crate::job::BackendKind;
 use crate::types::{Usage, Vectors};
 use crate::warnings::Warnings;
 

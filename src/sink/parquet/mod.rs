@@ -3,11 +3,15 @@
 //! output is what the sink holds for reuse. A shard's file is written even
 //! when the shard has no rows, so that the directory of shards is whole.
 
+mod config;
+
+pub use self::config::{Kind, ParquetOutput};
+
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::{Sink, SinkError, SinkReport};
-use crate::job::{ParquetOutput, Shard};
+use crate::job::Shard;
 use crate::parquet_io::{Compression, FileOptions, ParquetRows, VectorFile};
 use crate::store::StoredRows;
 use crate::types::{EmbeddedBatch, MetadataSchema, OutputMetadata};

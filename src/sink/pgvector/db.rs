@@ -11,8 +11,8 @@ use tokio_postgres::{Client, GenericClient, NoTls};
 
 use super::columns::standard_sql;
 use super::PgError;
+use super::{PgvectorOutput, METADATA_TABLE_SUFFIX};
 use crate::contract::{COLUMNS, EMBEDDING};
-use crate::job::{PgvectorOutput, METADATA_TABLE_SUFFIX};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 

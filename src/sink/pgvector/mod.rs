@@ -27,6 +27,7 @@
 //! records its metadata under its own name.
 
 mod columns;
+mod config;
 mod db;
 mod rows;
 mod search;
@@ -49,11 +50,14 @@ use crate::contract::{
     check_batch, standard_pairs, COLUMNS, COST_KEY, FINGERPRINT_KEY, GENERATION_KEY,
     METADATA_COLUMNS_KEY,
 };
-use crate::job::{PgvectorOutput, Shard, VectorIndex, HNSW_MAX_DIMENSIONS};
+use crate::job::Shard;
 use crate::store::StoredRows;
 use crate::types::{EmbeddedBatch, MetadataSchema, OutputMetadata};
 use crate::warnings::Warnings;
 
+pub use self::config::{
+    Kind, PgvectorOutput, VectorIndex, HNSW_MAX_DIMENSIONS, METADATA_TABLE_SUFFIX,
+};
 pub use self::search::search;
 
 /// The temporary table a run stages its rows in.

@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 use super::columns::{self, PgValue};
 use super::db::{self, Database, Names};
 use super::PgError;
+use super::PgvectorOutput;
 use crate::contract::METADATA_COLUMNS_KEY;
-use crate::job::PgvectorOutput;
 use crate::query::Hit;
 
 /// The `k` rows nearest to `query` by cosine distance, best first, with the

@@ -4,6 +4,10 @@
 //! Records are read as bytes so that invalid UTF-8 is reported with its row
 //! rather than as a bare decoding error, and only in the columns used.
 
+mod config;
+
+pub use self::config::Kind;
+
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -12,7 +16,7 @@ use ::csv::{ByteRecord, ErrorKind, Reader, ReaderBuilder};
 use arrow::datatypes::DataType;
 
 use super::{input, io_error, metadata, path_text, Document, Source, SourceError, SourceStats};
-use crate::job::RecordsSource;
+use crate::source::records::RecordsSource;
 use crate::types::{MetaValue, MetadataSchema};
 
 pub struct CsvSource {

@@ -7,6 +7,10 @@
 //! archive): counted, and the first few named in the summary. A file named
 //! on its own is always read, and is an error when it is not text.
 
+mod config;
+
+pub use self::config::{FilesParams, Kind, OnInvalid};
+
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 
@@ -17,7 +21,6 @@ use super::{
     io_error, path_text, Document, SkippedFiles, Source, SourceError, SourceStats,
     SKIPPED_NAMES_KEPT,
 };
-use crate::job::{FilesSource as FilesParams, OnInvalid};
 
 /// A file to read, with the id it gets.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,6 +1,10 @@
 //! JSON Lines: one JSON object per line, streamed a line at a time, from a
 //! file or stdin, plain or compressed.
 
+mod config;
+
+pub use self::config::Kind;
+
 use std::collections::VecDeque;
 use std::io::BufRead;
 use std::path::PathBuf;
@@ -11,7 +15,7 @@ use serde_json::Value;
 
 use super::metadata::{self, Seen};
 use super::{input, io_error, path_text, Document, Source, SourceError, SourceStats};
-use crate::job::RecordsSource;
+use crate::source::records::RecordsSource;
 use crate::types::MetadataSchema;
 
 /// Lines of stdin read ahead to type the metadata fields; a file is read

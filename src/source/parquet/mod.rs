@@ -4,6 +4,10 @@
 //! at a time, so memory is bounded by one batch whatever the file's size.
 //! Every codec Parquet allows is read: snappy, gzip, lz4, zstd and brotli.
 
+mod config;
+
+pub use self::config::Kind;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -16,8 +20,8 @@ use parquet::arrow::arrow_reader::{ParquetRecordBatchReader, ParquetRecordBatchR
 use parquet::arrow::ProjectionMask;
 
 use super::{io_error, metadata, path_text, Document, Source, SourceError, SourceStats};
-use crate::job::RecordsSource;
 use crate::parquet_io::{list_parquet_files, open_reader};
+use crate::source::records::RecordsSource;
 use crate::types::MetadataSchema;
 
 /// Rows decoded at a time: enough to amortise decoding, small enough that a
@@ -998,8 +1002,12 @@ mod tests {
         write(&path, vec![("text", utf8(&[]))]);
         let mut source = ParquetSource::open(&path, "text", None).unwrap();
         assert!(read_all(&mut source).unwrap().is_empty());
-        let config =
-            super::super::testing::config(crate::job::SourceKind::Parquet, &path, "text", None);
+        let config = super::super::testing::config(
+            super::super::testing::SourceKind::Parquet,
+            &path,
+            "text",
+            None,
+        );
         let mut source = super::super::open(&config).unwrap();
         let error = first_error(source.as_mut());
         assert!(matches!(error, SourceError::Empty { .. }), "{error}");

@@ -1,0 +1,318 @@
+//! `kind = "api"`: an OpenAI-style service. Its parameters, their checks,
+//! its part of a split job, and how it builds itself: the key and the
+//! model checked with the service (`client::discover`) before any work.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use serde::{Deserialize, Serialize};
+
+use super::{ApiBackend, ApiSettings};
+use crate::backend::{fitted_chunking, BackendKind, Embedding, EmbeddingBackend, EmbeddingKind};
+use crate::chunk::TokenChunker;
+use crate::client::{discover, ApiKey, Client, ClientConfig, DiscoveryError};
+use crate::exit::Failure;
+use crate::job::{BackendParams, BackendShared, ChunkingConfig, Job, KindTable, Shard};
+use crate::rate::RetryPolicy;
+
+pub const DEFAULT_API_KEY_ENV: &str = "EMBEDJOB_API_KEY";
+
+/// `backend.stall_timeout_seconds` when the job does not set it.
+pub const DEFAULT_STALL_TIMEOUT_SECONDS: u64 = 600;
+/// The longest `backend.stall_timeout_seconds`: a week.
+pub const MAX_STALL_TIMEOUT_SECONDS: u64 = 7 * 24 * 3600;
+
+/// How vectors travel in an embeddings response (`backend.encoding_format`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EncodingFormat {
+    /// Ask for base64, take floats if they come, and ask for floats for the
+    /// rest of the run if the service refuses the parameter.
+    #[default]
+    Auto,
+    /// JSON numbers: the parameter is not sent.
+    Float,
+    /// Little-endian `f32`s in base64, as OpenAI sends them; a refusal stops the run.
+    Base64,
+}
+
+impl fmt::Display for EncodingFormat {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            EncodingFormat::Auto => "auto",
+            EncodingFormat::Float => "float",
+            EncodingFormat::Base64 => "base64",
+        })
+    }
+}
+
+/// `kind = "api"`: an OpenAI-style service.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct ApiParams {
+    pub base_url: Option<String>,
+    /// The path the API's routes sit under (`/v1` when absent; `""` for
+    /// servers that serve them at the root, as infinity does by default).
+    pub api_path: Option<String>,
+    /// The model's context window, in tokens, for servers that do not list
+    /// it; it takes precedence over the listing.
+    pub context_window: Option<u64>,
+    /// The price per 1000 input tokens, for servers that do not list it; it
+    /// takes precedence over the listing.
+    pub input_per_1k: Option<f64>,
+    /// The price per 1000 output tokens (chat completions), likewise.
+    pub output_per_1k: Option<f64>,
+    pub encoding_format: EncodingFormat,
+    /// The environment variable that holds the API key (never the key itself).
+    pub api_key_env: String,
+    /// 0 = no client-side limit.
+    pub requests_per_minute: u32,
+    /// 0 = no client-side limit.
+    pub tokens_per_minute: u64,
+    pub max_retries: usize,
+    /// The service answers under another model name than the one asked for
+    /// (an alias, a gateway); accepted with a warning instead of refused.
+    pub server_renames_models: bool,
+    /// The run stops (exit 4, resumable) when nothing has succeeded for this
+    /// many seconds while the service's quota refuses or holds back requests.
+    pub stall_timeout_seconds: u64,
+}
+
+impl Default for ApiParams {
+    fn default() -> Self {
+        ApiParams {
+            base_url: None,
+            api_path: None,
+            context_window: None,
+            input_per_1k: None,
+            output_per_1k: None,
+            encoding_format: EncodingFormat::Auto,
+            api_key_env: DEFAULT_API_KEY_ENV.to_string(),
+            requests_per_minute: 0,
+            tokens_per_minute: 0,
+            max_retries: 8,
+            server_renames_models: false,
+            stall_timeout_seconds: DEFAULT_STALL_TIMEOUT_SECONDS,
+        }
+    }
+}
+
+pub struct Kind;
+
+impl crate::job::Kind<dyn BackendParams> for Kind {
+    fn name(&self) -> &'static str {
+        "api"
+    }
+
+    fn keys(&self) -> &'static [&'static str] {
+        &[
+            "base_url",
+            "api_path",
+            "context_window",
+            "input_per_1k",
+            "output_per_1k",
+            "encoding_format",
+            "api_key_env",
+            "requests_per_minute",
+            "tokens_per_minute",
+            "max_retries",
+            "server_renames_models",
+            "stall_timeout_seconds",
+        ]
+    }
+
+    fn parse(&self, table: &mut KindTable<'_>) -> Option<Box<dyn BackendParams>> {
+        let params: ApiParams = table.deserialize()?;
+        Some(Box::new(params))
+    }
+}
+
+impl EmbeddingKind for Kind {
+    fn build<'a>(&'a self, job: &'a Job) -> BoxFuture<'a, Result<Embedding, Failure>> {
+        Box::pin(build(job))
+    }
+
+    fn info_kind(&self) -> BackendKind {
+        BackendKind::Api
+    }
+}
+
+impl BackendParams for ApiParams {
+    fn kind(&self) -> &'static str {
+        "api"
+    }
+
+    fn clone_box(&self) -> Box<dyn BackendParams> {
+        Box::new(self.clone())
+    }
+
+    fn problems(
+        &self,
+        shared: &BackendShared,
+        chunking: Option<&ChunkingConfig>,
+        p: &mut Vec<String>,
+    ) {
+        self.own_problems(shared, p);
+        if let (Some(window), Some(c)) = (self.context_window, chunking) {
+            if (c.max_tokens as u64) > window {
+                p.push(format!(
+                    "`chunking.max_tokens` ({}) is larger than `backend.context_window` ({window})",
+                    c.max_tokens
+                ));
+            }
+        }
+    }
+
+    /// The job's `requests_per_minute` and `tokens_per_minute` are the
+    /// whole job's: each shard takes its part.
+    fn split(&mut self, shard: Shard, problems: &mut Vec<String>) {
+        let count = shard.count;
+        let share = |key: &str, total: u64, problems: &mut Vec<String>| {
+            if total > 0 && total < u64::from(count) {
+                problems.push(format!(
+                    "`backend.{key}` is {total} for the whole job: split {count} ways, \
+                     a shard would get less than 1"
+                ));
+            }
+            total / u64::from(count)
+        };
+        let requests = share(
+            "requests_per_minute",
+            u64::from(self.requests_per_minute),
+            problems,
+        );
+        self.requests_per_minute = u32::try_from(requests).unwrap_or(u32::MAX);
+        self.tokens_per_minute = share("tokens_per_minute", self.tokens_per_minute, problems);
+    }
+
+    fn per_minute_limits(&self) -> Option<(u32, u64)> {
+        Some((self.requests_per_minute, self.tokens_per_minute))
+    }
+}
+
+impl ApiParams {
+    fn own_problems(&self, b: &BackendShared, p: &mut Vec<String>) {
+        if let Some(path) = &self.api_path {
+            let trimmed = path.trim();
+            if !(trimmed.is_empty() || trimmed.starts_with('/'))
+                || trimmed.contains(['?', '#', ' '])
+                || trimmed.contains("//")
+            {
+                p.push(format!(
+                    "`backend.api_path` {path:?} must be empty or a path such as \"/v1\""
+                ));
+            }
+        }
+        if self.context_window == Some(0) {
+            p.push("`backend.context_window` must be at least 1".to_string());
+        }
+        if !(1..=MAX_STALL_TIMEOUT_SECONDS).contains(&self.stall_timeout_seconds) {
+            p.push(format!(
+                "`backend.stall_timeout_seconds` must be between 1 and {}, not {}",
+                MAX_STALL_TIMEOUT_SECONDS, self.stall_timeout_seconds
+            ));
+        }
+        for (key, price) in [
+            ("input_per_1k", self.input_per_1k),
+            ("output_per_1k", self.output_per_1k),
+        ] {
+            if let Some(price) = price.filter(|p| !p.is_finite() || *p < 0.0) {
+                p.push(format!(
+                    "`backend.{key}` must be a price of 0 or more, not {price}"
+                ));
+            }
+        }
+        if self.max_retries > crate::job::MAX_RETRIES {
+            p.push(format!(
+                "`backend.max_retries` must be at most {}, not {}",
+                crate::job::MAX_RETRIES,
+                self.max_retries
+            ));
+        }
+        match &self.base_url {
+            None => p.push("`backend.base_url` is required for kind \"api\"".to_string()),
+            Some(url) => {
+                if let Err(e) = reqwest::Url::parse(url) {
+                    p.push(format!("`backend.base_url` {url:?} is not a URL: {e}"));
+                }
+            }
+        }
+        if b.model.as_deref().is_none_or(str::is_empty) {
+            p.push("`backend.model` is required for kind \"api\"".to_string());
+        }
+        if self.api_key_env.is_empty() {
+            p.push("`backend.api_key_env` must name an environment variable".to_string());
+        } else if std::env::var(&self.api_key_env).map_or(true, |k| k.trim().is_empty()) {
+            p.push(format!(
+                "the API key is missing: set the environment variable {} (named by `backend.api_key_env`)",
+                self.api_key_env
+            ));
+        }
+    }
+}
+
+/// Checks the key and the model with the service, and makes the chunker
+/// that counts as `chunking.tokenizer` says.
+async fn build(job: &Job) -> Result<Embedding, Failure> {
+    let b = &job.backend.shared;
+    let api = job.backend.get::<ApiParams>().cloned().unwrap_or_default();
+    let model = b.model.clone().unwrap_or_default();
+    let key = std::env::var(&api.api_key_env).unwrap_or_default();
+    let mut config = ClientConfig::new(api.base_url.clone().unwrap_or_default(), ApiKey::new(key));
+    config.timeout =
+        crate::job::seconds_in_range(Some(b.timeout_seconds)).unwrap_or(Duration::from_secs(60));
+    config.api_path.clone_from(&api.api_path);
+    let client = Client::new(config).map_err(Failure::usage)?;
+    let retry = RetryPolicy::with_max_retries(api.max_retries);
+    let discovery = discover(&client, &model, &retry)
+        .await
+        .map_err(|e| match e {
+            DiscoveryError::Unreachable(_) => Failure::failed(e),
+            _ => Failure::usage(e),
+        })?;
+    let mut warnings = discovery.warnings;
+    let listed = discovery.model.as_ref();
+    let window = api
+        .context_window
+        .or_else(|| listed.and_then(|m| m.context_window));
+    if window.is_none() {
+        warnings.push(format!(
+            "the context window of model {model} is unknown (the service does not list it and \
+             `backend.context_window` is not set): a server may silently truncate chunks longer \
+             than the model takes, so keep `chunking.max_tokens` within it"
+        ));
+    }
+    let settings = ApiSettings {
+        dimensions: b.dimensions,
+        concurrency: b.concurrency,
+        requests_per_minute: api.requests_per_minute,
+        tokens_per_minute: api.tokens_per_minute,
+        max_tokens_per_request: b.max_tokens_per_request as u64,
+        retry,
+        encoding: api.encoding_format,
+        context_window: api.context_window,
+        input_per_1k: api.input_per_1k,
+        output_per_1k: api.output_per_1k,
+        warnings,
+        renames_models: api.server_renames_models,
+        stall_timeout: Duration::from_secs(api.stall_timeout_seconds),
+        sharing: job.shard.map_or(1, |shard| shard.count),
+        ..ApiSettings::new(model)
+    };
+    let backend = ApiBackend::new(client, settings, listed);
+    let chunking = fitted_chunking(job, backend.info())?;
+    let chunker = TokenChunker::for_config(&chunking).map_err(|e| {
+        let tokenizer = chunking.tokenizer.as_deref();
+        if tokenizer.is_some_and(|t| !crate::job::named_encoding(t)) {
+            Failure::usage(e)
+        } else {
+            Failure::failed(e)
+        }
+    })?;
+    Ok(Embedding {
+        backend: Arc::new(backend),
+        chunker: Arc::new(chunker),
+    })
+}
