@@ -16,7 +16,7 @@ use bytes::{BufMut, BytesMut};
 use serde_json::Value;
 use tokio_postgres::types::{to_sql_checked, FromSql, IsNull, ToSql, Type};
 
-use super::db::{quote, Extension};
+use super::db::{quote, standard_sql, Extension};
 use crate::contract::{self, ColumnType, ShapeError, COLUMNS, ID};
 use crate::types::{EmbeddedBatch, MetaValue, MetadataSchema};
 
@@ -44,16 +44,6 @@ impl PgColumn {
 
     pub fn sql(&self) -> &str {
         &self.1
-    }
-}
-
-/// The SQL type of a standard column (the vector's is the extension's).
-pub(crate) fn standard_sql(column_type: ColumnType) -> &'static str {
-    match column_type {
-        ColumnType::Utf8 => "text",
-        // PostgreSQL has no unsigned integers: one size up.
-        ColumnType::UInt32 | ColumnType::UInt64 => "bigint",
-        ColumnType::Vector => "vector",
     }
 }
 

@@ -9,10 +9,9 @@ use std::time::Duration;
 use tokio_postgres::config::Host;
 use tokio_postgres::{Client, GenericClient, NoTls};
 
-use super::columns::standard_sql;
 use super::PgError;
 use super::{PgvectorOutput, METADATA_TABLE_SUFFIX};
-use crate::contract::{COLUMNS, EMBEDDING};
+use crate::contract::{ColumnType, COLUMNS, EMBEDDING};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -485,4 +484,14 @@ pub(crate) async fn read_metadata(
         .iter()
         .map(|r| (r.get::<_, String>(0), r.get::<_, String>(1)))
         .collect())
+}
+
+/// The SQL type of a standard column (the vector's is the extension's).
+pub(crate) fn standard_sql(column_type: ColumnType) -> &'static str {
+    match column_type {
+        ColumnType::Utf8 => "text",
+        // PostgreSQL has no unsigned integers: one size up.
+        ColumnType::UInt32 | ColumnType::UInt64 => "bigint",
+        ColumnType::Vector => "vector",
+    }
 }

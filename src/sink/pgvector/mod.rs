@@ -265,7 +265,7 @@ impl PgvectorSink {
         let vector_type = vector_type.map_err(|e| self.query_error("cannot stage rows", &e))?;
         let types = COLUMNS
             .iter()
-            .map(|c| match columns::standard_sql(c.column_type) {
+            .map(|c| match db::standard_sql(c.column_type) {
                 "text" => Type::TEXT,
                 "bigint" => Type::INT8,
                 _ => vector_type.clone(),
