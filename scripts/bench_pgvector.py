@@ -7,15 +7,9 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 import time
 
-from bench_jobs import write_job
-from bench_run import corpus
-
-
-def log(message):
-    print(f"bench-pgvector: {message}", file=sys.stderr, flush=True)
+from benchlib import corpus, log, write_job
 
 
 def job(work, name, corpus_path, base_url, output):
@@ -83,10 +77,10 @@ def main():
         rows = []
         for name, output in cases:
             path = job(args.work, name.replace(" ", "-"), data, base_url, output)
-            log(f"run: {name}, {args.rows} rows")
+            log(f"run: {name}, {args.rows} rows", "bench-pgvector")
             summary, wall = run(args.embedjob, path)
             rate = summary["written"] / summary["elapsed_seconds"]
-            log(f"query: {name}, {args.queries} queries")
+            log(f"query: {name}, {args.queries} queries", "bench-pgvector")
             median, fastest, slowest = query_times(args.embedjob, path, args.queries)
             rows.append((name, summary["written"], summary["elapsed_seconds"], rate, median,
                          fastest, slowest))

@@ -22,27 +22,18 @@ import concurrent.futures
 import http.client
 import json
 import os
-import shutil
-import subprocess
-import sys
 import threading
 import time
 import urllib.parse
-import urllib.request
 
-from bench_jobs import write_job
+from benchlib import KEY, WINDOW_MS, Simulator, job_file, log, quota_use, run_embedjob, section_main
 
-WINDOW_MS = 2000
 LATENCY_MS = 20
 CONCURRENCY = 16
 BATCH = 32
-KEY = "bench-quota"
 # The cookbook's pause after a 429, 15 s of a minute, scaled to the window.
 COOKBOOK_PAUSE = 15.0 * WINDOW_MS / 60_000
 COOKBOOK_ATTEMPTS = 5
-
-# The records the largest scenario sends.
-QUOTA_RECORDS = 6_400
 
 # name: (requests per window, tokens per window, bill factor, records)
 SCENARIOS = {
@@ -52,81 +43,6 @@ SCENARIOS = {
 }
 
 
-def log(message):
-    print(f"bench: {message}", file=sys.stderr, flush=True)
-
-
-class QuotaSimulator:
-    """`embedjob simulate` with quotas (none when both are None) and latency."""
-
-    def __init__(self, embedjob, work, requests, tokens, factor, latency_ms=LATENCY_MS):
-        args = [embedjob, "simulate", "--port", "0", "--latency-ms", str(latency_ms),
-                "--quota-window-ms", str(WINDOW_MS), "--quota-start-empty",
-                "--bill-factor", str(factor)]
-        if requests:
-            args += ["--requests-per-minute", str(requests)]
-        if tokens:
-            args += ["--tokens-per-minute", str(tokens)]
-        self.log = os.path.join(work, "simulator-quota.log")
-        with open(self.log, "w") as log_file:
-            self.process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log_file, text=True)
-        self.url = self.process.stdout.readline().strip()
-        if not self.url.startswith("http"):
-            raise SystemExit(f"bench: the simulator did not print its URL (see {self.log})")
-
-    def ledger(self, texts=False):
-        with urllib.request.urlopen(f"{self.url}/_ledger?texts={str(texts).lower()}") as reply:
-            return json.load(reply)
-
-    def stop(self):
-        self.process.terminate()
-        self.process.wait()
-
-
-def job_file(work, name, corpus_path, url, limits, concurrency=CONCURRENCY, sharded=False):
-    """Writes a job on the corpus, its output alone in out/<name>/ (emptied):
-    a file, or for `--shard` runs a directory. Returns the job's and the output's paths."""
-    out_dir = os.path.join(work, "out", name)
-    shutil.rmtree(out_dir, ignore_errors=True)
-    out = os.path.join(out_dir, "shards" if sharded else "embeddings.parquet")
-    extra = "".join(f"{key} = {value}\n" for key, value in limits.items())
-    path = write_job(work, name, corpus_path, base_url=url, model="svc-embed-1",
-                     concurrency=concurrency, batch=BATCH, backend_extra=extra,
-                     output=f'path = "{out}"\ninclude_text = false')
-    return path, out
-
-
-def run_embedjob(embedjob, job, shards=None):
-    """Runs the job as one process, or as `shards` processes started at once
-    (`--shard i/N`); returns each run's summary, None for a run that failed."""
-    env = {**os.environ, "EMBEDJOB_API_KEY": KEY}
-    commands = [[embedjob, "run", job, "--json", "--quiet"]
-                + (["--shard", f"{i}/{shards}"] if shards else []) for i in range(shards or 1)]
-    processes = [subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True) for command in commands]
-    summaries = []
-    for process in processes:
-        out, err = process.communicate()
-        if process.returncode != 0:
-            log(f"an embedjob run exited {process.returncode}: {err.strip()[-500:]}")
-        summaries.append(json.loads(out) if process.returncode == 0 else None)
-    return summaries
-
-
-def quota_use(ledger, requests, tokens, seconds):
-    """Utilisation (the work admitted at the quota's rate over the time taken)
-    and the share of requests refused."""
-    window = WINDOW_MS / 1000
-    ideal = 0.0
-    if requests:
-        ideal = max(ideal, ledger["billed_requests"] / (requests / window))
-    if tokens:
-        ideal = max(ideal, ledger["prompt_tokens"] / (tokens / window))
-    received = ledger["embedding_requests"]
-    refused = sum(ledger.get("refused", {}).values())
-    return ideal / seconds, refused / received if received else 0.0
-
-
 def token_counts(embedjob, work, corpus_path, records):
     """Each record's tokens as tiktoken counts them (cl100k), cached: the
     cookbook's own estimate. Asked of a simulator without a quota."""
@@ -134,7 +50,7 @@ def token_counts(embedjob, work, corpus_path, records):
     if os.path.exists(cache):
         with open(cache) as f:
             return json.load(f)
-    sim = QuotaSimulator(embedjob, work, None, None, 1.0)
+    sim = Simulator(embedjob, work, LATENCY_MS, (None, None, 1.0))
     try:
         host = urllib.parse.urlparse(sim.url)
         conn = http.client.HTTPConnection(host.hostname, host.port)
@@ -245,7 +161,7 @@ def cookbook_requests(corpus_path, records, counts):
 def run_case(embedjob, work, scenario, case, corpus_path):
     requests, tokens, factor, records = SCENARIOS[scenario]
     counts = token_counts(embedjob, work, corpus_path, records) if case == "cookbook" else None
-    sim = QuotaSimulator(embedjob, work, requests, tokens, factor)
+    sim = Simulator(embedjob, work, LATENCY_MS, (requests, tokens, factor))
     try:
         started = time.perf_counter()
         if case == "cookbook":
@@ -262,7 +178,8 @@ def run_case(embedjob, work, scenario, case, corpus_path):
                     limits["tokens_per_minute"] = int(tokens * per_minute)
             shards = 4 if case == "four processes" else None
             job, _ = job_file(work, f"quota-{scenario}", head(work, corpus_path, records),
-                              sim.url, limits, sharded=bool(shards))
+                              sim.url, limits, concurrency=CONCURRENCY, batch=BATCH,
+                              sharded=bool(shards))
             summaries = run_embedjob(embedjob, job, shards)
             failed, processes = summaries.count(None), len(summaries)
         actual = time.perf_counter() - started
@@ -324,3 +241,7 @@ def print_quota_table(rows):
         print(fmt(line))
     print("utilisation: ideal time / actual time, ideal = the work admitted / the quota's rate;")
     print("each case starts on an empty quota. refused: 429s / requests received.")
+
+
+if __name__ == "__main__":
+    section_main(quota_section)

@@ -10,73 +10,22 @@ concurrency.
 import argparse
 import json
 import os
-import random
 import re
 import subprocess
 import sys
 import time
 
-from bench_jobs import write_job
-from bench_quota import QUOTA_RECORDS, quota_section
-from bench_shards import shards_section
+from benchlib import Simulator, corpus, log, write_job
 
-WORDS = ("vector index token batch embedding service parquet chunk document "
-         "model request retry").split()
 MODELS = {1024: "svc-embed-1", 3072: "svc-embed-1-l"}
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def log(message):
-    print(f"bench: {message}", file=sys.stderr, flush=True)
-
-
-def corpus(work, n):
-    """The first n records of one seeded corpus: about 40 tokens a record, one chunk each."""
-    path = os.path.join(work, f"corpus-{n}.jsonl")
-    if not os.path.exists(path):
-        rng = random.Random(42)
-        with open(path + ".tmp", "w") as f:
-            for i in range(n):
-                text = " ".join(rng.choice(WORDS) for _ in range(36))
-                f.write('{"id": "r%d", "text": "%s record %d"}\n' % (i, text, i))
-        os.rename(path + ".tmp", path)
-    return path
-
-
-def job_file(work, name, corpus_path, dims, concurrency, batch):
+def throughput_job(work, name, corpus_path, dims, concurrency, batch):
     out = os.path.join(work, "out", name + ".parquet")
     return write_job(work, name, corpus_path, base_url="http://127.0.0.1:1",
                      model=MODELS[dims], concurrency=concurrency, batch=batch,
                      output=f'path = "{out}"\ninclude_text = false')
-
-
-class Simulator:
-    """`embedjob simulate` in its own process, with its CPU time read from /proc."""
-
-    def __init__(self, embedjob, work, latency_ms):
-        self.log = os.path.join(work, "simulator.log")
-        with open(self.log, "w") as log:
-            self.process = subprocess.Popen(
-                [embedjob, "simulate", "--port", "0", "--latency-ms", str(latency_ms)],
-                stdout=subprocess.PIPE, stderr=log, text=True)
-        self.url = self.process.stdout.readline().strip()
-        if not self.url.startswith("http"):
-            raise SystemExit(f"bench: the simulator did not print its URL (see {self.log})")
-
-    def check_alive(self):
-        if self.process.poll() is not None:
-            raise SystemExit(f"bench: the simulator stopped with status {self.process.returncode} "
-                             f"(see {self.log})")
-
-    def cpu_seconds(self):
-        with open(f"/proc/{self.process.pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        # utime and stime are fields 14 and 15; fields[0] here is field 3.
-        return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-
-    def stop(self):
-        self.process.terminate()
-        self.process.wait()
 
 
 def timed(command, env=None, sim=None):
@@ -92,8 +41,8 @@ def timed(command, env=None, sim=None):
     return result.stdout, int(rss.group(1)) / 1024
 
 
-def run_embedjob(args, name, n, dims, concurrency=8, batch=128, latency_ms=0, encoding="float"):
-    job = job_file(args.work, name, corpus(args.work, n), dims, concurrency, batch)
+def embedjob_case(args, name, n, dims, concurrency=8, batch=128, latency_ms=0, encoding="float"):
+    job = throughput_job(args.work, name, corpus(args.work, n), dims, concurrency, batch)
     sim = Simulator(args.embedjob, args.work, latency_ms)
     try:
         wall, cpu = time.perf_counter(), sim.cpu_seconds()
@@ -127,7 +76,7 @@ def run_python(args, name, n, dims, concurrency=8, batch=128):
 
 
 def run_floor(args, name, n, dims, batch=128, base64=False):
-    job = job_file(args.work, name, corpus(args.work, n), dims, 1, batch)
+    job = throughput_job(args.work, name, corpus(args.work, n), dims, 1, batch)
     out, rss = timed([args.floor, job, *(["--base64"] if base64 else [])],
                      {"EMBEDJOB_API_KEY": "bench"})
     result = json.loads(out)
@@ -141,6 +90,16 @@ def run_floor(args, name, n, dims, batch=128, base64=False):
             "note": steps, "decode": result["decode_seconds"]}
 
 
+def section(args, script):
+    """Runs a section of its own (bench_quota.py, bench_shards.py) on the same
+    programs and work directory; its table follows this one on stdout."""
+    sys.stdout.flush()
+    done = subprocess.run([sys.executable, os.path.join(HERE, script),
+                           "--embedjob", args.embedjob, "--work", args.work])
+    if done.returncode != 0:
+        raise SystemExit(done.returncode)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--embedjob", required=True)
@@ -152,15 +111,15 @@ def main():
     parser.add_argument("--quota", action="store_true", help="the quota section alone")
     parser.add_argument("--shards", action="store_true", help="the shards section alone")
     args = parser.parse_args()
-    args.baseline = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_openai.py")
+    args.baseline = os.path.join(HERE, "bench_openai.py")
     os.makedirs(os.path.join(args.work, "out"), exist_ok=True)
 
     if args.quota or args.shards:
         started = time.perf_counter()
         if args.quota:
-            quota_section(args.embedjob, args.work, corpus(args.work, QUOTA_RECORDS))
+            section(args, "bench_quota.py")
         if args.shards:
-            shards_section(args.embedjob, args.work, corpus(args.work, QUOTA_RECORDS))
+            section(args, "bench_shards.py")
         log(f"done in {time.perf_counter() - started:.0f}s")
         return
 
@@ -187,9 +146,9 @@ def main():
         # The baseline takes minutes for what embedjob does in seconds: it runs
         # on the first chunks of the same corpus, and is compared by chunks/s.
         python = case(f"python openai {dims}", run_python(args, f"python-{dims}", min(n, 20_000), dims))
-        floats = case(f"embedjob {dims}", run_embedjob(args, f"run-{dims}", n, dims),
+        floats = case(f"embedjob {dims}", embedjob_case(args, f"run-{dims}", n, dims),
                       python=python, floor=floor)
-        case(f"embedjob {dims} base64", run_embedjob(args, f"run-b64-{dims}", n, dims, encoding="auto"),
+        case(f"embedjob {dims} base64", embedjob_case(args, f"run-b64-{dims}", n, dims, encoding="auto"),
              python=python, floor=floor, float=floats)
     # Scaling with latency, in requests of 32 chunks so that up to concurrency
     # 16 the series is bound by the latency and not by a small machine's CPU;
@@ -198,16 +157,16 @@ def main():
         base = None
         for concurrency in series:
             chunks = concurrency * size * rounds
-            result = run_embedjob(args, f"latency-b{size}-c{concurrency}", chunks, 1024,
+            result = embedjob_case(args, f"latency-b{size}-c{concurrency}", chunks, 1024,
                                   concurrency=concurrency, batch=size, latency_ms=args.latency_ms)
             base = base or result
             case(f"embedjob 1024 +{args.latency_ms}ms batch {size} c={concurrency}", result,
                  scaling=(chunks / result["seconds"]) / (concurrency * base["chunks"] / base["seconds"]))
     for size in memory_sizes:
-        case(f"embedjob 3072 memory {size:,}", run_embedjob(args, f"memory-{size}", size, 3072))
+        case(f"embedjob 3072 memory {size:,}", embedjob_case(args, f"memory-{size}", size, 3072))
     print_table(rows)
-    quota_section(args.embedjob, args.work, corpus(args.work, QUOTA_RECORDS))
-    shards_section(args.embedjob, args.work, corpus(args.work, QUOTA_RECORDS))
+    section(args, "bench_quota.py")
+    section(args, "bench_shards.py")
     log(f"done in {time.perf_counter() - started:.0f}s")
 
 

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 
-from bench_quota import WINDOW_MS, QuotaSimulator, job_file, log, quota_use, run_embedjob
+from benchlib import WINDOW_MS, Simulator, job_file, log, quota_use, run_embedjob, section_main
 
 LATENCY_MS = 200
 CONCURRENCY = 4
@@ -50,10 +50,10 @@ def run_case(embedjob, work, corpus_path, scenario, case):
     requests, tokens = QUOTA if scenario == "quota" else (None, None)
     limits = {"requests_per_minute": requests * 60_000 // WINDOW_MS,
               "tokens_per_minute": tokens * 60_000 // WINDOW_MS} if limited else {}
-    sim = QuotaSimulator(embedjob, work, requests, tokens, 1.0, LATENCY_MS)
+    sim = Simulator(embedjob, work, LATENCY_MS, (requests, tokens, 1.0))
     try:
         job, out = job_file(work, f"shards-{scenario}", corpus_path, sim.url, limits,
-                            concurrency, sharded=bool(shards))
+                            concurrency=concurrency, batch=BATCH, sharded=bool(shards))
         started = time.perf_counter()
         summaries = run_embedjob(embedjob, job, shards)
         seconds = time.perf_counter() - started
@@ -148,3 +148,7 @@ def print_shards_table(rows):
           "shard may end on")
     print("a short one).")
     sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    section_main(shards_section)

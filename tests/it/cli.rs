@@ -1,29 +1,12 @@
 //! The `embedjob` binary: commands, exit codes, and that the key never shows.
 
 use std::io::{BufRead, BufReader};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 
 use embedjob::simulate::{self, KeySpec, SimConfig};
 use serde_json::Value;
 
-use crate::support::{simulator, KEY};
-
-pub fn bin() -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_embedjob"));
-    command
-        .env_remove("EMBEDJOB_API_KEY")
-        .env_remove("EMBEDJOB_BASE_URL")
-        .env_remove("EMBEDJOB_TIMEOUT_SECONDS")
-        .env_remove("EMBEDJOB_API_PATH");
-    command
-}
-
-/// Runs the binary off the test's runtime, so an in-process simulator keeps serving.
-pub async fn run(mut command: Command) -> Output {
-    tokio::task::spawn_blocking(move || command.output().expect("the binary runs"))
-        .await
-        .unwrap()
-}
+use crate::support::{bin, no_key, run, run_with_stdin, simulator, text, KEY};
 
 fn with_service(base_url: &str, key: &str, args: &[&str]) -> Command {
     let mut command = bin();
@@ -32,18 +15,6 @@ fn with_service(base_url: &str, key: &str, args: &[&str]) -> Command {
         .env("EMBEDJOB_API_KEY", key)
         .args(args);
     command
-}
-
-pub fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
-
-/// Asserts the key appears in neither stream and returns (stdout, stderr).
-pub fn no_key(output: &Output, key: &str) -> (String, String) {
-    let (stdout, stderr) = (text(&output.stdout), text(&output.stderr));
-    assert!(!stdout.contains(key), "key on stdout: {stdout}");
-    assert!(!stderr.contains(key), "key on stderr: {stderr}");
-    (stdout, stderr)
 }
 
 #[tokio::test]
@@ -379,29 +350,6 @@ async fn bad_simulator_options_are_usage_errors() {
     })
     .await;
     assert_eq!(output.status.code(), Some(2), "{}", text(&output.stderr));
-}
-
-/// Runs the binary with `input` on its stdin.
-pub async fn run_with_stdin(mut command: Command, input: Vec<u8>) -> Output {
-    tokio::task::spawn_blocking(move || {
-        let mut child = command
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("the binary runs");
-        let mut stdin = child.stdin.take().unwrap();
-        // Written from a thread of its own, so a full pipe cannot stall the test.
-        let writer = std::thread::spawn(move || {
-            use std::io::Write;
-            let _ = stdin.write_all(&input);
-        });
-        let output = child.wait_with_output().expect("the binary ends");
-        writer.join().unwrap();
-        output
-    })
-    .await
-    .unwrap()
 }
 
 /// `embed -` reads one text per line from stdin (blank lines skipped), in

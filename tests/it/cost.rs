@@ -1,100 +1,17 @@
 //! Knowing the cost before a run: `estimate`, and what it is measured against.
 
-use std::path::{Path, PathBuf};
-use std::process::Output;
-
 use embedjob::simulate::{KeySpec, SimConfig};
 use serde_json::Value;
 
-use crate::cli::{bin, no_key, run, text};
-use crate::support::{simulator, KEY};
-
-/// A corpus mixing markdown, plain text, code and non-ASCII text, so that
-/// chunk boundaries and token counts are not all alike; with `repeats`,
-/// some chunks repeat the text of others.
-pub(crate) fn corpus(dir: &Path, repeats: bool) -> PathBuf {
-    let root = dir.join("docs");
-    std::fs::create_dir_all(&root).unwrap();
-    for i in 0..12 {
-        let mut body = format!("# Notes {i}\n\n");
-        for p in 0..(2 + i % 4) {
-            body.push_str(&format!(
-                "Paragraph {p}: vector indexes, tokens and batches; café, naïve, 東京, \
-                 emoji 🚀 and `code_{i}()`. {}\n\n",
-                (0..1 + (i * p) % 9)
-                    .map(|k| if repeats {
-                        "Embedding runs cost money. ".to_string()
-                    } else {
-                        format!("Run {i}.{p}.{k} costs money. ")
-                    })
-                    .collect::<String>()
-            ));
-        }
-        let name = if i % 3 == 0 { "txt" } else { "md" };
-        std::fs::write(root.join(format!("note{i:02}.{name}")), body).unwrap();
-    }
-    root
-}
-
-pub(crate) fn write_job(dir: &Path, base_url: &str, backend_extra: &str) -> PathBuf {
-    write_job_over(dir, corpus(dir, true), base_url, backend_extra)
-}
-
-pub(crate) fn write_job_over(
-    dir: &Path,
-    root: PathBuf,
-    base_url: &str,
-    backend_extra: &str,
-) -> PathBuf {
-    let job = format!(
-        r#"name = "cost"
-[source]
-kind = "files"
-paths = ["{root}"]
-[chunking]
-max_tokens = 48
-overlap_tokens = 6
-[backend]
-kind = "api"
-base_url = "{base_url}"
-model = "svc-embed-1"
-max_inputs_per_request = 5
-max_tokens_per_request = 200
-concurrency = 3
-timeout_seconds = 5
-{backend_extra}
-[output]
-path = "{out}"
-"#,
-        root = root.display(),
-        out = dir.join("out/result.parquet").display()
-    );
-    let path = dir.join("job.toml");
-    std::fs::write(&path, job).unwrap();
-    path
-}
-
-pub(crate) async fn embedjob(args: &[&str]) -> Output {
-    let mut command = bin();
-    command.env("EMBEDJOB_API_KEY", KEY).args(args);
-    run(command).await
-}
-
-pub(crate) fn json(output: &Output) -> Value {
-    let (stdout, stderr) = no_key(output, KEY);
-    serde_json::from_str(&stdout)
-        .unwrap_or_else(|e| panic!("stdout is not one JSON object ({e}): {stdout}\n{stderr}"))
-}
-
-pub(crate) fn path_arg(path: &Path) -> &str {
-    path.to_str().unwrap()
-}
+use crate::support::{
+    bin, embedjob, json, mixed_corpus, no_key, path_arg, run, simulator, text, write_cost_job, KEY,
+};
 
 #[tokio::test]
 async fn the_estimate_is_what_the_run_sends_and_pays_for() {
     let dir = tempfile::tempdir().unwrap();
     let sim = simulator(SimConfig::default()).await;
-    let job = write_job(dir.path(), &sim.base_url(), "");
+    let job = write_cost_job(dir.path(), &sim.base_url(), "");
 
     let output = embedjob(&["estimate", path_arg(&job), "--json"]).await;
     assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
@@ -156,7 +73,7 @@ async fn the_estimate_is_what_the_run_sends_and_pays_for() {
 async fn the_estimate_follows_set_overrides_and_rate_limits() {
     let dir = tempfile::tempdir().unwrap();
     let sim = simulator(SimConfig::default()).await;
-    let job = write_job(dir.path(), &sim.base_url(), "");
+    let job = write_cost_job(dir.path(), &sim.base_url(), "");
     let output = embedjob(&[
         "estimate",
         path_arg(&job),
@@ -196,7 +113,7 @@ async fn estimate_errors_are_config_errors_with_nothing_on_stdout() {
         ..SimConfig::default()
     })
     .await;
-    let job = write_job(dir.path(), &sim.base_url(), "");
+    let job = write_cost_job(dir.path(), &sim.base_url(), "");
     let cases: [(&str, Vec<&str>, &str); 4] = [
         (
             "an unknown key in the job file",
@@ -249,7 +166,7 @@ async fn estimate_errors_are_config_errors_with_nothing_on_stdout() {
 #[tokio::test]
 async fn the_local_estimate_needs_no_key_and_costs_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let root = corpus(dir.path(), true);
+    let root = mixed_corpus(dir.path(), true);
     let job = dir.path().join("local.toml");
     std::fs::write(
         &job,
@@ -302,7 +219,7 @@ async fn the_next_estimate_learns_what_the_service_bills() {
         ..SimConfig::default()
     })
     .await;
-    let job = write_job(dir.path(), &sim.base_url(), "input_per_1k = 0.5");
+    let job = write_cost_job(dir.path(), &sim.base_url(), "input_per_1k = 0.5");
 
     let before = json(&embedjob(&["estimate", path_arg(&job), "--json"]).await);
     assert_eq!(before["billed_token_ratio"], Value::Null);

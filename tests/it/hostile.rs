@@ -6,101 +6,20 @@
 //! child's peak memory.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::process::Output;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
-use axum::http::{Method, StatusCode, Uri};
-use axum::response::{IntoResponse, Response};
+use axum::http::StatusCode;
+use axum::response::Response;
 use base64::Engine as _;
 use serde_json::{json, Value};
 
-use crate::cli::{bin, text};
-use crate::run::{files_source, read_output, write_job};
-
-/// The key the hostile tests send: it has the characters that encodings
-/// change (`/`, `+`, `=`).
-pub(crate) const HOSTILE_KEY: &str = "sk-live/Hostile+Key=0042-do-not-print";
-
-/// What a hostile server answers a request with: given the request's number
-/// (from 0) and its JSON body.
-type Answer = dyn Fn(usize, &Value) -> Response + Send + Sync;
-
-/// A server whose model listing is honest and whose answers to
-/// `POST /v1/embeddings` and `POST /v1/chat/completions` are `answer`'s.
-pub(crate) struct Hostile {
-    pub base_url: String,
-    pub requests: Arc<AtomicUsize>,
-}
-
-pub(crate) async fn hostile_server(
-    answer: impl Fn(usize, &Value) -> Response + Send + Sync + 'static,
-) -> Hostile {
-    let answer: Arc<Answer> = Arc::new(answer);
-    let requests = Arc::new(AtomicUsize::new(0));
-    let counted = Arc::clone(&requests);
-    let handler = move |method: Method, uri: Uri, body: Bytes| {
-        let answer = Arc::clone(&answer);
-        let counted = Arc::clone(&counted);
-        async move {
-            let path = uri.path().to_string();
-            if method == Method::GET {
-                let id = path.rsplit('/').next().unwrap_or_default().to_string();
-                return axum::Json(json!({
-                    "id": id, "object": "model", "context_window": 8192,
-                    "pricing": {"input_per_1k": 0.0001}
-                }))
-                .into_response();
-            }
-            let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-            answer(counted.fetch_add(1, Ordering::SeqCst), &request)
-        }
-    };
-    let app = axum::Router::new().fallback(handler);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
-    Hostile {
-        base_url: format!("http://{addr}"),
-        requests,
-    }
-}
-
-/// The texts of an embeddings request.
-pub(crate) fn inputs(request: &Value) -> Vec<String> {
-    request["input"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|t| t.as_str().map(str::to_string))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-/// The answer an honest server gives: the simulator's vectors.
-pub(crate) fn honest(request: &Value) -> Response {
-    let texts = inputs(request);
-    let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
-    let model = request["model"].as_str().unwrap_or("svc-embed-1");
-    json_response(
-        StatusCode::OK,
-        embedjob::simulate::embeddings_response_body(model, 1024, &refs),
-    )
-}
-
-pub(crate) fn json_response(status: StatusCode, body: impl Into<Body>) -> Response {
-    let mut response = Response::new(body.into());
-    *response.status_mut() = status;
-    response
-        .headers_mut()
-        .insert("content-type", "application/json".parse().unwrap());
-    response
-}
+use crate::support::{
+    bin, files_source, honest, hostile_server, inputs, json_response, read_output, run_command,
+    run_measured, text, three_documents, write_job, Measured, HOSTILE_KEY,
+};
 
 /// A body that starts with `head` and then repeats `piece` forever.
 fn endless(status: StatusCode, head: &'static str, piece: &'static str) -> Response {
@@ -113,31 +32,6 @@ fn endless(status: StatusCode, head: &'static str, piece: &'static str) -> Respo
     )
 }
 
-/// Three short documents: one request of three inputs.
-pub(crate) fn three_documents(dir: &Path) -> PathBuf {
-    let root = dir.join("docs");
-    std::fs::create_dir_all(&root).unwrap();
-    for (i, text) in ["alpha beta", "gamma delta", "epsilon zeta"]
-        .iter()
-        .enumerate()
-    {
-        std::fs::write(root.join(format!("d{i}.txt")), text).unwrap();
-    }
-    root
-}
-
-/// `embedjob run JOB --quiet EXTRA…` with the hostile key.
-pub(crate) fn run_command(job: &Path, extra: &[&str]) -> Command {
-    let mut command = bin();
-    command
-        .env("EMBEDJOB_API_KEY", HOSTILE_KEY)
-        .arg("run")
-        .arg(job)
-        .arg("--quiet")
-        .args(extra);
-    command
-}
-
 /// A job of three documents against `base_url`, retrying twice.
 pub(crate) fn three_document_job(dir: &Path, base_url: &str) -> PathBuf {
     let root = three_documents(dir);
@@ -145,35 +39,6 @@ pub(crate) fn three_document_job(dir: &Path, base_url: &str) -> PathBuf {
 }
 
 const RETRY_TWICE: [&str; 2] = ["--set", "backend.max_retries=2"];
-
-/// A run's output and the most memory the process ever held.
-pub(crate) struct Measured {
-    pub output: Output,
-    pub peak_rss_mb: f64,
-}
-
-/// Runs `command`, watching its peak resident memory (`VmHWM`) until it ends.
-pub(crate) async fn run_measured(mut command: Command) -> Measured {
-    command.stdout(Stdio::piped()).stderr(Stdio::piped());
-    let child = command.spawn().expect("the binary starts");
-    let status = PathBuf::from(format!("/proc/{}/status", child.id()));
-    let waiting = tokio::task::spawn_blocking(move || child.wait_with_output().unwrap());
-    let mut peak_kb = 0u64;
-    while !waiting.is_finished() {
-        if let Ok(text) = std::fs::read_to_string(&status) {
-            let hwm = text
-                .lines()
-                .find_map(|l| l.strip_prefix("VmHWM:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok());
-            peak_kb = peak_kb.max(hwm.unwrap_or(0));
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    Measured {
-        output: waiting.await.unwrap(),
-        peak_rss_mb: peak_kb as f64 / 1024.0,
-    }
-}
 
 /// Every way a server could echo the key: raw, percent-encoded (all bytes,
 /// either case; reserved bytes only; form style), JSON-escaped (`\u` either

@@ -14,9 +14,7 @@ use parquet::arrow::ArrowWriter;
 use parquet::file::metadata::KeyValue;
 use serde_json::Value;
 
-use crate::cli::text;
-use crate::cost::{embedjob, json, path_arg, write_job};
-use crate::support::simulator;
+use crate::support::{embedjob, json, path_arg, simulator, text, write_cost_job};
 
 #[tokio::test]
 async fn inspect_reports_a_good_output() {
@@ -198,7 +196,7 @@ async fn inspect_checks_a_directory_as_one_index() {
 
 /// Runs a small job and returns the output's path.
 async fn good_output(dir: &Path, sim: &Simulator) -> PathBuf {
-    let job = write_job(dir, &sim.base_url(), "");
+    let job = write_cost_job(dir, &sim.base_url(), "");
     let output = embedjob(&["run", path_arg(&job), "--quiet"]).await;
     assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
     dir.join("out/result.parquet")
@@ -336,7 +334,7 @@ async fn regression_inspect_says_when_a_directory_mixes_jobs() {
     let sim = simulator(SimConfig::default()).await;
     let first = good_output(dir.path(), &sim).await;
     // The same documents, so the same ids, by another job with another model.
-    let job = write_job(dir.path(), &sim.base_url(), "");
+    let job = write_cost_job(dir.path(), &sim.base_url(), "");
     let other = dir.path().join("out/large.parquet");
     let output = embedjob(&[
         "run",

@@ -18,6 +18,8 @@ use embedjob::backend::BackendKind;
 use embedjob::backend::EmbeddingBackend;
 use serde_json::Value;
 
+use crate::support::{bin, run, run_with_stdin, text};
+
 fn reference_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/reference")
 }
@@ -434,7 +436,6 @@ fn declared_dimensions_must_match_the_model() {
 /// server; `-` reads the texts from stdin, one per line.
 #[tokio::test]
 async fn embed_uses_the_local_model_with_texts_from_stdin() {
-    use crate::cli::{bin, run, run_with_stdin, text};
     let texts = sentences();
     let mut command = bin();
     command

@@ -4,155 +4,18 @@
 //! user meets. Each test works in a database of its own.
 
 use std::collections::{BTreeMap, HashSet};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Output;
-use std::str::FromStr;
 
 use embedjob::simulate::{self, SimConfig};
 use rand::{Rng, SeedableRng};
 use serde_json::Value;
-use tokio_postgres::{Client, NoTls};
 
-use crate::cli::{bin, no_key, run as run_command, text};
-use crate::resume::{
-    edit_one_add_one_delete_one, spawn_job, text_hash, wait, wait_for_billed, Edits,
+use crate::support::{
+    bin, corpus, edit_one_add_one_delete_one, expected_chunks, files_source, no_secrets,
+    query_json, run as run_command, run_pg, simulator, spawn_job, text, text_hash, wait,
+    wait_for_billed, write_pg_job, Edits, TestDb, KEY, PASSWORD_ENV,
 };
-use crate::run::{corpus, expected_chunks, files_source};
-use crate::support::{simulator, KEY};
-
-/// The variable the test jobs name in `output.password_env`.
-pub(crate) const PASSWORD_ENV: &str = "EMBEDJOB_TEST_PG_PASSWORD";
-
-/// A database of the test's own on the test server.
-pub(crate) struct TestDb {
-    /// `postgresql://postgres@127.0.0.1:PORT/<name>`, without the password.
-    pub url: String,
-    pub password: String,
-    pub name: String,
-}
-
-impl TestDb {
-    pub(crate) async fn new() -> TestDb {
-        let admin_url = std::env::var("EMBEDJOB_TEST_PG_URL").expect(
-            "EMBEDJOB_TEST_PG_URL is not set: start a server with \
-             `export $(scripts/setup-postgres)` (scripts/test does this)",
-        );
-        let password = std::env::var(PASSWORD_ENV).expect("EMBEDJOB_TEST_PG_PASSWORD is set");
-        let name = format!("embedjob_{:016x}", rand::random::<u64>());
-        let admin = connect(&admin_url, &password).await;
-        admin
-            .batch_execute(&format!("CREATE DATABASE {name}"))
-            .await
-            .unwrap();
-        let base = admin_url.rsplit_once('/').unwrap().0;
-        TestDb {
-            url: format!("{base}/{name}"),
-            password,
-            name,
-        }
-    }
-
-    pub(crate) async fn client(&self) -> Client {
-        connect(&self.url, &self.password).await
-    }
-
-    /// The table's rows by id: text, content hash and vector.
-    pub(crate) async fn rows(&self, table: &str) -> BTreeMap<String, (String, String, Vec<f32>)> {
-        let client = self.client().await;
-        let rows = client
-            .query(
-                &format!("SELECT id, text, content_hash, embedding FROM {table}"),
-                &[],
-            )
-            .await
-            .unwrap();
-        rows.iter()
-            .map(|r| {
-                let vector: pgvector::Vector = r.get(3);
-                (r.get(0), (r.get(1), r.get(2), vector.to_vec()))
-            })
-            .collect()
-    }
-
-    pub(crate) async fn metadata(&self, table: &str) -> BTreeMap<String, String> {
-        let client = self.client().await;
-        let rows = client
-            .query(&format!("SELECT key, value FROM {table}_embedjob"), &[])
-            .await
-            .unwrap();
-        rows.iter().map(|r| (r.get(0), r.get(1))).collect()
-    }
-}
-
-async fn connect(url: &str, password: &str) -> Client {
-    let mut config = tokio_postgres::Config::from_str(url).unwrap();
-    config.password(password);
-    let (client, connection) = config.connect(NoTls).await.unwrap();
-    tokio::spawn(connection);
-    client
-}
-
-/// A job in `dir` embedding `source` with the simulator at `base_url` into
-/// `table` of `db`, its state under `dir/state`.
-pub(crate) fn write_pg_job(
-    dir: &Path,
-    base_url: &str,
-    source: &str,
-    db: &TestDb,
-    table: &str,
-    output_extra: &str,
-) -> PathBuf {
-    let job = format!(
-        r#"name = "pg-test"
-[source]
-{source}
-[chunking]
-max_tokens = 64
-overlap_tokens = 8
-[backend]
-kind = "api"
-base_url = "{base_url}"
-model = "svc-embed-1"
-max_inputs_per_request = 8
-concurrency = 4
-max_retries = 10
-timeout_seconds = 5
-[output]
-kind = "pgvector"
-url = "{url}"
-password_env = "{PASSWORD_ENV}"
-table = "{table}"
-state_dir = "{state}"
-{output_extra}
-"#,
-        url = db.url,
-        state = dir.join("state").display()
-    );
-    let path = dir.join(format!("{table}.toml"));
-    std::fs::write(&path, job).unwrap();
-    path
-}
-
-/// Runs a job; asserts neither the key nor the database password shows.
-pub(crate) async fn run_pg(job: &Path, db: &TestDb, extra: &[&str]) -> Output {
-    let mut command = bin();
-    command
-        .env("EMBEDJOB_API_KEY", KEY)
-        .env(PASSWORD_ENV, &db.password)
-        .arg("run")
-        .arg(job)
-        .args(extra);
-    let output = run_command(command).await;
-    no_secrets(&output, db);
-    output
-}
-
-pub(crate) fn no_secrets(output: &Output, db: &TestDb) -> (String, String) {
-    let (stdout, stderr) = no_key(output, KEY);
-    assert!(!stdout.contains(&db.password), "password on stdout");
-    assert!(!stderr.contains(&db.password), "password on stderr");
-    (stdout, stderr)
-}
 
 fn expect_exit(output: &Output, code: i32) {
     assert_eq!(output.status.code(), Some(code), "{}", text(&output.stderr));
@@ -473,8 +336,7 @@ async fn the_hnsw_index_is_built_and_used_to_search() {
     assert!(definition.contains("hnsw"), "{definition}");
     assert!(definition.contains("vector_cosine_ops"), "{definition}");
     let (id, text) = expected_chunks(&root).into_iter().nth(5).unwrap();
-    let hits =
-        crate::query::query_json(&job, &text, 3, &[(PASSWORD_ENV, db.password.as_str())]).await;
+    let hits = query_json(&job, &text, 3, &[(PASSWORD_ENV, db.password.as_str())]).await;
     assert_eq!(hits[0]["id"], id.as_str());
 }
 

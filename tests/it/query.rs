@@ -7,46 +7,10 @@ use std::path::{Path, PathBuf};
 use embedjob::simulate::SimConfig;
 use serde_json::Value;
 
-use crate::cli::{bin, no_key, run, text};
-use crate::pgvector::{no_secrets, run_pg, write_pg_job, TestDb, PASSWORD_ENV};
-use crate::run::{corpus, expected_chunks, files_source, run_job, write_job};
-use crate::support::{simulator, KEY};
-
-/// `query JOB TEXT -k K --json`'s results; `env` adds variables.
-pub(crate) async fn query_json(
-    job: &Path,
-    text: &str,
-    k: usize,
-    env: &[(&str, &str)],
-) -> Vec<Value> {
-    let output = query_output(job, text, &["-k", &k.to_string(), "--json"], env).await;
-    assert_eq!(
-        output.status.code(),
-        Some(0),
-        "{}",
-        crate::cli::text(&output.stderr)
-    );
-    let (stdout, _) = no_key(&output, KEY);
-    let value: Value = serde_json::from_str(&stdout).expect("one JSON object on stdout");
-    let results = value["results"].as_array().expect("results").clone();
-    assert_eq!(results.len(), k.min(results.len()));
-    results
-}
-
-async fn query_output(
-    job: &Path,
-    text: &str,
-    args: &[&str],
-    env: &[(&str, &str)],
-) -> std::process::Output {
-    let mut command = bin();
-    command.env("EMBEDJOB_API_KEY", KEY);
-    for (name, value) in env {
-        command.env(name, value);
-    }
-    command.arg("query").arg(job).arg(text).args(args);
-    run(command).await
-}
+use crate::support::{
+    bin, corpus, expected_chunks, files_source, no_key, no_secrets, query_json, query_output, run,
+    run_job, run_pg, simulator, text, write_job, write_pg_job, TestDb, KEY, PASSWORD_ENV,
+};
 
 /// A chunk whose text appears once in the corpus, and its id.
 fn unique_chunk(root: &Path, nth: usize) -> (String, String) {

@@ -10,9 +10,9 @@ use std::time::Duration;
 use embedjob::simulate::{QuotaConfig, SimConfig, Simulator};
 use serde_json::Value;
 
-use crate::cli::no_key;
-use crate::run::{corpus, expected_chunks, files_source, run_job, write_job};
-use crate::support::{simulator, KEY};
+use crate::support::{
+    corpus, expected_chunks, files_source, no_key, run_job, simulator, write_job, KEY,
+};
 
 fn quota_sim(quota: QuotaConfig) -> SimConfig {
     SimConfig {

@@ -10,12 +10,11 @@ use axum::http::StatusCode;
 use embedjob::simulate::{embedding_vector, ModelSpec, SimConfig};
 use serde_json::Value;
 
-use crate::cli::{bin, run, text};
-use crate::hostile::{
-    honest, hostile_server, json_response, run_command, run_measured, HOSTILE_KEY,
+use crate::support::{
+    assert_complete, bin, corpus, expected_chunks, files_source, honest, hostile_server, inputs,
+    json_response, read_output, run, run_command, run_job, run_measured, simulator, text,
+    three_documents, write_job, HOSTILE_KEY,
 };
-use crate::run::{assert_complete, corpus, expected_chunks, files_source, read_output, write_job};
-use crate::support::simulator;
 
 /// A local job took the api kind's keys (`requests_per_minute`,
 /// `max_retries`, …) without a word, though they limit nothing there.
@@ -56,13 +55,8 @@ async fn regression_a_server_without_the_model_route_was_taken_for_an_unknown_mo
     })
     .await;
     let dir = tempfile::tempdir().unwrap();
-    let root = crate::run::corpus(dir.path(), 3);
-    let job = crate::run::write_job(
-        dir.path(),
-        &sim.base_url(),
-        &crate::run::files_source(&root),
-        "",
-    );
+    let root = corpus(dir.path(), 3);
+    let job = write_job(dir.path(), &sim.base_url(), &files_source(&root), "");
     let mut command = bin();
     command
         .env("EMBEDJOB_API_KEY", crate::support::KEY)
@@ -89,14 +83,14 @@ async fn regression_declared_dimensions_were_never_sent_and_every_answer_was_pai
 
     let sim = crate::support::simulator(SimConfig::default()).await;
     let dir = tempfile::tempdir().unwrap();
-    let root = crate::run::corpus(dir.path(), 4);
-    let job = crate::run::write_job(
+    let root = corpus(dir.path(), 4);
+    let job = write_job(
         dir.path(),
         &sim.base_url(),
-        &crate::run::files_source(&root),
+        &files_source(&root),
         "dimensions = 512",
     );
-    let output = crate::run::run_job(&job, &["--json"]).await;
+    let output = run_job(&job, &["--json"]).await;
     assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
     let summary: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
     assert_eq!(summary["dimensions"], 512);
@@ -125,13 +119,8 @@ async fn regression_a_timed_out_request_was_sent_again_whole() {
     for i in 0..4 {
         std::fs::write(root.join(format!("{i}.txt")), format!("text {i}")).unwrap();
     }
-    let job = crate::run::write_job(
-        dir.path(),
-        &sim.base_url(),
-        &crate::run::files_source(&root),
-        "",
-    );
-    let output = crate::run::run_job(&job, &["--json", "--set", "backend.timeout_seconds=1"]).await;
+    let job = write_job(dir.path(), &sim.base_url(), &files_source(&root), "");
+    let output = run_job(&job, &["--json", "--set", "backend.timeout_seconds=1"]).await;
     assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
     let ledger = sim.ledger();
     assert_eq!(
@@ -383,7 +372,7 @@ async fn regression_a_damaged_previous_output_was_reused() {
 async fn regression_huge_numbers_in_flags_job_keys_and_the_environment_panicked() {
     let sim = simulator(SimConfig::default()).await;
     let dir = tempfile::tempdir().unwrap();
-    let root = crate::hostile::three_documents(dir.path());
+    let root = three_documents(dir.path());
     let job = write_job(dir.path(), &sim.base_url(), &files_source(&root), "");
     let max = i64::MAX.to_string();
     let refused: Vec<(Vec<String>, &str)> = vec![
@@ -478,7 +467,7 @@ async fn regression_huge_numbers_in_flags_job_keys_and_the_environment_panicked(
 #[tokio::test]
 async fn regression_a_failed_run_left_the_summary_of_a_successful_one() {
     let dir = tempfile::tempdir().unwrap();
-    let root = crate::hostile::three_documents(dir.path());
+    let root = three_documents(dir.path());
     let sim = simulator(SimConfig::default()).await;
     let job = write_job(dir.path(), &sim.base_url(), &files_source(&root), "");
     expect_exit(&run_measured(run_command(&job, &[])).await.output, 0);
@@ -498,7 +487,7 @@ async fn regression_a_failed_run_left_the_summary_of_a_successful_one() {
     let counted = Arc::clone(&billed);
     let server = hostile_server(move |n, request| {
         if n == 0 {
-            let texts = crate::hostile::inputs(request);
+            let texts = inputs(request);
             *counted.lock().unwrap() += texts
                 .iter()
                 .map(|t| u64::from(embedjob::simulate::count_tokens(t)))
@@ -551,7 +540,7 @@ async fn regression_a_failed_run_left_the_summary_of_a_successful_one() {
 #[tokio::test]
 async fn regression_a_job_removed_the_temporary_files_of_another_job() {
     let dir = tempfile::tempdir().unwrap();
-    let root = crate::hostile::three_documents(dir.path());
+    let root = three_documents(dir.path());
     let sim = simulator(SimConfig::default()).await;
     let job = write_job(dir.path(), &sim.base_url(), &files_source(&root), "");
     let out = dir.path().join("out");
@@ -780,7 +769,7 @@ async fn regression_a_file_that_vanished_mid_run_was_exit_2() {
         let body = Bytes::from(embedjob::simulate::embeddings_response_body(
             "svc-embed-1",
             1024,
-            &crate::hostile::inputs(request)
+            &inputs(request)
                 .iter()
                 .map(String::as_str)
                 .collect::<Vec<_>>(),

@@ -2,62 +2,23 @@
 //! stops, re-runs over edited inputs, the job lock, and changed configuration.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::path::Path;
-use std::process::{Child, Output, Stdio};
+use std::process::{Child, Output};
 use std::time::{Duration, Instant};
 
-use embedjob::simulate::{SimConfig, Simulator};
-use embedjob::types::content_hash;
+use embedjob::simulate::SimConfig;
 use rand::{Rng, SeedableRng};
 use serde_json::Value;
 
-use crate::cli::{bin, no_key};
-use crate::run::{
-    assert_complete, corpus, expected_chunks, files_source, read_output, run_job, write_job,
+use crate::support::{
+    assert_complete, bin, corpus, edit_one_add_one_delete_one, expected_chunks, files_source,
+    no_key, read_output, run, run_job, simulator, spawn_job, text, text_hash, wait,
+    wait_for_billed, write_job, Edits, Rows, KEY,
 };
-use crate::support::{simulator, KEY};
 
 fn slow_simulator(latency_ms: u64) -> SimConfig {
     SimConfig {
         latency_ms,
         ..SimConfig::default()
-    }
-}
-
-pub(crate) fn spawn_job(job: &Path, extra: &[&str]) -> Child {
-    bin()
-        .env("EMBEDJOB_API_KEY", KEY)
-        .arg("run")
-        .arg(job)
-        .args(extra)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("the binary starts")
-}
-
-pub(crate) async fn wait(child: Child) -> Output {
-    tokio::task::spawn_blocking(move || child.wait_with_output().unwrap())
-        .await
-        .unwrap()
-}
-
-/// Waits until the simulator has billed `requests` requests in all, or the
-/// child has exited; `true` if the count was reached with the child running.
-pub(crate) async fn wait_for_billed(sim: &Simulator, child: &mut Child, requests: u64) -> bool {
-    let started = Instant::now();
-    loop {
-        if sim.ledger().billed_requests >= requests {
-            return true;
-        }
-        if child.try_wait().unwrap().is_some() {
-            return false;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "the job never reached {requests} billed requests"
-        );
-        tokio::time::sleep(Duration::from_millis(2)).await;
     }
 }
 
@@ -77,16 +38,7 @@ fn json(output: &Output) -> Value {
 
 /// Asserts the exit code, showing stderr when it is not the one expected.
 fn expect_exit(output: &Output, code: i32) {
-    assert_eq!(
-        output.status.code(),
-        Some(code),
-        "{}",
-        crate::cli::text(&output.stderr)
-    );
-}
-
-pub(crate) fn text_hash(text: &str) -> String {
-    hex::encode(content_hash(text))
+    assert_eq!(output.status.code(), Some(code), "{}", text(&output.stderr));
 }
 
 #[tokio::test]
@@ -145,7 +97,7 @@ async fn a_job_killed_at_random_points_resumes_without_paying_twice() {
         output.status.code(),
         Some(0),
         "seed {seed}: {}",
-        crate::cli::text(&output.stderr)
+        text(&output.stderr)
     );
     let summary = json(&output);
     assert!(summary["resumed"].as_u64().unwrap() > 0, "{summary}");
@@ -219,7 +171,7 @@ async fn a_signal_or_the_time_limit_stops_gracefully_and_the_next_run_completes(
     let first = json(&output);
     assert_eq!(first["stopped"], "stopped by SIGTERM");
     assert_eq!(first["exit_code"], 4);
-    assert!(crate::cli::text(&output.stderr).contains("SIGTERM"));
+    assert!(text(&output.stderr).contains("SIGTERM"));
     assert!(
         !dir.path().join("out/result.parquet").exists(),
         "no partial output"
@@ -308,7 +260,7 @@ async fn a_rerun_after_edits_sends_only_new_and_changed_chunks() {
         .arg("estimate")
         .arg(&job)
         .arg("--json");
-    let estimate = json(&crate::cli::run(command).await);
+    let estimate = json(&run(command).await);
     assert_eq!(
         sim.ledger().embedding_requests,
         0,
@@ -367,64 +319,12 @@ async fn a_rerun_after_edits_sends_only_new_and_changed_chunks() {
     assert_eq!(summary["removed"], 0);
 }
 
-/// What a re-run after [`edit_one_add_one_delete_one`] must do.
-pub(crate) struct Edits {
-    pub after: BTreeMap<String, String>,
-    pub to_send: HashSet<String>,
-    pub unchanged: u64,
-    pub changed: u64,
-    pub added: u64,
-    pub removed: u64,
-}
-
-/// Edits one document, adds one and deletes one; `before` maps the chunk
-/// ids of the first run to their texts.
-pub(crate) fn edit_one_add_one_delete_one(
-    root: &std::path::Path,
-    before: &BTreeMap<String, String>,
-) -> Edits {
-    // Edit one document, add one, delete one.
-    let edited = root.join("doc004.md");
-    let mut text = std::fs::read_to_string(&edited).unwrap();
-    text.push_str("A closing paragraph added since the last run, about cron jobs.\n");
-    std::fs::write(&edited, text).unwrap();
-    std::fs::write(
-        root.join("doc100.md"),
-        "# A new document\n\nIt did not exist at the first run.\n",
-    )
-    .unwrap();
-    std::fs::remove_file(root.join("doc005.md")).unwrap();
-    let after = expected_chunks(root);
-
-    let old_texts: HashSet<&String> = before.values().collect();
-    let to_send: HashSet<String> = after
-        .values()
-        .filter(|t| !old_texts.contains(t))
-        .map(|t| text_hash(t))
-        .collect();
-    let unchanged = after.values().filter(|t| old_texts.contains(t)).count() as u64;
-    let changed = after
-        .iter()
-        .filter(|(id, t)| !old_texts.contains(t) && before.contains_key(*id))
-        .count() as u64;
-    let added = after.len() as u64 - unchanged - changed;
-    let removed = before.keys().filter(|id| !after.contains_key(*id)).count() as u64;
-    Edits {
-        after,
-        to_send,
-        unchanged,
-        changed,
-        added,
-        removed,
-    }
-}
-
 /// The output of an incremental run equals what a fresh run over the same
 /// inputs writes.
 async fn assert_equals_a_fresh_run(
     dir: &std::path::Path,
     job: &std::path::Path,
-    incremental: &crate::run::Rows,
+    incremental: &Rows,
 ) {
     let output = run_job(
         job,
@@ -450,7 +350,7 @@ async fn assert_equals_a_fresh_run(
     }
 }
 
-fn rows_by_id(rows: &crate::run::Rows) -> BTreeMap<String, (String, u32, Vec<u32>)> {
+fn rows_by_id(rows: &Rows) -> BTreeMap<String, (String, u32, Vec<u32>)> {
     rows.ids
         .iter()
         .zip(&rows.texts)
@@ -709,7 +609,7 @@ async fn a_second_signal_stops_at_once() {
         "the second signal did not wait for the responses: {:?}",
         second.elapsed()
     );
-    assert!(crate::cli::text(&output.stderr).contains("again to stop at once"));
+    assert!(text(&output.stderr).contains("again to stop at once"));
     assert_eq!(json(&output)["stopped"], "stopped by SIGTERM");
     assert_eq!(sim.ledger().billed_requests, 0);
 }

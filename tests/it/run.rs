@@ -1,206 +1,16 @@
 //! Whole jobs through the binary against the simulator: faults, splitting,
 //! quarantine, bad input, config errors, and the output's contents.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
-use std::path::{Path, PathBuf};
-use std::process::Output;
+use std::path::Path;
 
-use arrow::array::{Array, AsArray};
-use arrow::datatypes::{DataType, Float32Type, UInt32Type, UInt64Type};
-use embedjob::chunk::{Chunker, TokenChunker};
-use embedjob::job::ChunkingConfig;
-use embedjob::simulate::{self, Faults, KeySpec, SimConfig, Simulator};
-use embedjob::types::Document;
-use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use arrow::datatypes::DataType;
+use embedjob::simulate::{Faults, KeySpec, SimConfig, Simulator};
 use serde_json::Value;
 
-use crate::cli::{bin, no_key, run, text};
-use crate::cost::{corpus as cost_corpus, path_arg, write_job_over};
-use crate::support::{simulator, KEY};
-
-/// A job file in `dir` against `base_url`, with extra lines appended to sections.
-pub(crate) fn write_job(dir: &Path, base_url: &str, source: &str, backend_extra: &str) -> PathBuf {
-    let job = format!(
-        r#"name = "test"
-[source]
-{source}
-[chunking]
-max_tokens = 64
-overlap_tokens = 8
-[backend]
-kind = "api"
-base_url = "{base_url}"
-model = "svc-embed-1"
-max_inputs_per_request = 8
-concurrency = 4
-max_retries = 10
-timeout_seconds = 5
-{backend_extra}
-[output]
-path = "{out}"
-"#,
-        out = dir.join("out/result.parquet").display()
-    );
-    let path = dir.join("job.toml");
-    std::fs::write(&path, job).unwrap();
-    path
-}
-
-/// The `[source]` lines for a files job over `root`.
-pub(crate) fn files_source(root: &Path) -> String {
-    format!("kind = \"files\"\npaths = [\"{}\"]", root.display())
-}
-
-pub(crate) fn corpus(dir: &Path, documents: usize) -> PathBuf {
-    let root = dir.join("docs");
-    std::fs::create_dir_all(root.join("nested")).unwrap();
-    for i in 0..documents {
-        let sub = if i % 3 == 0 { "nested/" } else { "" };
-        let mut body = format!("# Document {i}\n\n");
-        for p in 0..(1 + i % 5) {
-            body.push_str(&format!(
-                "Paragraph {p} of document {i} talks about vector indexes, tokens and batches. \
-                 It repeats a little so that chunks have some length: {}\n\n",
-                "lorem ipsum dolor sit amet ".repeat(1 + (i * p) % 7)
-            ));
-        }
-        std::fs::write(root.join(format!("{sub}doc{i:03}.md")), body).unwrap();
-    }
-    root
-}
-
-/// The chunks a run must produce, computed here with the library's chunker.
-pub(crate) fn expected_chunks(root: &Path) -> BTreeMap<String, String> {
-    let chunker = TokenChunker::cl100k(&ChunkingConfig {
-        max_tokens: 64,
-        overlap_tokens: 8,
-        markdown: None,
-        tokenizer: None,
-    })
-    .unwrap();
-    let mut expected = BTreeMap::new();
-    let mut stack = vec![root.to_path_buf()];
-    while let Some(dir) = stack.pop() {
-        for entry in std::fs::read_dir(&dir).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                stack.push(path);
-                continue;
-            }
-            let doc_id = path
-                .strip_prefix(root)
-                .unwrap()
-                .to_string_lossy()
-                .replace('\\', "/");
-            let document = Document {
-                doc_id,
-                source: path.to_string_lossy().into(),
-                text: std::fs::read_to_string(&path).unwrap(),
-                metadata: None,
-            };
-            for chunk in chunker.chunk(&document) {
-                expected.insert(chunk.id, chunk.text);
-            }
-        }
-    }
-    expected
-}
-
-pub(crate) struct Rows {
-    pub ids: Vec<String>,
-    pub texts: Vec<String>,
-    pub vectors: Vec<Vec<f32>>,
-    pub token_counts: Vec<u32>,
-    pub metadata: HashMap<String, String>,
-    pub embedding_type: DataType,
-}
-
-pub(crate) fn read_output(path: &Path) -> Rows {
-    let file = std::fs::File::open(path).unwrap();
-    let builder = ParquetRecordBatchReaderBuilder::try_new(file).unwrap();
-    let metadata = builder
-        .metadata()
-        .file_metadata()
-        .key_value_metadata()
-        .map(|kv| {
-            kv.iter()
-                .map(|e| (e.key.clone(), e.value.clone().unwrap_or_default()))
-                .collect()
-        })
-        .unwrap_or_default();
-    let embedding_type = builder
-        .schema()
-        .field_with_name("embedding")
-        .unwrap()
-        .data_type()
-        .clone();
-    let mut rows = Rows {
-        ids: vec![],
-        texts: vec![],
-        vectors: vec![],
-        token_counts: vec![],
-        metadata,
-        embedding_type,
-    };
-    for batch in builder.build().unwrap() {
-        let batch = batch.unwrap();
-        let ids = batch.column_by_name("id").unwrap().as_string::<i32>();
-        let texts = batch.column_by_name("text").unwrap().as_string::<i32>();
-        let tokens = batch
-            .column_by_name("token_count")
-            .unwrap()
-            .as_primitive::<UInt32Type>();
-        let starts = batch
-            .column_by_name("byte_start")
-            .unwrap()
-            .as_primitive::<UInt64Type>();
-        let embeddings = batch
-            .column_by_name("embedding")
-            .unwrap()
-            .as_fixed_size_list();
-        for i in 0..batch.num_rows() {
-            rows.ids.push(ids.value(i).to_string());
-            rows.texts.push(texts.value(i).to_string());
-            rows.token_counts.push(tokens.value(i));
-            assert!(starts.is_valid(i));
-            let values = embeddings.value(i);
-            rows.vectors
-                .push(values.as_primitive::<Float32Type>().values().to_vec());
-        }
-    }
-    rows
-}
-
-pub(crate) async fn run_job(job: &Path, extra: &[&str]) -> Output {
-    let mut command = bin();
-    command
-        .env("EMBEDJOB_API_KEY", KEY)
-        .arg("run")
-        .arg(job)
-        .args(extra);
-    run(command).await
-}
-
-/// Every expected chunk is in the output exactly once, with the simulator's vector for its text.
-pub(crate) fn assert_complete(rows: &Rows, expected: &BTreeMap<String, String>, dimensions: usize) {
-    let unique: HashSet<&String> = rows.ids.iter().collect();
-    assert_eq!(unique.len(), rows.ids.len(), "ids are unique");
-    assert_eq!(rows.ids.len(), expected.len(), "every chunk, once");
-    for ((id, text), vector) in rows.ids.iter().zip(&rows.texts).zip(&rows.vectors) {
-        assert_eq!(
-            expected.get(id),
-            Some(text),
-            "row {id} holds its chunk's text"
-        );
-        assert_eq!(vector.len(), dimensions, "row {id}");
-        assert!(vector.iter().all(|v| v.is_finite()), "row {id}");
-        assert_eq!(
-            vector,
-            &simulate::embedding_vector(dimensions, text),
-            "row {id}'s vector"
-        );
-    }
-}
+use crate::support::{
+    assert_complete, bin, corpus, expected_chunks, files_source, mixed_corpus, no_key, path_arg,
+    read_output, run, run_job, simulator, text, write_cost_job_over, write_job, KEY,
+};
 
 fn ledger_total(sim: &Simulator) -> (u64, u64) {
     let ledger = sim.ledger();
@@ -807,9 +617,9 @@ async fn a_terminal_gets_a_progress_bar_and_stdout_stays_json() {
     })
     .await;
     // No repeated texts: every chunk read is sent, so the bar can fill.
-    let job = write_job_over(
+    let job = write_cost_job_over(
         dir.path(),
-        cost_corpus(dir.path(), false),
+        mixed_corpus(dir.path(), false),
         &sim.base_url(),
         "",
     );
@@ -961,9 +771,9 @@ async fn regression_the_summary_starts_on_its_own_line_after_the_bar() {
         ..SimConfig::default()
     })
     .await;
-    let job = write_job_over(
+    let job = write_cost_job_over(
         dir.path(),
-        cost_corpus(dir.path(), false),
+        mixed_corpus(dir.path(), false),
         &sim.base_url(),
         "",
     );
@@ -1021,7 +831,7 @@ async fn regression_a_stopped_run_says_what_was_committed_and_how_to_carry_on() 
         "1s",
     ];
     let output = run_job(&job, &args).await;
-    let (stdout, stderr) = crate::cli::no_key(&output, KEY);
+    let (stdout, stderr) = no_key(&output, KEY);
     assert_eq!(output.status.code(), Some(4), "{stderr}");
     let committed = 2 * sim.ledger().billed_requests;
     assert!(committed > 0);

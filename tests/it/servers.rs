@@ -10,11 +10,10 @@ use std::path::Path;
 use embedjob::simulate::{self, Billing, Faults, ModelSpec, SimConfig, TokenCount};
 use serde_json::Value;
 
-use crate::cli::{no_key, run, text};
-use crate::run::{
-    assert_complete, corpus, expected_chunks, files_source, read_output, run_job, write_job,
+use crate::support::{
+    assert_complete, corpus, expected_chunks, files_source, no_key, read_output, run, run_job,
+    simulator, text, write_job, KEY,
 };
-use crate::support::{simulator, KEY};
 
 /// A simulator configured as infinity serves by default: routes at the
 /// root, no `GET /models/{id}`, a listing without window or price, and a

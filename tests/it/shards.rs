@@ -12,11 +12,11 @@ use embedjob::job::Shard;
 use embedjob::simulate::{self, QuotaConfig, SimConfig, Simulator};
 use serde_json::Value;
 
-use crate::cli::{bin, no_key, run, text};
-use crate::pgvector::{run_pg, write_pg_job, TestDb, PASSWORD_ENV};
-use crate::resume::{spawn_job, text_hash, wait, wait_for_billed};
-use crate::run::{corpus, expected_chunks, files_source, read_output, run_job, write_job};
-use crate::support::{simulator, KEY};
+use crate::support::{
+    bin, corpus, expected_chunks, files_source, no_key, read_output, run, run_job, run_pg,
+    simulator, spawn_job, text, text_hash, wait, wait_for_billed, write_job, write_pg_job, TestDb,
+    KEY, PASSWORD_ENV,
+};
 
 const SHARDS: u32 = 4;
 

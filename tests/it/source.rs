@@ -6,10 +6,10 @@ use std::path::Path;
 use embedjob::simulate::SimConfig;
 use serde_json::Value;
 
-use crate::cli::{bin, no_key, run, run_with_stdin, text};
-use crate::cost::path_arg;
-use crate::run::{read_output, run_job, write_job};
-use crate::support::{simulator, KEY};
+use crate::support::{
+    bin, no_key, path_arg, read_output, run, run_job, run_with_stdin, simulator, text, write_job,
+    KEY,
+};
 
 /// Bad input: a clear error naming the file (and row or column), a non-zero exit, no output.
 #[tokio::test]

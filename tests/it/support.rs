@@ -1,15 +1,23 @@
-//! Shared fixtures: a simulator per test, and a scripted raw server for
-//! shapes the simulator does not produce.
+//! Shared fixtures for every topic file: the binary and a simulator per
+//! test (here), job files and corpora (`jobs`), raw and hostile servers
+//! (`servers`), and a PostgreSQL database per test (`pg`). Topic files
+//! import from here only.
 
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+mod jobs;
+mod pg;
+mod servers;
 
-use axum::body::Body;
-use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
-use axum::response::Response;
-use bytes::Bytes;
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
 use embedjob::client::{ApiKey, Client, ClientConfig};
 use embedjob::simulate::{SimConfig, Simulator};
+use serde_json::Value;
+
+pub use jobs::*;
+pub use pg::*;
+pub use servers::*;
 
 pub const KEY: &str = "sk-test-SECRET-4242-do-not-print";
 
@@ -30,99 +38,148 @@ pub fn client_with_key(base_url: &str, key: &str) -> Client {
     Client::new(config).expect("client builds")
 }
 
-/// One scripted reply: status, headers, and body pieces sent with a pause
-/// between them (so they arrive in separate reads).
-#[derive(Clone, Default)]
-pub struct Scripted {
-    pub status: u16,
-    pub headers: Vec<(&'static str, String)>,
-    pub pieces: Vec<Vec<u8>>,
-    /// End the body with an error after the pieces (a reset mid-body).
-    pub abort: bool,
+pub fn bin() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_embedjob"));
+    command
+        .env_remove("EMBEDJOB_API_KEY")
+        .env_remove("EMBEDJOB_BASE_URL")
+        .env_remove("EMBEDJOB_TIMEOUT_SECONDS")
+        .env_remove("EMBEDJOB_API_PATH");
+    command
 }
 
-impl Scripted {
-    pub fn json(status: u16, body: &str) -> Self {
-        Scripted {
-            status,
-            headers: vec![("content-type", "application/json".to_string())],
-            pieces: vec![body.as_bytes().to_vec()],
-            abort: false,
-        }
-    }
-
-    pub fn sse(pieces: &[&str]) -> Self {
-        Scripted {
-            status: 200,
-            headers: vec![("content-type", "text/event-stream".to_string())],
-            pieces: pieces.iter().map(|p| p.as_bytes().to_vec()).collect(),
-            abort: false,
-        }
-    }
+/// Runs the binary off the test's runtime, so an in-process simulator keeps serving.
+pub async fn run(mut command: Command) -> Output {
+    tokio::task::spawn_blocking(move || command.output().expect("the binary runs"))
+        .await
+        .unwrap()
 }
 
-/// A server on 127.0.0.1 answering every request with the next scripted
-/// reply (the last one repeats). Returns its base URL and the headers of
-/// each request it saw.
-pub async fn scripted_server(replies: Vec<Scripted>) -> (String, Arc<Mutex<Vec<HeaderMap>>>) {
-    let replies = Arc::new(Mutex::new(
-        replies
-            .into_iter()
-            .collect::<std::collections::VecDeque<_>>(),
-    ));
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let seen_in_handler = Arc::clone(&seen);
-    let handler = move |headers: HeaderMap| {
-        let replies = Arc::clone(&replies);
-        let seen = Arc::clone(&seen_in_handler);
-        async move {
-            seen.lock().unwrap().push(headers);
-            let reply = {
-                let mut queue = replies.lock().unwrap();
-                if queue.len() > 1 {
-                    queue.pop_front().unwrap()
-                } else {
-                    queue.front().cloned().unwrap()
-                }
-            };
-            respond(reply)
-        }
-    };
-    let app = axum::Router::new().fallback(handler);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
-    (format!("http://{addr}"), seen)
+pub fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
 }
 
-fn respond(reply: Scripted) -> Response {
-    let abort = reply.abort;
-    let pieces = reply.pieces;
-    let stream = futures::stream::unfold(
-        (pieces.into_iter(), false),
-        move |(mut it, ended)| async move {
-            if ended {
-                return None;
-            }
-            match it.next() {
-                Some(piece) => {
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                    Some((Ok::<Bytes, std::io::Error>(Bytes::from(piece)), (it, false)))
-                }
-                None if abort => Some((Err(std::io::Error::other("reset")), (it, true))),
-                None => None,
-            }
-        },
-    );
-    let mut response = Response::new(Body::from_stream(stream));
-    *response.status_mut() = StatusCode::from_u16(reply.status).unwrap();
-    for (name, value) in reply.headers {
-        response.headers_mut().insert(
-            HeaderName::from_static(name),
-            HeaderValue::from_str(&value).unwrap(),
+/// Asserts the key appears in neither stream and returns (stdout, stderr).
+pub fn no_key(output: &Output, key: &str) -> (String, String) {
+    let (stdout, stderr) = (text(&output.stdout), text(&output.stderr));
+    assert!(!stdout.contains(key), "key on stdout: {stdout}");
+    assert!(!stderr.contains(key), "key on stderr: {stderr}");
+    (stdout, stderr)
+}
+
+/// Runs the binary with `input` on its stdin.
+pub async fn run_with_stdin(mut command: Command, input: Vec<u8>) -> Output {
+    tokio::task::spawn_blocking(move || {
+        let mut child = command
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("the binary runs");
+        let mut stdin = child.stdin.take().unwrap();
+        // Written from a thread of its own, so a full pipe cannot stall the test.
+        let writer = std::thread::spawn(move || {
+            use std::io::Write;
+            let _ = stdin.write_all(&input);
+        });
+        let output = child.wait_with_output().expect("the binary ends");
+        writer.join().unwrap();
+        output
+    })
+    .await
+    .unwrap()
+}
+
+pub async fn embedjob(args: &[&str]) -> Output {
+    let mut command = bin();
+    command.env("EMBEDJOB_API_KEY", KEY).args(args);
+    run(command).await
+}
+
+pub fn json(output: &Output) -> Value {
+    let (stdout, stderr) = no_key(output, KEY);
+    serde_json::from_str(&stdout)
+        .unwrap_or_else(|e| panic!("stdout is not one JSON object ({e}): {stdout}\n{stderr}"))
+}
+
+pub fn path_arg(path: &Path) -> &str {
+    path.to_str().unwrap()
+}
+
+pub async fn run_job(job: &Path, extra: &[&str]) -> Output {
+    let mut command = bin();
+    command
+        .env("EMBEDJOB_API_KEY", KEY)
+        .arg("run")
+        .arg(job)
+        .args(extra);
+    run(command).await
+}
+
+pub fn spawn_job(job: &Path, extra: &[&str]) -> Child {
+    bin()
+        .env("EMBEDJOB_API_KEY", KEY)
+        .arg("run")
+        .arg(job)
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the binary starts")
+}
+
+pub async fn wait(child: Child) -> Output {
+    tokio::task::spawn_blocking(move || child.wait_with_output().unwrap())
+        .await
+        .unwrap()
+}
+
+/// Waits until the simulator has billed `requests` requests in all, or the
+/// child has exited; `true` if the count was reached with the child running.
+pub async fn wait_for_billed(sim: &Simulator, child: &mut Child, requests: u64) -> bool {
+    let started = Instant::now();
+    loop {
+        if sim.ledger().billed_requests >= requests {
+            return true;
+        }
+        if child.try_wait().unwrap().is_some() {
+            return false;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the job never reached {requests} billed requests"
         );
+        tokio::time::sleep(Duration::from_millis(2)).await;
     }
-    response
+}
+
+/// `query JOB TEXT -k K --json`'s results; `env` adds variables.
+pub async fn query_json(job: &Path, text: &str, k: usize, env: &[(&str, &str)]) -> Vec<Value> {
+    let output = query_output(job, text, &["-k", &k.to_string(), "--json"], env).await;
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        self::text(&output.stderr)
+    );
+    let (stdout, _) = no_key(&output, KEY);
+    let value: Value = serde_json::from_str(&stdout).expect("one JSON object on stdout");
+    let results = value["results"].as_array().expect("results").clone();
+    assert_eq!(results.len(), k.min(results.len()));
+    results
+}
+
+pub async fn query_output(
+    job: &Path,
+    text: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> std::process::Output {
+    let mut command = bin();
+    command.env("EMBEDJOB_API_KEY", KEY);
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    command.arg("query").arg(job).arg(text).args(args);
+    run(command).await
 }
