@@ -694,13 +694,16 @@ async fn metadata_fields_become_typed_columns_that_query_returns() {
     assert_typed_columns(&db, "typed", &all).await;
 
     // `query --json` returns them, as it does from a Parquet output of the same job.
-    let parquet_job = crate::run::write_job(
+    let parquet_job = crate::support::write_job(
         dir.path(),
         &sim.base_url(),
         &records_source(&input, &all),
         "",
     );
-    expect_exit(&crate::run::run_job(&parquet_job, &["--quiet"]).await, 0);
+    expect_exit(
+        &crate::support::run_job(&parquet_job, &["--quiet"]).await,
+        0,
+    );
     let password = [(PASSWORD_ENV, db.password.as_str())];
     let expected = serde_json::json!({
         "rank": 3,
@@ -714,14 +717,14 @@ async fn metadata_fields_become_typed_columns_that_query_returns() {
         "lang": "en",
     });
     let text_a = "Lighthouse keepers climb the spiral stairs at dusk.";
-    let from_table = crate::query::query_json(&job, text_a, 3, &password).await;
+    let from_table = crate::support::query_json(&job, text_a, 3, &password).await;
     assert_eq!(from_table[0]["id"], "a#0");
     assert_eq!(from_table[0]["metadata"], expected, "{from_table:#?}");
-    let from_file = crate::query::query_json(&parquet_job, text_a, 3, &[]).await;
+    let from_file = crate::support::query_json(&parquet_job, text_a, 3, &[]).await;
     assert_eq!(from_file[0]["metadata"], expected, "{from_file:#?}");
     let text_b = "Sourdough starters are fed flour and water for days.";
-    let from_table = crate::query::query_json(&job, text_b, 1, &password).await;
-    let from_file = crate::query::query_json(&parquet_job, text_b, 1, &[]).await;
+    let from_table = crate::support::query_json(&job, text_b, 1, &password).await;
+    let from_file = crate::support::query_json(&parquet_job, text_b, 1, &[]).await;
     assert_eq!(from_table[0]["metadata"]["day"], Value::Null);
     assert_eq!(from_table[0]["metadata"]["lang"], "fr");
     assert_eq!(from_table[0]["metadata"], from_file[0]["metadata"]);
@@ -744,7 +747,7 @@ async fn metadata_fields_become_typed_columns_that_query_returns() {
         .map(|(n, _)| n)
         .collect();
     assert_eq!(names, ["day", "lang"]);
-    let results = crate::query::query_json(&job, text_a, 1, &password).await;
+    let results = crate::support::query_json(&job, text_a, 1, &password).await;
     assert_eq!(
         results[0]["metadata"],
         serde_json::json!({"lang": "en", "day": "2024-05-17"})
