@@ -332,9 +332,14 @@ impl SourceConfig {
                 }
                 for (key, patterns) in [("include", &files.include), ("exclude", &files.exclude)] {
                     for pattern in patterns {
-                        if let Err(e) = glob::Pattern::new(pattern) {
+                        // As the files source compiles them.
+                        let compiled = globset::GlobBuilder::new(pattern)
+                            .backslash_escape(false)
+                            .build();
+                        if let Err(e) = compiled {
                             p.push(format!(
-                                "`source.{key}`: {pattern:?} is not a valid glob: {e}"
+                                "`source.{key}`: {pattern:?} is not a valid glob: {}",
+                                e.kind()
                             ));
                         }
                     }
