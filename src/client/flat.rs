@@ -209,58 +209,23 @@ impl<'de> DeserializeSeed<'de> for ResponseSeed {
     }
 }
 
+#[derive(serde::Deserialize)]
+#[serde(field_identifier, rename_all = "lowercase")]
 enum ResponseField {
     Data,
     Usage,
     Model,
+    #[serde(other)]
     Other,
 }
 
-impl<'de> de::Deserialize<'de> for ResponseField {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_identifier(FieldVisitor(|name: &str| match name {
-            "data" => ResponseField::Data,
-            "usage" => ResponseField::Usage,
-            "model" => ResponseField::Model,
-            _ => ResponseField::Other,
-        }))
-    }
-}
-
+#[derive(serde::Deserialize)]
+#[serde(field_identifier, rename_all = "lowercase")]
 enum ItemField {
     Index,
     Embedding,
+    #[serde(other)]
     Other,
-}
-
-impl<'de> de::Deserialize<'de> for ItemField {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_identifier(FieldVisitor(|name: &str| match name {
-            "index" => ItemField::Index,
-            "embedding" => ItemField::Embedding,
-            _ => ItemField::Other,
-        }))
-    }
-}
-
-/// A field name, as text or bytes, as the derived field visitors take it.
-struct FieldVisitor<F>(F);
-
-impl<'de, T, F: FnOnce(&str) -> T> Visitor<'de> for FieldVisitor<F> {
-    type Value = T;
-
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("field identifier")
-    }
-
-    fn visit_str<E: de::Error>(self, name: &str) -> Result<T, E> {
-        Ok((self.0)(name))
-    }
-
-    fn visit_bytes<E: de::Error>(self, name: &[u8]) -> Result<T, E> {
-        // A name that is not UTF-8 matches no field, and is ignored.
-        Ok((self.0)(std::str::from_utf8(name).unwrap_or("")))
-    }
 }
 
 impl<'de> Visitor<'de> for ResponseSeed {
