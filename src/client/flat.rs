@@ -147,12 +147,9 @@ fn non_finite(text: &str) -> Option<f32> {
 
 /// `embedding` as `EmbeddingItem` reads it: numbers, or one base64 string.
 pub(super) fn vector<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<f32>, D::Error> {
-    let mut values = Vec::new();
-    VectorSeed {
-        values: &mut values,
-    }
-    .deserialize(deserializer)?;
-    Ok(values)
+    let mut flat = Flat::default();
+    VectorSeed(&mut flat).deserialize(deserializer)?;
+    Ok(flat.values)
 }
 
 /// One body through `serde_json`, with the seeds below.
@@ -315,20 +312,27 @@ impl<'de> Visitor<'de> for DataSeed {
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
         let mut items = Vec::new();
-        let mut values = Vec::with_capacity(self.capacity);
-        while let Some(item) = seq.next_element_seed(ItemSeed {
-            values: &mut values,
-        })? {
+        let mut flat = Flat {
+            values: Vec::with_capacity(self.capacity),
+            scratch: Vec::new(),
+        };
+        while let Some(item) = seq.next_element_seed(ItemSeed(&mut flat))? {
             items.push(item);
         }
-        Ok((items, values))
+        Ok((items, flat.values))
     }
 }
 
-/// One item of `data`; its vector goes to the end of `values`.
-struct ItemSeed<'a> {
-    values: &'a mut Vec<f32>,
+/// Every vector of a response, one after the other, and the bytes a base64
+/// vector is decoded through.
+#[derive(Default)]
+struct Flat {
+    values: Vec<f32>,
+    scratch: Vec<u8>,
 }
+
+/// One item of `data`; its vector goes to the end of the values.
+struct ItemSeed<'a>(&'a mut Flat);
 
 impl<'de> DeserializeSeed<'de> for ItemSeed<'_> {
     type Value = RawItem;
@@ -360,11 +364,9 @@ impl<'de> Visitor<'de> for ItemSeed<'_> {
                     if vector.is_some() {
                         return Err(de::Error::duplicate_field("embedding"));
                     }
-                    let start = self.values.len();
-                    map.next_value_seed(VectorSeed {
-                        values: &mut *self.values,
-                    })?;
-                    vector = Some((start, self.values.len() - start));
+                    let start = self.0.values.len();
+                    map.next_value_seed(VectorSeed(&mut *self.0))?;
+                    vector = Some((start, self.0.values.len() - start));
                 }
                 ItemField::Other => {
                     map.next_value::<IgnoredAny>()?;
@@ -381,20 +383,16 @@ impl<'de> Visitor<'de> for ItemSeed<'_> {
         let index = seq
             .next_element::<i64>()?
             .ok_or_else(|| de::Error::invalid_length(0, &expected))?;
-        let start = self.values.len();
-        seq.next_element_seed(VectorSeed {
-            values: &mut *self.values,
-        })?
-        .ok_or_else(|| de::Error::invalid_length(1, &expected))?;
-        let len = self.values.len() - start;
+        let start = self.0.values.len();
+        seq.next_element_seed(VectorSeed(&mut *self.0))?
+            .ok_or_else(|| de::Error::invalid_length(1, &expected))?;
+        let len = self.0.values.len() - start;
         Ok(RawItem { index, start, len })
     }
 }
 
-/// One `embedding` array, appended to `values`.
-struct VectorSeed<'a> {
-    values: &'a mut Vec<f32>,
-}
+/// One `embedding`, appended to the values.
+struct VectorSeed<'a>(&'a mut Flat);
 
 impl<'de> DeserializeSeed<'de> for VectorSeed<'_> {
     type Value = ();
@@ -413,13 +411,14 @@ impl<'de> Visitor<'de> for VectorSeed<'_> {
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
         while let Some(Element(value)) = seq.next_element::<Element>()? {
-            self.values.push(value);
+            self.0.values.push(value);
         }
         Ok(())
     }
 
     fn visit_str<E: de::Error>(self, text: &str) -> Result<(), E> {
-        push_base64(text.as_bytes(), self.values, &mut Vec::new()).map_err(E::custom)
+        let Flat { values, scratch } = self.0;
+        push_base64(text.as_bytes(), values, scratch).map_err(E::custom)
     }
 }
 
