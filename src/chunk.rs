@@ -446,12 +446,8 @@ fn best_break(text: &str, size: usize) -> usize {
     }
     let half = limit / 2;
     let searched = &text.as_bytes()[half..limit];
-    let after = |needle: &[u8]| {
-        searched
-            .windows(needle.len())
-            .rposition(|w| w == needle)
-            .map(|at| half + at + needle.len())
-    };
+    let after =
+        |needle: &[u8]| memchr::memmem::rfind(searched, needle).map(|at| half + at + needle.len());
     let sentence_end = || {
         searched
             .windows(2)

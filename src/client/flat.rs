@@ -4,10 +4,11 @@
 //! `validate` then copies row by row into the buffer the sink takes.
 //! [`RawVectors`] instead appends every value, in the order the items
 //! arrive, to one buffer sized ahead, and keeps each item's `index` and
-//! length beside it. It accepts exactly the JSON that [`EmbeddingResponse`]
-//! accepts (the same fields, the same leniency, the same errors), and
-//! [`validate::check`](crate::validate::check_flat) runs the same
-//! checks on it; a response in order needs no copy at all.
+//! length beside it: `serde_json` reads the body, and a seed for each
+//! `embedding` appends to that buffer. It accepts exactly the JSON that
+//! [`EmbeddingResponse`] accepts (the same fields, the same leniency, the
+//! same errors), and [`validate::check`](crate::validate::check_flat) runs
+//! the same checks on it; a response in order needs no copy at all.
 //!
 //! A vector may come as numbers or, when asked for with
 //! `encoding_format: "base64"`, as one base64 string of little-endian
@@ -35,62 +36,53 @@ use crate::types::{RawItem, RawVectors, Usage};
 /// # Errors
 /// Whatever `serde_json::from_slice::<EmbeddingResponse>` would reject.
 pub fn decode(body: &[u8], capacity: usize) -> serde_json::Result<RawVectors> {
-    if let Some(flat) = fast::scan(body, capacity) {
-        return Ok(flat);
-    }
-    match decode_with_serde(body, capacity) {
-        Err(e) => match with_non_finite_quoted(body) {
-            Cow::Owned(quoted) => decode_with_serde(&quoted, capacity),
-            Cow::Borrowed(_) => Err(e),
-        },
-        ok => ok,
-    }
+    // Bare non-finite tokens are not JSON: only a body that fails is searched for them.
+    decode_with_serde(body, capacity).or_else(|e| match with_non_finite_quoted(body) {
+        Cow::Owned(quoted) => decode_with_serde(&quoted, capacity),
+        Cow::Borrowed(_) => Err(e),
+    })
 }
 
 /// The body with every bare `NaN`, `Infinity` and `-Infinity` outside a
 /// string quoted, so that `serde_json` reads it; borrowed when there is none.
 pub fn with_non_finite_quoted(body: &[u8]) -> Cow<'_, [u8]> {
-    const TOKENS: [&[u8]; 3] = [b"NaN", b"-Infinity", b"Infinity"];
-    let delimiter = |b: Option<&u8>| {
-        b.is_none_or(|b| {
+    let delimiter = |at: Option<usize>| {
+        at.and_then(|at| body.get(at)).is_none_or(|b| {
             matches!(b, b'[' | b']' | b',' | b':' | b'{' | b'}') || b.is_ascii_whitespace()
         })
     };
     let mut out: Option<Vec<u8>> = None;
-    let (mut in_string, mut escaped, mut at, mut copied) = (false, false, 0, 0);
-    while at < body.len() {
-        let byte = body[at];
-        if in_string {
-            match byte {
-                _ if escaped => escaped = false,
-                b'\\' => escaped = true,
-                b'"' => in_string = false,
-                _ => {}
-            }
-            at += 1;
+    let (mut at, mut copied) = (0, 0);
+    while let Some(found) = memchr::memchr3(b'"', b'N', b'I', &body[at..]) {
+        at += found;
+        if body[at] == b'"' {
+            at = string_end(body, at + 1);
             continue;
         }
-        if byte == b'"' {
-            in_string = true;
-            at += 1;
-            continue;
-        }
-        let token = TOKENS.iter().find(|t| {
-            body[at..].starts_with(t)
-                && delimiter(at.checked_sub(1).and_then(|p| body.get(p)))
-                && delimiter(body.get(at + t.len()))
-        });
-        if let Some(token) = token {
-            let out = out.get_or_insert_with(|| Vec::with_capacity(body.len() + 16));
-            out.extend_from_slice(&body[copied..at]);
-            out.push(b'"');
-            out.extend_from_slice(token);
-            out.push(b'"');
-            at += token.len();
-            copied = at;
+        let token: &[u8] = if body[at] == b'N' {
+            b"NaN"
         } else {
+            b"Infinity"
+        };
+        let start = if body[at] == b'I' && at > 0 && body[at - 1] == b'-' {
+            at - 1
+        } else {
+            at
+        };
+        let end = at + token.len();
+        if !(body[at..].starts_with(token)
+            && delimiter(start.checked_sub(1))
+            && delimiter(Some(end)))
+        {
             at += 1;
+            continue;
         }
+        let out = out.get_or_insert_with(|| Vec::with_capacity(body.len() + 16));
+        out.extend_from_slice(&body[copied..start]);
+        out.push(b'"');
+        out.extend_from_slice(&body[start..end]);
+        out.push(b'"');
+        (at, copied) = (end, end);
     }
     match out {
         Some(mut out) => {
@@ -99,6 +91,20 @@ pub fn with_non_finite_quoted(body: &[u8]) -> Cow<'_, [u8]> {
         }
         None => Cow::Borrowed(body),
     }
+}
+
+/// Where a string whose text starts at `from` ends: past its closing quote,
+/// or at the end of the body.
+fn string_end(body: &[u8], mut from: usize) -> usize {
+    while let Some(found) = memchr::memchr2(b'"', b'\\', &body[from..]) {
+        let at = from + found;
+        if body[at] == b'"' {
+            return at + 1;
+        }
+        // A backslash and the byte it escapes.
+        from = (at + 2).min(body.len());
+    }
+    body.len()
 }
 
 /// Standard base64, with or without padding.
@@ -141,15 +147,12 @@ fn non_finite(text: &str) -> Option<f32> {
 
 /// `embedding` as `EmbeddingItem` reads it: numbers, or one base64 string.
 pub(super) fn vector<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<f32>, D::Error> {
-    let mut values = Vec::new();
-    VectorSeed {
-        values: &mut values,
-    }
-    .deserialize(deserializer)?;
-    Ok(values)
+    let mut flat = Flat::default();
+    VectorSeed(&mut flat).deserialize(deserializer)?;
+    Ok(flat.values)
 }
 
-/// The general path, through `serde_json`'s deserializer.
+/// One body through `serde_json`, with the seeds below.
 fn decode_with_serde(body: &[u8], capacity: usize) -> serde_json::Result<RawVectors> {
     let mut deserializer = serde_json::Deserializer::from_slice(body);
     let flat = ResponseSeed { capacity }.deserialize(&mut deserializer)?;
@@ -183,407 +186,6 @@ impl From<EmbeddingResponse> for RawVectors {
     }
 }
 
-/// The fast path: a scanner for the shape services send, which parses
-/// numbers as `serde_json` does (to the bit) without its per-element
-/// machinery. It gives up, and leaves the body to the general path, on
-/// anything else: escapes, non-ASCII text, unknown or repeated keys, numbers
-/// it would have to take a slow road for. So it never accepts what the
-/// general path refuses, and what it accepts decodes the same.
-mod fast {
-    use super::{RawItem, RawVectors, Usage};
-
-    pub(super) fn scan(body: &[u8], capacity: usize) -> Option<RawVectors> {
-        let mut scan = Scanner { bytes: body, at: 0 };
-        let flat = scan.response(capacity)?;
-        scan.whitespace();
-        (scan.at == body.len()).then_some(flat)
-    }
-
-    pub(super) struct Scanner<'a> {
-        pub(super) bytes: &'a [u8],
-        pub(super) at: usize,
-    }
-
-    /// A number as `serde_json` hands it to a visitor.
-    #[derive(Debug, Clone, Copy, PartialEq)]
-    pub(super) enum Parsed {
-        U64(u64),
-        I64(i64),
-        F64(f64),
-    }
-
-    /// Powers of ten that are exact in an `f64`, the start of `serde_json`'s table.
-    const POW10: [f64; 23] = [
-        1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15, 1e16,
-        1e17, 1e18, 1e19, 1e20, 1e21, 1e22,
-    ];
-
-    impl<'a> Scanner<'a> {
-        fn peek(&self) -> Option<u8> {
-            self.bytes.get(self.at).copied()
-        }
-
-        pub(super) fn whitespace(&mut self) {
-            while let Some(b' ' | b'\n' | b'\t' | b'\r') = self.peek() {
-                self.at += 1;
-            }
-        }
-
-        /// The next non-blank byte, consumed.
-        fn token(&mut self) -> Option<u8> {
-            self.whitespace();
-            let byte = self.peek()?;
-            self.at += 1;
-            Some(byte)
-        }
-
-        fn expect(&mut self, byte: u8) -> Option<()> {
-            (self.token()? == byte).then_some(())
-        }
-
-        /// A string of printable ASCII without escapes.
-        fn string(&mut self) -> Option<&'a [u8]> {
-            self.expect(b'"')?;
-            let start = self.at;
-            loop {
-                match self.peek()? {
-                    b'"' => break,
-                    b'\\' | 0..=0x1f | 0x80.. => return None,
-                    _ => self.at += 1,
-                }
-            }
-            let text = &self.bytes[start..self.at];
-            self.at += 1;
-            Some(text)
-        }
-
-        /// `{ "key": value, ... }`, calling `field` on each key with the
-        /// scanner placed at its value.
-        fn object(&mut self, mut field: impl FnMut(&mut Self, &[u8]) -> Option<()>) -> Option<()> {
-            self.expect(b'{')?;
-            self.whitespace();
-            if self.peek()? == b'}' {
-                self.at += 1;
-                return Some(());
-            }
-            loop {
-                let key = self.string()?;
-                self.expect(b':')?;
-                field(self, key)?;
-                match self.token()? {
-                    b',' => {}
-                    b'}' => return Some(()),
-                    _ => return None,
-                }
-            }
-        }
-
-        /// `[ value, ... ]`, calling `element` with the scanner at each value.
-        fn array(&mut self, mut element: impl FnMut(&mut Self) -> Option<()>) -> Option<()> {
-            self.expect(b'[')?;
-            self.whitespace();
-            if self.peek()? == b']' {
-                self.at += 1;
-                return Some(());
-            }
-            loop {
-                element(self)?;
-                match self.token()? {
-                    b',' => {}
-                    b']' => return Some(()),
-                    _ => return None,
-                }
-            }
-        }
-
-        fn response(&mut self, capacity: usize) -> Option<RawVectors> {
-            let mut data = None;
-            let mut usage = None;
-            let mut model = None;
-            let mut object = false;
-            self.object(|scan, key| match key {
-                b"data" if data.is_none() => {
-                    data = Some(scan.data(capacity)?);
-                    Some(())
-                }
-                b"usage" if usage.is_none() => {
-                    usage = Some(scan.usage()?);
-                    Some(())
-                }
-                b"model" if model.is_none() => {
-                    model = Some(scan.optional_string()?);
-                    Some(())
-                }
-                b"object" if !object => {
-                    object = true;
-                    scan.string().map(drop)
-                }
-                _ => None,
-            })?;
-            let (items, values) = data?;
-            Some(RawVectors {
-                items,
-                values,
-                usage: usage.flatten(),
-                model: model.flatten(),
-            })
-        }
-
-        fn optional_string(&mut self) -> Option<Option<String>> {
-            self.whitespace();
-            if self.bytes[self.at..].starts_with(b"null") {
-                self.at += 4;
-                return Some(None);
-            }
-            let text = self.string()?;
-            Some(Some(String::from_utf8(text.to_vec()).ok()?))
-        }
-
-        fn usage(&mut self) -> Option<Option<Usage>> {
-            self.whitespace();
-            if self.bytes[self.at..].starts_with(b"null") {
-                self.at += 4;
-                return Some(None);
-            }
-            let mut prompt = None;
-            let mut total = None;
-            self.object(|scan, key| match key {
-                b"prompt_tokens" if prompt.is_none() => {
-                    prompt = Some(scan.unsigned()?);
-                    Some(())
-                }
-                b"total_tokens" if total.is_none() => {
-                    total = Some(scan.unsigned()?);
-                    Some(())
-                }
-                _ => None,
-            })?;
-            Some(Some(Usage {
-                prompt_tokens: prompt.unwrap_or_default(),
-                completion_tokens: 0,
-                total_tokens: total.unwrap_or_default(),
-            }))
-        }
-
-        fn data(&mut self, capacity: usize) -> Option<(Vec<RawItem>, Vec<f32>)> {
-            let mut items = Vec::new();
-            let mut values = Vec::with_capacity(capacity);
-            let mut scratch = Vec::new();
-            self.array(|scan| {
-                items.push(scan.item(&mut values, &mut scratch)?);
-                Some(())
-            })?;
-            Some((items, values))
-        }
-
-        fn item(&mut self, values: &mut Vec<f32>, scratch: &mut Vec<u8>) -> Option<RawItem> {
-            let mut index = None;
-            let mut vector = None;
-            let mut object = false;
-            self.object(|scan, key| match key {
-                b"index" if index.is_none() => {
-                    index = Some(scan.signed()?);
-                    Some(())
-                }
-                b"embedding" if vector.is_none() => {
-                    let start = values.len();
-                    scan.whitespace();
-                    if scan.peek()? == b'"' {
-                        let text = scan.string()?;
-                        super::push_base64(text, values, scratch).ok()?;
-                    } else {
-                        scan.array(|scan| {
-                            values.push(scan.element()?);
-                            Some(())
-                        })?;
-                    }
-                    vector = Some((start, values.len() - start));
-                    Some(())
-                }
-                b"object" if !object => {
-                    object = true;
-                    scan.string().map(drop)
-                }
-                _ => None,
-            })?;
-            let (start, len) = vector?;
-            Some(RawItem {
-                index: index?,
-                start,
-                len,
-            })
-        }
-
-        /// The digits of an integer as `serde_json` reads them: one leading
-        /// zero at most, and no more than fit a `u64`.
-        fn digits(&mut self) -> Option<u64> {
-            let first = self.peek()?;
-            self.at += 1;
-            match first {
-                b'0' => match self.peek() {
-                    Some(b'0'..=b'9') => None,
-                    _ => Some(0),
-                },
-                b'1'..=b'9' => {
-                    let mut significand = u64::from(first - b'0');
-                    while let Some(c @ b'0'..=b'9') = self.peek() {
-                        significand = significand
-                            .checked_mul(10)?
-                            .checked_add(u64::from(c - b'0'))?;
-                        self.at += 1;
-                    }
-                    Some(significand)
-                }
-                _ => None,
-            }
-        }
-
-        /// An integer that is neither a fraction nor has an exponent.
-        fn is_integer_end(&self) -> bool {
-            !matches!(self.peek(), Some(b'.' | b'e' | b'E'))
-        }
-
-        fn unsigned(&mut self) -> Option<u64> {
-            self.whitespace();
-            let value = self.digits()?;
-            self.is_integer_end().then_some(value)
-        }
-
-        fn signed(&mut self) -> Option<i64> {
-            self.whitespace();
-            let negative = self.peek()? == b'-';
-            if negative {
-                self.at += 1;
-            }
-            let significand = self.digits()?;
-            if !self.is_integer_end() {
-                return None;
-            }
-            if negative {
-                // serde_json makes `-0` a float, which an integer field refuses.
-                #[allow(clippy::cast_possible_wrap)]
-                let value = (significand as i64).wrapping_neg();
-                (value < 0).then_some(value)
-            } else {
-                i64::try_from(significand).ok()
-            }
-        }
-
-        /// A vector element: a number, or a bare `NaN`, `Infinity`,
-        /// `-Infinity` or `null`, read as the non-finite value it stands for.
-        fn element(&mut self) -> Option<f32> {
-            self.whitespace();
-            let rest = &self.bytes[self.at..];
-            for (token, value) in [
-                (&b"NaN"[..], f32::NAN),
-                (b"null", f32::NAN),
-                (b"Infinity", f32::INFINITY),
-                (b"-Infinity", f32::NEG_INFINITY),
-            ] {
-                if rest.starts_with(token) {
-                    self.at += token.len();
-                    return Some(value);
-                }
-            }
-            self.number()
-        }
-
-        /// A number read into an `f32` exactly as `serde_json` does it for a
-        /// `Vec<f32>` without `float_roundtrip`: the integer it reads as such
-        /// or the `f64` it computes, converted.
-        #[allow(clippy::cast_possible_truncation, clippy::cast_precision_loss)]
-        fn number(&mut self) -> Option<f32> {
-            Some(match self.parsed_number()? {
-                Parsed::U64(v) => v as f32,
-                Parsed::I64(v) => v as f32,
-                Parsed::F64(v) => v as f32,
-            })
-        }
-
-        /// A number as `serde_json` parses it: an integer as a `u64` or a
-        /// negative `i64`, anything else as an `f64` from the significand and
-        /// the decimal exponent. Exponents beyond the exact powers of ten, and
-        /// significands beyond a `u64`, are left to it.
-        #[allow(clippy::cast_precision_loss)]
-        pub(super) fn parsed_number(&mut self) -> Option<Parsed> {
-            self.whitespace();
-            let positive = self.peek()? != b'-';
-            if !positive {
-                self.at += 1;
-            }
-            let mut significand = self.digits()?;
-            let mut exponent: i32 = 0;
-            match self.peek() {
-                Some(b'.') => {
-                    self.at += 1;
-                    while let Some(c @ b'0'..=b'9') = self.peek() {
-                        significand = significand
-                            .checked_mul(10)?
-                            .checked_add(u64::from(c - b'0'))?;
-                        exponent -= 1;
-                        self.at += 1;
-                    }
-                    if exponent == 0 {
-                        return None;
-                    }
-                    if let Some(b'e' | b'E') = self.peek() {
-                        exponent = exponent.checked_add(self.exponent()?)?;
-                    }
-                }
-                Some(b'e' | b'E') => exponent = self.exponent()?,
-                _ if positive => return Some(Parsed::U64(significand)),
-                _ => {
-                    #[allow(clippy::cast_possible_wrap)]
-                    let negative = (significand as i64).wrapping_neg();
-                    // `-0`, and what does not fit an `i64`, become floats.
-                    return Some(if negative >= 0 {
-                        Parsed::F64(-(significand as f64))
-                    } else {
-                        Parsed::I64(negative)
-                    });
-                }
-            }
-            let power = *POW10.get(usize::try_from(exponent.unsigned_abs()).ok()?)?;
-            let mut value = significand as f64;
-            if exponent >= 0 {
-                value *= power;
-                if value.is_infinite() {
-                    return None;
-                }
-            } else {
-                value /= power;
-            }
-            Some(Parsed::F64(if positive { value } else { -value }))
-        }
-
-        /// `e`, an optional sign and at least one digit.
-        fn exponent(&mut self) -> Option<i32> {
-            self.at += 1;
-            let positive = match self.peek()? {
-                b'+' => {
-                    self.at += 1;
-                    true
-                }
-                b'-' => {
-                    self.at += 1;
-                    false
-                }
-                _ => true,
-            };
-            let mut exponent: i32 = 0;
-            let start = self.at;
-            while let Some(c @ b'0'..=b'9') = self.peek() {
-                exponent = exponent.checked_mul(10)?.checked_add(i32::from(c - b'0'))?;
-                self.at += 1;
-            }
-            if self.at == start {
-                return None;
-            }
-            Some(if positive { exponent } else { -exponent })
-        }
-    }
-}
-
 // The visitors below mirror what `#[derive(Deserialize)]` generates for
 // `EmbeddingResponse` and `EmbeddingItem` (maps or sequences, unknown keys
 // ignored, duplicate and missing fields refused), with the vectors written
@@ -604,58 +206,23 @@ impl<'de> DeserializeSeed<'de> for ResponseSeed {
     }
 }
 
+#[derive(serde::Deserialize)]
+#[serde(field_identifier, rename_all = "lowercase")]
 enum ResponseField {
     Data,
     Usage,
     Model,
+    #[serde(other)]
     Other,
 }
 
-impl<'de> de::Deserialize<'de> for ResponseField {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_identifier(FieldVisitor(|name: &str| match name {
-            "data" => ResponseField::Data,
-            "usage" => ResponseField::Usage,
-            "model" => ResponseField::Model,
-            _ => ResponseField::Other,
-        }))
-    }
-}
-
+#[derive(serde::Deserialize)]
+#[serde(field_identifier, rename_all = "lowercase")]
 enum ItemField {
     Index,
     Embedding,
+    #[serde(other)]
     Other,
-}
-
-impl<'de> de::Deserialize<'de> for ItemField {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_identifier(FieldVisitor(|name: &str| match name {
-            "index" => ItemField::Index,
-            "embedding" => ItemField::Embedding,
-            _ => ItemField::Other,
-        }))
-    }
-}
-
-/// A field name, as text or bytes, as the derived field visitors take it.
-struct FieldVisitor<F>(F);
-
-impl<'de, T, F: FnOnce(&str) -> T> Visitor<'de> for FieldVisitor<F> {
-    type Value = T;
-
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("field identifier")
-    }
-
-    fn visit_str<E: de::Error>(self, name: &str) -> Result<T, E> {
-        Ok((self.0)(name))
-    }
-
-    fn visit_bytes<E: de::Error>(self, name: &[u8]) -> Result<T, E> {
-        // A name that is not UTF-8 matches no field, and is ignored.
-        Ok((self.0)(std::str::from_utf8(name).unwrap_or("")))
-    }
 }
 
 impl<'de> Visitor<'de> for ResponseSeed {
@@ -745,20 +312,27 @@ impl<'de> Visitor<'de> for DataSeed {
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
         let mut items = Vec::new();
-        let mut values = Vec::with_capacity(self.capacity);
-        while let Some(item) = seq.next_element_seed(ItemSeed {
-            values: &mut values,
-        })? {
+        let mut flat = Flat {
+            values: Vec::with_capacity(self.capacity),
+            scratch: Vec::new(),
+        };
+        while let Some(item) = seq.next_element_seed(ItemSeed(&mut flat))? {
             items.push(item);
         }
-        Ok((items, values))
+        Ok((items, flat.values))
     }
 }
 
-/// One item of `data`; its vector goes to the end of `values`.
-struct ItemSeed<'a> {
-    values: &'a mut Vec<f32>,
+/// Every vector of a response, one after the other, and the bytes a base64
+/// vector is decoded through.
+#[derive(Default)]
+struct Flat {
+    values: Vec<f32>,
+    scratch: Vec<u8>,
 }
+
+/// One item of `data`; its vector goes to the end of the values.
+struct ItemSeed<'a>(&'a mut Flat);
 
 impl<'de> DeserializeSeed<'de> for ItemSeed<'_> {
     type Value = RawItem;
@@ -790,11 +364,9 @@ impl<'de> Visitor<'de> for ItemSeed<'_> {
                     if vector.is_some() {
                         return Err(de::Error::duplicate_field("embedding"));
                     }
-                    let start = self.values.len();
-                    map.next_value_seed(VectorSeed {
-                        values: &mut *self.values,
-                    })?;
-                    vector = Some((start, self.values.len() - start));
+                    let start = self.0.values.len();
+                    map.next_value_seed(VectorSeed(&mut *self.0))?;
+                    vector = Some((start, self.0.values.len() - start));
                 }
                 ItemField::Other => {
                     map.next_value::<IgnoredAny>()?;
@@ -811,20 +383,16 @@ impl<'de> Visitor<'de> for ItemSeed<'_> {
         let index = seq
             .next_element::<i64>()?
             .ok_or_else(|| de::Error::invalid_length(0, &expected))?;
-        let start = self.values.len();
-        seq.next_element_seed(VectorSeed {
-            values: &mut *self.values,
-        })?
-        .ok_or_else(|| de::Error::invalid_length(1, &expected))?;
-        let len = self.values.len() - start;
+        let start = self.0.values.len();
+        seq.next_element_seed(VectorSeed(&mut *self.0))?
+            .ok_or_else(|| de::Error::invalid_length(1, &expected))?;
+        let len = self.0.values.len() - start;
         Ok(RawItem { index, start, len })
     }
 }
 
-/// One `embedding` array, appended to `values`.
-struct VectorSeed<'a> {
-    values: &'a mut Vec<f32>,
-}
+/// One `embedding`, appended to the values.
+struct VectorSeed<'a>(&'a mut Flat);
 
 impl<'de> DeserializeSeed<'de> for VectorSeed<'_> {
     type Value = ();
@@ -843,13 +411,14 @@ impl<'de> Visitor<'de> for VectorSeed<'_> {
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
         while let Some(Element(value)) = seq.next_element::<Element>()? {
-            self.values.push(value);
+            self.0.values.push(value);
         }
         Ok(())
     }
 
     fn visit_str<E: de::Error>(self, text: &str) -> Result<(), E> {
-        push_base64(text.as_bytes(), self.values, &mut Vec::new()).map_err(E::custom)
+        let Flat { values, scratch } = self.0;
+        push_base64(text.as_bytes(), values, scratch).map_err(E::custom)
     }
 }
 
@@ -1048,6 +617,24 @@ mod tests {
             &*quoted,
             &br#"{"a":"NaN in a string","b":["NaN","Infinity"],"c":NaNo}"#[..]
         );
+        for (body, expected) in [
+            (
+                r#"[-Infinity,x-Infinity,--Infinity,-Inf,NaN]"#,
+                r#"["-Infinity",x-Infinity,--Infinity,-Inf,"NaN"]"#,
+            ),
+            (
+                r#"{"e\"NaN":NaN,"f\\":Infinity}"#,
+                r#"{"e\"NaN":"NaN","f\\":"Infinity"}"#,
+            ),
+            ("NaN", "\"NaN\""),
+            (" Infinity\n", " \"Infinity\"\n"),
+            (r#"["NaN"#, r#"["NaN"#),
+            (r#"["a\"#, r#"["a\"#),
+            ("INaN NaNI IN", "INaN NaNI IN"),
+        ] {
+            let quoted = with_non_finite_quoted(body.as_bytes());
+            assert_eq!(String::from_utf8_lossy(&quoted), expected, "{body}");
+        }
     }
 
     fn base64_of(values: &[f32]) -> String {
@@ -1064,13 +651,13 @@ mod tests {
             base64_of(&b),
             base64_of(&a)
         );
-        assert!(assert_fast_agrees(text.as_bytes()));
+        assert_same(text.as_bytes(), 2, Some(4));
         let vectors =
             validate::check(decode_embeddings(text.as_bytes(), 8).unwrap(), 2, Some(4)).unwrap();
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(vectors.row(0)), bits(&a));
         assert_eq!(bits(vectors.row(1)), bits(&b));
-        // An escaped slash leaves the fast path; the general one reads it the same.
+        // An escaped slash in the base64 text reads the same.
         let escaped = text.replacen('/', "\\/", 1);
         assert_same(escaped.as_bytes(), 2, Some(4));
         for bad in ["\"AAAA\"", "\"AAA\"", "\"!!!!\""] {
@@ -1137,8 +724,8 @@ mod tests {
         ]
     }
 
-    /// A number the fast path reads itself: at most 19 significant digits
-    /// and a decimal exponent within the exact powers of ten.
+    /// A number as services write them: at most 19 significant digits and a
+    /// small decimal exponent.
     fn plain_number() -> impl Strategy<Value = String> {
         prop_oneof![
             4 => (-65536i32..=65536).prop_map(|k| format!("{}", f64::from(k) / 65536.0)),
@@ -1181,36 +768,27 @@ mod tests {
         })
     }
 
-    /// The fast path's answer, checked against the general path's whenever it gives one.
-    fn assert_fast_agrees(body: &[u8]) -> bool {
-        let Some(fast) = fast::scan(body, 0) else {
-            return false;
-        };
-        let general = decode_with_serde(body, 0)
-            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(body)));
-        assert_eq!(fast, general, "{}", String::from_utf8_lossy(body));
-        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        assert_eq!(bits(&fast.values), bits(&general.values));
-        true
-    }
-
     #[cfg(feature = "simulator")]
     #[test]
-    fn the_simulators_bodies_take_the_fast_path() {
+    fn the_simulators_bodies_decode_to_its_vectors() {
         let texts = ["one", "two", "three"];
         for dims in [8, 1024] {
-            let body = crate::simulate::embeddings_response_body("svc-embed-1", dims, &texts);
-            assert!(assert_fast_agrees(&body));
-            let flat = decode(&body, 0).unwrap();
-            let vectors = validate::check(flat, 3, Some(dims)).unwrap();
-            for (row, text) in vectors.rows().zip(texts) {
-                assert_eq!(row, crate::simulate::embedding_vector(dims, text));
+            for body in [
+                crate::simulate::embeddings_response_body("svc-embed-1", dims, &texts),
+                crate::simulate::embeddings_response_body_base64("svc-embed-1", dims, &texts),
+            ] {
+                assert_same(&body, 3, Some(dims));
+                let flat = decode(&body, 0).unwrap();
+                let vectors = validate::check(flat, 3, Some(dims)).unwrap();
+                for (row, text) in vectors.rows().zip(texts) {
+                    assert_eq!(row, crate::simulate::embedding_vector(dims, text));
+                }
             }
         }
     }
 
     #[test]
-    fn the_fast_path_leaves_what_it_does_not_know_to_serde() {
+    fn unusual_numbers_and_keys_decode_as_before() {
         for text in [
             r#"{"data":[{"index":0,"embedding":[1e400]}]}"#,
             r#"{"data":[{"index":0,"embedding":[1e-30]}]}"#,
@@ -1222,46 +800,31 @@ mod tests {
             r#"{"data":[{"index":-0,"embedding":[1]}]}"#,
             r#"{"data":[{"index":0,"embedding":[01]}]}"#,
         ] {
-            assert!(fast::scan(text.as_bytes(), 0).is_none(), "{text}");
             assert_same(text.as_bytes(), 1, None);
         }
     }
 
-    /// The fast path's reading of one number, against `serde_json`'s.
+    /// A number in an embedding reads as `serde_json` reads an `f32`.
     fn assert_number_agrees(text: &str) {
-        let mut scan = fast::Scanner {
-            bytes: text.as_bytes(),
-            at: 0,
-        };
-        let Some(parsed) = scan.parsed_number().filter(|_| scan.at == text.len()) else {
+        let Ok(expected) = serde_json::from_str::<f32>(text) else {
             return;
         };
-        let number: serde_json::Number = serde_json::from_str(text).unwrap();
-        let expected = if let Some(v) = number.as_u64() {
-            fast::Parsed::U64(v)
-        } else if let Some(v) = number.as_i64() {
-            fast::Parsed::I64(v)
-        } else {
-            fast::Parsed::F64(number.as_f64().unwrap())
-        };
-        match (parsed, expected) {
-            (fast::Parsed::F64(a), fast::Parsed::F64(b)) => {
-                assert_eq!(a.to_bits(), b.to_bits(), "{text}");
-            }
-            _ => assert_eq!(parsed, expected, "{text}"),
-        }
+        let body = format!(r#"{{"data":[{{"index":0,"embedding":[{text}]}}]}}"#);
+        let flat = decode(body.as_bytes(), 1).unwrap();
+        assert_eq!(flat.values.len(), 1, "{text}");
+        assert_eq!(flat.values[0].to_bits(), expected.to_bits(), "{text}");
     }
 
     proptest! {
         #[test]
-        fn the_fast_path_reads_numbers_as_serde_json_does(
+        fn numbers_read_as_serde_json_reads_them(
             text in prop_oneof![number(), plain_number(), "-?[0-9]{1,22}(\\.[0-9]{1,22})?([eE][+-]?[0-9]{1,3})?"],
         ) {
             assert_number_agrees(&text);
         }
 
         #[test]
-        fn the_fast_path_decodes_to_the_bit(
+        fn spaced_bodies_decode_to_the_bit(
             items in prop::collection::vec((-2i64..4, prop::collection::vec(plain_number(), 0..8)), 0..4),
             spaced in any::<bool>(),
         ) {
@@ -1275,7 +838,12 @@ mod tests {
             if spaced {
                 text = text.replace(',', " ,\n ").replace(':', ": ");
             }
-            prop_assert!(assert_fast_agrees(text.as_bytes()), "the fast path gave up on {}", text);
+            assert_same(text.as_bytes(), items.len(), None);
+            let derived = RawVectors::from(serde_json::from_slice::<EmbeddingResponse>(text.as_bytes()).unwrap());
+            let flat = decode(text.as_bytes(), 0).unwrap();
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            prop_assert_eq!(&flat, &derived);
+            prop_assert_eq!(bits(&flat.values), bits(&derived.values));
         }
 
         #[test]

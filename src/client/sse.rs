@@ -33,7 +33,7 @@ impl SseDecoder {
         pending.extend_from_slice(bytes);
         let mut events = Vec::new();
         let mut start = 0;
-        while let Some(offset) = pending[start..].iter().position(|&b| b == b'\n') {
+        while let Some(offset) = memchr::memchr(b'\n', &pending[start..]) {
             let end = start + offset;
             let mut line = &pending[start..end];
             if let [rest @ .., b'\r'] = line {

@@ -23,7 +23,7 @@ pub fn pattern_relative_to(base: &Path, pattern: &str) -> String {
         return pattern.to_string();
     }
     let joined = tidy(&base.join(path));
-    let is_glob = pattern.contains(['*', '?', '[']);
+    let is_glob = pattern.contains(['*', '?', '[', '{']);
     if !is_glob {
         return joined.to_string_lossy().into_owned();
     }
@@ -33,7 +33,7 @@ pub fn pattern_relative_to(base: &Path, pattern: &str) -> String {
     match joined.strip_prefix(&base) {
         Ok(rest) if !base.as_os_str().is_empty() => format!(
             "{}/{}",
-            glob::Pattern::escape(&base.to_string_lossy()),
+            globset::escape(&base.to_string_lossy()),
             rest.to_string_lossy()
         ),
         _ => joined.to_string_lossy().into_owned(),

@@ -90,7 +90,7 @@ pub fn version_from_bytes(path: &Path) -> io::Result<Option<RuntimeVersion>> {
         let at_end = read == 0;
         buffer.extend_from_slice(&block[..read]);
         let mut from = 0;
-        while let Some(found) = find(&buffer[from..], VERSION_MARKER) {
+        while let Some(found) = memchr::memmem::find(&buffer[from..], VERSION_MARKER) {
             let start = from + found + VERSION_MARKER.len();
             let tail = &buffer[start..];
             // A marker too near the end of the buffer is read again with the next block.
@@ -108,19 +108,6 @@ pub fn version_from_bytes(path: &Path) -> io::Result<Option<RuntimeVersion>> {
         let keep_from = buffer.len().saturating_sub(KEEP);
         buffer.drain(..keep_from);
     }
-}
-
-fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    let first = *needle.first()?;
-    let mut from = 0;
-    while let Some(i) = haystack[from..].iter().position(|&b| b == first) {
-        let at = from + i;
-        if haystack[at..].starts_with(needle) {
-            return Some(at);
-        }
-        from = at + 1;
-    }
-    None
 }
 
 /// The version of the ONNX Runtime library at `path`, without loading it.

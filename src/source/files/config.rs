@@ -85,9 +85,14 @@ impl SourceParams for FilesParams {
         }
         for (key, patterns) in [("include", &self.include), ("exclude", &self.exclude)] {
             for pattern in patterns {
-                if let Err(e) = glob::Pattern::new(pattern) {
+                // As the files source compiles them.
+                let compiled = globset::GlobBuilder::new(pattern)
+                    .backslash_escape(false)
+                    .build();
+                if let Err(e) = compiled {
                     p.push(format!(
-                        "`source.{key}`: {pattern:?} is not a valid glob: {e}"
+                        "`source.{key}`: {pattern:?} is not a valid glob: {}",
+                        e.kind()
                     ));
                 }
             }

@@ -11,10 +11,12 @@ mod config;
 
 pub use self::config::{FilesParams, Kind, OnInvalid};
 
+use std::collections::HashSet;
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 
-use glob::{MatchOptions, Pattern};
+use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
+use walkdir::WalkDir;
 
 use super::input::{read_whole, WholeError};
 use super::{
@@ -46,28 +48,37 @@ pub struct FilesSource {
 /// the directory or glob root that found it. `*` crosses `/` too, so `*.md`
 /// means markdown files at any depth.
 struct Filter {
-    include: Vec<Pattern>,
-    exclude: Vec<Pattern>,
+    include: Option<GlobSet>,
+    exclude: Option<GlobSet>,
 }
 
-const MATCH: MatchOptions = MatchOptions {
-    case_sensitive: true,
-    require_literal_separator: false,
-    require_literal_leading_dot: false,
-};
+/// A glob as `source.paths`, `include` and `exclude` write it; a `\\` is
+/// a character like any other, as in a path.
+fn glob(pattern: &str, literal_separator: bool) -> Result<globset::Glob, SourceError> {
+    GlobBuilder::new(pattern)
+        .literal_separator(literal_separator)
+        .backslash_escape(false)
+        .build()
+        .map_err(|e| SourceError::Pattern {
+            pattern: pattern.to_string(),
+            message: e.kind().to_string(),
+        })
+}
 
 impl Filter {
     fn new(params: &FilesParams) -> Result<Filter, SourceError> {
-        let compile = |patterns: &[String]| -> Result<Vec<Pattern>, SourceError> {
-            patterns
-                .iter()
-                .map(|p| {
-                    Pattern::new(p).map_err(|e| SourceError::Pattern {
-                        pattern: p.clone(),
-                        message: e.to_string(),
-                    })
-                })
-                .collect()
+        let compile = |patterns: &[String]| -> Result<Option<GlobSet>, SourceError> {
+            if patterns.is_empty() {
+                return Ok(None);
+            }
+            let mut set = GlobSetBuilder::new();
+            for pattern in patterns {
+                set.add(glob(pattern, false)?);
+            }
+            set.build().map(Some).map_err(|e| SourceError::Pattern {
+                pattern: patterns.join(", "),
+                message: e.to_string(),
+            })
         };
         Ok(Filter {
             include: compile(&params.include)?,
@@ -76,7 +87,7 @@ impl Filter {
     }
 
     fn is_active(&self) -> bool {
-        !self.include.is_empty() || !self.exclude.is_empty()
+        self.include.is_some() || self.exclude.is_some()
     }
 
     fn keeps(&self, entry: &Entry) -> bool {
@@ -84,8 +95,8 @@ impl Filter {
             return true;
         }
         let id = entry.doc_id.as_str();
-        (self.include.is_empty() || self.include.iter().any(|p| p.matches_with(id, MATCH)))
-            && !self.exclude.iter().any(|p| p.matches_with(id, MATCH))
+        self.include.as_ref().is_none_or(|set| set.is_match(id))
+            && !self.exclude.as_ref().is_some_and(|set| set.is_match(id))
     }
 }
 
@@ -196,7 +207,7 @@ impl Source for FilesSource {
 }
 
 fn has_glob_syntax(text: &str) -> bool {
-    text.contains(['*', '?', '['])
+    text.contains(['*', '?', '[', '{'])
 }
 
 /// The files one `paths` entry names, each with its id.
@@ -205,10 +216,7 @@ fn expand(pattern: &str) -> Result<Vec<Entry>, SourceError> {
     if !has_glob_syntax(pattern) || path.exists() {
         return expand_path(pattern, path);
     }
-    let matcher = glob::Pattern::new(pattern).map_err(|e| SourceError::Pattern {
-        pattern: pattern.to_string(),
-        message: e.to_string(),
-    })?;
+    let matcher = glob(pattern, true)?.compile_matcher();
     let root = glob_root(pattern);
     let listed = if root.as_os_str().is_empty() {
         Path::new(".")
@@ -224,22 +232,9 @@ fn expand(pattern: &str) -> Result<Vec<Entry>, SourceError> {
     } else {
         after_root
     };
-    let options = glob::MatchOptions {
-        case_sensitive: true,
-        require_literal_separator: true,
-        require_literal_leading_dot: false,
-    };
-    let mut entries = Vec::new();
-    let mut walker = Walker::new(&root, depth);
-    walker.walk(&root, 0, &mut |path| {
-        if matcher.matches_path_with(path, options) {
-            Some(relative_id(path, &root))
-        } else {
-            None
-        }
-    })?;
-    entries.append(&mut walker.entries);
-    Ok(entries)
+    walk(&root, depth, |path| {
+        matcher.is_match(path).then(|| relative_id(path, &root))
+    })
 }
 
 fn expand_path(pattern: &str, path: &Path) -> Result<Vec<Entry>, SourceError> {
@@ -253,9 +248,7 @@ fn expand_path(pattern: &str, path: &Path) -> Result<Vec<Entry>, SourceError> {
         Err(e) => return Err(io_error(path, e)),
     };
     if metadata.is_dir() {
-        let mut walker = Walker::new(path, usize::MAX);
-        walker.walk(path, 0, &mut |found| Some(relative_id(found, path)))?;
-        Ok(walker.entries)
+        walk(path, usize::MAX, |found| Some(relative_id(found, path)))
     } else if metadata.is_file() {
         let doc_id = path.file_name().map_or_else(
             || path_text(path),
@@ -294,79 +287,72 @@ impl FileId {
     }
 }
 
-/// Every regular file under a directory, links followed, each directory
-/// entered once: a link back up the tree (`me -> .`, a loop of links) is
-/// passed over, so a walk always ends and no file is found twice by it.
-/// Entries are visited in name order, so which path reaches a file first
-/// does not depend on the file system.
-struct Walker {
-    entered: std::collections::HashSet<FileId>,
-    entries: Vec<Entry>,
-    /// How many directories deep files are looked for.
+/// Every regular file under `root`, at most `depth` directories down, that
+/// `id` gives an id to. Links are followed and each directory is entered
+/// once: a link back up the tree (`me -> .`, a loop of links) is passed
+/// over, so a walk always ends and no file is found twice by it. Entries are
+/// visited in name order, so which path reaches a file first does not depend
+/// on the file system.
+fn walk(
+    root: &Path,
     depth: usize,
-}
-
-impl Walker {
-    fn new(root: &Path, depth: usize) -> Walker {
-        let mut entered = std::collections::HashSet::new();
-        let listed = if root.as_os_str().is_empty() {
-            Path::new(".")
-        } else {
-            root
-        };
-        if let Ok(metadata) = std::fs::metadata(listed) {
-            entered.insert(FileId::of(listed, &metadata));
-        }
-        Walker {
-            entered,
-            entries: Vec::new(),
-            depth,
-        }
-    }
-
-    /// Walks `dir` (`level` directories below the root), adding the files
-    /// `id` gives an id to.
-    fn walk(
-        &mut self,
-        dir: &Path,
-        level: usize,
-        id: &mut dyn FnMut(&Path) -> Option<String>,
-    ) -> Result<(), SourceError> {
-        let listed = if dir.as_os_str().is_empty() {
-            Path::new(".")
-        } else {
-            dir
-        };
-        let listing = std::fs::read_dir(listed).map_err(|e| io_error(listed, e))?;
-        let mut names = Vec::new();
-        for item in listing {
-            names.push(item.map_err(|e| io_error(listed, e))?.file_name());
-        }
-        names.sort();
-        for name in names {
-            let path = dir.join(&name);
-            // Follows links; a dangling one is no file.
-            let Ok(metadata) = std::fs::metadata(&path) else {
-                continue;
-            };
-            let file = FileId::of(&path, &metadata);
-            if metadata.is_dir() {
-                if level + 1 < self.depth && self.entered.insert(file) {
-                    self.walk(&path, level + 1, id)?;
+    mut id: impl FnMut(&Path) -> Option<String>,
+) -> Result<Vec<Entry>, SourceError> {
+    // The current directory is listed as `.`, and its files named without the `./`.
+    let listed = if root.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        root
+    };
+    let mut entered = HashSet::new();
+    let walker = WalkDir::new(listed)
+        .follow_links(true)
+        .max_depth(depth)
+        .sort_by_file_name()
+        .into_iter()
+        .filter_entry(|found| {
+            // A directory at the last level is not entered, so not counted as entered.
+            !found.file_type().is_dir()
+                || found.depth() >= depth
+                || found
+                    .metadata()
+                    .is_ok_and(|metadata| entered.insert(FileId::of(found.path(), &metadata)))
+        });
+    let mut entries = Vec::new();
+    for found in walker {
+        let found = match found {
+            Ok(found) => found,
+            Err(e) if e.loop_ancestor().is_some() => continue,
+            Err(e) => {
+                let path = e.path().unwrap_or(listed).to_path_buf();
+                // A dangling link is no file; a directory that cannot be listed is an error.
+                if std::fs::metadata(&path).is_err() {
+                    continue;
                 }
-            } else if metadata.is_file() {
-                if let Some(doc_id) = id(&path) {
-                    self.entries.push(Entry {
-                        path,
-                        doc_id,
-                        named: false,
-                        file,
-                    });
-                }
+                return Err(io_error(&path, e.into()));
             }
+        };
+        let Ok(metadata) = found.metadata() else {
+            continue;
+        };
+        if !metadata.is_file() {
+            continue;
         }
-        Ok(())
+        let path = if root.as_os_str().is_empty() {
+            found.path().strip_prefix(".").unwrap_or(found.path())
+        } else {
+            found.path()
+        };
+        if let Some(doc_id) = id(path) {
+            entries.push(Entry {
+                path: path.to_path_buf(),
+                doc_id,
+                named: false,
+                file: FileId::of(path, &metadata),
+            });
+        }
     }
+    Ok(entries)
 }
 
 /// The longest leading part of a glob without glob syntax: `docs/**/*.md`
@@ -656,5 +642,49 @@ mod tests {
         let mut source = open_one(&dir.path().join("docs").join("[e]*.md"));
         assert!(read_all(&mut source).unwrap().is_empty());
         assert_eq!(source.stats().skipped_empty, 1);
+    }
+
+    #[test]
+    fn braces_list_alternatives() {
+        let dir = tree();
+        let params = FilesParams {
+            include: vec!["*.{txt,rst}".into()],
+            ..params(&[&dir.path().join("docs")])
+        };
+        let documents = read_all(&mut FilesSource::open(&params).unwrap()).unwrap();
+        assert_eq!(ids(&documents), ["guide/notes.txt"]);
+        let mut source = open_one(&dir.path().join("docs").join("{a,b}.md"));
+        assert_eq!(ids(&read_all(&mut source).unwrap()), ["a.md", "b.md"]);
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn links_are_followed_each_directory_entered_once_and_dangling_ones_passed_over() {
+        use std::os::unix::fs::symlink;
+        let dir = tree();
+        let docs = dir.path().join("docs");
+        symlink(".", docs.join("me")).unwrap();
+        symlink("..", docs.join("guide/up")).unwrap();
+        symlink("nowhere.md", docs.join("dangling.md")).unwrap();
+        // Before `guide` in name order, so `guide` is reached through it first.
+        symlink("guide", docs.join("another")).unwrap();
+        let documents = read_all(&mut open_one(&docs)).unwrap();
+        assert_eq!(
+            ids(&documents),
+            ["a.md", "another/intro.md", "another/notes.txt", "b.md"]
+        );
+        let documents = read_all(&mut open_one(&docs.join("**").join("*.md"))).unwrap();
+        assert_eq!(ids(&documents), ["a.md", "another/intro.md", "b.md"]);
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_directory_below_the_globs_depth_does_not_hide_one_within_it() {
+        let dir = tree();
+        let docs = dir.path().join("docs");
+        std::fs::create_dir(docs.join("aside")).unwrap();
+        std::os::unix::fs::symlink("../guide", docs.join("aside/guide")).unwrap();
+        let documents = read_all(&mut open_one(&docs.join("*").join("*.md"))).unwrap();
+        assert_eq!(ids(&documents), ["guide/intro.md"]);
     }
 }
