@@ -34,7 +34,7 @@ pub use self::files::{FilesParams, OnInvalid};
 pub use self::records::{RecordsParams, RecordsSource, STDIN, STDIN_NAME};
 
 /// Every kind of source, one line each, in the order messages list them.
-const KINDS: &[&dyn SourceKind] = &[&files::Kind, &jsonl::Kind, &csv::Kind, &parquet::Kind];
+const KINDS: &[&dyn SourceKind] = &[&files::Kind, &jsonl::KIND, &csv::KIND, &parquet::KIND];
 
 /// A kind of source: its parameters (read as a [`crate::job::Kind`]) and how
 /// it opens them. A new kind is a folder here and a line in [`KINDS`].

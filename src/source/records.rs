@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use crate::job::{KindTable, SourceParams};
+use crate::source::{params_of, Source, SourceError, SourceKind};
 
 /// The `path` that names stdin.
 pub const STDIN: &str = "-";
@@ -119,5 +120,35 @@ impl SourceParams for RecordsParams {
 
     fn is_stdin(&self) -> bool {
         self.records.is_stdin()
+    }
+}
+
+/// A kind of records (jsonl, csv, parquet): the records' parameters, read
+/// the same way for each, and the kind's own reader.
+pub struct RecordsKind {
+    pub name: &'static str,
+    /// Whether `path = "-"` (stdin) is allowed.
+    pub reads_stdin: bool,
+    pub open: fn(&RecordsSource) -> Result<Box<dyn Source>, SourceError>,
+}
+
+impl crate::job::Kind<dyn SourceParams> for RecordsKind {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn keys(&self) -> &'static [&'static str] {
+        RECORDS_KEYS
+    }
+
+    fn parse(&self, table: &mut KindTable<'_>) -> Option<Box<dyn SourceParams>> {
+        parse(table, self.reads_stdin)
+    }
+}
+
+impl SourceKind for RecordsKind {
+    fn open(&self, params: &dyn SourceParams) -> Result<Box<dyn Source>, SourceError> {
+        let params: &RecordsParams = params_of(params)?;
+        (self.open)(&params.records)
     }
 }

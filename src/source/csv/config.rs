@@ -2,29 +2,11 @@
 //! (see `source::records`).
 
 use super::CsvSource;
-use crate::job::{KindTable, SourceParams};
-use crate::source::records::{self, RecordsParams, RECORDS_KEYS};
-use crate::source::{params_of, Source, SourceError, SourceKind};
+use crate::source::records::RecordsKind;
 
-pub struct Kind;
-
-impl crate::job::Kind<dyn SourceParams> for Kind {
-    fn name(&self) -> &'static str {
-        "csv"
-    }
-
-    fn keys(&self) -> &'static [&'static str] {
-        RECORDS_KEYS
-    }
-
-    fn parse(&self, table: &mut KindTable<'_>) -> Option<Box<dyn SourceParams>> {
-        records::parse(table, true)
-    }
-}
-
-impl SourceKind for Kind {
-    fn open(&self, params: &dyn SourceParams) -> Result<Box<dyn Source>, SourceError> {
-        let params: &RecordsParams = params_of(params)?;
-        Ok(Box::new(CsvSource::open_records(&params.records)?))
-    }
-}
+/// The `csv` kind.
+pub static KIND: RecordsKind = RecordsKind {
+    name: "csv",
+    reads_stdin: true,
+    open: |records| Ok(Box::new(CsvSource::open_records(records)?)),
+};

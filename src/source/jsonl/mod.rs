@@ -3,7 +3,7 @@
 
 mod config;
 
-pub use self::config::Kind;
+pub use self::config::KIND;
 
 use std::collections::VecDeque;
 use std::io::BufRead;

@@ -6,7 +6,7 @@
 
 mod config;
 
-pub use self::config::Kind;
+pub use self::config::KIND;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
