@@ -29,6 +29,38 @@ pub(super) enum Piece {
     },
 }
 
+/// One request's answer: the pieces paid for, and the error that ended it
+/// early, if one did. A request split in parts keeps the parts answered
+/// before a later one failed: they were billed.
+pub(super) struct Answer {
+    pieces: Vec<Piece>,
+    error: Option<RunError>,
+}
+
+impl Answer {
+    fn done(pieces: Vec<Piece>) -> Answer {
+        Answer {
+            pieces,
+            error: None,
+        }
+    }
+
+    fn failed(error: RunError) -> Answer {
+        Answer {
+            pieces: Vec::new(),
+            error: Some(error),
+        }
+    }
+
+    /// Adds a later part's answer; `false` once one failed, so that no
+    /// further part is sent.
+    fn extend(&mut self, later: Answer) -> bool {
+        self.pieces.extend(later.pieces);
+        self.error = later.error;
+        self.error.is_none()
+    }
+}
+
 /// The tokens a request's pieces reserved in the budget (their local
 /// count) and what they were billed.
 fn reckoned(pieces: &[Piece]) -> (u64, Usage) {
@@ -222,14 +254,15 @@ impl Dispatch {
                     continue;
                 }
             };
-            match result {
-                Ok(pieces) => {
-                    if !self.deliver(pieces, sink, &mut out).await {
-                        out.writer_stopped = true;
-                        break;
-                    }
-                }
-                Err(RunError::Backend {
+            let Answer { pieces, error } = result;
+            // What a request paid for goes to the writer even when a later part of it failed.
+            if !pieces.is_empty() && !self.deliver(pieces, sink, &mut out).await {
+                out.writer_stopped = true;
+                break;
+            }
+            match error {
+                None => {}
+                Some(RunError::Backend {
                     error: BackendError::Quota(stop),
                     ..
                 }) => {
@@ -241,7 +274,7 @@ impl Dispatch {
                         drain_until = Some(tokio::time::Instant::now() + self.drain);
                     }
                 }
-                Err(e) => {
+                Some(e) => {
                     out.failure = Some(e);
                     break;
                 }
@@ -310,7 +343,7 @@ impl Dispatch {
     fn requests(
         &self,
         mut batches: mpsc::Receiver<Result<Batch, RunError>>,
-    ) -> impl Stream<Item = Result<Vec<Piece>, RunError>> + Unpin + '_ {
+    ) -> impl Stream<Item = Answer> + Unpin + '_ {
         let halt = Arc::clone(&self.halt);
         let budget = self.budget.clone();
         let admitted = futures::stream::poll_fn(move |cx| {
@@ -338,7 +371,7 @@ impl Dispatch {
                 async move {
                     match item {
                         Ok(batch) => embed_or_split(backend.as_ref(), batch, &limits).await,
-                        Err(e) => Err(e),
+                        Err(e) => Answer::failed(e),
                     }
                 }
             })
@@ -350,38 +383,43 @@ impl Dispatch {
 /// the service finds too large is split in half until that input is alone,
 /// and then quarantined; a batch over a limit on whole requests lowers the
 /// limit for the rest of the run and is sent again in smaller requests.
+/// When a part fails, the parts answered before it are kept in the answer.
 fn embed_or_split<'a>(
     backend: &'a dyn EmbeddingBackend,
     batch: Batch,
     limits: &'a Limits,
-) -> futures::future::BoxFuture<'a, Result<Vec<Piece>, RunError>> {
+) -> futures::future::BoxFuture<'a, Answer> {
     async move {
         let mut fitted = limits.fit(batch);
         if fitted.len() > 1 {
-            let mut pieces = Vec::new();
+            let mut answer = Answer::done(Vec::new());
             for part in fitted {
-                pieces.extend(embed_or_split(backend, part, limits).await?);
+                if !answer.extend(embed_or_split(backend, part, limits).await) {
+                    break;
+                }
             }
-            return Ok(pieces);
+            return answer;
         }
         let Some(batch) = fitted.pop() else {
-            return Ok(Vec::new());
+            return Answer::done(Vec::new());
         };
         let texts: Vec<&str> = batch.chunks.iter().map(|c| c.text.as_str()).collect();
         let result = backend.embed(&texts, batch.tokens).await;
         drop(texts);
         match result {
-            Ok(vectors) => Ok(vec![Piece::Embedded(EmbeddedBatch {
+            Ok(vectors) => Answer::done(vec![Piece::Embedded(EmbeddedBatch {
                 chunks: batch.chunks,
                 vectors,
             })]),
             Err(BackendError::TooLarge { status, message }) => match batch.split_in_half() {
                 Ok((left, right)) => {
-                    let mut pieces = embed_or_split(backend, left, limits).await?;
-                    pieces.extend(embed_or_split(backend, right, limits).await?);
-                    Ok(pieces)
+                    let mut answer = embed_or_split(backend, left, limits).await;
+                    if answer.error.is_none() {
+                        answer.extend(embed_or_split(backend, right, limits).await);
+                    }
+                    answer
                 }
-                Err(lone) => Ok(quarantine(lone, &message, status)),
+                Err(lone) => Answer::done(quarantine(lone, &message, status)),
             },
             Err(BackendError::OverLimit {
                 limit,
@@ -389,7 +427,7 @@ fn embed_or_split<'a>(
                 message,
             }) => {
                 if batch.len() < 2 {
-                    return Ok(quarantine(batch, &message, status));
+                    return Answer::done(quarantine(batch, &message, status));
                 }
                 limits.lower(limit, &batch, &message);
                 if limits.fit(batch.clone()).len() < 2 {
@@ -398,7 +436,7 @@ fn embed_or_split<'a>(
                 }
                 embed_or_split(backend, batch, limits).await
             }
-            Err(error) => Err(RunError::Backend {
+            Err(error) => Answer::failed(RunError::Backend {
                 first: batch
                     .chunks
                     .first()
