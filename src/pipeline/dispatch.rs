@@ -5,11 +5,10 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::Poll;
 use std::time::Duration;
 
 use futures::{FutureExt, Stream, StreamExt};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 use super::stop::{Budget, Stopping, Stops};
 use super::write::SinkMessage;
@@ -113,6 +112,38 @@ pub(super) struct Dispatch {
     pub settled: Arc<AtomicU64>,
     /// What the service's refusals taught about the size of requests.
     pub limits: Arc<Limits>,
+    pub exposure: Exposure,
+}
+
+/// What a kill can lose, bounded: a request is sent only while the texts
+/// answered and not yet committed to the checkpoint are at most `most`. With
+/// `most` = concurrency × max inputs per request, the texts paid for and not
+/// committed at any instant are at most twice that: the requests in flight,
+/// and as many answered ones waiting for their commit.
+pub(super) struct Exposure {
+    /// Texts whose vectors went to the writer.
+    delivered: Arc<AtomicU64>,
+    /// Rows the writer committed to the checkpoint.
+    committed: watch::Receiver<u64>,
+    most: u64,
+}
+
+impl Exposure {
+    pub(super) fn new(committed: watch::Receiver<u64>, most: u64) -> Exposure {
+        Exposure {
+            delivered: Arc::default(),
+            committed,
+            most,
+        }
+    }
+
+    /// Waits until a request may be sent; `false` if the writer is gone.
+    async fn wait(delivered: &AtomicU64, committed: &mut watch::Receiver<u64>, most: u64) -> bool {
+        committed
+            .wait_for(|&rows| delivered.load(Ordering::Relaxed).saturating_sub(rows) <= most)
+            .await
+            .is_ok()
+    }
 }
 
 /// Limits on requests learned from the service during a run: a request it
@@ -309,6 +340,9 @@ impl Dispatch {
         for piece in pieces {
             let message = match piece {
                 Piece::Embedded(batch) => {
+                    self.exposure
+                        .delivered
+                        .fetch_add(batch.chunks.len() as u64, Ordering::Relaxed);
                     out.usage += batch.vectors.usage;
                     out.discarded += batch.vectors.discarded;
                     out.embedded += batch.chunks.len() as u64;
@@ -342,26 +376,40 @@ impl Dispatch {
     /// one by one against the budget.
     fn requests(
         &self,
-        mut batches: mpsc::Receiver<Result<Batch, RunError>>,
+        batches: mpsc::Receiver<Result<Batch, RunError>>,
     ) -> impl Stream<Item = Answer> + Unpin + '_ {
         let halt = Arc::clone(&self.halt);
         let budget = self.budget.clone();
-        let admitted = futures::stream::poll_fn(move |cx| {
-            if halt.load(Ordering::Relaxed) {
-                return Poll::Ready(None);
-            }
-            match batches.poll_recv(cx) {
-                Poll::Ready(Some(Ok(batch))) => {
+        let delivered = Arc::clone(&self.exposure.delivered);
+        let committed = self.exposure.committed.clone();
+        let most = self.exposure.most;
+        let admitted =
+            futures::stream::unfold((batches, committed), move |(mut batches, mut committed)| {
+                let (halt, budget, delivered) =
+                    (Arc::clone(&halt), budget.clone(), Arc::clone(&delivered));
+                async move {
+                    if halt.load(Ordering::Relaxed) {
+                        return None;
+                    }
+                    let batch = match batches.recv().await? {
+                        Ok(batch) => batch,
+                        Err(e) => return Some((Err(e), (batches, committed))),
+                    };
+                    // Checked once the batch is at hand: answers may have come meanwhile.
+                    if !Exposure::wait(&delivered, &mut committed, most).await
+                        || halt.load(Ordering::Relaxed)
+                    {
+                        return None;
+                    }
                     if budget.as_ref().is_some_and(|b| !b.admit(batch.tokens)) {
                         // The batch is left for a later run.
                         halt.store(true, Ordering::Relaxed);
-                        return Poll::Ready(None);
+                        return None;
                     }
-                    Poll::Ready(Some(Ok(batch)))
+                    Some((Ok(batch), (batches, committed)))
                 }
-                other => other,
-            }
-        });
+            })
+            .boxed();
         let backend = Arc::clone(&self.backend);
         let limits = Arc::clone(&self.limits);
         admitted
