@@ -13,7 +13,7 @@ use tokio::sync::{mpsc, watch};
 use super::stop::{Budget, Stopping, Stops};
 use super::write::SinkMessage;
 use super::RunError;
-use crate::backend::{BackendError, EmbeddingBackend, RequestLimit};
+use crate::backend::{BackendError, EmbeddingBackend, Kept, RequestLimit};
 use crate::batch::{Batch, Batcher};
 use crate::progress::{Progress, Snapshot};
 use crate::types::{Chunk, EmbeddedBatch, Usage};
@@ -459,7 +459,34 @@ fn embed_or_split<'a>(
                 chunks: batch.chunks,
                 vectors,
             })]),
-            Err(BackendError::TooLarge { status, message }) => match batch.split_in_half() {
+            Err(BackendError::Partial { kept, error })
+                if kept.inputs.len() == kept.vectors.len()
+                    && kept.inputs.windows(2).all(|w| w[0] < w[1])
+                    && kept.inputs.last().is_some_and(|&i| i < batch.len()) =>
+            {
+                // The good vectors were paid for: kept, whatever becomes of the rest.
+                let (embedded, rest) = keep(batch, *kept);
+                let mut answer = Answer::done(vec![Piece::Embedded(embedded)]);
+                answer.extend(on_error(backend, rest, *error, limits).await);
+                answer
+            }
+            Err(error) => on_error(backend, batch, error, limits).await,
+        }
+    }
+    .boxed()
+}
+
+/// What becomes of a batch the service did not embed: split, sent in
+/// smaller requests, quarantined, or the run's failure.
+fn on_error<'a>(
+    backend: &'a dyn EmbeddingBackend,
+    batch: Batch,
+    error: BackendError,
+    limits: &'a Limits,
+) -> futures::future::BoxFuture<'a, Answer> {
+    async move {
+        match error {
+            BackendError::TooLarge { status, message } => match batch.split_in_half() {
                 Ok((left, right)) => {
                     let mut answer = embed_or_split(backend, left, limits).await;
                     if answer.error.is_none() {
@@ -469,11 +496,11 @@ fn embed_or_split<'a>(
                 }
                 Err(lone) => Answer::done(quarantine(lone, &message, status)),
             },
-            Err(BackendError::OverLimit {
+            BackendError::OverLimit {
                 limit,
                 status,
                 message,
-            }) => {
+            } => {
                 if batch.len() < 2 {
                     return Answer::done(quarantine(batch, &message, status));
                 }
@@ -484,7 +511,7 @@ fn embed_or_split<'a>(
                 }
                 embed_or_split(backend, batch, limits).await
             }
-            Err(error) => Answer::failed(RunError::Backend {
+            error => Answer::failed(RunError::Backend {
                 first: batch
                     .chunks
                     .first()
@@ -500,6 +527,26 @@ fn embed_or_split<'a>(
         }
     }
     .boxed()
+}
+
+/// A batch parted into the chunks `kept` has vectors for, and the rest.
+fn keep(batch: Batch, kept: Kept) -> (EmbeddedBatch, Batch) {
+    let mut inputs = kept.inputs.iter().peekable();
+    let (mut chunks, mut rest) = (Vec::new(), Vec::new());
+    for (index, chunk) in batch.chunks.into_iter().enumerate() {
+        if inputs.next_if_eq(&&index).is_some() {
+            chunks.push(chunk);
+        } else {
+            rest.push(chunk);
+        }
+    }
+    (
+        EmbeddedBatch {
+            chunks,
+            vectors: kept.vectors,
+        },
+        Batch::new(rest),
+    )
 }
 
 /// A lone chunk the service refuses, with its reason.
