@@ -90,6 +90,8 @@ struct Texts {
     sent: Mutex<Vec<Vec<String>>>,
     /// When watched: the run's checkpoint, and what was paid for and not committed.
     exposure: Option<Exposed>,
+    /// A request holding this text fails for good.
+    failing: Option<&'static str>,
 }
 
 /// Texts answered or in flight that the checkpoint did not hold yet, seen
@@ -152,7 +154,15 @@ impl Texts {
             refused,
             sent: Mutex::default(),
             exposure: None,
+            failing: None,
         })
+    }
+
+    /// A backend on which any request holding `failing` fails for good.
+    fn failing(max_inputs: usize, failing: &'static str) -> Arc<Texts> {
+        let mut texts = Arc::into_inner(Texts::new(max_inputs, None)).unwrap();
+        texts.failing = Some(failing);
+        Arc::new(texts)
     }
 
     /// A backend that watches what the checkpoint at `checkpoint` holds.
@@ -186,6 +196,12 @@ impl EmbeddingBackend for Texts {
                 return Err(BackendError::TooLarge {
                     status: Some(413),
                     message: "too large".into(),
+                });
+            }
+            if self.failing.is_some_and(|f| texts.contains(&f)) {
+                return Err(BackendError::Permanent {
+                    status: Some(400),
+                    message: "refused".into(),
                 });
             }
             self.sent
@@ -561,5 +577,46 @@ async fn regression_a_slow_sink_let_a_channel_of_answers_wait_uncommitted() {
             "{most} texts paid for and not committed (at most {bound}), sink {delay_ms} ms"
         );
         assert!(most >= max_inputs, "the watch saw the requests: {most}");
+    }
+}
+
+/// A request split in half (its first half embedded, billed) whose second
+/// half then failed for good lost the first half's vectors: the next run
+/// paid for them again. They now reach the checkpoint.
+#[tokio::test]
+async fn regression_a_split_requests_first_half_was_dropped_when_the_second_failed() {
+    // The failing text second of two, and last of a request split twice.
+    for (text, failing) in [
+        ("left\n\nright fails", "right fails"),
+        ("one\n\ntwo\n\nthree fails", "three fails"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut job = job(dir.path());
+        job.backend.shared.max_inputs_per_request = 4;
+        let docs = [("a", text)];
+        // Requests of one input at most: the batch is split down to single texts.
+        let backend = Texts::failing(1, failing);
+        let fingerprint = Fingerprint::new(&job, backend.info());
+        let state =
+            JobState::open(&job.name, StateLocation::for_job(&job), &fingerprint, false).unwrap();
+        let stages = Stages {
+            source: documents(&docs),
+            chunker: Arc::new(Paragraphs),
+            backend: Arc::clone(&backend) as Arc<dyn EmbeddingBackend>,
+            sink: Table::default().sink(),
+        };
+        let failed = execute(&job, stages, state, RunOptions::default()).await;
+        assert!(failed.is_err(), "the run fails on {failing:?}");
+        let paid: Vec<String> = backend.sent().into_iter().flatten().collect();
+        assert!(!paid.is_empty(), "some halves were embedded");
+
+        let again = Texts::new(8, None);
+        let summary = run_with(&job, &docs, Arc::clone(&again), Table::default().sink()).await;
+        assert_eq!(
+            again.sent().concat(),
+            [failing],
+            "only the failed text is sent again"
+        );
+        assert_eq!(summary.resumed, paid.len() as u64);
     }
 }
