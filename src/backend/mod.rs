@@ -137,6 +137,22 @@ pub enum BackendError {
     /// next run carries on.
     #[error("{0}")]
     Quota(#[from] QuotaStop),
+    /// Some inputs got good vectors, billed, before the request failed for
+    /// the others: the pipeline keeps them, and handles `error` for the rest.
+    #[error("{error}")]
+    Partial {
+        kept: Box<Kept>,
+        error: Box<BackendError>,
+    },
+}
+
+/// The good vectors of a request that then failed, with everything it was
+/// billed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Kept {
+    /// The inputs these vectors are for, ascending (indices into the request).
+    pub inputs: Vec<usize>,
+    pub vectors: Vectors,
 }
 
 impl BackendError {
@@ -148,6 +164,7 @@ impl BackendError {
             BackendError::Exhausted { .. } => None,
             BackendError::Quota(QuotaStop::InsufficientQuota(_)) => Some(429),
             BackendError::Quota(_) => None,
+            BackendError::Partial { error, .. } => error.status(),
         }
     }
 }

@@ -5,16 +5,15 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::Poll;
 use std::time::Duration;
 
 use futures::{FutureExt, Stream, StreamExt};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 use super::stop::{Budget, Stopping, Stops};
 use super::write::SinkMessage;
 use super::RunError;
-use crate::backend::{BackendError, EmbeddingBackend, RequestLimit};
+use crate::backend::{BackendError, EmbeddingBackend, Kept, RequestLimit};
 use crate::batch::{Batch, Batcher};
 use crate::progress::{Progress, Snapshot};
 use crate::types::{Chunk, EmbeddedBatch, Usage};
@@ -27,6 +26,38 @@ pub(super) enum Piece {
         reason: String,
         status: Option<u16>,
     },
+}
+
+/// One request's answer: the pieces paid for, and the error that ended it
+/// early, if one did. A request split in parts keeps the parts answered
+/// before a later one failed: they were billed.
+pub(super) struct Answer {
+    pieces: Vec<Piece>,
+    error: Option<RunError>,
+}
+
+impl Answer {
+    fn done(pieces: Vec<Piece>) -> Answer {
+        Answer {
+            pieces,
+            error: None,
+        }
+    }
+
+    fn failed(error: RunError) -> Answer {
+        Answer {
+            pieces: Vec::new(),
+            error: Some(error),
+        }
+    }
+
+    /// Adds a later part's answer; `false` once one failed, so that no
+    /// further part is sent.
+    fn extend(&mut self, later: Answer) -> bool {
+        self.pieces.extend(later.pieces);
+        self.error = later.error;
+        self.error.is_none()
+    }
 }
 
 /// The tokens a request's pieces reserved in the budget (their local
@@ -81,6 +112,38 @@ pub(super) struct Dispatch {
     pub settled: Arc<AtomicU64>,
     /// What the service's refusals taught about the size of requests.
     pub limits: Arc<Limits>,
+    pub exposure: Exposure,
+}
+
+/// What a kill can lose, bounded: a request is sent only while the texts
+/// answered and not yet committed to the checkpoint are at most `most`. With
+/// `most` = concurrency × max inputs per request, the texts paid for and not
+/// committed at any instant are at most twice that: the requests in flight,
+/// and as many answered ones waiting for their commit.
+pub(super) struct Exposure {
+    /// Texts whose vectors went to the writer.
+    delivered: Arc<AtomicU64>,
+    /// Rows the writer committed to the checkpoint.
+    committed: watch::Receiver<u64>,
+    most: u64,
+}
+
+impl Exposure {
+    pub(super) fn new(committed: watch::Receiver<u64>, most: u64) -> Exposure {
+        Exposure {
+            delivered: Arc::default(),
+            committed,
+            most,
+        }
+    }
+
+    /// Waits until a request may be sent; `false` if the writer is gone.
+    async fn wait(delivered: &AtomicU64, committed: &mut watch::Receiver<u64>, most: u64) -> bool {
+        committed
+            .wait_for(|&rows| delivered.load(Ordering::Relaxed).saturating_sub(rows) <= most)
+            .await
+            .is_ok()
+    }
 }
 
 /// Limits on requests learned from the service during a run: a request it
@@ -222,14 +285,15 @@ impl Dispatch {
                     continue;
                 }
             };
-            match result {
-                Ok(pieces) => {
-                    if !self.deliver(pieces, sink, &mut out).await {
-                        out.writer_stopped = true;
-                        break;
-                    }
-                }
-                Err(RunError::Backend {
+            let Answer { pieces, error } = result;
+            // What a request paid for goes to the writer even when a later part of it failed.
+            if !pieces.is_empty() && !self.deliver(pieces, sink, &mut out).await {
+                out.writer_stopped = true;
+                break;
+            }
+            match error {
+                None => {}
+                Some(RunError::Backend {
                     error: BackendError::Quota(stop),
                     ..
                 }) => {
@@ -241,7 +305,7 @@ impl Dispatch {
                         drain_until = Some(tokio::time::Instant::now() + self.drain);
                     }
                 }
-                Err(e) => {
+                Some(e) => {
                     out.failure = Some(e);
                     break;
                 }
@@ -276,6 +340,9 @@ impl Dispatch {
         for piece in pieces {
             let message = match piece {
                 Piece::Embedded(batch) => {
+                    self.exposure
+                        .delivered
+                        .fetch_add(batch.chunks.len() as u64, Ordering::Relaxed);
                     out.usage += batch.vectors.usage;
                     out.discarded += batch.vectors.discarded;
                     out.embedded += batch.chunks.len() as u64;
@@ -309,26 +376,40 @@ impl Dispatch {
     /// one by one against the budget.
     fn requests(
         &self,
-        mut batches: mpsc::Receiver<Result<Batch, RunError>>,
-    ) -> impl Stream<Item = Result<Vec<Piece>, RunError>> + Unpin + '_ {
+        batches: mpsc::Receiver<Result<Batch, RunError>>,
+    ) -> impl Stream<Item = Answer> + Unpin + '_ {
         let halt = Arc::clone(&self.halt);
         let budget = self.budget.clone();
-        let admitted = futures::stream::poll_fn(move |cx| {
-            if halt.load(Ordering::Relaxed) {
-                return Poll::Ready(None);
-            }
-            match batches.poll_recv(cx) {
-                Poll::Ready(Some(Ok(batch))) => {
+        let delivered = Arc::clone(&self.exposure.delivered);
+        let committed = self.exposure.committed.clone();
+        let most = self.exposure.most;
+        let admitted =
+            futures::stream::unfold((batches, committed), move |(mut batches, mut committed)| {
+                let (halt, budget, delivered) =
+                    (Arc::clone(&halt), budget.clone(), Arc::clone(&delivered));
+                async move {
+                    if halt.load(Ordering::Relaxed) {
+                        return None;
+                    }
+                    let batch = match batches.recv().await? {
+                        Ok(batch) => batch,
+                        Err(e) => return Some((Err(e), (batches, committed))),
+                    };
+                    // Checked once the batch is at hand: answers may have come meanwhile.
+                    if !Exposure::wait(&delivered, &mut committed, most).await
+                        || halt.load(Ordering::Relaxed)
+                    {
+                        return None;
+                    }
                     if budget.as_ref().is_some_and(|b| !b.admit(batch.tokens)) {
                         // The batch is left for a later run.
                         halt.store(true, Ordering::Relaxed);
-                        return Poll::Ready(None);
+                        return None;
                     }
-                    Poll::Ready(Some(Ok(batch)))
+                    Some((Ok(batch), (batches, committed)))
                 }
-                other => other,
-            }
-        });
+            })
+            .boxed();
         let backend = Arc::clone(&self.backend);
         let limits = Arc::clone(&self.limits);
         admitted
@@ -338,7 +419,7 @@ impl Dispatch {
                 async move {
                     match item {
                         Ok(batch) => embed_or_split(backend.as_ref(), batch, &limits).await,
-                        Err(e) => Err(e),
+                        Err(e) => Answer::failed(e),
                     }
                 }
             })
@@ -350,46 +431,78 @@ impl Dispatch {
 /// the service finds too large is split in half until that input is alone,
 /// and then quarantined; a batch over a limit on whole requests lowers the
 /// limit for the rest of the run and is sent again in smaller requests.
+/// When a part fails, the parts answered before it are kept in the answer.
 fn embed_or_split<'a>(
     backend: &'a dyn EmbeddingBackend,
     batch: Batch,
     limits: &'a Limits,
-) -> futures::future::BoxFuture<'a, Result<Vec<Piece>, RunError>> {
+) -> futures::future::BoxFuture<'a, Answer> {
     async move {
         let mut fitted = limits.fit(batch);
         if fitted.len() > 1 {
-            let mut pieces = Vec::new();
+            let mut answer = Answer::done(Vec::new());
             for part in fitted {
-                pieces.extend(embed_or_split(backend, part, limits).await?);
+                if !answer.extend(embed_or_split(backend, part, limits).await) {
+                    break;
+                }
             }
-            return Ok(pieces);
+            return answer;
         }
         let Some(batch) = fitted.pop() else {
-            return Ok(Vec::new());
+            return Answer::done(Vec::new());
         };
         let texts: Vec<&str> = batch.chunks.iter().map(|c| c.text.as_str()).collect();
         let result = backend.embed(&texts, batch.tokens).await;
         drop(texts);
         match result {
-            Ok(vectors) => Ok(vec![Piece::Embedded(EmbeddedBatch {
+            Ok(vectors) => Answer::done(vec![Piece::Embedded(EmbeddedBatch {
                 chunks: batch.chunks,
                 vectors,
             })]),
-            Err(BackendError::TooLarge { status, message }) => match batch.split_in_half() {
+            Err(BackendError::Partial { kept, error })
+                if kept.inputs.len() == kept.vectors.len()
+                    && kept.inputs.windows(2).all(|w| w[0] < w[1])
+                    && kept.inputs.last().is_some_and(|&i| i < batch.len()) =>
+            {
+                // The good vectors were paid for: kept, whatever becomes of the rest.
+                let (embedded, rest) = keep(batch, *kept);
+                let mut answer = Answer::done(vec![Piece::Embedded(embedded)]);
+                answer.extend(on_error(backend, rest, *error, limits).await);
+                answer
+            }
+            Err(error) => on_error(backend, batch, error, limits).await,
+        }
+    }
+    .boxed()
+}
+
+/// What becomes of a batch the service did not embed: split, sent in
+/// smaller requests, quarantined, or the run's failure.
+fn on_error<'a>(
+    backend: &'a dyn EmbeddingBackend,
+    batch: Batch,
+    error: BackendError,
+    limits: &'a Limits,
+) -> futures::future::BoxFuture<'a, Answer> {
+    async move {
+        match error {
+            BackendError::TooLarge { status, message } => match batch.split_in_half() {
                 Ok((left, right)) => {
-                    let mut pieces = embed_or_split(backend, left, limits).await?;
-                    pieces.extend(embed_or_split(backend, right, limits).await?);
-                    Ok(pieces)
+                    let mut answer = embed_or_split(backend, left, limits).await;
+                    if answer.error.is_none() {
+                        answer.extend(embed_or_split(backend, right, limits).await);
+                    }
+                    answer
                 }
-                Err(lone) => Ok(quarantine(lone, &message, status)),
+                Err(lone) => Answer::done(quarantine(lone, &message, status)),
             },
-            Err(BackendError::OverLimit {
+            BackendError::OverLimit {
                 limit,
                 status,
                 message,
-            }) => {
+            } => {
                 if batch.len() < 2 {
-                    return Ok(quarantine(batch, &message, status));
+                    return Answer::done(quarantine(batch, &message, status));
                 }
                 limits.lower(limit, &batch, &message);
                 if limits.fit(batch.clone()).len() < 2 {
@@ -398,7 +511,7 @@ fn embed_or_split<'a>(
                 }
                 embed_or_split(backend, batch, limits).await
             }
-            Err(error) => Err(RunError::Backend {
+            error => Answer::failed(RunError::Backend {
                 first: batch
                     .chunks
                     .first()
@@ -414,6 +527,26 @@ fn embed_or_split<'a>(
         }
     }
     .boxed()
+}
+
+/// A batch parted into the chunks `kept` has vectors for, and the rest.
+fn keep(batch: Batch, kept: Kept) -> (EmbeddedBatch, Batch) {
+    let mut inputs = kept.inputs.iter().peekable();
+    let (mut chunks, mut rest) = (Vec::new(), Vec::new());
+    for (index, chunk) in batch.chunks.into_iter().enumerate() {
+        if inputs.next_if_eq(&&index).is_some() {
+            chunks.push(chunk);
+        } else {
+            rest.push(chunk);
+        }
+    }
+    (
+        EmbeddedBatch {
+            chunks,
+            vectors: kept.vectors,
+        },
+        Batch::new(rest),
+    )
 }
 
 /// A lone chunk the service refuses, with its reason.

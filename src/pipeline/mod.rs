@@ -245,7 +245,12 @@ async fn run_stages(
         reuse_batch: job.backend.shared.max_inputs_per_request.max(1),
     };
     let reader = tokio::task::spawn_blocking(move || reading.run(source, chunker.as_ref()));
-    let writing = writing(job, &info, &state, sink, checkpoint_dimensions, gate);
+    // What a kill can lose: see `Exposure`.
+    let most_uncommitted = (job.backend.shared.concurrency as u64)
+        .saturating_mul(job.backend.shared.max_inputs_per_request as u64);
+    let (committed_tx, committed_rx) = watch::channel(0u64);
+    let writing = writing(job, &info, &state, sink, checkpoint_dimensions, gate)
+        .with_exposure(committed_tx, most_uncommitted);
     let writer = tokio::task::spawn_blocking(move || writing.run(sink_rx));
 
     let dispatch = Dispatch {
@@ -257,6 +262,7 @@ async fn run_stages(
             .unwrap_or_default(),
         settled,
         limits,
+        exposure: dispatch::Exposure::new(committed_rx, most_uncommitted),
     };
     let stops = Stops::new(options.stop, started, options.max_duration);
     let dispatched = dispatch

@@ -88,6 +88,55 @@ struct Texts {
     max_inputs: usize,
     refused: Option<&'static str>,
     sent: Mutex<Vec<Vec<String>>>,
+    /// When watched: the run's checkpoint, and what was paid for and not committed.
+    exposure: Option<Exposed>,
+    /// A request holding this text fails for good.
+    failing: Option<&'static str>,
+}
+
+/// Texts answered or in flight that the checkpoint did not hold yet, seen
+/// as each request is sent: what a kill at that instant would lose.
+#[derive(Default)]
+struct Exposed {
+    checkpoint: std::path::PathBuf,
+    in_flight: std::sync::atomic::AtomicU64,
+    answered: std::sync::atomic::AtomicU64,
+    most: std::sync::atomic::AtomicU64,
+}
+
+impl Exposed {
+    /// Rows in the checkpoint's committed parts.
+    fn committed(&self) -> u64 {
+        use parquet::file::reader::{FileReader, SerializedFileReader};
+        let Ok(entries) = std::fs::read_dir(&self.checkpoint) else {
+            return 0;
+        };
+        entries
+            .map(|e| e.unwrap().path())
+            .filter(|p| {
+                let name = p.file_name().unwrap().to_string_lossy();
+                name.starts_with("part-") && name.ends_with(".parquet")
+            })
+            .map(|path| {
+                let file = std::fs::File::open(path).unwrap();
+                let reader = SerializedFileReader::new(file).unwrap();
+                u64::try_from(reader.metadata().file_metadata().num_rows()).unwrap()
+            })
+            .sum()
+    }
+
+    fn sending(&self, texts: u64) {
+        use std::sync::atomic::Ordering::SeqCst;
+        let in_flight = self.in_flight.fetch_add(texts, SeqCst) + texts;
+        let exposed = self.answered.load(SeqCst) + in_flight - self.committed();
+        self.most.fetch_max(exposed, SeqCst);
+    }
+
+    fn answered(&self, texts: u64) {
+        use std::sync::atomic::Ordering::SeqCst;
+        self.answered.fetch_add(texts, SeqCst);
+        self.in_flight.fetch_sub(texts, SeqCst);
+    }
 }
 
 impl Texts {
@@ -104,7 +153,26 @@ impl Texts {
             max_inputs,
             refused,
             sent: Mutex::default(),
+            exposure: None,
+            failing: None,
         })
+    }
+
+    /// A backend on which any request holding `failing` fails for good.
+    fn failing(max_inputs: usize, failing: &'static str) -> Arc<Texts> {
+        let mut texts = Arc::into_inner(Texts::new(max_inputs, None)).unwrap();
+        texts.failing = Some(failing);
+        Arc::new(texts)
+    }
+
+    /// A backend that watches what the checkpoint at `checkpoint` holds.
+    fn watching(max_inputs: usize, checkpoint: std::path::PathBuf) -> Arc<Texts> {
+        let mut texts = Arc::into_inner(Texts::new(max_inputs, None)).unwrap();
+        texts.exposure = Some(Exposed {
+            checkpoint,
+            ..Exposed::default()
+        });
+        Arc::new(texts)
     }
 
     fn sent(&self) -> Vec<Vec<String>> {
@@ -130,10 +198,22 @@ impl EmbeddingBackend for Texts {
                     message: "too large".into(),
                 });
             }
+            if self.failing.is_some_and(|f| texts.contains(&f)) {
+                return Err(BackendError::Permanent {
+                    status: Some(400),
+                    message: "refused".into(),
+                });
+            }
             self.sent
                 .lock()
                 .unwrap()
                 .push(texts.iter().map(|t| (*t).to_string()).collect());
+            if let Some(exposure) = &self.exposure {
+                exposure.sending(texts.len() as u64);
+                // A moment in flight, so that requests overlap.
+                tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+                exposure.answered(texts.len() as u64);
+            }
             let vectors = texts.iter().map(|t| vector_of(t).to_vec()).collect();
             let usage = Usage {
                 prompt_tokens: tokens,
@@ -164,6 +244,8 @@ struct TableState {
     fingerprint: Option<String>,
     written: Vec<String>,
     removed: Vec<String>,
+    /// How long each write takes, as a slow table's would.
+    write_delay: std::time::Duration,
 }
 
 /// A sink that keeps its rows from one run to the next, as a table does.
@@ -225,6 +307,8 @@ impl Sink for TableSink {
     }
 
     fn write(&mut self, batch: &EmbeddedBatch) -> Result<(), SinkError> {
+        let delay = self.table.0.lock().unwrap().write_delay;
+        std::thread::sleep(delay);
         for (chunk, vector) in batch.chunks.iter().zip(batch.vectors.rows()) {
             self.pending.push((chunk.clone(), vector.to_vec()));
         }
@@ -457,4 +541,82 @@ async fn a_chunk_quarantined_on_a_rerun_leaves_the_table_as_a_fresh_run_would() 
         rows,
         "the old a#1 is gone, as from a fresh run"
     );
+}
+
+/// The writer committed a part only when no message waited (or at 4 MiB),
+/// so behind a slow sink the answers of up to a channel's worth of requests
+/// were paid for and not committed: a kill lost them all. A request is now
+/// sent only while at most concurrency × max inputs texts wait for their
+/// commit, so what a kill loses is at most twice that (the requests in
+/// flight, and as many answered).
+#[tokio::test]
+async fn regression_a_slow_sink_let_a_channel_of_answers_wait_uncommitted() {
+    for (delay_ms, documents) in [(4, 60), (0, 60), (8, 30)] {
+        let dir = tempfile::tempdir().unwrap();
+        let job = job(dir.path());
+        // From `job`: 2 inputs a request, 2 requests at once.
+        let (max_inputs, concurrency) = (2u64, 2u64);
+        let checkpoint = StateLocation::for_job(&job).checkpoint();
+        let backend = Texts::watching(2, checkpoint);
+        let texts: Vec<String> = (0..documents)
+            .map(|i| format!("paragraph {i} of a long document"))
+            .collect();
+        let text = texts.join("\n\n");
+        let docs = [("a", text.as_str())];
+        let table = Table::default();
+        table.0.lock().unwrap().write_delay = std::time::Duration::from_millis(delay_ms);
+        let summary = run_with(&job, &docs, Arc::clone(&backend), table.sink()).await;
+        assert_eq!(summary.written, documents);
+        let exposure = backend.exposure.as_ref().unwrap();
+        let most = exposure.most.load(std::sync::atomic::Ordering::SeqCst);
+        // In flight: `concurrency` requests of `max_inputs`; answered and not
+        // committed: at most as many, or no request would be sent.
+        let bound = 2 * concurrency * max_inputs;
+        assert!(
+            most <= bound,
+            "{most} texts paid for and not committed (at most {bound}), sink {delay_ms} ms"
+        );
+        assert!(most >= max_inputs, "the watch saw the requests: {most}");
+    }
+}
+
+/// A request split in half (its first half embedded, billed) whose second
+/// half then failed for good lost the first half's vectors: the next run
+/// paid for them again. They now reach the checkpoint.
+#[tokio::test]
+async fn regression_a_split_requests_first_half_was_dropped_when_the_second_failed() {
+    // The failing text second of two, and last of a request split twice.
+    for (text, failing) in [
+        ("left\n\nright fails", "right fails"),
+        ("one\n\ntwo\n\nthree fails", "three fails"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut job = job(dir.path());
+        job.backend.shared.max_inputs_per_request = 4;
+        let docs = [("a", text)];
+        // Requests of one input at most: the batch is split down to single texts.
+        let backend = Texts::failing(1, failing);
+        let fingerprint = Fingerprint::new(&job, backend.info());
+        let state =
+            JobState::open(&job.name, StateLocation::for_job(&job), &fingerprint, false).unwrap();
+        let stages = Stages {
+            source: documents(&docs),
+            chunker: Arc::new(Paragraphs),
+            backend: Arc::clone(&backend) as Arc<dyn EmbeddingBackend>,
+            sink: Table::default().sink(),
+        };
+        let failed = execute(&job, stages, state, RunOptions::default()).await;
+        assert!(failed.is_err(), "the run fails on {failing:?}");
+        let paid: Vec<String> = backend.sent().into_iter().flatten().collect();
+        assert!(!paid.is_empty(), "some halves were embedded");
+
+        let again = Texts::new(8, None);
+        let summary = run_with(&job, &docs, Arc::clone(&again), Table::default().sink()).await;
+        assert_eq!(
+            again.sent().concat(),
+            [failing],
+            "only the failed text is sent again"
+        );
+        assert_eq!(summary.resumed, paid.len() as u64);
+    }
 }

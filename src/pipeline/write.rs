@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 use super::repeats::{RepeatGate, Repeats, Settled};
 use super::RunError;
@@ -55,6 +55,13 @@ pub(super) struct Writing {
     pub quarantined: u64,
     pub repeats: Repeats,
     pub gate: Arc<RepeatGate>,
+    /// Rows committed to the checkpoint so far, for the dispatcher's
+    /// [`super::dispatch::Exposure`].
+    pub committed: watch::Sender<u64>,
+    /// A part is committed once it holds this many rows, however many
+    /// messages wait: the dispatcher sends no request while more are
+    /// uncommitted.
+    pub commit_rows: u64,
 }
 
 /// Opens the [`RepeatGate`] for good when the writer is gone, however it goes.
@@ -81,7 +88,24 @@ impl Writing {
             quarantined: 0,
             repeats: Repeats::default(),
             gate,
+            committed: watch::channel(0).0,
+            commit_rows: u64::MAX,
         }
+    }
+
+    /// Tells `committed` the rows committed, and commits a part once it
+    /// holds `commit_rows`.
+    pub(super) fn with_exposure(mut self, committed: watch::Sender<u64>, commit_rows: u64) -> Self {
+        self.committed = committed;
+        self.commit_rows = commit_rows.max(1);
+        self
+    }
+
+    /// Makes what was appended durable, and tells the dispatcher.
+    fn commit(&mut self) -> Result<(), RunError> {
+        self.parts.commit()?;
+        self.committed.send_replace(self.parts.committed_rows());
+        Ok(())
     }
 
     /// Runs on a blocking thread. Whatever happens, vectors paid for are
@@ -117,7 +141,7 @@ impl Writing {
                 Ok(message) => message,
                 Err(mpsc::error::TryRecvError::Empty) => {
                     // Nothing else at hand: make what arrived durable before waiting.
-                    self.parts.commit()?;
+                    self.commit()?;
                     match rx.blocking_recv() {
                         Some(message) => message,
                         None => return Ok(None),
@@ -128,6 +152,13 @@ impl Writing {
             match message {
                 SinkMessage::Embedded(batch) => {
                     self.parts.append(&batch)?;
+                    // Committed before the sink's write, which may be slow, when
+                    // the dispatcher may be waiting for it.
+                    if self.parts.open_rows() >= self.commit_rows {
+                        self.commit()?;
+                    } else {
+                        self.committed.send_replace(self.parts.committed_rows());
+                    }
                     self.write(&batch)?;
                     let settled = self.repeats.written(&batch);
                     self.write_repeats(settled)?;

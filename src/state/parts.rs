@@ -30,6 +30,8 @@ struct OpenPart {
     local_tokens: u64,
     /// Vector bytes written to the part.
     bytes: u64,
+    /// Rows written to the part.
+    rows: u64,
     /// The metadata columns of its rows.
     metadata: Option<Arc<MetadataSchema>>,
 }
@@ -52,8 +54,8 @@ const MAX_PART_BYTES: u64 = 4 << 20;
 /// Writes newly embedded batches to part files in the checkpoint, each part
 /// written under a temporary name, fsynced and renamed into place by
 /// [`PartWriter::commit`]. The pipeline commits whenever it has no further
-/// batch at hand, so a committed part trails the responses by the time it
-/// takes to write them.
+/// batch at hand or the part holds a set number of rows, and sends no
+/// request while more answers wait (see `pipeline::dispatch::Exposure`).
 ///
 /// A part holds the output's columns without `text`, and records in its
 /// metadata the usage and requests that paid for its vectors.
@@ -67,6 +69,8 @@ pub struct PartWriter {
     /// The content keys of the rows in the open part.
     open_keys: HashSet<u128>,
     committed: Vec<PathBuf>,
+    /// Rows in the parts this writer committed.
+    committed_rows: u64,
     /// The vector length of the checkpoint's parts, once known: billing
     /// without vectors then goes into a part of no rows.
     dimensions: Option<usize>,
@@ -106,6 +110,7 @@ impl PartWriter {
             open: None,
             open_keys: HashSet::new(),
             committed: Vec::new(),
+            committed_rows: 0,
             dimensions: None,
             pending: Billed::default(),
             metadata: None,
@@ -148,6 +153,7 @@ impl PartWriter {
             discarded_tokens: pending.discarded_tokens,
             local_tokens: 0,
             bytes: 0,
+            rows: 0,
             metadata: self.metadata.clone(),
         });
         Ok(())
@@ -198,6 +204,7 @@ impl PartWriter {
                 .map(|c| u64::from(c.token_count))
                 .sum::<u64>();
             part.bytes += 4 * batch.vectors.values.len() as u64;
+            part.rows += batch.chunks.len() as u64;
             if part.bytes >= self.part_bytes {
                 return self.commit();
             }
@@ -224,6 +231,7 @@ impl PartWriter {
             .insert(LOCAL_TOKENS_KEY.to_string(), part.local_tokens.to_string());
         let report = part.file.finish(&metadata)?;
         self.committed.push(report.path);
+        self.committed_rows += part.rows;
         Ok(())
     }
 
@@ -231,6 +239,16 @@ impl PartWriter {
     /// for this content key ([`crate::store::hash_key`]).
     pub fn holds_uncommitted(&self, key: u128) -> bool {
         self.open_keys.contains(&key)
+    }
+
+    /// Rows appended to the part being written, not yet committed.
+    pub fn open_rows(&self) -> u64 {
+        self.open.as_ref().map_or(0, |p| p.rows)
+    }
+
+    /// Rows in the parts this writer committed.
+    pub fn committed_rows(&self) -> u64 {
+        self.committed_rows
     }
 
     /// Parts this writer committed.

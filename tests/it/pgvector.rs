@@ -242,11 +242,12 @@ async fn a_run_killed_at_random_points_resumes_and_the_table_is_exact() {
         distinct.len(),
         "no text the table held was sent again"
     );
-    // A kill loses the 4 requests in flight and the answers that came while
-    // the writer was committing the last batch: at most two rounds, 2 texts
-    // a request.
+    // What a kill loses (docs/running.md): at most `concurrency` (4) requests
+    // of `max_inputs_per_request` (2) texts in flight, plus as many texts
+    // answered and waiting for their commit: 2 × 4 × 2 texts a kill.
+    let (concurrency, max_inputs) = (4, 2);
     assert!(
-        billed_twice <= kills * (2 * 4) * 2,
+        billed_twice <= kills * 2 * concurrency * max_inputs,
         "seed {seed}: {billed_twice} texts billed twice in {kills} kills"
     );
 }

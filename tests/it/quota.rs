@@ -251,3 +251,40 @@ async fn the_simulator_sends_the_quota_headers_and_counts_refusals() {
     assert_eq!(ledger.longest_refusal_run, 1);
     assert_eq!(ledger.billed_requests, 2);
 }
+
+/// A request split in two (the service takes at most two inputs) whose
+/// second part met a used-up quota lost the first part's vectors, billed:
+/// the next run paid for them again. Every part answered before a later one
+/// failed now reaches the checkpoint.
+#[tokio::test]
+async fn regression_a_split_requests_first_part_was_dropped_when_a_later_part_hit_the_quota() {
+    // Requests of four, then of three: the failing part is the last one or
+    // the middle one of the split.
+    for inputs in [4, 3] {
+        let dir = tempfile::tempdir().unwrap();
+        let root = corpus(dir.path(), 12);
+        let chunks = expected_chunks(&root).len() as u64;
+        // The request of `inputs` is refused as too large (not admitted), its
+        // first part of at most 2 is admitted, and every later part is refused.
+        let sim = simulator(SimConfig {
+            max_inputs_per_request: Some(2),
+            ..quota_sim(QuotaConfig {
+                insufficient_after: Some(1),
+                ..QuotaConfig::default()
+            })
+        })
+        .await;
+        let job = write_job(dir.path(), &sim.base_url(), &files_source(&root), "");
+        let max = format!("backend.max_inputs_per_request={inputs}");
+        let settings = ["--set", &max, "--set", "backend.concurrency=1"];
+        let output = run_job(&job, &settings).await;
+        let (stdout, stderr) = no_key(&output, KEY);
+        assert_eq!(output.status.code(), Some(4), "{stdout}\n{stderr}");
+        assert_eq!(
+            billed_texts(&sim).len(),
+            2,
+            "one part of two texts paid for"
+        );
+        resumes_without_paying_twice(&sim, &job, chunks).await;
+    }
+}

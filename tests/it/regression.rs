@@ -821,3 +821,88 @@ async fn regression_a_file_that_vanished_mid_run_was_exit_2() {
         "what was paid for before is kept"
     );
 }
+
+/// An answer with one damaged vector keeps the good ones and sends the
+/// damaged input again alone; when that re-send failed for good (or met a
+/// used-up quota), the good vectors, billed, were dropped with it and the
+/// next run paid for them again. They now reach the checkpoint.
+#[tokio::test]
+async fn regression_good_vectors_were_dropped_when_the_re_send_of_a_damaged_one_failed() {
+    use std::collections::HashMap;
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Mutex;
+
+    // The re-send's answer: a used-up quota (the run stops, resumable) or a
+    // refusal that is no fault of size (the run fails).
+    let refusals = [
+        (
+            StatusCode::TOO_MANY_REQUESTS,
+            r#"{"error":{"message":"You exceeded your current quota","type":"insufficient_quota","code":"insufficient_quota"}}"#,
+            4,
+        ),
+        (
+            StatusCode::BAD_REQUEST,
+            r#"{"error":{"message":"unsupported input","type":"invalid_request_error"}}"#,
+            1,
+        ),
+    ];
+    for (status, body, exit) in refusals {
+        let billed: Arc<Mutex<HashMap<String, u64>>> = Arc::default();
+        let healed = Arc::new(AtomicBool::new(false));
+        let (ledger, good) = (Arc::clone(&billed), Arc::clone(&healed));
+        let server = hostile_server(move |_, request| {
+            let texts = inputs(request);
+            let whole = good.load(Ordering::SeqCst);
+            if texts.len() == 1 && !whole {
+                return json_response(status, body);
+            }
+            let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+            let mut answer: Value = serde_json::from_slice(
+                &embedjob::simulate::embeddings_response_body("svc-embed-1", 1024, &refs),
+            )
+            .unwrap();
+            if !whole {
+                // The last vector one value short: billed, and sent again alone.
+                let last = texts.len() - 1;
+                answer["data"][last]["embedding"]
+                    .as_array_mut()
+                    .unwrap()
+                    .pop();
+            }
+            let mut ledger = ledger.lock().unwrap();
+            for text in texts {
+                *ledger.entry(text).or_default() += 1;
+            }
+            json_response(StatusCode::OK, answer.to_string())
+        })
+        .await;
+        let dir = tempfile::tempdir().unwrap();
+        let root = three_documents(dir.path());
+        let job = write_job(dir.path(), &server.base_url, &files_source(&root), "");
+        let settings = [
+            "--set",
+            "backend.max_inputs_per_request=3",
+            "--set",
+            "backend.concurrency=1",
+        ];
+        let output = run(run_command(&job, &settings)).await;
+        assert_eq!(output.status.code(), Some(exit), "{}", text(&output.stderr));
+        let first: HashMap<String, u64> = billed.lock().unwrap().clone();
+        assert_eq!(first.len(), 3, "one request of three: {first:?}");
+
+        healed.store(true, Ordering::SeqCst);
+        let output = run(run_command(&job, &[&settings[..], &["--json"]].concat())).await;
+        assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+        let summary: Value = serde_json::from_slice(&output.stdout).unwrap();
+        assert_eq!(summary["resumed"], 2, "{summary}");
+        let all = billed.lock().unwrap().clone();
+        let twice: Vec<&String> = all.iter().filter(|(_, &n)| n > 1).map(|(t, _)| t).collect();
+        assert_eq!(
+            twice.len(),
+            1,
+            "only the damaged text is billed again ({status}): {all:?}"
+        );
+        let rows = read_output(&dir.path().join("out/result.parquet"));
+        assert_eq!(rows.ids.len(), 3);
+    }
+}

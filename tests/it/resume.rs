@@ -118,8 +118,10 @@ async fn a_job_killed_at_random_points_resumes_without_paying_twice() {
         assert!(count >= 1, "every chunk was billed");
         billed_twice += count - 1;
     }
-    // A kill loses the requests in flight and the answers that came while
-    // the writer was committing the last part: at most one more round.
+    // What a kill loses (docs/running.md): the texts paid for and not yet
+    // committed, at most `concurrency` requests of `max_inputs` in flight plus
+    // as many texts answered and waiting for their commit (no request is sent
+    // while more wait). Each loss is billed once more by a later run.
     let lost_per_kill = 2 * concurrency * max_inputs;
     println!(
         "seed {seed}: {kills} kills, {billed_twice} of {} chunks billed twice \

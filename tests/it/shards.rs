@@ -412,8 +412,9 @@ async fn a_killed_shard_resumes_alone_and_the_dataset_is_whole() {
     for (id, (text, _)) in &rows {
         assert_eq!(&expected[id], text);
     }
-    // What the kill lost is at most the requests in flight and the answers
-    // that came during the last commit.
+    // What the one kill lost (docs/running.md): at most `concurrency` (2)
+    // requests of `max_inputs_per_request` (2) texts in flight, plus as many
+    // texts answered and waiting for their commit: 2 × 2 × 2.
     let billed_twice: u64 = sim
         .ledger()
         .texts

@@ -4,7 +4,8 @@
 //! Every response that arrives whole was billed, so its usage is counted
 //! whether or not its vectors pass. When only some vectors of an answer fail
 //! (a wrong length, a non-finite value) the others are kept and only the
-//! failed inputs are sent again; an answer whose vectors all have another
+//! failed inputs are sent again (if that fails, the good vectors go with
+//! the error, [`BackendError::Partial`]); an answer whose vectors all have another
 //! length than expected stops the run, as sending it again would only be
 //! billed again. A request that times out is not sent again whole: the
 //! server may still compute and bill it.
@@ -23,7 +24,9 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use futures::FutureExt;
 
-use super::{BackendError, BackendInfo, BackendKind, BackendStats, EmbeddingBackend, RequestLimit};
+use super::{
+    BackendError, BackendInfo, BackendKind, BackendStats, EmbeddingBackend, Kept, RequestLimit,
+};
 use crate::client::{ApiError, Client, EmbeddingInput, EmbeddingRequest, ErrorKind, SizeLimit};
 use crate::rate::{
     with_retries_notify, Fault, QuotaStop, RateControl, RateSettings, Refusal, RetryPolicy,
@@ -517,26 +520,33 @@ impl ApiBackend {
             self.retries.fetch_add(1, Ordering::Relaxed);
             self.invalid.fetch_add(1, Ordering::Relaxed);
             if rounds > self.rate.retry_policy().max_retries {
-                return Err(BackendError::Exhausted {
+                let error = BackendError::Exhausted {
                     attempts: rounds,
                     message: format!(
                         "invalid response from POST /v1/embeddings: {}",
                         assembly.last_error
                     ),
-                });
+                };
+                return Err(assembly.kept(discarded(resent), error));
             }
             let pending: Vec<&str> = assembly.pending.iter().map(|&i| texts[i]).collect();
             let share = tokens * pending.len() as u64 / texts.len().max(1) as u64;
-            let checked = self
+            let checked = match self
                 .round(&pending, share, Some(assembly.dimensions), false, &wasted)
-                .await?;
+                .await
+            {
+                Ok(checked) => checked,
+                // The good vectors of the rounds before were paid for: kept.
+                Err(error) => return Err(assembly.kept(discarded(resent), error)),
+            };
             // The inputs sent again were billed before for vectors that were
             // dropped: as much as this answer, had it counted the same.
             resent += checked.vectors.usage;
             let confirmed = self.confirmed.load(Ordering::Relaxed);
-            assembly
-                .place(checked, !confirmed)
-                .map_err(|e| self.wrong_length(&e))?;
+            if let Err(e) = assembly.place(checked, !confirmed) {
+                let error = self.wrong_length(&e);
+                return Err(assembly.kept(discarded(resent), error));
+            }
         }
         let wasted = discarded(resent);
         Ok(Vectors {
@@ -596,6 +606,39 @@ impl Assembly {
         // Placing the first answer cannot find a repeated wrong length.
         let _ = assembly.place(first, false);
         assembly
+    }
+
+    /// The vectors placed so far, with everything billed (`wasted` of it
+    /// for vectors dropped), as `error` ends the request: nothing paid for
+    /// that passed is lost.
+    fn kept(self, wasted: Usage, error: BackendError) -> BackendError {
+        let d = self.dimensions;
+        let mut pending = self.pending.iter().peekable();
+        let mut inputs = Vec::new();
+        let mut values = Vec::new();
+        for (input, row) in self.values.chunks_exact(d.max(1)).enumerate() {
+            if pending.peek().is_some_and(|&&p| p == input) {
+                pending.next();
+                continue;
+            }
+            inputs.push(input);
+            values.extend_from_slice(row);
+        }
+        if inputs.is_empty() || d == 0 {
+            return error;
+        }
+        BackendError::Partial {
+            kept: Box::new(Kept {
+                inputs,
+                vectors: Vectors {
+                    dimensions: d,
+                    values,
+                    usage: self.usage + wasted,
+                    discarded: wasted,
+                },
+            }),
+            error: Box::new(error),
+        }
     }
 
     /// Puts the vectors of an answer to `pending` in place; its failed
