@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::exit::Failure;
 use crate::job::{KindTable, OutputParams, Shard};
-use crate::query::Hit;
+use crate::query::Found;
 use crate::sink::{params_of, Sink, SinkError, SinkKind};
 
 /// `kind = "pgvector"`: a PostgreSQL table with the pgvector extension,
@@ -114,7 +114,7 @@ impl SinkKind for Kind {
         vector: Vec<f32>,
         model: &'a str,
         k: usize,
-    ) -> BoxFuture<'a, Result<Vec<Hit>, Failure>> {
+    ) -> BoxFuture<'a, Result<Found, Failure>> {
         Box::pin(async move {
             let pg: &PgvectorOutput = params_of(params).map_err(crate::sink::failure)?;
             search(pg, vector, model, k).await
@@ -139,8 +139,8 @@ async fn search(
     vector: Vec<f32>,
     model: &str,
     k: usize,
-) -> Result<Vec<Hit>, Failure> {
-    let (metadata, hits) = super::search(pg, &vector, k)
+) -> Result<Found, Failure> {
+    let (metadata, found) = super::search(pg, &vector, k)
         .await
         .map_err(|e| crate::sink::failure(e.into()))?;
     crate::query::check_model(
@@ -150,7 +150,7 @@ async fn search(
         vector.len(),
     )
     .map_err(crate::sink::query_failure)?;
-    Ok(hits)
+    Ok(found)
 }
 
 #[cfg(not(feature = "pgvector"))]
@@ -159,7 +159,7 @@ async fn search(
     _vector: Vec<f32>,
     _model: &str,
     _k: usize,
-) -> Result<Vec<Hit>, Failure> {
+) -> Result<Found, Failure> {
     Err(crate::sink::failure(SinkError::NotBuilt("pgvector")))
 }
 
