@@ -192,11 +192,15 @@ impl OutputParams for PgvectorOutput {
             Some(name) if name.is_empty() => {
                 p.push("`output.password_env` must name an environment variable".to_string());
             }
-            Some(name) if std::env::var(name).map_or(true, |v| v.is_empty()) => p.push(format!(
-                "the database password is missing: set the environment variable {name} \
-                 (named by `output.password_env`)"
-            )),
-            _ => {}
+            Some(name) => match std::env::var(name) {
+                // Registered as soon as it is read: a server may echo it.
+                Ok(password) if !password.is_empty() => crate::secret::register(&password),
+                _ => p.push(format!(
+                    "the database password is missing: set the environment variable {name} \
+                     (named by `output.password_env`)"
+                )),
+            },
+            None => {}
         }
         let (schema, name) = self.table_parts();
         let identifier = |part: &str| {
@@ -251,8 +255,12 @@ impl OutputParams for PgvectorOutput {
 /// the password comes from `output.password_env`. Nothing of the URL is
 /// quoted back, so that a password typed into it is not shown either.
 fn url_problems(url: &str, p: &mut Vec<String>) {
-    let parsed = match reqwest::Url::parse(url) {
-        Ok(parsed) if matches!(parsed.scheme(), "postgresql" | "postgres") => parsed,
+    // The user name of a database URL is no secret; a password or a
+    // credential parameter in it is, and is refused below.
+    let credentials = crate::secret::UrlCredentials::of(url);
+    credentials.register(false);
+    match reqwest::Url::parse(url) {
+        Ok(parsed) if matches!(parsed.scheme(), "postgresql" | "postgres") => {}
         Ok(_) => {
             p.push(
                 "`output.url` must be a postgresql:// URL, e.g. \
@@ -266,10 +274,7 @@ fn url_problems(url: &str, p: &mut Vec<String>) {
             return;
         }
     };
-    let in_query = parsed
-        .query_pairs()
-        .any(|(key, _)| key.eq_ignore_ascii_case("password"));
-    if parsed.password().is_some() || in_query {
+    if credentials.any(false) {
         p.push(
             "`output.url` holds a password (not shown): remove it and put it in the \
              environment variable named by `output.password_env`"
