@@ -209,3 +209,39 @@ async fn regression_credentials_in_the_base_url_were_printed() {
         assert_no_key_anywhere(&output, dir.path(), secret);
     }
 }
+
+/// `sslmode=verify-full` (or any mode that needs TLS) in the database URL
+/// was refused as an "invalid connection string", not saying why. It is
+/// now a configuration problem naming the key and saying TLS is not
+/// supported by this build.
+#[tokio::test]
+async fn regression_an_sslmode_needing_tls_was_an_invalid_connection_string() {
+    let sim = simulator(SimConfig::default()).await;
+    let port = echoing_database(String::new()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let job = pg_job(dir.path(), &sim.base_url(), port);
+    let job = job.to_str().unwrap();
+    for mode in ["allow", "require", "verify-ca", "verify-full"] {
+        let set =
+            format!("output.url=postgresql://postgres@127.0.0.1:{port}/postgres?sslmode={mode}");
+        for command in ["run", "query"] {
+            let mut args = vec![command, job, "--set", &set];
+            if command == "query" {
+                args.insert(2, "anything");
+            }
+            let output = embedjob(dir.path(), "pw-unused", &args).await;
+            let stderr = text(&output.stderr);
+            assert_eq!(output.status.code(), Some(2), "{mode} {command}: {stderr}");
+            assert!(
+                stderr.contains(&format!("sslmode={mode}"))
+                    && stderr.contains("TLS is not supported by this build"),
+                "{mode} {command}: {stderr}"
+            );
+        }
+    }
+    assert_eq!(
+        sim.ledger().embedding_requests,
+        0,
+        "refused before any work"
+    );
+}

@@ -259,8 +259,8 @@ fn url_problems(url: &str, p: &mut Vec<String>) {
     // credential parameter in it is, and is refused below.
     let credentials = crate::secret::UrlCredentials::of(url);
     credentials.register(false);
-    match reqwest::Url::parse(url) {
-        Ok(parsed) if matches!(parsed.scheme(), "postgresql" | "postgres") => {}
+    let parsed = match reqwest::Url::parse(url) {
+        Ok(parsed) if matches!(parsed.scheme(), "postgresql" | "postgres") => parsed,
         Ok(_) => {
             p.push(
                 "`output.url` must be a postgresql:// URL, e.g. \
@@ -274,6 +274,26 @@ fn url_problems(url: &str, p: &mut Vec<String>) {
             return;
         }
     };
+    // This build connects without TLS: a mode that demands it would fail
+    // later as an "invalid connection string" or a refused handshake.
+    for (key, value) in parsed.query_pairs() {
+        if key != "sslmode" {
+            continue;
+        }
+        match value.as_ref() {
+            "disable" | "prefer" => {}
+            "allow" | "require" | "verify-ca" | "verify-full" => p.push(format!(
+                "`output.url` sets sslmode={value}, which needs TLS, and TLS is not supported \
+                 by this build: use sslmode=disable or prefer, or reach the database \
+                 through a local TLS tunnel"
+            )),
+            _ => p.push(
+                "`output.url` sets an unknown sslmode: use sslmode=disable or prefer \
+                 (TLS is not supported by this build)"
+                    .to_string(),
+            ),
+        }
+    }
     if credentials.any(false) {
         p.push(
             "`output.url` holds a password (not shown): remove it and put it in the \
