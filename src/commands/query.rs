@@ -44,7 +44,7 @@ pub async fn query(args: &QueryArgs) -> Outcome {
     if args.json {
         print_json(&json!({ "results": found.hits, "passed_over": found.passed_over }))?;
     } else {
-        print!("{}", query::table(&found.hits));
+        print!("{}", crate::secret::scrub(&query::table(&found.hits)));
     }
     Ok(Exit::Success)
 }
