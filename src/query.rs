@@ -77,6 +77,23 @@ pub enum QueryError {
         query: String,
         hint: &'static str,
     },
+    #[error(
+        "the query's vector cannot be compared (a NaN or an infinity in it, or all zeros): \
+         the model {model} gave no direction for the text"
+    )]
+    QueryVector { model: String },
+}
+
+/// Checks that the query's own vector can be compared: with a NaN in it
+/// every row would score NaN, and with all zeros every row would score 0.
+pub fn check_query(vector: &[f32], model: &str) -> Result<(), QueryError> {
+    if comparable(vector) {
+        Ok(())
+    } else {
+        Err(QueryError::QueryVector {
+            model: model.to_string(),
+        })
+    }
 }
 
 impl QueryError {
@@ -420,6 +437,22 @@ mod tests {
         let hits = top.into_hits();
         let ranked: Vec<(&str, usize)> = hits.iter().map(|h| (h.id.as_str(), h.rank)).collect();
         assert_eq!(ranked, [("a", 1), ("b", 2), ("c", 3)]);
+    }
+
+    #[test]
+    fn only_finite_vectors_with_a_direction_are_comparable() {
+        assert!(comparable(&[0.0, -1.5]));
+        for bad in [
+            [f32::NAN, 1.0],
+            [f32::INFINITY, 1.0],
+            [f32::NEG_INFINITY, 0.0],
+            [0.0, 0.0],
+            [-0.0, 0.0],
+        ] {
+            assert!(!comparable(&bad), "{bad:?}");
+            assert!(check_query(&bad, "m").is_err(), "{bad:?}");
+        }
+        assert!(!comparable(&[]));
     }
 
     #[test]

@@ -204,6 +204,7 @@ pub async fn search(
     model: &str,
     k: usize,
 ) -> Result<Found, Failure> {
+    crate::query::check_query(&vector, model).map_err(query_failure)?;
     let kind = kind_of(output).map_err(failure)?;
     kind.search(output.params.as_ref(), vector, model, k).await
 }
