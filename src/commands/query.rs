@@ -37,7 +37,7 @@ pub async fn query(args: &QueryArgs) -> Outcome {
         messages::warn(&format!(
             "passed over {} stored row(s) whose vector cannot be compared \
              (a NaN or an infinity in it, all zeros, or no vector): \
-             they are never results; run the job again to rewrite them",
+             they are never results; `run --fresh` embeds them again",
             found.passed_over
         ));
     }
