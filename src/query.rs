@@ -5,6 +5,10 @@
 //! best `k` rows in a heap, so memory does not grow with the output. A
 //! pgvector output is searched by the database with its own operator
 //! (`crate::sink::pgvector::search`).
+//!
+//! A row whose vector has no direction to compare (a NaN or an infinity in
+//! it, all zeros, or no vector at all) is never a result: both searches pass
+//! over it and count it ([`Found::passed_over`]).
 
 use std::cmp::{Ordering, Reverse};
 use std::collections::{BTreeMap, BinaryHeap};
@@ -41,6 +45,22 @@ pub struct Hit {
     pub metadata: serde_json::Map<String, serde_json::Value>,
 }
 
+/// What a search found: the results, and how many damaged rows it passed over.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Found {
+    pub hits: Vec<Hit>,
+    /// Rows that could not be compared: a vector with a NaN or an infinity,
+    /// an all-zero vector (cosine similarity has no meaning for it), or no
+    /// vector or id.
+    pub passed_over: u64,
+}
+
+/// Whether a stored vector can be compared by cosine similarity: every
+/// value finite and not all of them zero.
+pub fn comparable(vector: &[f32]) -> bool {
+    vector.iter().all(|v| v.is_finite()) && vector.iter().any(|&v| v != 0.0)
+}
+
 /// A search that cannot be done. Every variant names the output.
 #[derive(Debug, thiserror::Error)]
 pub enum QueryError {
@@ -57,6 +77,23 @@ pub enum QueryError {
         query: String,
         hint: &'static str,
     },
+    #[error(
+        "the query's vector cannot be compared (a NaN or an infinity in it, or all zeros): \
+         the model {model} gave no direction for the text"
+    )]
+    QueryVector { model: String },
+}
+
+/// Checks that the query's own vector can be compared: with a NaN in it
+/// every row would score NaN, and with all zeros every row would score 0.
+pub fn check_query(vector: &[f32], model: &str) -> Result<(), QueryError> {
+    if comparable(vector) {
+        Ok(())
+    } else {
+        Err(QueryError::QueryVector {
+            model: model.to_string(),
+        })
+    }
 }
 
 impl QueryError {
@@ -234,16 +271,21 @@ pub fn search_parquet(
     files: &[std::path::PathBuf],
     query: &[f32],
     k: usize,
-) -> Result<Vec<Hit>, QueryError> {
+) -> Result<Found, QueryError> {
     let mut top = TopK::new(k);
+    let mut passed_over = 0;
     for file in files {
-        scan(file, query, &mut top)?;
+        passed_over += scan(file, query, &mut top)?;
     }
-    Ok(top.into_hits())
+    Ok(Found {
+        hits: top.into_hits(),
+        passed_over,
+    })
 }
 
-/// Offers every row of the file at `path` to `top`.
-fn scan(path: &Path, query: &[f32], top: &mut TopK) -> Result<(), QueryError> {
+/// Offers every comparable row of the file at `path` to `top`; the number
+/// of rows passed over.
+fn scan(path: &Path, query: &[f32], top: &mut TopK) -> Result<u64, QueryError> {
     let builder = open_reader(path)?;
     let layout = |message: String| QueryError::Layout {
         path: path.to_path_buf(),
@@ -276,6 +318,7 @@ fn scan(path: &Path, query: &[f32], top: &mut TopK) -> Result<(), QueryError> {
         .map_err(|e| FileError::corrupt(path, e))?;
     let query_norm = norm(query);
     let mut reader = reader;
+    let mut passed_over = 0;
     while let Some(batch) = guard(path, || reader.next())? {
         let batch = batch.map_err(|e| FileError::corrupt(path, e))?;
         let strings = |name: &str| {
@@ -306,13 +349,15 @@ fn scan(path: &Path, query: &[f32], top: &mut TopK) -> Result<(), QueryError> {
             })
             .collect::<Result<Vec<_>, _>>()?;
         for i in 0..batch.num_rows() {
-            if embedding.is_null(i) || ids.is_null(i) {
-                continue;
-            }
             let start = embedding.value_offset_at(i);
             let Some(row) = floats.values().get(start..start + dimensions) else {
                 return Err(layout(format!("row {i}: the embedding is cut short")));
             };
+            // A NaN would rank first (`total_cmp`) with no score to show.
+            if embedding.is_null(i) || ids.is_null(i) || !comparable(row) {
+                passed_over += 1;
+                continue;
+            }
             let score = cosine(query, query_norm, row);
             let id = ids.value(i);
             if !top.admits(score, id) {
@@ -338,7 +383,7 @@ fn scan(path: &Path, query: &[f32], top: &mut TopK) -> Result<(), QueryError> {
             });
         }
     }
-    Ok(())
+    Ok(passed_over)
 }
 
 /// The human form: one line per result, with a snippet of the text.
@@ -392,6 +437,22 @@ mod tests {
         let hits = top.into_hits();
         let ranked: Vec<(&str, usize)> = hits.iter().map(|h| (h.id.as_str(), h.rank)).collect();
         assert_eq!(ranked, [("a", 1), ("b", 2), ("c", 3)]);
+    }
+
+    #[test]
+    fn only_finite_vectors_with_a_direction_are_comparable() {
+        assert!(comparable(&[0.0, -1.5]));
+        for bad in [
+            [f32::NAN, 1.0],
+            [f32::INFINITY, 1.0],
+            [f32::NEG_INFINITY, 0.0],
+            [0.0, 0.0],
+            [-0.0, 0.0],
+        ] {
+            assert!(!comparable(&bad), "{bad:?}");
+            assert!(check_query(&bad, "m").is_err(), "{bad:?}");
+        }
+        assert!(!comparable(&[]));
     }
 
     #[test]

@@ -1,6 +1,8 @@
-//! Keeping the API key out of everything the program writes.
+//! Keeping the secrets the process holds out of everything it writes: the
+//! API key, the database password read from the environment, and any
+//! credential found inside a URL it was given (which is then refused).
 //!
-//! A server may echo the key it was sent, and not always as sent: URL-encoded,
+//! A server may echo a secret it was sent, and not always as sent: URL-encoded,
 //! JSON-escaped, in base64 (alone or as `Bearer <key>`), in hex, or cut off by
 //! a length limit. A [`Scrubber`] finds the key in any of these forms, and any
 //! piece of 8 or more characters of one, and replaces it with `[REDACTED]`.
@@ -302,6 +304,162 @@ pub fn scrub(text: &str) -> Cow<'_, str> {
     text
 }
 
+/// The query parameters that carry a credential, as services name them
+/// (compared without case, `-` taken as `_`).
+const CREDENTIAL_PARAMETERS: &[&str] = &[
+    "access_token",
+    "api_key",
+    "apikey",
+    "auth",
+    "auth_token",
+    "authorization",
+    "client_secret",
+    "code",
+    "key",
+    "pass",
+    "passwd",
+    "password",
+    "pwd",
+    "secret",
+    "session",
+    "sig",
+    "signature",
+    "subscription_key",
+    "token",
+    "x_api_key",
+];
+
+/// The credentials a URL carries, found without parsing it (so that a URL
+/// too broken to parse is covered too). Holds the values only to register
+/// them; a message names [`UrlCredentials::places`], never the values.
+#[derive(Default)]
+pub struct UrlCredentials {
+    user: Option<String>,
+    password: Option<String>,
+    /// `(name, value)` of each credential query parameter.
+    parameters: Vec<(String, String)>,
+}
+
+impl std::fmt::Debug for UrlCredentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.places())
+    }
+}
+
+impl UrlCredentials {
+    /// Reads the user name, the password and the credential query
+    /// parameters of `url`, percent-decoded.
+    pub fn of(url: &str) -> UrlCredentials {
+        let url = url.trim();
+        let after_scheme = url.split_once("://").map_or(url, |(_, rest)| rest);
+        let (before_fragment, _) = after_scheme.split_once('#').unwrap_or((after_scheme, ""));
+        let (authority_and_path, query) = before_fragment
+            .split_once('?')
+            .unwrap_or((before_fragment, ""));
+        let authority = authority_and_path
+            .split(['/', '\\'])
+            .next()
+            .unwrap_or_default();
+        let mut found = UrlCredentials::default();
+        if let Some((userinfo, _)) = authority.rsplit_once('@') {
+            let (user, password) = match userinfo.split_once(':') {
+                Some((user, password)) => (user, Some(password)),
+                None => (userinfo, None),
+            };
+            found.user = Some(percent_decoded(user)).filter(|u| !u.is_empty());
+            found.password = password.map(percent_decoded).filter(|p| !p.is_empty());
+        }
+        for pair in query.split(['&', ';']) {
+            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+            let name = percent_decoded(name).to_ascii_lowercase().replace('-', "_");
+            if CREDENTIAL_PARAMETERS.contains(&name.as_str()) {
+                found.parameters.push((name, percent_decoded(value)));
+            }
+        }
+        found
+    }
+
+    /// Whether the URL carries a password or a credential query parameter;
+    /// with `user_is_secret`, a user name too (a key given as the user).
+    pub fn any(&self, user_is_secret: bool) -> bool {
+        (user_is_secret && self.user.is_some())
+            || self.password.is_some()
+            || !self.parameters.is_empty()
+    }
+
+    /// Registers every value found (see [`register`]); the user name only
+    /// with `user_is_secret`.
+    pub fn register(&self, user_is_secret: bool) {
+        let user = self.user.as_deref().filter(|_| user_is_secret);
+        for value in user
+            .into_iter()
+            .chain(self.password.as_deref())
+            .chain(self.parameters.iter().map(|(_, v)| v.as_str()))
+        {
+            register(value);
+        }
+    }
+
+    /// Where the credentials are, for a message: `the user name and
+    /// password, the query parameter api_key`.
+    pub fn places(&self) -> String {
+        let mut places = Vec::new();
+        match (&self.user, &self.password) {
+            (Some(_), Some(_)) => places.push("the user name and password".to_string()),
+            (Some(_), None) => places.push("the user name".to_string()),
+            (None, Some(_)) => places.push("the password".to_string()),
+            (None, None) => {}
+        }
+        for (name, _) in &self.parameters {
+            places.push(format!("the query parameter {name}"));
+        }
+        places.join(", ")
+    }
+}
+
+/// `text` with its percent-escapes decoded (`+` kept: it is a plus in a
+/// URL's user info, and a secret holding one is registered in both forms
+/// through the scrubber's decoding).
+fn percent_decoded(text: &str) -> String {
+    let raw = text.as_bytes();
+    let mut out = Vec::with_capacity(raw.len());
+    let mut at = 0;
+    while at < raw.len() {
+        if raw[at] == b'%' {
+            if let Some(byte) = raw
+                .get(at + 1..at + 3)
+                .and_then(|d| std::str::from_utf8(d).ok())
+                .and_then(|d| u8::from_str_radix(d, 16).ok())
+            {
+                out.push(byte);
+                at += 3;
+                continue;
+            }
+        }
+        out.push(raw[at]);
+        at += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// `url` as a message may show it: the scheme, host and path, without the
+/// user info, the query or the fragment.
+pub fn shown_url(url: &str) -> String {
+    let url = url.trim();
+    let (scheme, rest) = match url.split_once("://") {
+        Some((scheme, rest)) => (format!("{scheme}://"), rest),
+        None => (String::new(), url),
+    };
+    let cut = rest.find(['?', '#']).unwrap_or(rest.len());
+    let (before, after) = rest.split_at(cut);
+    let (authority, path) = before.split_at(before.find(['/', '\\']).unwrap_or(before.len()));
+    let host = authority
+        .rsplit_once('@')
+        .map_or(authority, |(_, host)| host);
+    let elided = if after.is_empty() { "" } else { "?…" };
+    format!("{scheme}{host}{path}{elided}")
+}
+
 /// Cuts `text` to at most `max` characters, marking the cut with `…`.
 pub fn truncate_chars(text: &mut String, max: usize) {
     if let Some((cut, _)) = text.char_indices().nth(max) {
@@ -416,6 +574,34 @@ mod tests {
     fn a_key_inside_non_ascii_text_leaves_valid_text() {
         let out = clean(&format!("é{KEY}日本"));
         assert_eq!(out, "é[REDACTED]日本");
+    }
+
+    #[test]
+    fn credentials_are_found_in_every_part_of_a_url() {
+        let found = UrlCredentials::of("https://me:p%40ss-w0rd@host:1/v1?x=1&API-Key=k%2F1#f");
+        assert_eq!(
+            found.places(),
+            "the user name and password, the query parameter api_key"
+        );
+        assert_eq!(found.password.as_deref(), Some("p@ss-w0rd"));
+        assert_eq!(found.parameters[0].1, "k/1");
+        assert!(found.any(false) && found.any(true));
+        let user_only =
+            UrlCredentials::of("postgresql://postgres@127.0.0.1:5432/db?sslmode=disable");
+        assert!(!user_only.any(false) && user_only.any(true));
+        assert!(!UrlCredentials::of("http://127.0.0.1:9/v1?model=x").any(true));
+        // Too broken to parse, and still read.
+        assert!(UrlCredentials::of("http://u:sk-1@host:port:x/?token=t").any(false));
+    }
+
+    #[test]
+    fn a_shown_url_has_no_user_info_query_or_fragment() {
+        assert_eq!(
+            shown_url("https://me:pw@host:1/v1/?api_key=k#f"),
+            "https://host:1/v1/?…"
+        );
+        assert_eq!(shown_url("http://127.0.0.1:9/v1"), "http://127.0.0.1:9/v1");
+        assert_eq!(shown_url("sk-key@host"), "host");
     }
 
     #[test]

@@ -98,8 +98,14 @@ impl ClientConfig {
 /// A problem with the client's own configuration, found before any request.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
+    /// `url` is shown without its user info or query (`secret::shown_url`).
     #[error("base URL {url:?} is not valid: {reason}")]
     BaseUrl { url: String, reason: String },
+    #[error(
+        "base URL {url:?} holds credentials (not shown) in {places}: remove them; \
+         the API key belongs in the API key variable"
+    )]
+    BaseUrlCredentials { url: String, places: String },
     #[error("API path {path:?} is not valid: {reason}")]
     ApiPath { path: String, reason: String },
     #[error("the API key is empty")]
@@ -636,8 +642,18 @@ fn fragment_of(
 /// Accepts a base URL with or without a trailing slash, and with or without a
 /// trailing `/v1` (as OpenAI-style clients write it).
 fn normalize_base_url(url: &str) -> Result<String, ConfigError> {
+    // A key given as the user name, the password or a query parameter is
+    // registered as a secret before anything could print it, and refused.
+    let credentials = crate::secret::UrlCredentials::of(url);
+    if credentials.any(true) {
+        credentials.register(true);
+        return Err(ConfigError::BaseUrlCredentials {
+            url: crate::secret::shown_url(url),
+            places: credentials.places(),
+        });
+    }
     let fail = |reason: &str| ConfigError::BaseUrl {
-        url: url.to_string(),
+        url: crate::secret::shown_url(url),
         reason: reason.to_string(),
     };
     let parsed = reqwest::Url::parse(url.trim()).map_err(|e| fail(&e.to_string()))?;

@@ -304,7 +304,10 @@ pub async fn estimate(args: &EstimateArgs) -> Outcome {
     if args.json {
         print_json(&serde_json::to_value(&estimate).map_err(Failure::failed)?)?;
     } else {
-        print!("{}", crate::estimate::table(&estimate));
+        print!(
+            "{}",
+            crate::secret::scrub(&crate::estimate::table(&estimate))
+        );
     }
     Ok(Exit::Success)
 }

@@ -171,7 +171,7 @@ pub async fn inspect(args: &crate::cli::InspectArgs) -> Outcome {
     if args.json {
         print_json(&serde_json::to_value(&report).map_err(Failure::failed)?)?;
     } else {
-        print!("{}", crate::inspect::text(&report));
+        print!("{}", crate::secret::scrub(&crate::inspect::text(&report)));
     }
     if report.ok {
         return Ok(Exit::Success);

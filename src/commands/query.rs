@@ -32,11 +32,19 @@ pub async fn query(args: &QueryArgs) -> Outcome {
         .map_err(|e| Failure::failed(anyhow::Error::from(e).context("cannot embed the query")))?;
     let vector = vectors.row(0).to_vec();
     let model = backend.info().model.clone();
-    let hits = crate::sink::search(&job.output, vector, &model, args.k).await?;
+    let found = crate::sink::search(&job.output, vector, &model, args.k).await?;
+    if found.passed_over > 0 {
+        messages::warn(&format!(
+            "passed over {} stored row(s) whose vector cannot be compared \
+             (a NaN or an infinity in it, all zeros, or no vector): \
+             they are never results; `run --fresh` embeds them again",
+            found.passed_over
+        ));
+    }
     if args.json {
-        print_json(&json!({ "results": hits }))?;
+        print_json(&json!({ "results": found.hits, "passed_over": found.passed_over }))?;
     } else {
-        print!("{}", query::table(&hits));
+        print!("{}", crate::secret::scrub(&query::table(&found.hits)));
     }
     Ok(Exit::Success)
 }

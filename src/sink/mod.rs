@@ -27,7 +27,7 @@ use futures::future::BoxFuture;
 use crate::exit::Failure;
 use crate::job::{OutputConfig, OutputParams, Shard};
 use crate::parquet_io::FileError;
-use crate::query::{Hit, QueryError};
+use crate::query::{Found, QueryError};
 use crate::store::{StoreError, StoredRows};
 use crate::types::{EmbeddedBatch, MetadataSchema, OutputMetadata};
 
@@ -69,7 +69,7 @@ pub trait SinkKind: crate::job::Kind<dyn OutputParams> {
         vector: Vec<f32>,
         model: &'a str,
         k: usize,
-    ) -> BoxFuture<'a, Result<Vec<Hit>, Failure>>;
+    ) -> BoxFuture<'a, Result<Found, Failure>>;
 }
 
 /// The sink kinds, for reading a job file.
@@ -203,7 +203,8 @@ pub async fn search(
     vector: Vec<f32>,
     model: &str,
     k: usize,
-) -> Result<Vec<Hit>, Failure> {
+) -> Result<Found, Failure> {
+    crate::query::check_query(&vector, model).map_err(query_failure)?;
     let kind = kind_of(output).map_err(failure)?;
     kind.search(output.params.as_ref(), vector, model, k).await
 }

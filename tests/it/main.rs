@@ -14,6 +14,7 @@ mod quota;
 mod regression;
 mod resume;
 mod run;
+mod secrets;
 mod servers;
 mod shards;
 mod simulator;

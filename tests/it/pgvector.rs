@@ -369,7 +369,8 @@ async fn database_errors_are_clear_and_never_show_the_password() {
     );
 
     // A wrong password: refused, and neither password is shown.
-    let wrong = "not-the-password-7731";
+    // No word of the message in it: any 8 characters of a password are scrubbed.
+    let wrong = "not-the-secret-7731x";
     let mut command = bin();
     command
         .env("EMBEDJOB_API_KEY", KEY)
@@ -813,4 +814,74 @@ async fn a_column_of_the_tables_own_is_kept_and_never_taken_for_a_field() {
         metadata_values(&db, "own", &["rank"]).await["c"],
         [Some("42".to_string())]
     );
+}
+
+/// A row whose vector has no cosine direction came out of `query` with the
+/// score `null`: pgvector's distance to an all-zero vector is NaN. pgvector
+/// refuses NaN and infinities in a `vector`; should one be stored anyway,
+/// it is passed over the same way. Damaged rows are never results, and the
+/// query says how many it passed over.
+#[tokio::test]
+async fn regression_a_damaged_vector_in_the_table_was_a_result_without_a_score() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = corpus(dir.path(), 8);
+    let db = TestDb::new().await;
+    let sim = simulator(SimConfig::default()).await;
+    let job = write_pg_job(
+        dir.path(),
+        &sim.base_url(),
+        &files_source(&root),
+        &db,
+        "damaged",
+        "",
+    );
+    expect_exit(&run_pg(&job, &db, &["--quiet"]).await, 0);
+    let chunks = expected_chunks(&root);
+    let ids: Vec<&String> = chunks.keys().collect();
+    let client = db.client().await;
+    let mut damaged = HashSet::new();
+    for (id, value) in [(ids[0], "0"), (ids[1], "'NaN'"), (ids[2], "'Infinity'")] {
+        let set = format!(
+            "UPDATE damaged SET embedding = array_fill({value}::real, ARRAY[1024])::vector \
+             WHERE id = $1"
+        );
+        match client.execute(&set, &[id]).await {
+            Ok(1) => {
+                damaged.insert(id.clone());
+            }
+            Ok(n) => panic!("{n} rows updated"),
+            // pgvector does not store NaN or an infinity in a vector.
+            Err(e) => assert_ne!(value, "0", "{e}"),
+        }
+    }
+    assert!(damaged.contains(ids[0]));
+
+    let password = [(PASSWORD_ENV, db.password.as_str())];
+    let mut command = bin();
+    command
+        .env("EMBEDJOB_API_KEY", KEY)
+        .env(PASSWORD_ENV, &db.password)
+        .arg("query")
+        .arg(&job)
+        .arg(&chunks[ids[0]])
+        .args(["-k", "1000", "--json"]);
+    let output = run_command(command).await;
+    let (stdout, stderr) = no_secrets(&output, &db);
+    expect_exit(&output, 0);
+    let value: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(value["passed_over"], damaged.len(), "{stdout}");
+    let results = value["results"].as_array().unwrap();
+    assert_eq!(results.len(), chunks.len() - damaged.len(), "{stdout}");
+    for (rank, hit) in results.iter().enumerate() {
+        assert_eq!(hit["rank"], rank + 1);
+        assert!(hit["score"].as_f64().is_some_and(f64::is_finite), "{hit}");
+        assert!(!damaged.contains(hit["id"].as_str().unwrap()), "{hit}");
+    }
+    assert!(
+        stderr.contains(&format!("passed over {} stored row", damaged.len())),
+        "{stderr}"
+    );
+    // An undamaged table passes nothing over.
+    let other = query_json(&job, &chunks[ids[3]], 2, &password).await;
+    assert_eq!(other[0]["id"], ids[3].as_str());
 }

@@ -214,3 +214,128 @@ async fn embed_uses_the_local_model_without_a_key() {
         "--model or --local is required"
     );
 }
+
+/// Rewrites the Parquet file at `path` with the vectors of the rows named
+/// in `damage` replaced, keeping its schema and key-value metadata.
+fn damage_vectors(path: &Path, damage: &std::collections::BTreeMap<String, Vec<f32>>) {
+    use arrow::array::{Array, ArrayRef, AsArray, FixedSizeListArray, Float32Array};
+    use arrow::datatypes::{DataType, Float32Type};
+    use arrow::record_batch::RecordBatch;
+    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    use parquet::arrow::ArrowWriter;
+    use parquet::file::properties::WriterProperties;
+    use std::sync::Arc;
+
+    let builder =
+        ParquetRecordBatchReaderBuilder::try_new(std::fs::File::open(path).unwrap()).unwrap();
+    let kv: Vec<_> = builder
+        .metadata()
+        .file_metadata()
+        .key_value_metadata()
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|e| e.key != "ARROW:schema")
+        .collect();
+    let schema = builder.schema().clone();
+    let column = schema.index_of("embedding").unwrap();
+    let DataType::FixedSizeList(item, size) = schema.field(column).data_type().clone() else {
+        panic!("embedding is a fixed-size list");
+    };
+    let mut batches = Vec::new();
+    let mut damaged = 0;
+    for batch in builder.build().unwrap() {
+        let batch = batch.unwrap();
+        let ids = batch.column_by_name("id").unwrap().as_string::<i32>();
+        let embeddings = batch.column(column).as_fixed_size_list();
+        let mut values = Vec::new();
+        for i in 0..batch.num_rows() {
+            match damage.get(ids.value(i)) {
+                Some(vector) => {
+                    assert_eq!(vector.len(), size as usize);
+                    values.extend_from_slice(vector);
+                    damaged += 1;
+                }
+                None => values
+                    .extend_from_slice(embeddings.value(i).as_primitive::<Float32Type>().values()),
+            }
+        }
+        let list = FixedSizeListArray::try_new(
+            item.clone(),
+            size,
+            Arc::new(Float32Array::from(values)),
+            embeddings.nulls().cloned(),
+        )
+        .unwrap();
+        let mut columns: Vec<ArrayRef> = batch.columns().to_vec();
+        columns[column] = Arc::new(list);
+        batches.push(RecordBatch::try_new(schema.clone(), columns).unwrap());
+    }
+    assert_eq!(damaged, damage.len(), "every damaged row is in the file");
+    let properties = WriterProperties::builder()
+        .set_key_value_metadata(Some(kv))
+        .build();
+    let file = std::fs::File::create(path).unwrap();
+    let mut writer = ArrowWriter::try_new(file, schema, Some(properties)).unwrap();
+    for batch in &batches {
+        writer.write(batch).unwrap();
+    }
+    writer.close().unwrap();
+}
+
+/// A stored vector with a NaN ranked first (`total_cmp` puts NaN above
+/// every number), with the score `null`; an infinity or an all-zero vector
+/// came out with no score either. Damaged rows are never results now, and
+/// the query says how many it passed over.
+#[tokio::test]
+async fn regression_a_damaged_vector_in_a_parquet_output_was_ranked_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = corpus(dir.path(), 12);
+    let sim = simulator(SimConfig::default()).await;
+    let job = write_job(dir.path(), &sim.base_url(), &files_source(&root), "");
+    let output = run_job(&job, &["--quiet"]).await;
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    let chunks = expected_chunks(&root);
+    let (own_id, own_text) = unique_chunk(&root, 2);
+    let dimensions = 1024;
+    // The chunk the query would find first, and others: each kind of damage.
+    let with = |v: f32| {
+        let mut vector = embedjob::simulate::embedding_vector(dimensions, "x");
+        vector[dimensions / 2] = v;
+        vector
+    };
+    let mut damage = std::collections::BTreeMap::new();
+    damage.insert(own_id.clone(), with(f32::NAN));
+    let others: Vec<&String> = chunks.keys().filter(|id| **id != own_id).collect();
+    damage.insert(others[0].clone(), with(f32::INFINITY));
+    damage.insert(others[1].clone(), with(f32::NEG_INFINITY));
+    damage.insert(others[2].clone(), vec![0.0; dimensions]);
+    let out = dir.path().join("out/result.parquet");
+    damage_vectors(&out, &damage);
+
+    let output = query_output(&job, &own_text, &["-k", "1000", "--json"], &[]).await;
+    let (stdout, stderr) = no_key(&output, KEY);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    let value: Value = serde_json::from_str(&stdout).unwrap();
+    let results = value["results"].as_array().unwrap();
+    assert_eq!(value["passed_over"], damage.len(), "{stdout}");
+    assert_eq!(results.len(), chunks.len() - damage.len(), "{stdout}");
+    for (rank, hit) in results.iter().enumerate() {
+        assert_eq!(hit["rank"], rank + 1);
+        assert!(hit["score"].as_f64().is_some_and(f64::is_finite), "{hit}");
+        let id = hit["id"].as_str().unwrap();
+        assert!(!damage.contains_key(id), "damaged row {id} is a result");
+    }
+    assert!(
+        stderr.contains(&format!("passed over {} stored row", damage.len())),
+        "{stderr}"
+    );
+
+    // The human form says so too, on stderr only.
+    let output = query_output(&job, &own_text, &["-k", "3"], &[]).await;
+    let (stdout, stderr) = no_key(&output, KEY);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    assert_eq!(stdout.lines().count(), 3, "{stdout}");
+    assert!(!stdout.contains("passed over"), "{stdout}");
+    assert!(stderr.contains("passed over 4 stored row"), "{stderr}");
+}

@@ -234,8 +234,19 @@ impl ApiParams {
         match &self.base_url {
             None => p.push("`backend.base_url` is required for kind \"api\"".to_string()),
             Some(url) => {
-                if let Err(e) = reqwest::Url::parse(url) {
-                    p.push(format!("`backend.base_url` {url:?} is not a URL: {e}"));
+                let credentials = crate::secret::UrlCredentials::of(url);
+                let shown = crate::secret::shown_url(url);
+                if credentials.any(true) {
+                    // Registered first: nothing may print them from here on.
+                    credentials.register(true);
+                    p.push(format!(
+                        "`backend.base_url` {shown:?} holds credentials (not shown) in {}: \
+                         remove them; the API key belongs in the variable named by \
+                         `backend.api_key_env`",
+                        credentials.places()
+                    ));
+                } else if let Err(e) = reqwest::Url::parse(url) {
+                    p.push(format!("`backend.base_url` {shown:?} is not a URL: {e}"));
                 }
             }
         }

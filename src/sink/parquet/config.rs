@@ -10,7 +10,7 @@ use serde::Deserialize;
 use super::ParquetSink;
 use crate::exit::Failure;
 use crate::job::{KindTable, OutputParams, Shard};
-use crate::query::{self, Hit};
+use crate::query::{self, Found};
 use crate::sink::{params_of, query_failure, Sink, SinkError, SinkKind};
 
 /// `kind = "parquet"` (the default): one Parquet file.
@@ -67,7 +67,7 @@ impl SinkKind for Kind {
         vector: Vec<f32>,
         model: &'a str,
         k: usize,
-    ) -> BoxFuture<'a, Result<Vec<Hit>, Failure>> {
+    ) -> BoxFuture<'a, Result<Found, Failure>> {
         Box::pin(async move {
             let params: &ParquetOutput =
                 params_of(params).map_err(|e| Failure::found(e.is_found_before_work(), e))?;
@@ -83,7 +83,7 @@ async fn search(
     vector: Vec<f32>,
     model: String,
     k: usize,
-) -> Result<Vec<Hit>, Failure> {
+) -> Result<Found, Failure> {
     tokio::task::spawn_blocking(move || {
         // A split job's output is a directory of its shards' files.
         let files = if path.is_dir() {

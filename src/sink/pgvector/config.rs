@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::exit::Failure;
 use crate::job::{KindTable, OutputParams, Shard};
-use crate::query::Hit;
+use crate::query::Found;
 use crate::sink::{params_of, Sink, SinkError, SinkKind};
 
 /// `kind = "pgvector"`: a PostgreSQL table with the pgvector extension,
@@ -114,7 +114,7 @@ impl SinkKind for Kind {
         vector: Vec<f32>,
         model: &'a str,
         k: usize,
-    ) -> BoxFuture<'a, Result<Vec<Hit>, Failure>> {
+    ) -> BoxFuture<'a, Result<Found, Failure>> {
         Box::pin(async move {
             let pg: &PgvectorOutput = params_of(params).map_err(crate::sink::failure)?;
             search(pg, vector, model, k).await
@@ -139,8 +139,8 @@ async fn search(
     vector: Vec<f32>,
     model: &str,
     k: usize,
-) -> Result<Vec<Hit>, Failure> {
-    let (metadata, hits) = super::search(pg, &vector, k)
+) -> Result<Found, Failure> {
+    let (metadata, found) = super::search(pg, &vector, k)
         .await
         .map_err(|e| crate::sink::failure(e.into()))?;
     crate::query::check_model(
@@ -150,7 +150,7 @@ async fn search(
         vector.len(),
     )
     .map_err(crate::sink::query_failure)?;
-    Ok(hits)
+    Ok(found)
 }
 
 #[cfg(not(feature = "pgvector"))]
@@ -159,7 +159,7 @@ async fn search(
     _vector: Vec<f32>,
     _model: &str,
     _k: usize,
-) -> Result<Vec<Hit>, Failure> {
+) -> Result<Found, Failure> {
     Err(crate::sink::failure(SinkError::NotBuilt("pgvector")))
 }
 
@@ -192,11 +192,15 @@ impl OutputParams for PgvectorOutput {
             Some(name) if name.is_empty() => {
                 p.push("`output.password_env` must name an environment variable".to_string());
             }
-            Some(name) if std::env::var(name).map_or(true, |v| v.is_empty()) => p.push(format!(
-                "the database password is missing: set the environment variable {name} \
-                 (named by `output.password_env`)"
-            )),
-            _ => {}
+            Some(name) => match std::env::var(name) {
+                // Registered as soon as it is read: a server may echo it.
+                Ok(password) if !password.is_empty() => crate::secret::register(&password),
+                _ => p.push(format!(
+                    "the database password is missing: set the environment variable {name} \
+                     (named by `output.password_env`)"
+                )),
+            },
+            None => {}
         }
         let (schema, name) = self.table_parts();
         let identifier = |part: &str| {
@@ -251,6 +255,10 @@ impl OutputParams for PgvectorOutput {
 /// the password comes from `output.password_env`. Nothing of the URL is
 /// quoted back, so that a password typed into it is not shown either.
 fn url_problems(url: &str, p: &mut Vec<String>) {
+    // The user name of a database URL is no secret; a password or a
+    // credential parameter in it is, and is refused below.
+    let credentials = crate::secret::UrlCredentials::of(url);
+    credentials.register(false);
     let parsed = match reqwest::Url::parse(url) {
         Ok(parsed) if matches!(parsed.scheme(), "postgresql" | "postgres") => parsed,
         Ok(_) => {
@@ -266,10 +274,27 @@ fn url_problems(url: &str, p: &mut Vec<String>) {
             return;
         }
     };
-    let in_query = parsed
-        .query_pairs()
-        .any(|(key, _)| key.eq_ignore_ascii_case("password"));
-    if parsed.password().is_some() || in_query {
+    // This build connects without TLS: a mode that demands it would fail
+    // later as an "invalid connection string" or a refused handshake.
+    for (key, value) in parsed.query_pairs() {
+        if key != "sslmode" {
+            continue;
+        }
+        match value.as_ref() {
+            "disable" | "prefer" => {}
+            "allow" | "require" | "verify-ca" | "verify-full" => p.push(format!(
+                "`output.url` sets sslmode={value}, which needs TLS, and TLS is not supported \
+                 by this build: use sslmode=disable or prefer, or reach the database \
+                 through a local TLS tunnel"
+            )),
+            _ => p.push(
+                "`output.url` sets an unknown sslmode: use sslmode=disable or prefer \
+                 (TLS is not supported by this build)"
+                    .to_string(),
+            ),
+        }
+    }
+    if credentials.any(false) {
         p.push(
             "`output.url` holds a password (not shown): remove it and put it in the \
              environment variable named by `output.password_env`"

@@ -22,8 +22,6 @@ pub(crate) struct Database {
     pub place: String,
     user: String,
     password_env: Option<String>,
-    /// Scrubbed from every message, should a server ever quote it.
-    password: Option<String>,
 }
 
 impl Database {
@@ -53,6 +51,8 @@ impl Database {
             None => None,
         };
         if let Some(password) = &password {
+            // Scrubbed, in every form, from whatever the program writes.
+            crate::secret::register(password);
             config.password(password.as_bytes());
         }
         config
@@ -69,7 +69,6 @@ impl Database {
             place,
             user,
             password_env: params.password_env.clone(),
-            password,
         })
     }
 
@@ -130,7 +129,7 @@ impl Database {
 
     /// An error's message and causes, with the password scrubbed.
     pub fn describe(&self, e: &tokio_postgres::Error) -> String {
-        let mut text = match e.as_db_error() {
+        let text = match e.as_db_error() {
             Some(db) => {
                 let mut text = db.message().to_string();
                 if let Some(detail) = db.detail() {
@@ -155,10 +154,9 @@ impl Database {
                 text
             }
         };
-        if let Some(password) = self.password.as_deref().filter(|p| p.len() >= 3) {
-            text = text.replace(password, "***");
-        }
-        text
+        // The password is registered (`Database::new`): any form of it, or a
+        // piece of one, a server or proxy echoed is removed here too.
+        crate::secret::scrub(&text).into_owned()
     }
 }
 

@@ -9,16 +9,20 @@ use super::db::{self, Database, Names};
 use super::PgError;
 use super::PgvectorOutput;
 use crate::contract::METADATA_COLUMNS_KEY;
-use crate::query::Hit;
+use crate::query::{Found, Hit};
 
 /// The `k` rows nearest to `query` by cosine distance, best first, with the
 /// table's metadata. `hnsw.ef_search` is raised to `k` so that an index
 /// scan can return that many.
+///
+/// A row whose distance is not a number (its vector is all zeros, or holds
+/// a NaN or an infinity where pgvector let one in) or is missing is never a
+/// result; such rows are counted, with one scan of the table.
 pub async fn search(
     params: &PgvectorOutput,
     query: &[f32],
     k: usize,
-) -> Result<(BTreeMap<String, String>, Vec<Hit>), PgError> {
+) -> Result<(BTreeMap<String, String>, Found), PgError> {
     let database = Database::new(params)?;
     let names = Names::new(params);
     let mut client = database.connect().await?;
@@ -60,6 +64,7 @@ pub async fn search(
         &extension.cosine_distance(),
         &metadata_columns,
     );
+    let damaged_sql = damaged_sql(&names.table(), &extension.cosine_distance());
     let vector = pgvector::Vector::from(query.to_vec());
     let tx = client.transaction().await.map_err(failed)?;
     if layout.has_index {
@@ -69,12 +74,18 @@ pub async fn search(
             .map_err(failed)?;
     }
     let rows = tx.query(&sql, &[&vector, &limit]).await.map_err(failed)?;
+    let damaged: i64 = tx
+        .query_one(&damaged_sql, &[&vector])
+        .await
+        .map_err(failed)?
+        .get(0);
     tx.commit().await.map_err(failed)?;
     let hits = rows
         .iter()
+        .filter(|row| row.get::<_, Option<f64>>(3).is_some_and(f64::is_finite))
         .enumerate()
         .map(|(i, row)| {
-            let distance: Option<f64> = row.get(3);
+            let distance: f64 = row.get(3);
             let mut shown = serde_json::Map::new();
             for (j, column) in metadata_columns.iter().enumerate() {
                 let value = row
@@ -91,7 +102,7 @@ pub async fn search(
             }
             Ok(Hit {
                 rank: i + 1,
-                score: distance.map_or(0.0, |d| 1.0 - d),
+                score: 1.0 - distance,
                 id: row.get(0),
                 doc_id: row.get::<_, Option<String>>(1).unwrap_or_default(),
                 text: row.get(2),
@@ -99,7 +110,18 @@ pub async fn search(
             })
         })
         .collect::<Result<_, PgError>>()?;
-    Ok((metadata, hits))
+    let passed_over = u64::try_from(damaged).unwrap_or(0);
+    Ok((metadata, Found { hits, passed_over }))
+}
+
+/// The query counting the rows whose distance to `$1` is not a finite
+/// number: PostgreSQL orders NaN after every number, so `< 'Infinity'`
+/// is false for NaN, for an infinity and (through `coalesce`) for NULL.
+fn damaged_sql(table: &str, distance: &str) -> String {
+    format!(
+        "SELECT count(*) FROM {table} \
+         WHERE NOT coalesce((embedding {distance} $1) < 'Infinity'::float8, false)"
+    )
 }
 
 /// The query of the `$2` rows nearest to `$1`, with their metadata columns.
