@@ -607,3 +607,29 @@ fn regression_a_refused_kind_hid_the_wrong_types_of_its_sections_other_keys() {
         }
     }
 }
+
+/// A job file's `source.metadata_fields` may not name a field that differs
+/// from an output column, or from another field, only in case: DuckDB's
+/// column names are case-insensitive, so `Embedding` shadowed `embedding`.
+#[test]
+fn regression_a_job_files_metadata_field_shadowed_a_column_but_for_case() {
+    for (fields, named) in [
+        (r#"["Embedding"]"#, vec!["\"Embedding\"", "\"embedding\""]),
+        (r#"["lang", "ID"]"#, vec!["\"ID\"", "\"id\""]),
+        (r#"["Lang", "lang"]"#, vec!["\"Lang\" and \"lang\""]),
+    ] {
+        let text = format!(
+            "[source]\nkind = \"jsonl\"\npath = \"in.jsonl\"\ntext_field = \"body\"\n\
+             metadata_fields = {fields}\n[backend]\nkind = \"local\"\n\
+             [output]\npath = \"out.parquet\"\n"
+        );
+        let problems = parse(&text, "x", &[]).unwrap_err().join("\n");
+        assert!(problems.contains("`source.metadata_fields`"), "{problems}");
+        for needle in named {
+            assert!(
+                problems.contains(needle),
+                "{needle} missing from {problems}"
+            );
+        }
+    }
+}
