@@ -254,7 +254,8 @@ fn parse_or_check<P: ?Sized + 'static>(
     if let Some(kind) = kind {
         return parse_kinded(section, table, kind, kinds, shared_unknown, problems);
     }
-    let mut reported: Vec<String> = Vec::new();
+    // Each key with its first problem, and how many kinds found it wrong.
+    let mut wrong: Vec<(String, String, usize)> = Vec::new();
     for &kind in kinds {
         let mut read = KindTable {
             section,
@@ -266,12 +267,22 @@ fn parse_or_check<P: ?Sized + 'static>(
             wrong_types: Some(Vec::new()),
         };
         let _ = kind.parse(&mut read);
-        // A key several kinds share is reported once.
         for (key, problem) in read.wrong_types.unwrap_or_default() {
-            if !reported.contains(&key) {
-                reported.push(key);
-                problems.push(problem);
+            match wrong.iter_mut().find(|(k, _, _)| *k == key) {
+                Some((_, _, count)) => *count += 1,
+                None => wrong.push((key, problem, 1)),
             }
+        }
+    }
+    // A key is reported once, when every kind that has it finds it wrong:
+    // a value one of them would take may be meant for that one.
+    for (key, problem, count) in wrong {
+        let having = kinds
+            .iter()
+            .filter(|k| k.keys().contains(&key.as_str()))
+            .count();
+        if count >= having {
+            problems.push(problem);
         }
     }
     None
@@ -704,7 +715,15 @@ mod tests {
     fake_source!(A, "a");
     fake_source!(B, "b");
 
+    /// Kind "c" takes `x` too, as text.
+    #[derive(Debug, Clone, PartialEq, Deserialize)]
+    struct C {
+        x: String,
+    }
+    fake_source!(C, "c");
+
     static KIND_A: Named<A> = Named("a", &["x"], std::marker::PhantomData);
+    static KIND_C: Named<C> = Named("c", &["x"], std::marker::PhantomData);
     static KIND_B: Named<B> = Named("b", &["y"], std::marker::PhantomData);
 
     fn source(text: &str) -> Parsed<Box<dyn SourceParams>> {
@@ -746,5 +765,29 @@ mod tests {
         );
         let parsed = source("x = 1\n");
         assert_eq!(parsed.problems, ["`source.kind` is required"]);
+    }
+
+    #[test]
+    fn without_a_kind_a_key_is_of_the_wrong_type_only_when_every_kind_that_has_it_refuses_it() {
+        let kinds = Kinds {
+            source: vec![&KIND_A, &KIND_B, &KIND_C],
+            backend: Vec::new(),
+            output: Vec::new(),
+        };
+        let parse = |text: &str| parse_source(toml::from_str(text).unwrap(), &kinds).problems;
+        // `c` would take it: it may be meant for `c`.
+        assert_eq!(
+            parse("kind = 1\nx = \"one\"\n"),
+            ["`source.kind`: invalid type: unit variant, expected string only"]
+        );
+        // No kind takes it: named once, with the first kind's reason.
+        assert_eq!(
+            parse("kind = \"d\"\nx = true\ny = \"two\"\n"),
+            [
+                "`source.kind`: unknown variant `d`, expected one of `a`, `b`, `c`",
+                "`source.x`: invalid type: boolean `true`, expected u32 in `x`",
+                "`source.y`: invalid type: string \"two\", expected u32 in `y`",
+            ]
+        );
     }
 }
