@@ -136,7 +136,8 @@ pub fn metadata_column(field: &str) -> String {
 
 /// Problems with a `source.metadata_fields` list: names that are not field
 /// names or paths, or whose columns would clash with the output's or each
-/// other's.
+/// other's. Names are compared without regard to case: DuckDB's column
+/// names are case-insensitive, so `Embedding` would shadow `embedding`.
 pub fn metadata_problems(fields: &[String], p: &mut Vec<String>) {
     let mut columns: Vec<(String, &str)> = Vec::new();
     for field in fields {
@@ -147,14 +148,18 @@ pub fn metadata_problems(fields: &[String], p: &mut Vec<String>) {
             continue;
         }
         let column = metadata_column(field);
-        if is_standard_column(&column) {
+        let lowered = column.to_lowercase();
+        let same = |other: &str| other.to_lowercase() == lowered;
+        if let Some(standard) = COLUMNS.iter().find(|c| same(c.name)) {
             p.push(format!(
                 "`source.metadata_fields`: {field:?} would be written as column {column:?}, \
-                 which the output already has"
+                 which the output already has as {:?} (column names are compared without regard to case)",
+                standard.name
             ));
-        } else if let Some((_, other)) = columns.iter().find(|(c, _)| *c == column) {
+        } else if let Some((_, other)) = columns.iter().find(|(c, _)| same(c)) {
             p.push(format!(
-                "`source.metadata_fields`: {other:?} and {field:?} would both be written as column {column:?}"
+                "`source.metadata_fields`: {other:?} and {field:?} would both be written as column {column:?} \
+                 (column names are compared without regard to case)"
             ));
         } else {
             columns.push((column, field));
@@ -453,6 +458,56 @@ mod tests {
             problems[1]
         );
         assert!(is_standard_column("token_count") && !is_standard_column("lang"));
+    }
+
+    /// A field `Embedding` was let through beside the `embedding` column,
+    /// which it shadows in DuckDB, where column names are case-insensitive.
+    #[test]
+    fn regression_a_metadata_field_differing_in_case_from_a_column_was_let_through() {
+        // Every standard column, in other cases, and as a dotted path.
+        for column in COLUMNS {
+            let upper = column.name.to_uppercase();
+            let mut title = column.name.to_string();
+            title[..1].make_ascii_uppercase();
+            for field in [upper, title] {
+                let mut problems = Vec::new();
+                metadata_problems(std::slice::from_ref(&field), &mut problems);
+                assert_eq!(problems.len(), 1, "{field}: {problems:#?}");
+                assert!(
+                    problems[0].contains(&format!("{field:?}")),
+                    "{}",
+                    problems[0]
+                );
+                assert!(
+                    problems[0].contains(&format!("{:?}", column.name)),
+                    "{}",
+                    problems[0]
+                );
+            }
+        }
+        let mut problems = Vec::new();
+        metadata_problems(&["Token.Count".to_string()], &mut problems);
+        assert_eq!(problems.len(), 1, "{problems:#?}");
+        // And with each other.
+        let mut problems = Vec::new();
+        let fields = ["Lang", "lang", "META.year", "meta_Year", "Été", "été"].map(String::from);
+        metadata_problems(&fields, &mut problems);
+        assert_eq!(problems.len(), 3, "{problems:#?}");
+        assert!(
+            problems[0].contains("\"Lang\" and \"lang\""),
+            "{}",
+            problems[0]
+        );
+        assert!(
+            problems[1].contains("\"META.year\" and \"meta_Year\""),
+            "{}",
+            problems[1]
+        );
+        assert!(
+            problems[2].contains("\"Été\" and \"été\""),
+            "{}",
+            problems[2]
+        );
     }
 
     #[test]

@@ -74,7 +74,9 @@ pub struct ClientConfig {
     /// infinity serves them by default, `Some("/openai/v1")` for others.
     pub api_path: Option<String>,
     pub api_key: ApiKey,
-    /// Whole-request limit for plain calls; the idle limit between reads of a stream.
+    /// Whole-request limit for plain calls; for a stream, the limit for its
+    /// answer to begin and between its events (reads that complete no
+    /// event do not count).
     pub timeout: Duration,
     pub connect_timeout: Duration,
     /// The most a chat stream may take from the request to `[DONE]`, however
@@ -358,14 +360,10 @@ impl Client {
         let path = self.route("/chat/completions");
         let endpoint = "POST /v1/chat/completions";
         let with_usage = wire::StreamedChat::with_usage(&request);
-        let response = match self
-            .send(Method::POST, &path, Some(&with_usage), false)
-            .await
-        {
-            Err(e) if refuses_stream_options(&e) => {
-                self.send(Method::POST, &path, Some(&request), false)
-                    .await?
-            }
+        // The whole stream's limit runs from the request on.
+        let deadline = tokio::time::Instant::now() + self.stream_timeout;
+        let response = match self.open_stream(&path, &with_usage).await {
+            Err(e) if refuses_stream_options(&e) => self.open_stream(&path, &request).await?,
             other => other?,
         };
         let scrubber = Arc::clone(&self.scrubber);
@@ -377,8 +375,10 @@ impl Client {
             queue: std::collections::VecDeque::new(),
             ended: false,
             done: false,
-            deadline: tokio::time::Instant::now() + self.stream_timeout,
+            deadline,
             stream_timeout: self.stream_timeout,
+            idle_deadline: tokio::time::Instant::now() + self.timeout,
+            idle_timeout: self.timeout,
             usage: Arc::clone(&usage),
         };
         let stream = futures::stream::unfold(state, move |mut state| {
@@ -392,6 +392,28 @@ impl Client {
             fragments: Box::pin(stream),
             usage,
         })
+    }
+
+    /// Sends a streamed request: its status and headers (and an error's
+    /// body) must arrive within the request timeout, however slowly they
+    /// trickle in; the stream itself is bounded by [`next_fragment`].
+    async fn open_stream(
+        &self,
+        path: &str,
+        body: &impl serde::Serialize,
+    ) -> Result<reqwest::Response, ApiError> {
+        let sending = self.send(Method::POST, path, Some(body), false);
+        match tokio::time::timeout(self.timeout, sending).await {
+            Ok(result) => result,
+            Err(_) => {
+                let mut error = ApiError::transient(
+                    &format!("POST {path}"),
+                    format!("timed out: no answer within {}", seconds(self.timeout)),
+                );
+                error.timed_out = true;
+                Err(error)
+            }
+        }
     }
 
     async fn call<T: DeserializeOwned>(
@@ -533,6 +555,10 @@ struct StreamState {
     /// When the whole stream must have ended.
     deadline: tokio::time::Instant,
     stream_timeout: Duration,
+    /// When the next event must have arrived: bytes that trickle in without
+    /// completing an event do not put it off.
+    idle_deadline: tokio::time::Instant,
+    idle_timeout: Duration,
     /// Where the usage of the last chunk goes.
     usage: Arc<Mutex<Option<Usage>>>,
 }
@@ -567,15 +593,21 @@ async fn next_fragment(
                 "the stream ended before data: [DONE]; the reply is incomplete",
             )));
         }
-        let Ok(next) = tokio::time::timeout_at(state.deadline, state.bytes.next()).await else {
+        let until = state.deadline.min(state.idle_deadline);
+        let Ok(next) = tokio::time::timeout_at(until, state.bytes.next()).await else {
             state.done = true;
-            return Some(Err(ApiError::transient(
-                endpoint,
+            let message = if until == state.deadline {
                 format!(
-                    "timed out: the stream did not end within {:.0}s; the reply is incomplete",
-                    state.stream_timeout.as_secs_f64()
-                ),
-            )));
+                    "timed out: the stream did not end within {}; the reply is incomplete",
+                    seconds(state.stream_timeout)
+                )
+            } else {
+                format!(
+                    "timed out: the stream sent no event for {}; the reply is incomplete",
+                    seconds(state.idle_timeout)
+                )
+            };
+            return Some(Err(ApiError::transient(endpoint, message)));
         };
         let decoded = match next {
             Some(Ok(bytes)) => state.decoder.push(&bytes),
@@ -589,7 +621,12 @@ async fn next_fragment(
             }
         };
         match decoded {
-            Ok(events) => state.queue.extend(events),
+            Ok(events) => {
+                if !events.is_empty() {
+                    state.idle_deadline = tokio::time::Instant::now() + state.idle_timeout;
+                }
+                state.queue.extend(events);
+            }
             Err(e) => {
                 state.done = true;
                 return Some(Err(ApiError::transient(
@@ -598,6 +635,16 @@ async fn next_fragment(
                 )));
             }
         }
+    }
+}
+
+/// `3s`, `0.5s`: a limit as people set it.
+fn seconds(limit: Duration) -> String {
+    let secs = limit.as_secs_f64();
+    if (secs - secs.round()).abs() < 0.05 {
+        format!("{secs:.0}s")
+    } else {
+        format!("{secs:.1}s")
     }
 }
 

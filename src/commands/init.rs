@@ -344,19 +344,26 @@ fn choose(path: &Path, guesses: &[FieldGuess]) -> Result<Fields, Failure> {
     let id = by_name(ID_NAMES, &|g| {
         g.name != text && (g.integer || g.text_len.is_some())
     });
-    let metadata = guesses
+    let mut metadata: Vec<String> = Vec::new();
+    for name in guesses
         .iter()
         .filter(|g| g.plain && g.name != text && Some(&g.name) != id.as_ref())
         .filter(|g| !g.name.is_empty() && !g.name.contains('.'))
         .map(|g| g.name.clone())
-        .filter(|name| {
-            // Names the output already has are left out.
-            let mut problems = Vec::new();
-            crate::contract::metadata_problems(std::slice::from_ref(name), &mut problems);
-            problems.is_empty()
-        })
-        .take(METADATA_OFFERED)
-        .collect();
+    {
+        if metadata.len() == METADATA_OFFERED {
+            break;
+        }
+        // Names the output already has, or that clash with one offered
+        // already (as `Lang` does with `lang`), are left out.
+        let mut offered = metadata.clone();
+        offered.push(name);
+        let mut problems = Vec::new();
+        crate::contract::metadata_problems(&offered, &mut problems);
+        if problems.is_empty() {
+            metadata = offered;
+        }
+    }
     Ok(Fields { text, id, metadata })
 }
 
@@ -488,6 +495,24 @@ mod tests {
         .unwrap();
         assert!(fields.metadata.is_empty(), "{fields:?}");
         assert!(choose(path, &[guess("n", None, true)]).is_err());
+    }
+
+    /// `init` offered fields differing only in case from an output column
+    /// or from each other, which the job it wrote then refused.
+    #[test]
+    fn regression_init_offered_metadata_fields_that_clash_but_for_case() {
+        let fields = choose(
+            Path::new("x.jsonl"),
+            &[
+                guess("body", Some(50), false),
+                guess("Embedding", Some(1), false),
+                guess("Lang", Some(2), false),
+                guess("lang", Some(2), false),
+                guess("Content_Hash", Some(2), false),
+            ],
+        )
+        .unwrap();
+        assert_eq!(fields.metadata, ["Lang"]);
     }
 
     #[test]

@@ -33,13 +33,34 @@ pub(super) fn deserialize<T: DeserializeOwned>(
     section: &str,
     table: &toml::Table,
 ) -> (Option<T>, Vec<String>, Vec<String>) {
+    let read = read::<T>(section, table);
+    (read.value, read.unknown, read.problems)
+}
+
+/// What [`deserialize`] found: the value, the unknown keys, every problem,
+/// and among them each key of the wrong type with its problem.
+struct Read<T> {
+    value: Option<T>,
+    unknown: Vec<String>,
+    problems: Vec<String>,
+    wrong_types: Vec<(String, String)>,
+}
+
+fn read<T: DeserializeOwned>(section: &str, table: &toml::Table) -> Read<T> {
     let mut table = table.clone();
     let mut problems = Vec::new();
-    let mut set_aside: Vec<String> = Vec::new();
+    let mut wrong_types: Vec<(String, String)> = Vec::new();
     loop {
         let (result, unknown) = deserialize_once::<T>(toml::Value::Table(table.clone()));
         let e = match result {
-            Ok(value) => return (problems.is_empty().then_some(value), unknown, problems),
+            Ok(value) => {
+                return Read {
+                    value: problems.is_empty().then_some(value),
+                    unknown,
+                    problems,
+                    wrong_types,
+                }
+            }
             Err(e) => e,
         };
         let inner = one_line(&e.inner().to_string());
@@ -50,19 +71,25 @@ pub(super) fn deserialize<T: DeserializeOwned>(
         };
         match (missing_field(&inner), key) {
             // A required key of the wrong type was set aside; it is reported already.
-            (Some(field), _) if at == "." && set_aside.iter().any(|k| k == field) => {}
+            (Some(field), _) if at == "." && wrong_types.iter().any(|(k, _)| k == field) => {}
             (Some(field), _) if at == "." => {
                 problems.push(format!("`{section}.{field}` is required"))
             }
             (_, Some(key)) if table.remove(&key).is_some() => {
-                problems.push(format!("`{section}.{at}`: {inner}"));
-                set_aside.push(key);
+                let problem = format!("`{section}.{at}`: {inner}");
+                problems.push(problem.clone());
+                wrong_types.push((key, problem));
                 continue;
             }
             _ if at == "." => problems.push(format!("`{section}`: {inner}")),
             _ => problems.push(format!("`{section}.{at}`: {inner}")),
         }
-        return (None, unknown, problems);
+        return Read {
+            value: None,
+            unknown,
+            problems,
+            wrong_types,
+        };
     }
 }
 
@@ -121,6 +148,11 @@ pub struct KindTable<'a> {
     /// one of the two parts knows is known.
     shared_unknown: Option<Vec<String>>,
     problems: Vec<String>,
+    /// Set when the section's kind is not known (of the wrong type, not a
+    /// kind there is): the section is read by every kind only to find its
+    /// keys of the wrong type, each with its problem, and nothing else is
+    /// reported.
+    wrong_types: Option<Vec<(String, String)>>,
 }
 
 impl KindTable<'_> {
@@ -137,7 +169,12 @@ impl KindTable<'_> {
     /// Deserializes the section into `T`, reporting the keys of other kinds,
     /// the unknown keys and the keys of the wrong type.
     pub fn deserialize<T: DeserializeOwned>(&mut self) -> Option<T> {
-        let (value, unknown, error) = deserialize::<T>(self.section, self.table);
+        let read = read::<T>(self.section, self.table);
+        if let Some(wrong) = self.wrong_types.as_mut() {
+            wrong.extend(read.wrong_types);
+            return read.value;
+        }
+        let (value, unknown, error) = (read.value, read.unknown, read.problems);
         match self.shared_unknown.take() {
             Some(shared) => {
                 self.problems.extend(error);
@@ -154,7 +191,9 @@ impl KindTable<'_> {
 
     /// Adds a problem of the section.
     pub fn problem(&mut self, problem: String) {
-        self.problems.push(problem);
+        if self.wrong_types.is_none() {
+            self.problems.push(problem);
+        }
     }
 
     /// Reports each key no part of the section knew: as belonging to another
@@ -194,18 +233,67 @@ fn parse_kinded<P: ?Sized + 'static>(
         others: kinds.iter().map(|k| (k.name(), k.keys())).collect(),
         shared_unknown,
         problems: Vec::new(),
+        wrong_types: None,
     };
     let value = kind.parse(&mut read);
     problems.extend(read.problems);
     value
 }
 
+/// Reads a kinded section by `kind`; without one (its `kind` was refused),
+/// still reports each key of the wrong type for every kind that has the
+/// key, so that a bad `kind` hides no other problem.
+fn parse_or_check<P: ?Sized + 'static>(
+    section: &'static str,
+    table: &toml::Table,
+    kind: Option<&'static dyn Kind<P>>,
+    kinds: &[&'static dyn Kind<P>],
+    shared_unknown: Option<Vec<String>>,
+    problems: &mut Vec<String>,
+) -> Option<Box<P>> {
+    if let Some(kind) = kind {
+        return parse_kinded(section, table, kind, kinds, shared_unknown, problems);
+    }
+    // Each key with its first problem, and how many kinds found it wrong.
+    let mut wrong: Vec<(String, String, usize)> = Vec::new();
+    for &kind in kinds {
+        let mut read = KindTable {
+            section,
+            kind: kind.name(),
+            table,
+            others: Vec::new(),
+            shared_unknown: None,
+            problems: Vec::new(),
+            wrong_types: Some(Vec::new()),
+        };
+        let _ = kind.parse(&mut read);
+        for (key, problem) in read.wrong_types.unwrap_or_default() {
+            match wrong.iter_mut().find(|(k, _, _)| *k == key) {
+                Some((_, _, count)) => *count += 1,
+                None => wrong.push((key, problem, 1)),
+            }
+        }
+    }
+    // A key is reported once, when every kind that has it finds it wrong:
+    // a value one of them would take may be meant for that one.
+    for (key, problem, count) in wrong {
+        let having = kinds
+            .iter()
+            .filter(|k| k.keys().contains(&key.as_str()))
+            .count();
+        if count >= having {
+            problems.push(problem);
+        }
+    }
+    None
+}
+
 /// `[source]`: its kind's parameters.
 pub(super) fn parse_source(mut table: toml::Table, kinds: &Kinds) -> Parsed<Box<dyn SourceParams>> {
     let mut problems = Vec::new();
     let all = &kinds.source;
-    let value = take_kind("source", "SourceKind", &mut table, all, None, &mut problems)
-        .and_then(|kind| parse_kinded("source", &table, kind, all, None, &mut problems));
+    let kind = take_kind("source", "SourceKind", &mut table, all, None, &mut problems);
+    let value = parse_or_check("source", &table, kind, all, None, &mut problems);
     Parsed { value, problems }
 }
 
@@ -223,13 +311,7 @@ pub(super) fn parse_backend(mut table: toml::Table, kinds: &Kinds) -> Parsed<Bac
     );
     let (shared, unknown_shared, error) = deserialize::<BackendShared>("backend", &table);
     problems.extend(error);
-    let Some(kind) = kind else {
-        return Parsed {
-            value: None,
-            problems,
-        };
-    };
-    let params = parse_kinded(
+    let params = parse_or_check(
         "backend",
         &table,
         kind,
@@ -247,15 +329,15 @@ pub(super) fn parse_backend(mut table: toml::Table, kinds: &Kinds) -> Parsed<Bac
 pub(super) fn parse_output(mut table: toml::Table, kinds: &Kinds) -> Parsed<Box<dyn OutputParams>> {
     let mut problems = Vec::new();
     let all = &kinds.output;
-    let value = take_kind(
+    let kind = take_kind(
         "output",
         "OutputKind",
         &mut table,
         all,
         Some("parquet"),
         &mut problems,
-    )
-    .and_then(|kind| parse_kinded("output", &table, kind, all, None, &mut problems));
+    );
+    let value = parse_or_check("output", &table, kind, all, None, &mut problems);
     Parsed { value, problems }
 }
 
@@ -633,7 +715,15 @@ mod tests {
     fake_source!(A, "a");
     fake_source!(B, "b");
 
+    /// Kind "c" takes `x` too, as text.
+    #[derive(Debug, Clone, PartialEq, Deserialize)]
+    struct C {
+        x: String,
+    }
+    fake_source!(C, "c");
+
     static KIND_A: Named<A> = Named("a", &["x"], std::marker::PhantomData);
+    static KIND_C: Named<C> = Named("c", &["x"], std::marker::PhantomData);
     static KIND_B: Named<B> = Named("b", &["y"], std::marker::PhantomData);
 
     fn source(text: &str) -> Parsed<Box<dyn SourceParams>> {
@@ -675,5 +765,29 @@ mod tests {
         );
         let parsed = source("x = 1\n");
         assert_eq!(parsed.problems, ["`source.kind` is required"]);
+    }
+
+    #[test]
+    fn without_a_kind_a_key_is_of_the_wrong_type_only_when_every_kind_that_has_it_refuses_it() {
+        let kinds = Kinds {
+            source: vec![&KIND_A, &KIND_B, &KIND_C],
+            backend: Vec::new(),
+            output: Vec::new(),
+        };
+        let parse = |text: &str| parse_source(toml::from_str(text).unwrap(), &kinds).problems;
+        // `c` would take it: it may be meant for `c`.
+        assert_eq!(
+            parse("kind = 1\nx = \"one\"\n"),
+            ["`source.kind`: invalid type: unit variant, expected string only"]
+        );
+        // No kind takes it: named once, with the first kind's reason.
+        assert_eq!(
+            parse("kind = \"d\"\nx = true\ny = \"two\"\n"),
+            [
+                "`source.kind`: unknown variant `d`, expected one of `a`, `b`, `c`",
+                "`source.x`: invalid type: boolean `true`, expected u32 in `x`",
+                "`source.y`: invalid type: string \"two\", expected u32 in `y`",
+            ]
+        );
     }
 }

@@ -481,3 +481,155 @@ fn every_registered_kind_has_a_name_of_its_own_and_keys_apart_from_kind() {
         }
     }
 }
+
+/// A kind's name and its keys; a section's kinds; a shared section's keys.
+type KindKeys = (&'static str, Vec<String>);
+type SectionKinds = (&'static str, Vec<KindKeys>);
+
+/// A two-key inline table is of the wrong type for every key there is:
+/// string, number, boolean, list, path and one-word choice alike.
+const WRONG: &str = "{ a = 1, b = 2 }";
+
+/// A job file whose every key is of the wrong type: `section` read by
+/// `kind` (with `kind = kind_value`), the other kinded sections by their
+/// first kind. With the problem each key must give.
+fn every_key_wrong(
+    section: &str,
+    (_, keys): &KindKeys,
+    kind_value: &str,
+    kinded: &[SectionKinds],
+    shared: &[(&str, Vec<String>)],
+) -> (String, Vec<String>) {
+    let mut text = format!("name = {WRONG}\n");
+    let mut expected = vec!["`name`".to_string()];
+    for (name, keys) in shared {
+        text.push_str(&format!("[{name}]\n"));
+        for key in keys {
+            text.push_str(&format!("{key} = {WRONG}\n"));
+            expected.push(format!("`{name}.{key}`:"));
+        }
+    }
+    for (name, kinds) in kinded {
+        let (value, keys) = if *name == section {
+            (kind_value.to_string(), keys)
+        } else {
+            (format!("{:?}", kinds[0].0), &kinds[0].1)
+        };
+        text.push_str(&format!("[{name}]\nkind = {value}\n"));
+        for key in keys {
+            text.push_str(&format!("{key} = {WRONG}\n"));
+            expected.push(format!("`{name}.{key}`:"));
+        }
+    }
+    (text, expected)
+}
+
+/// A job file whose every key has the wrong type named some of them only:
+/// the keys of a section whose `kind` was itself refused went unread.
+#[test]
+fn regression_a_refused_kind_hid_the_wrong_types_of_its_sections_other_keys() {
+    use crate::job::{BudgetConfig, PipelineConfig};
+    let keys_of = |value: serde_json::Value| -> Vec<String> {
+        value.as_object().unwrap().keys().cloned().collect()
+    };
+    let shared = [
+        (
+            "chunking",
+            keys_of(serde_json::to_value(ChunkingConfig::default()).unwrap()),
+        ),
+        (
+            "pipeline",
+            keys_of(serde_json::to_value(PipelineConfig::default()).unwrap()),
+        ),
+        (
+            "budget",
+            keys_of(serde_json::to_value(BudgetConfig::default()).unwrap()),
+        ),
+    ];
+    // The `[backend]` keys every kind shares (`BackendShared`).
+    let backend_shared = [
+        "model",
+        "dimensions",
+        "max_inputs_per_request",
+        "max_tokens_per_request",
+        "concurrency",
+        "timeout_seconds",
+    ];
+    let kinds = super::all();
+    let names = |keys: &[&str]| keys.iter().map(|k| (*k).to_string()).collect::<Vec<_>>();
+    let kinded: Vec<SectionKinds> = vec![
+        (
+            "source",
+            kinds
+                .source
+                .iter()
+                .map(|k| (k.name(), names(k.keys())))
+                .collect(),
+        ),
+        (
+            "backend",
+            kinds
+                .backend
+                .iter()
+                .map(|k| (k.name(), [names(k.keys()), names(&backend_shared)].concat()))
+                .collect(),
+        ),
+        (
+            "output",
+            kinds
+                .output
+                .iter()
+                .map(|k| (k.name(), names(k.keys())))
+                .collect(),
+        ),
+    ];
+    // Each kind of each section, with its `kind` right, of the wrong type,
+    // and a kind there is not.
+    for (section, section_kinds) in &kinded {
+        for kind in section_kinds {
+            for kind_value in [
+                format!("{:?}", kind.0),
+                WRONG.to_string(),
+                "\"none-such\"".into(),
+            ] {
+                let (text, expected) =
+                    every_key_wrong(section, kind, &kind_value, &kinded, &shared);
+                let problems = parse(&text, "x", &[]).unwrap_err().join("\n");
+                for needle in &expected {
+                    // Each key once, however many kinds share it.
+                    assert_eq!(
+                        problems.matches(needle.as_str()).count(),
+                        1,
+                        "{needle} not named once for `{section}.kind = {kind_value}`:\n{problems}\n\nin:\n{text}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// A job file's `source.metadata_fields` may not name a field that differs
+/// from an output column, or from another field, only in case: DuckDB's
+/// column names are case-insensitive, so `Embedding` shadowed `embedding`.
+#[test]
+fn regression_a_job_files_metadata_field_shadowed_a_column_but_for_case() {
+    for (fields, named) in [
+        (r#"["Embedding"]"#, vec!["\"Embedding\"", "\"embedding\""]),
+        (r#"["lang", "ID"]"#, vec!["\"ID\"", "\"id\""]),
+        (r#"["Lang", "lang"]"#, vec!["\"Lang\" and \"lang\""]),
+    ] {
+        let text = format!(
+            "[source]\nkind = \"jsonl\"\npath = \"in.jsonl\"\ntext_field = \"body\"\n\
+             metadata_fields = {fields}\n[backend]\nkind = \"local\"\n\
+             [output]\npath = \"out.parquet\"\n"
+        );
+        let problems = parse(&text, "x", &[]).unwrap_err().join("\n");
+        assert!(problems.contains("`source.metadata_fields`"), "{problems}");
+        for needle in named {
+            assert!(
+                problems.contains(needle),
+                "{needle} missing from {problems}"
+            );
+        }
+    }
+}

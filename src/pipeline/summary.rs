@@ -654,6 +654,7 @@ mod tests {
                 r.skipped_files = SkippedFiles {
                     count: 2,
                     first: vec!["a.bin".to_string(), "b.bin".to_string()],
+                    ..SkippedFiles::default()
                 };
                 w.quarantined = 1;
             },

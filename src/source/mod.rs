@@ -73,9 +73,41 @@ pub struct SkippedFiles {
     pub count: u64,
     /// The first [`SKIPPED_NAMES_KEPT`] of them.
     pub first: Vec<String>,
+    /// Why each of `first` was passed over, in the same order.
+    #[serde(skip)]
+    pub reasons: Vec<String>,
 }
 
 impl SkippedFiles {
+    /// Counts a file passed over, keeping the first few names and reasons.
+    pub fn push(&mut self, name: String, reason: String) {
+        self.count += 1;
+        if self.first.len() < SKIPPED_NAMES_KEPT {
+            self.first.push(name);
+            self.reasons.push(reason);
+        }
+    }
+
+    /// Like [`SkippedFiles::text`], each name with why it was passed over:
+    /// `a.bin (a NUL byte at offset 3, so it is binary)`.
+    pub fn text_with_reasons(&self) -> String {
+        let named: Vec<String> = self
+            .first
+            .iter()
+            .enumerate()
+            .map(|(at, name)| match self.reasons.get(at) {
+                Some(reason) => format!("{name} ({reason})"),
+                None => name.clone(),
+            })
+            .collect();
+        format!(
+            "{} that {} not UTF-8 text: {}",
+            crate::display::counted(self.count, "file"),
+            if self.count == 1 { "is" } else { "are" },
+            crate::display::listed(&named, self.count)
+        )
+    }
+
     /// `2 files that are not UTF-8 text: a.bin, b.bin`, and how many more.
     pub fn text(&self) -> String {
         format!(
@@ -135,8 +167,9 @@ pub enum SourceError {
         first: String,
         second: String,
     },
-    #[error("{input}: the input has no documents with text")]
-    Empty { input: String },
+    /// `passed` says what was passed over and why, when anything was.
+    #[error("{input}: the input has no documents with text{passed}")]
+    Empty { input: String, passed: String },
     #[error("`source.kind = \"{kind}\"`: parameters this source cannot read")]
     Kind { kind: String },
 }
@@ -295,6 +328,11 @@ impl Checked {
             if self.inner.stats().documents == 0 {
                 return Err(SourceError::Empty {
                     input: self.config.describe(),
+                    passed: passed_over(
+                        self.config.kind(),
+                        self.inner.stats(),
+                        &self.inner.skipped_files(),
+                    ),
                 });
             }
             return Ok(None);
@@ -330,6 +368,36 @@ impl Checked {
             }
         }
         Ok(None)
+    }
+}
+
+/// What an input with no documents passed over, and why, for
+/// [`SourceError::Empty`]: `; passed over 2 files that are not UTF-8 text:
+/// a.bin (…), b.bin (…); 1 file with no text`. Empty when nothing was.
+fn passed_over(kind: &str, stats: SourceStats, skipped: &SkippedFiles) -> String {
+    use crate::display::counted;
+    // Whole files are the documents of the files kind; records are rows.
+    let noun = if kind == "files" { "file" } else { "row" };
+    let mut parts = Vec::new();
+    if skipped.count > 0 {
+        parts.push(skipped.text_with_reasons());
+    }
+    if stats.skipped_empty > 0 {
+        parts.push(format!(
+            "{} with only blank text",
+            counted(stats.skipped_empty, noun)
+        ));
+    }
+    if stats.skipped_null > 0 {
+        parts.push(format!(
+            "{} with a null text",
+            counted(stats.skipped_null, noun)
+        ));
+    }
+    if parts.is_empty() {
+        String::new()
+    } else {
+        format!("; passed over {}", parts.join("; "))
     }
 }
 
@@ -446,6 +514,66 @@ mod tests {
     use super::testing::SourceKind;
     use super::testing::*;
     use super::*;
+
+    /// An input whose every file was passed over said only that it had no
+    /// documents, not which files were passed over nor why.
+    #[test]
+    fn regression_an_input_of_skipped_files_did_not_name_them_or_say_why() {
+        let dir = tempfile::tempdir().unwrap();
+        let docs = dir.path().join("docs");
+        std::fs::create_dir(&docs).unwrap();
+        let files: [(&str, &[u8]); 8] = [
+            ("a.md", b"ok \xff\xfe"),
+            ("b.png", b"\x89PNG\r\n\x1a\n\0\0"),
+            ("c.gz", &[0x1f, 0x8b, 8, 0, 1, 2, 3]),
+            ("d.txt", b"h\0i\0"),
+            ("e.bin", b"\xc3\x28"),
+            ("f.bin", b"\0"),
+            ("g.bin", b"\xff"),
+            ("h.md", b" \n\t"),
+        ];
+        for (name, bytes) in files {
+            std::fs::write(docs.join(name), bytes).unwrap();
+        }
+        let folder = SourceConfig::new(testing::FilesSource {
+            paths: vec![path_text(&docs)],
+            ..testing::FilesSource::default()
+        });
+        let mut source = open(&folder).unwrap();
+        let error = first_error(source.as_mut());
+        assert!(matches!(error, SourceError::Empty { .. }), "{error}");
+        let message = error.to_string();
+        // The first few by name, each with its reason, and how many more.
+        for named in [
+            "a.md (not valid UTF-8: first bad byte at offset 3)",
+            "b.png (not valid UTF-8: first bad byte at offset 0)",
+            "c.gz (cannot decompress",
+            "d.txt (a NUL byte at offset 1, so it is binary)",
+            "e.bin (not valid UTF-8: first bad byte at offset 0)",
+        ] {
+            assert!(message.contains(named), "{named:?} missing from {message}");
+        }
+        assert!(
+            message.contains("7 files that are not UTF-8 text"),
+            "{message}"
+        );
+        assert!(message.contains("and 2 more"), "{message}");
+        assert!(!message.contains("f.bin"), "{message}");
+        assert!(message.contains("1 file with only blank text"), "{message}");
+
+        // Records: the rows passed over, and why.
+        let path = dir.path().join("in.jsonl");
+        std::fs::write(
+            &path,
+            "{\"text\": null}\n{\"text\": \"  \"}\n{\"text\": null}\n",
+        )
+        .unwrap();
+        let mut source = open(&config(SourceKind::Jsonl, &path, "text", None)).unwrap();
+        let message = first_error(source.as_mut()).to_string();
+        assert!(message.contains("1 row with only blank text"), "{message}");
+        assert!(message.contains("2 rows with a null text"), "{message}");
+        assert!(!message.contains("not UTF-8"), "{message}");
+    }
 
     #[test]
     fn a_repeated_id_names_both_places() {
@@ -578,6 +706,10 @@ mod tests {
         }
         .is_found_at_open());
         assert!(!SourceError::Utf8 { path, offset: 0 }.is_found_at_open());
-        assert!(!SourceError::Empty { input: "x".into() }.is_found_at_open());
+        assert!(!SourceError::Empty {
+            input: "x".into(),
+            passed: String::new()
+        }
+        .is_found_at_open());
     }
 }

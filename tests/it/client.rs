@@ -248,6 +248,7 @@ async fn sse_edge_cases_are_tolerated() {
         headers: vec![("content-type", "text/event-stream".to_string())],
         pieces: body.iter().map(|p| p.to_vec()).collect(),
         abort: false,
+        pause: None,
     };
     let (base, _) = scripted_server(vec![reply]).await;
     let stream = client(&base)

@@ -207,8 +207,13 @@ async fn the_local_estimate_needs_no_key_and_costs_nothing() {
 
 /// A service that counts tokens its own way: the next estimate scales the
 /// local count by what the last run was billed, and says so.
+///
+/// This was tested only by estimating again the corpus the ratio was learned
+/// on, where remembering the last bill passes as well as scaling by the
+/// ratio. The ratio learned on one corpus is carried here to a changed one,
+/// of another size and another mix of bytes and tokens.
 #[tokio::test]
-async fn the_next_estimate_learns_what_the_service_bills() {
+async fn regression_the_learned_estimate_was_tested_only_on_the_corpus_it_learned_from() {
     let dir = tempfile::tempdir().unwrap();
     let sim = simulator(SimConfig {
         billing: embedjob::simulate::Billing {
@@ -220,8 +225,17 @@ async fn the_next_estimate_learns_what_the_service_bills() {
     })
     .await;
     let job = write_cost_job(dir.path(), &sim.base_url(), "input_per_1k = 0.5");
+    let estimate = |extra: &'static [&'static str]| {
+        let job = job.clone();
+        async move {
+            let mut args = vec!["estimate", path_arg(&job), "--json"];
+            args.extend_from_slice(extra);
+            json(&embedjob(&args).await)
+        }
+    };
 
-    let before = json(&embedjob(&["estimate", path_arg(&job), "--json"]).await);
+    // Corpus A: nothing learned yet.
+    let before = estimate(&[]).await;
     assert_eq!(before["billed_token_ratio"], Value::Null);
     let local = before["tokens"].as_u64().unwrap();
     let cost = before["cost"].as_f64().unwrap();
@@ -232,25 +246,39 @@ async fn the_next_estimate_learns_what_the_service_bills() {
 
     let output = embedjob(&["run", path_arg(&job), "--json", "--quiet"]).await;
     assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
-    let summary = json(&output);
-    let billed = sim.ledger().prompt_tokens;
-    assert_ne!(billed, local);
-    let ratio = summary["billed_token_ratio"].as_f64().unwrap();
-    assert!((ratio - billed as f64 / local as f64).abs() < 1e-12);
+    let billed_a = sim.ledger().prompt_tokens;
+    assert_ne!(billed_a, local);
+    let ratio = json(&output)["billed_token_ratio"].as_f64().unwrap();
+    assert!((ratio - billed_a as f64 / local as f64).abs() < 1e-12);
 
-    let output = embedjob(&["estimate", path_arg(&job), "--json", "--fresh"]).await;
-    let after = json(&output);
-    assert_eq!(
-        after["tokens"].as_u64(),
-        Some(local),
-        "the local count stays"
-    );
-    assert_eq!(after["billed_token_ratio"].as_f64(), Some(ratio));
-    assert_eq!(after["expected_billed_tokens"].as_u64(), Some(billed));
-    let cost = after["cost"].as_f64().unwrap();
+    // Corpus B: half of A's documents gone, more added, mostly CJK text
+    // (three bytes a character, which the service bills by), so that B has
+    // another size and another ratio of its own.
+    let root = dir.path().join("docs");
+    for i in 0..6 {
+        for extension in ["txt", "md"] {
+            let _ = std::fs::remove_file(root.join(format!("note{i:02}.{extension}")));
+        }
+    }
+    for i in 0..9 {
+        let body: String = (0..3 + i)
+            .map(|p| format!("第{p}段：東京の埋め込み、ベクトル索引、費用 {i}。\n\n"))
+            .collect();
+        std::fs::write(root.join(format!("b{i:02}.md")), body).unwrap();
+    }
+
+    // Estimated whole, B's own count scaled by the ratio learned on A.
+    let fresh = estimate(&["--fresh"]).await;
+    let tokens_b = fresh["tokens"].as_u64().unwrap();
+    assert_ne!(tokens_b, local, "B is not A's size");
+    assert_eq!(fresh["billed_token_ratio"].as_f64(), Some(ratio), "{fresh}");
+    let expected_b = (tokens_b as f64 * ratio).round() as u64;
+    assert_eq!(fresh["expected_billed_tokens"].as_u64(), Some(expected_b));
+    assert_ne!(expected_b, billed_a, "not A's bill remembered");
+    let cost = fresh["cost"].as_f64().unwrap();
     assert!(
-        (cost - billed as f64 / 1000.0 * 0.5).abs() < 1e-9,
-        "{after}"
+        (cost - expected_b as f64 / 1000.0 * 0.5).abs() < 1e-9,
+        "{fresh}"
     );
     let table = text(
         &embedjob(&["estimate", path_arg(&job), "--fresh"])
@@ -258,7 +286,27 @@ async fn the_next_estimate_learns_what_the_service_bills() {
             .stdout,
     );
     assert!(table.contains("expected billed"), "{table}");
-    assert!(table.contains(&format!("{billed} tokens")), "{table}");
+    assert!(table.contains(&format!("{expected_b} tokens")), "{table}");
+
+    // Estimated as the next run would send it: only B's new chunks, scaled
+    // by the same ratio.
+    let next = estimate(&[]).await;
+    let to_send = next["tokens"].as_u64().unwrap();
+    assert!(0 < to_send && to_send < tokens_b, "{next}");
+    assert_eq!(next["billed_token_ratio"].as_f64(), Some(ratio), "{next}");
+    assert_eq!(
+        next["expected_billed_tokens"].as_u64(),
+        Some((to_send as f64 * ratio).round() as u64),
+        "{next}"
+    );
+
+    // B's own ratio is not A's: the estimate above was a prediction from
+    // A, not B's bill known in advance.
+    let output = embedjob(&["run", path_arg(&job), "--json", "--quiet", "--fresh"]).await;
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    let billed_b = sim.ledger().prompt_tokens - billed_a;
+    assert_eq!(json(&output)["estimated_tokens"].as_u64(), Some(tokens_b));
+    assert_ne!(billed_b, expected_b, "B bills at a ratio of its own");
 
     // Another tokenizer is another count: the ratio is not carried over to it.
     let output = embedjob(&[

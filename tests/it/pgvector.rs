@@ -885,3 +885,71 @@ async fn regression_a_damaged_vector_in_the_table_was_a_result_without_a_score()
     let other = query_json(&job, &chunks[ids[3]], 2, &password).await;
     assert_eq!(other[0]["id"], ids[3].as_str());
 }
+
+/// The SQL condition by which a shard finds its rows in a shared table was
+/// tested only against a literal copy of itself. It is held here to the
+/// shard Rust gives each document (`Shard::of`), in a real database, for
+/// ids of every shape: non-ASCII, blank or invisible, long, quoted.
+#[tokio::test]
+async fn regression_the_shard_sql_was_tested_only_against_a_copy_of_itself() {
+    use embedjob::job::Shard;
+    use embedjob::sink::pgvector::shard_condition;
+
+    let mut rng = rand::rngs::StdRng::seed_from_u64(23);
+    let alphabet: Vec<char> = "aZ09 -_/.#'\"\\\tçéßøΩжא中文日本🦀👩‍👩‍👧\u{301}\u{200b}\u{feff}\u{7f}"
+        .chars()
+        .collect();
+    let mut ids: Vec<String> = [
+        "", " ", "  ", "\t", "\n", "\u{200b}", "\u{feff}", "\u{a0}", "'", "\\", "é", "e\u{301}",
+    ]
+    .iter()
+    .map(|s| (*s).to_string())
+    .collect();
+    ids.push("x".repeat(10_000));
+    ids.push("🦀".repeat(1_000));
+    let mut unique: std::collections::BTreeSet<String> = ids.into_iter().collect();
+    while unique.len() < 2_000 {
+        let len = rng.random_range(1..40);
+        unique.insert(
+            (0..len)
+                .map(|_| alphabet[rng.random_range(0..alphabet.len())])
+                .collect(),
+        );
+    }
+    let ids: Vec<String> = unique.into_iter().collect();
+
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    client
+        .batch_execute("CREATE TABLE ids (doc_id text NOT NULL)")
+        .await
+        .unwrap();
+    client
+        .execute("INSERT INTO ids SELECT unnest($1::text[])", &[&ids])
+        .await
+        .unwrap();
+    for count in [1, 2, 3, 4, 7, 16] {
+        for index in 0..count {
+            let shard = Shard::new(index, count).unwrap();
+            let sql = format!("SELECT doc_id FROM ids WHERE {}", shard_condition(shard));
+            let found: HashSet<String> = client
+                .query(&sql, &[])
+                .await
+                .unwrap()
+                .iter()
+                .map(|row| row.get(0))
+                .collect();
+            let wanted: HashSet<String> = ids
+                .iter()
+                .filter(|id| Shard::of(id, count) == index)
+                .cloned()
+                .collect();
+            let only_sql: Vec<&String> = found.difference(&wanted).take(3).collect();
+            let only_rust: Vec<&String> = wanted.difference(&found).take(3).collect();
+            assert!(
+                only_sql.is_empty() && only_rust.is_empty(),
+                "shard {shard}: the SQL alone holds {only_sql:?}, Rust alone {only_rust:?}"
+            );
+        }
+    }
+}

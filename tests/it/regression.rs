@@ -906,3 +906,125 @@ async fn regression_good_vectors_were_dropped_when_the_re_send_of_a_damaged_one_
         assert_eq!(rows.ids.len(), 3);
     }
 }
+
+/// `chat` against a server that drips (a few bytes at a time, never an
+/// event, never `[DONE]`) never ended: each read put the read timeout off,
+/// nothing bounded the wait for the answer's headers or an error's body,
+/// and only whole events were held to the stream's limit.
+#[tokio::test]
+async fn regression_a_chat_stream_that_drips_forever_never_ended() {
+    use std::time::Duration;
+
+    use crate::support::{scripted_server, Scripted};
+
+    // `EMBEDJOB_TIMEOUT_SECONDS`: the answer must begin within it and each
+    // event follow the last within it; ten times it bounds a whole stream.
+    let timeout = Duration::from_secs(1);
+    // Well inside the timeout, so that each read puts a read timeout off.
+    let drip = Duration::from_millis(100);
+    // Pieces for longer than any bound below.
+    let many = 2_000;
+
+    // A stream that sends no event is given up after the timeout, before the
+    // whole stream's limit (ten timeouts) could be what ends it.
+    let event = b"data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}";
+    let bytes: Vec<Vec<u8>> = event.iter().cycle().take(many).map(|b| vec![*b]).collect();
+    let comments = vec![b": keep-alive\n\n".to_vec(); many];
+    for pieces in [bytes, comments] {
+        let (base, _) = scripted_server(vec![Scripted {
+            pieces,
+            pause: Some(drip),
+            ..Scripted::sse(&[])
+        }])
+        .await;
+        let output = chat_within(&base, timeout, timeout * 10).await;
+        let stderr = text(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{stderr}");
+        assert!(
+            stderr.contains("the stream sent no event for 1s"),
+            "{stderr}"
+        );
+    }
+
+    // An error's body, or an answer's headers, that drip in: each attempt
+    // to open the stream is given up after the timeout. `chat` makes four
+    // (three retries), with backoffs of at most 2 × (0.25 + 0.5 + 1) s, and
+    // is given one more timeout to start.
+    let bound = timeout * 5 + Duration::from_millis(3_500);
+    let error_body = Scripted {
+        status: 503,
+        headers: vec![("content-type", "application/json".to_string())],
+        pieces: vec![b" ".to_vec(); many],
+        abort: false,
+        pause: Some(drip),
+    };
+    let (base, _) = scripted_server(vec![error_body]).await;
+    let headers = dripping_headers_server(drip, many).await;
+    for base in [base, headers] {
+        let output = chat_within(&base, timeout, bound).await;
+        let stderr = text(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{stderr}");
+        assert!(stderr.contains("timed out"), "{stderr}");
+    }
+}
+
+/// Runs `embedjob chat` against `base` with the request `timeout`; fails
+/// the test (and ends the process) when it is still running after `bound`.
+async fn chat_within(
+    base: &str,
+    timeout: std::time::Duration,
+    bound: std::time::Duration,
+) -> Output {
+    use std::process::Stdio;
+    let mut command = bin();
+    command
+        .env("EMBEDJOB_API_KEY", HOSTILE_KEY)
+        .env("EMBEDJOB_BASE_URL", base)
+        .env(
+            "EMBEDJOB_TIMEOUT_SECONDS",
+            timeout.as_secs_f64().to_string(),
+        )
+        .args(["chat", "--model", "svc-base", "hello"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let child = command.spawn().expect("the binary starts");
+    let pid = child.id();
+    let waiting = tokio::task::spawn_blocking(move || child.wait_with_output().unwrap());
+    if let Ok(output) = tokio::time::timeout(bound, waiting).await {
+        return output.unwrap();
+    }
+    let _ = std::process::Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status();
+    panic!("`chat` against {base} was still running after {bound:?}");
+}
+
+/// A server on 127.0.0.1 that answers `200 OK` and then drips a header one
+/// byte every `pause`, `bytes` of them, never ending the headers.
+async fn dripping_headers_server(pause: std::time::Duration, bytes: usize) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut request = vec![0u8; 64 * 1024];
+                let _ = socket.read(&mut request).await;
+                if socket
+                    .write_all(b"HTTP/1.1 200 OK\r\nx-drip: ")
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+                for _ in 0..bytes {
+                    tokio::time::sleep(pause).await;
+                    if socket.write_all(b"a").await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    format!("http://{addr}")
+}

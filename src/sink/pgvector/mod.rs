@@ -59,6 +59,7 @@ pub use self::config::{
     Kind, PgvectorOutput, VectorIndex, HNSW_MAX_DIMENSIONS, METADATA_TABLE_SUFFIX,
 };
 pub use self::search::search;
+pub use self::split::rows_of as shard_condition;
 
 /// The temporary table a run stages its rows in.
 const STAGING: &str = "pg_temp.embedjob_staging";

@@ -65,6 +65,7 @@ impl CsvSource {
         if headers.is_empty() {
             return Err(SourceError::Empty {
                 input: path_text(path),
+                passed: String::new(),
             });
         }
         let text_column = find_column(path, &headers, text_field)?;

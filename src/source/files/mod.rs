@@ -19,10 +19,7 @@ use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
 use walkdir::WalkDir;
 
 use super::input::{read_whole, WholeError};
-use super::{
-    io_error, path_text, Document, SkippedFiles, Source, SourceError, SourceStats,
-    SKIPPED_NAMES_KEPT,
-};
+use super::{io_error, path_text, Document, SkippedFiles, Source, SourceError, SourceStats};
 
 /// A file to read, with the id it gets.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -168,10 +165,14 @@ impl FilesSource {
         if entry.named || self.on_invalid == OnInvalid::Error {
             return Err(problem);
         }
-        self.skipped.count += 1;
-        if self.skipped.first.len() < SKIPPED_NAMES_KEPT {
-            self.skipped.first.push(path_text(&entry.path));
-        }
+        let reason = match problem {
+            SourceError::Utf8 { offset, .. } => {
+                format!("not valid UTF-8: first bad byte at offset {offset}")
+            }
+            SourceError::NotText { reason, .. } => reason,
+            other => other.to_string(),
+        };
+        self.skipped.push(path_text(&entry.path), reason);
         Ok(None)
     }
 }

@@ -23,6 +23,8 @@ pub struct Scripted {
     pub pieces: Vec<Vec<u8>>,
     /// End the body with an error after the pieces (a reset mid-body).
     pub abort: bool,
+    /// The pause before each piece; `None`, a few milliseconds.
+    pub pause: Option<Duration>,
 }
 
 impl Scripted {
@@ -32,6 +34,7 @@ impl Scripted {
             headers: vec![("content-type", "application/json".to_string())],
             pieces: vec![body.as_bytes().to_vec()],
             abort: false,
+            pause: None,
         }
     }
 
@@ -41,6 +44,7 @@ impl Scripted {
             headers: vec![("content-type", "text/event-stream".to_string())],
             pieces: pieces.iter().map(|p| p.as_bytes().to_vec()).collect(),
             abort: false,
+            pause: None,
         }
     }
 }
@@ -83,6 +87,7 @@ pub async fn scripted_server(replies: Vec<Scripted>) -> (String, Arc<Mutex<Vec<H
 
 fn respond(reply: Scripted) -> Response {
     let abort = reply.abort;
+    let pause = reply.pause.unwrap_or(Duration::from_millis(5));
     let pieces = reply.pieces;
     let stream = futures::stream::unfold(
         (pieces.into_iter(), false),
@@ -92,7 +97,7 @@ fn respond(reply: Scripted) -> Response {
             }
             match it.next() {
                 Some(piece) => {
-                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    tokio::time::sleep(pause).await;
                     Some((Ok::<Bytes, std::io::Error>(Bytes::from(piece)), (it, false)))
                 }
                 None if abort => Some((Err(std::io::Error::other("reset")), (it, true))),
