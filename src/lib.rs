@@ -25,6 +25,7 @@
 
 pub mod backend;
 pub mod batch;
+pub mod bounded;
 pub mod chunk;
 pub mod cli;
 pub mod client;

@@ -11,6 +11,7 @@ use flate2::read::MultiGzDecoder;
 
 use super::records::STDIN;
 use super::{io_error, open_file, SourceError};
+use crate::bounded::{self, BoundedError};
 
 const GZIP_MAGIC: &[u8] = &[0x1f, 0x8b];
 const ZSTD_MAGIC: &[u8] = &[0x28, 0xb5, 0x2f, 0xfd];
@@ -81,20 +82,30 @@ pub(crate) fn open(path: &Path) -> Result<Box<dyn BufRead + Send>, SourceError> 
     Ok(Box::new(BufReader::with_capacity(BUFFER_BYTES, decoded)))
 }
 
-/// A whole file's bytes, decompressed when they are gzip or zstd.
-pub(crate) fn read_whole(path: &Path) -> Result<Vec<u8>, WholeError> {
-    let bytes = std::fs::read(path).map_err(|e| WholeError::Io(io_error(path, e)))?;
-    let codec = Codec::sniff(&bytes);
-    let mut out = Vec::new();
-    let decoded = match codec {
-        Codec::Plain => return Ok(bytes),
-        Codec::Gzip => MultiGzDecoder::new(bytes.as_slice()).read_to_end(&mut out),
-        Codec::Zstd => zstd::stream::read::Decoder::new(bytes.as_slice())
-            .and_then(|mut decoder| decoder.read_to_end(&mut out)),
+/// A whole file's bytes, decompressed when they are gzip or zstd, read
+/// only up to `limit` bytes (decompressed), so a compression bomb costs no
+/// more than the limit.
+pub(crate) fn read_whole(path: &Path, limit: u64) -> Result<Vec<u8>, WholeError> {
+    let mut raw = open_file(path).map_err(WholeError::Io)?;
+    let mut head = Vec::with_capacity(ZSTD_MAGIC.len());
+    (&mut raw)
+        .take(ZSTD_MAGIC.len() as u64)
+        .read_to_end(&mut head)
+        .map_err(|e| WholeError::Io(io_error(path, e)))?;
+    let codec = Codec::sniff(&head);
+    let whole = io::Cursor::new(head).chain(raw);
+    let read = match codec {
+        Codec::Plain => bounded::read_to_end(whole, limit),
+        Codec::Gzip => bounded::read_to_end(MultiGzDecoder::new(whole), limit),
+        Codec::Zstd => zstd::stream::read::Decoder::new(whole)
+            .map_err(BoundedError::Io)
+            .and_then(|decoder| bounded::read_to_end(decoder, limit)),
     };
-    match decoded {
-        Ok(_) => Ok(out),
-        Err(e) => Err(WholeError::Undecodable(format!(
+    match read {
+        Ok(bytes) => Ok(bytes),
+        Err(BoundedError::TooLarge { limit }) => Err(WholeError::TooLarge { limit }),
+        Err(BoundedError::Io(e)) if codec == Codec::Plain => Err(WholeError::Io(io_error(path, e))),
+        Err(BoundedError::Io(e)) => Err(WholeError::Undecodable(format!(
             "cannot decompress the {} data: {e}",
             codec.name()
         ))),
@@ -108,6 +119,8 @@ pub(crate) enum WholeError {
     Io(SourceError),
     /// It looks compressed but does not decompress.
     Undecodable(String),
+    /// It holds more than `limit` bytes (once decompressed).
+    TooLarge { limit: u64 },
 }
 
 /// A decoder whose errors say that decompressing failed.
@@ -139,6 +152,34 @@ pub(crate) mod tests {
         encoder.finish().unwrap()
     }
 
+    /// At least `total` bytes of `pattern` repeated, gzip- or
+    /// zstd-compressed by a writer loop, so a bomb of gigabytes costs a
+    /// megabyte of memory to build.
+    pub(crate) fn bomb(codec: Codec, pattern: &[u8], total: u64) -> Vec<u8> {
+        let mut block = Vec::with_capacity(1 << 20);
+        while block.len() + pattern.len() < 1 << 20 {
+            block.extend_from_slice(pattern);
+        }
+        let blocks = total.div_ceil(block.len() as u64);
+        match codec {
+            Codec::Gzip => {
+                let mut encoder =
+                    flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+                for _ in 0..blocks {
+                    encoder.write_all(&block).unwrap();
+                }
+                encoder.finish().unwrap()
+            }
+            _ => {
+                let mut encoder = zstd::stream::write::Encoder::new(Vec::new(), 3).unwrap();
+                for _ in 0..blocks {
+                    encoder.write_all(&block).unwrap();
+                }
+                encoder.finish().unwrap()
+            }
+        }
+    }
+
     fn read(path: &Path) -> String {
         let mut text = String::new();
         open(path).unwrap().read_to_string(&mut text).unwrap();
@@ -161,7 +202,7 @@ pub(crate) mod tests {
         for path in [&plain, &gz, &zst] {
             assert_eq!(read(path), text, "{}", path.display());
             assert_eq!(
-                read_whole(path).unwrap(),
+                read_whole(path, 1 << 20).unwrap(),
                 text.as_bytes(),
                 "{}",
                 path.display()
@@ -170,6 +211,31 @@ pub(crate) mod tests {
         let tiny = dir.path().join("tiny");
         std::fs::write(&tiny, "x").unwrap();
         assert_eq!(read(&tiny), "x");
+    }
+
+    #[test]
+    fn regression_a_compression_bomb_is_read_only_up_to_the_limit() {
+        let dir = tempfile::tempdir().unwrap();
+        let limit = crate::bounded::MAX_DOCUMENT_BYTES;
+        for (codec, name) in [(Codec::Gzip, "bomb.gz"), (Codec::Zstd, "bomb.zst")] {
+            let path = dir.path().join(name);
+            // Four times the limit: far more than a read that stops at it.
+            std::fs::write(&path, bomb(codec, b"all work and no play", 4 * limit)).unwrap();
+            let read = read_whole(&path, limit);
+            assert!(
+                matches!(read, Err(WholeError::TooLarge { limit: l }) if l == limit),
+                "{name}: {:?}",
+                read.map(|bytes| bytes.len())
+            );
+        }
+        // Exactly at the limit is still a document.
+        let path = dir.path().join("plain.txt");
+        std::fs::write(&path, vec![b'a'; 1000]).unwrap();
+        assert_eq!(read_whole(&path, 1000).unwrap().len(), 1000);
+        assert!(matches!(
+            read_whole(&path, 999),
+            Err(WholeError::TooLarge { limit: 999 })
+        ));
     }
 
     #[test]
@@ -186,7 +252,7 @@ pub(crate) mod tests {
                 .contains("cannot decompress the gzip data"),
             "{error}"
         );
-        let Err(WholeError::Undecodable(message)) = read_whole(&path) else {
+        let Err(WholeError::Undecodable(message)) = read_whole(&path, 1 << 20) else {
             panic!("a cut gzip file decompressed");
         };
         assert!(message.contains("gzip"), "{message}");

@@ -145,6 +145,13 @@ pub enum SourceError {
     Pattern { pattern: String, message: String },
     #[error("{path}: not valid UTF-8 (first bad byte at offset {offset})")]
     Utf8 { path: PathBuf, offset: u64 },
+    /// `what` names the thing that has a limit: "a document", "a line".
+    #[error("{path}: more than {limit} (decompressed), the most {what} may hold")]
+    TooLarge {
+        path: PathBuf,
+        limit: String,
+        what: &'static str,
+    },
     #[error("{path}: not text: {reason}")]
     NotText { path: PathBuf, reason: String },
     #[error("{path}: row {row}: {message}")]

@@ -4,7 +4,8 @@
 //! Files found by a directory walk or a glob are filtered by
 //! `source.include` / `source.exclude` and, unless `source.on_invalid =
 //! "error"`, passed over when they are not UTF-8 text (a binary file, an
-//! archive): counted, and the first few named in the summary. A file named
+//! archive) or hold more than [`MAX_DOCUMENT_BYTES`] once decompressed:
+//! counted, and the first few named in the summary. A file named
 //! on its own is always read, and is an error when it is not text.
 
 mod config;
@@ -20,6 +21,7 @@ use walkdir::WalkDir;
 
 use super::input::{read_whole, WholeError};
 use super::{io_error, path_text, Document, SkippedFiles, Source, SourceError, SourceStats};
+use crate::bounded::MAX_DOCUMENT_BYTES;
 
 /// A file to read, with the id it gets.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -142,8 +144,13 @@ impl FilesSource {
 
     /// The file's text; `None` when it is not text and is to be passed over.
     fn read(&mut self, entry: &Entry) -> Result<Option<String>, SourceError> {
-        let problem = match read_whole(&entry.path) {
+        let problem = match read_whole(&entry.path, MAX_DOCUMENT_BYTES) {
             Err(WholeError::Io(error)) => return Err(error),
+            Err(WholeError::TooLarge { limit }) => SourceError::TooLarge {
+                path: entry.path.clone(),
+                limit: crate::bounded::describe(limit),
+                what: "a document",
+            },
             Err(WholeError::Undecodable(reason)) => SourceError::NotText {
                 path: entry.path.clone(),
                 reason,
@@ -170,6 +177,9 @@ impl FilesSource {
                 format!("not valid UTF-8: first bad byte at offset {offset}")
             }
             SourceError::NotText { reason, .. } => reason,
+            SourceError::TooLarge { limit, what, .. } => {
+                format!("more than {limit} (decompressed), the most {what} may hold")
+            }
             other => other.to_string(),
         };
         self.skipped.push(path_text(&entry.path), reason);
@@ -570,6 +580,43 @@ mod tests {
         let mut source = open_one(&dir.path().join("docs/broken.gz"));
         let error = first_error(&mut source);
         assert!(error.to_string().contains("cannot decompress"), "{error}");
+    }
+
+    #[test]
+    fn regression_a_compression_bomb_is_passed_over_or_named_with_the_limit() {
+        use super::super::input::{tests::bomb, Codec};
+        let dir = tree();
+        let total = 2 * MAX_DOCUMENT_BYTES;
+        write(
+            dir.path(),
+            "docs/bomb.txt.gz",
+            &bomb(Codec::Gzip, b"zzz", total),
+        );
+        write(
+            dir.path(),
+            "docs/bomb.zst",
+            &bomb(Codec::Zstd, b"zzz", total),
+        );
+        let mut source = open_one(&dir.path().join("docs"));
+        let documents = read_all(&mut source).unwrap();
+        assert_eq!(documents.len(), 4);
+        let skipped = source.skipped_files();
+        assert_eq!(skipped.count, 2);
+        assert!(
+            skipped.first.iter().all(|p| p.contains("bomb")),
+            "{skipped:?}"
+        );
+        let strict = FilesParams {
+            on_invalid: OnInvalid::Error,
+            ..params(&[&dir.path().join("docs")])
+        };
+        let named = params(&[&dir.path().join("docs/bomb.zst")]);
+        for params in [strict, named] {
+            let mut source = FilesSource::open(&params).unwrap();
+            let error = first_error(&mut source).to_string();
+            assert!(error.contains("bomb"), "{error}");
+            assert!(error.contains("more than 64 MiB"), "{error}");
+        }
     }
 
     #[test]

@@ -7,7 +7,7 @@ pub use self::config::KIND;
 
 use std::collections::VecDeque;
 use std::io::BufRead;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use arrow::datatypes::DataType;
@@ -15,12 +15,35 @@ use serde_json::Value;
 
 use super::metadata::{self, Seen};
 use super::{input, io_error, path_text, Document, Source, SourceError, SourceStats};
+use crate::bounded::{self, BoundedError, MAX_LINE_BYTES};
 use crate::source::records::RecordsSource;
 use crate::types::MetadataSchema;
 
 /// Lines of stdin read ahead to type the metadata fields; a file is read
 /// through once instead.
 const STDIN_SAMPLE_LINES: usize = 1000;
+
+/// The next line into `line`, at most [`MAX_LINE_BYTES`] long, so a line
+/// that never ends (a compressed one costs little to send) is an error
+/// naming its row rather than all the memory there is.
+fn read_line(
+    reader: &mut Box<dyn BufRead + Send>,
+    path: &Path,
+    line: &mut Vec<u8>,
+    number: u64,
+) -> Result<usize, SourceError> {
+    bounded::read_line(reader, line, MAX_LINE_BYTES).map_err(|e| match e {
+        BoundedError::Io(e) => io_error(path, e),
+        BoundedError::TooLarge { limit } => SourceError::Row {
+            path: path.to_path_buf(),
+            row: number,
+            message: format!(
+                "a line of more than {} (decompressed), the most a line may hold",
+                bounded::describe(limit)
+            ),
+        },
+    })
+}
 
 pub struct JsonlSource {
     path: PathBuf,
@@ -72,9 +95,8 @@ impl JsonlSource {
             let mut seen = vec![Seen::default(); fields.len()];
             while pending.len() < STDIN_SAMPLE_LINES {
                 let mut line = Vec::new();
-                let read = reader
-                    .read_until(b'\n', &mut line)
-                    .map_err(|e| io_error(path, e))?;
+                let number = pending.len() as u64 + 1;
+                let read = read_line(&mut reader, path, &mut line, number)?;
                 if read == 0 {
                     break;
                 }
@@ -89,11 +111,11 @@ impl JsonlSource {
             let mut seen = vec![Seen::default(); fields.len()];
             let mut again = input::open(path)?;
             let mut line = Vec::new();
+            let mut number = 0;
             loop {
                 line.clear();
-                let read = again
-                    .read_until(b'\n', &mut line)
-                    .map_err(|e| io_error(path, e))?;
+                number += 1;
+                let read = read_line(&mut again, path, &mut line, number)?;
                 if read == 0 {
                     break;
                 }
@@ -267,10 +289,8 @@ impl Source for JsonlSource {
             if let Some(line) = self.pending.pop_front() {
                 self.line = line;
             } else {
-                let read = self
-                    .reader
-                    .read_until(b'\n', &mut self.line)
-                    .map_err(|e| io_error(&self.path, e))?;
+                let number = self.line_number + 1;
+                let read = read_line(&mut self.reader, &self.path, &mut self.line, number)?;
                 if read == 0 {
                     return Ok(None);
                 }
@@ -313,6 +333,35 @@ mod tests {
         );
         assert!(message.contains("records.jsonl"), "{message}");
         assert!(message.contains(needle), "{needle:?} not in {message}");
+    }
+
+    #[test]
+    fn regression_a_line_that_never_ends_is_an_error_naming_its_row() {
+        use super::super::input::{tests::bomb, Codec};
+        let dir = tempfile::tempdir().unwrap();
+        for (codec, name) in [
+            (Codec::Gzip, "records.jsonl.gz"),
+            (Codec::Zstd, "records.jsonl"),
+        ] {
+            let path = dir.path().join(name);
+            let mut line = b"{\"text\": \"".to_vec();
+            line.extend([b'a'; 4096]);
+            std::fs::write(&path, bomb(codec, &line, 4 * MAX_LINE_BYTES)).unwrap();
+            // Without metadata, and with it (the file is read once more to type it).
+            for fields in [vec![], vec!["id".to_string()]] {
+                let records = RecordsSource {
+                    path: path.clone(),
+                    text_field: "text".into(),
+                    id_field: None,
+                    metadata_fields: fields,
+                };
+                let error = match JsonlSource::open_records(&records) {
+                    Err(error) => error,
+                    Ok(mut source) => first_error(&mut source),
+                };
+                assert_row_error(&error, 1, "a line of more than 64 MiB");
+            }
+        }
     }
 
     #[test]
