@@ -140,6 +140,19 @@ mod tests {
         assert!(read_line(&mut lines, &mut line, 4).is_err());
         let mut endless = io::BufReader::new(io::repeat(b'x'));
         assert!(read_line(&mut endless, &mut Vec::new(), 1 << 20).is_err());
+        // A budget counts from the last mark: many records within the
+        // limit pass, one record over it fails.
+        let (mut budget, mark) = RecordBudget::new(io::repeat(b'x').take(10_000), 100);
+        let mut buf = [0u8; 10];
+        let mut total = 0;
+        while let Ok(n @ 1..) = budget.read(&mut buf) {
+            total += n as u64;
+            mark.store(total, std::sync::atomic::Ordering::Relaxed);
+        }
+        assert_eq!(total, 10_000);
+        let (mut budget, _mark) = RecordBudget::new(io::repeat(b'x'), 100);
+        let error = io::copy(&mut budget, &mut io::sink()).unwrap_err();
+        assert_eq!(record_too_large(&error), Some(100));
         let mut last = &b"abcd"[..];
         assert_eq!(read_line(&mut last, &mut Vec::new(), 4).unwrap(), 4);
     }

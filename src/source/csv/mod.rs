@@ -10,12 +10,14 @@ pub use self::config::KIND;
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use ::csv::{ByteRecord, ErrorKind, Reader, ReaderBuilder};
 use arrow::datatypes::DataType;
 
 use super::{input, io_error, metadata, path_text, Document, Source, SourceError, SourceStats};
+use crate::bounded::{self, RecordBudget, MAX_LINE_BYTES};
 use crate::source::records::RecordsSource;
 use crate::types::{MetaValue, MetadataSchema};
 
@@ -32,6 +34,8 @@ pub struct CsvSource {
     text_field: String,
     /// Reused for every record.
     record: ByteRecord,
+    /// Where the next record starts, in bytes of the input, for its budget.
+    record_start: Arc<AtomicU64>,
     last_row: Option<u64>,
     stats: SourceStats,
 }
@@ -56,7 +60,10 @@ impl CsvSource {
         let path = records.path.as_path();
         let text_field = records.text_field.as_str();
         let id_field = records.id_field.as_deref();
-        let input: Box<dyn Read + Send> = Box::new(input::open(path)?);
+        // The parser grows a record until it ends, so a quoted field that
+        // never closes would take all the memory there is without a budget.
+        let (budget, record_start) = RecordBudget::new(input::open(path)?, MAX_LINE_BYTES);
+        let input: Box<dyn Read + Send> = Box::new(budget);
         let mut reader = ReaderBuilder::new().has_headers(true).from_reader(input);
         let headers = reader
             .byte_headers()
@@ -90,6 +97,7 @@ impl CsvSource {
             metadata,
             text_field: text_field.to_string(),
             record: ByteRecord::new(),
+            record_start,
             last_row: None,
             stats: SourceStats::default(),
         })
@@ -142,7 +150,14 @@ fn csv_error(path: &Path, error: ::csv::Error, fallback_row: u64) -> SourceError
     let at_line = line.map(|l| format!(" (line {l})")).unwrap_or_default();
     let description = error.to_string();
     let message = match error.into_kind() {
-        ErrorKind::Io(e) => return io_error(path, e),
+        ErrorKind::Io(e) => match bounded::record_too_large(&e) {
+            Some(limit) => format!(
+                "a record of more than {} (decompressed), the most a record may hold \
+                 (a quoted field that never closes?)",
+                bounded::describe(limit)
+            ),
+            None => return io_error(path, e),
+        },
         ErrorKind::UnequalLengths {
             expected_len, len, ..
         } => format!("has {len} fields but the header row has {expected_len}{at_line}"),
@@ -215,6 +230,8 @@ impl Source for CsvSource {
                 .reader
                 .read_byte_record(&mut self.record)
                 .map_err(|e| csv_error(&self.path, e, fallback_row))?;
+            self.record_start
+                .store(self.reader.position().byte(), Ordering::Relaxed);
             if !more {
                 return Ok(None);
             }
@@ -273,6 +290,45 @@ mod tests {
         let path = dir.path().join("table.csv");
         std::fs::write(&path, content).unwrap();
         (dir, path)
+    }
+
+    #[test]
+    fn regression_a_quoted_field_that_never_closes_is_an_error_naming_its_row() {
+        use super::super::input::{tests::bomb, Codec};
+        let dir = tempfile::tempdir().unwrap();
+        let head = b"id,text\na,fine\nb,\"opened";
+        let body = b"and never closed, over many lines\n";
+        let total = 4 * MAX_LINE_BYTES;
+        let mut gz = super::super::input::tests::gzip(head);
+        gz.extend(bomb(Codec::Gzip, body, total));
+        let mut zst = zstd::encode_all(&head[..], 3).unwrap();
+        zst.extend(bomb(Codec::Zstd, body, total));
+        // And a record that has no newline at all, with no quotes.
+        let endless = bomb(Codec::Gzip, b"x", total);
+        for (name, bytes, row) in [
+            ("table.csv.gz", gz, 2),
+            ("table.csv.zst", zst, 2),
+            ("endless.csv", endless, 0),
+        ] {
+            let path = dir.path().join(name);
+            std::fs::write(&path, bytes).unwrap();
+            let error = match CsvSource::open(&path, "text", None) {
+                Err(error) => error,
+                Ok(mut source) => {
+                    assert_eq!(source.next_document().unwrap().unwrap().text, "fine");
+                    first_error(&mut source)
+                }
+            };
+            let message = error.to_string();
+            assert!(message.contains(name), "{message}");
+            assert!(message.contains("more than 64 MiB"), "{message}");
+            if row > 0 {
+                assert!(
+                    matches!(error, SourceError::Row { row: r, .. } if r == row),
+                    "{message}"
+                );
+            }
+        }
     }
 
     #[test]
