@@ -14,6 +14,7 @@ use std::sync::{Arc, OnceLock};
 use text_splitter::{ChunkConfig, ChunkSizer, MarkdownSplitter, TextSplitter};
 use tiktoken_rs::CoreBPE;
 
+use crate::bounded::{self, BoundedError, MAX_TOKENIZER_BYTES};
 use crate::job::ChunkingConfig;
 use crate::types::{content_hash, Chunk, Document};
 
@@ -37,6 +38,24 @@ pub enum ChunkError {
     },
     #[error("cannot load the {name} tokenizer: {message}")]
     Tokenizer { name: String, message: String },
+}
+
+/// A `tokenizer.json` read only up to [`MAX_TOKENIZER_BYTES`], so a path
+/// such as `/dev/zero` is an error rather than exhausted memory.
+fn read_tokenizer(path: &str) -> Result<tokenizers::Tokenizer, ChunkError> {
+    let fail = |message: String| ChunkError::Tokenizer {
+        name: path.to_string(),
+        message: format!("`chunking.tokenizer`: {message}"),
+    };
+    let file = std::fs::File::open(path).map_err(|e| fail(e.to_string()))?;
+    let bytes = bounded::read_to_end(file, MAX_TOKENIZER_BYTES).map_err(|e| match e {
+        BoundedError::TooLarge { limit } => fail(format!(
+            "more than {}, the most a tokenizer file may hold",
+            bounded::describe(limit)
+        )),
+        BoundedError::Io(e) => fail(e.to_string()),
+    })?;
+    tokenizers::Tokenizer::from_bytes(bytes).map_err(|e| fail(e.to_string()))
 }
 
 /// The `cl100k_base` encoding, loaded once per process: building it takes
@@ -216,11 +235,7 @@ impl TokenChunker {
             None | Some("cl100k_base") => Self::cl100k(config),
             Some("o200k_base") => Self::new(config, Counter::Bpe(o200k_base()?, "o200k_base")),
             Some(path) => {
-                let tokenizer =
-                    tokenizers::Tokenizer::from_file(path).map_err(|e| ChunkError::Tokenizer {
-                        name: path.to_string(),
-                        message: format!("`chunking.tokenizer`: {e}"),
-                    })?;
+                let tokenizer = read_tokenizer(path)?;
                 Self::with_tokenizer(config, tokenizer)
             }
         }
@@ -495,6 +510,26 @@ mod tests {
             max_tokens,
             overlap_tokens,
             markdown,
+        }
+    }
+
+    #[test]
+    fn regression_a_tokenizer_file_without_end_was_read_until_memory_ran_out() {
+        let dir = tempfile::tempdir().unwrap();
+        // A sparse file one byte over the limit costs no disk to make.
+        let sparse = dir.path().join("tokenizer.json");
+        std::fs::File::create(&sparse)
+            .unwrap()
+            .set_len(MAX_TOKENIZER_BYTES + 1)
+            .unwrap();
+        for path in ["/dev/zero", sparse.to_str().unwrap()] {
+            let config = ChunkingConfig {
+                tokenizer: Some(path.to_string()),
+                ..config(100, 0, None)
+            };
+            let error = TokenChunker::for_config(&config).unwrap_err().to_string();
+            assert!(error.contains(path), "{error}");
+            assert!(error.contains("more than 64 MiB"), "{error}");
         }
     }
 

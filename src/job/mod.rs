@@ -635,13 +635,17 @@ fn tokenizer_identity(tokenizer: &str) -> String {
     if named_encoding(tokenizer) {
         return tokenizer.to_string();
     }
-    match std::fs::read(tokenizer) {
-        Ok(bytes) => {
+    // Bounded as the chunker's read is: past the limit the chunker refuses it.
+    let bytes = std::fs::File::open(tokenizer).ok().and_then(|file| {
+        crate::bounded::read_to_end(file, crate::bounded::MAX_TOKENIZER_BYTES).ok()
+    });
+    match bytes {
+        Some(bytes) => {
             use sha2::Digest;
             let digest = sha2::Sha256::digest(&bytes);
             format!("{tokenizer} (sha256 {})", &hex::encode(digest)[..16])
         }
-        Err(_) => tokenizer.to_string(),
+        None => tokenizer.to_string(),
     }
 }
 
