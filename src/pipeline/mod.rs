@@ -207,6 +207,7 @@ async fn run_stages(
     let info = backend.info().clone();
     let fingerprint = Fingerprint::new(job, &info);
     // Told before it reads what it holds, which may depend on them.
+    sink.job(&job.name, options.fresh);
     if let Some(schema) = source.metadata_schema() {
         sink.columns(schema);
     }
