@@ -1029,3 +1029,69 @@ async fn regression_two_splits_started_at_once_both_wrote_the_directory() {
         assert_eq!(counts(&shards), HashSet::from([kept]));
     }
 }
+
+#[tokio::test]
+async fn regression_a_document_renamed_between_shard_runs_was_held_twice_unnoticed() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = corpus(dir.path(), 12);
+    let sim = simulator(SimConfig::default()).await;
+    let job = write_job(dir.path(), &sim.base_url(), &files_source(&root), "");
+    let shards = dir.path().join("out/result.parquet");
+    let inspect = || async {
+        let mut command = bin();
+        command.arg("inspect").arg(&shards);
+        run(command).await
+    };
+    let all_shards = || async {
+        for output in run_shards(&job, &[]).await {
+            expect_exit(&output, 0);
+        }
+    };
+    let run_one = |index: u32| {
+        let (spec, job) = (format!("{index}/{SHARDS}"), job.clone());
+        async move { run_job(&job, &["--quiet", "--shard", spec.as_str()]).await }
+    };
+    let id_of = |name: &str| -> String {
+        let ids: HashSet<String> = expected_chunks(&root)
+            .keys()
+            .map(|id| doc_id(id).to_string())
+            .collect();
+        ids.into_iter().find(|id| id.ends_with(name)).unwrap()
+    };
+    all_shards().await;
+    expect_exit(&inspect().await, 0);
+
+    // Renamed into another shard, and only that shard runs: the document is in two files.
+    let old = id_of("doc001.md");
+    let (name, new) = (0..64)
+        .map(|k| format!("renamed{k}.md"))
+        .map(|name| (name.clone(), old.replace("doc001.md", &name)))
+        .find(|(_, new)| Shard::of(new, SHARDS) != Shard::of(&old, SHARDS))
+        .unwrap();
+    std::fs::rename(root.join("doc001.md"), root.join(&name)).unwrap();
+    expect_exit(&run_one(Shard::of(&new, SHARDS)).await, 0);
+    let output = inspect().await;
+    expect_exit(&output, 1);
+    let stdout = text(&output.stdout);
+    assert!(
+        stdout.contains("the shards read different inputs"),
+        "{stdout}"
+    );
+    // Once every shard has run on the same input, it is there once.
+    all_shards().await;
+    expect_exit(&inspect().await, 0);
+    let docs: HashSet<String> = union(&shards)
+        .keys()
+        .map(|id| doc_id(id).to_string())
+        .collect();
+    assert!(docs.contains(&new) && !docs.contains(&old));
+
+    // Removed, and a shard not its own runs: its copy is still held.
+    let gone = id_of("doc002.md");
+    std::fs::remove_file(root.join("doc002.md")).unwrap();
+    let other = (Shard::of(&gone, SHARDS) + 1) % SHARDS;
+    expect_exit(&run_one(other).await, 0);
+    let output = inspect().await;
+    expect_exit(&output, 1);
+    assert!(text(&output.stdout).contains("read different inputs"));
+}
