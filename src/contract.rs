@@ -47,6 +47,10 @@ pub const FINGERPRINT_KEY: &str = "embedjob.fingerprint";
 pub const JOB_KEY: &str = "embedjob.job";
 /// The shard of a split job the file holds (`1/4`).
 pub const SHARD_KEY: &str = "embedjob.shard";
+/// What a shard's run read of the whole input: its document ids' count and
+/// digest (`12 documents, ids 0123456789abcdef`). Shards that read different
+/// inputs may hold one renamed document twice.
+pub const INPUT_KEY: &str = "embedjob.input";
 /// The XXH3 hash of a file's rows.
 pub const CHECKSUM_KEY: &str = "embedjob.checksum";
 /// A table's count of the runs that finished on it.

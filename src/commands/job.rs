@@ -22,6 +22,12 @@ pub async fn run(args: &RunArgs) -> Outcome {
             job.output.state_stem(&job.name).display()
         )));
     }
+    // Claimed by a run only: an estimate changes nothing.
+    if let (Some(shard), Some(file)) = (job.shard, job.output.params.output_file()) {
+        shard
+            .claim(crate::fsio::parent_dir(file))
+            .map_err(|e| Failure::usage(anyhow::anyhow!(e)))?;
+    }
     let stages = match crate::pipeline::build(&job).await {
         Ok(stages) => stages,
         Err(failure) => return Err(failed_before_work(&job, None, failure, args.json)),

@@ -7,8 +7,9 @@ use arrow::datatypes::{DataType, Schema};
 
 use super::{Check, FileReport};
 use crate::contract::{
-    output_schema, BACKEND_KEY, COST_KEY, DIMENSIONS_KEY, JOB_KEY, MODEL_KEY, PROMPT_TOKENS_KEY,
-    REQUESTS_KEY, SCHEMA_VERSION, SCHEMA_VERSION_KEY, SHARD_KEY, TOTAL_TOKENS_KEY, VERSION_KEY,
+    output_schema, BACKEND_KEY, COST_KEY, DIMENSIONS_KEY, INPUT_KEY, JOB_KEY, MODEL_KEY,
+    PROMPT_TOKENS_KEY, REQUESTS_KEY, SCHEMA_VERSION, SCHEMA_VERSION_KEY, SHARD_KEY,
+    TOTAL_TOKENS_KEY, VERSION_KEY,
 };
 use crate::validate::known_model_dimensions;
 
@@ -27,6 +28,7 @@ pub(super) fn read_metadata(report: &mut FileReport, kv: &BTreeMap<String, Strin
     report.model = text(MODEL_KEY);
     report.backend = text(BACKEND_KEY);
     report.job = kv.get(JOB_KEY).cloned();
+    report.input = kv.get(INPUT_KEY).cloned();
     if let Some(shard) = kv.get(SHARD_KEY) {
         match crate::job::shard::parse(shard, |_| None) {
             Ok(shard) => report.shard = Some(shard),

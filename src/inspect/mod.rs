@@ -156,6 +156,9 @@ pub struct FileReport {
     pub problems: Vec<Problem>,
     #[serde(skip)]
     listed: BTreeMap<Check, u64>,
+    /// What a shard's run read of the whole input (`embedjob.input`).
+    #[serde(skip)]
+    pub input: Option<String>,
 }
 
 impl FileReport {

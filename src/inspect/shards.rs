@@ -90,6 +90,9 @@ pub(super) fn problems(datasets: &[Dataset], reports: &[FileReport]) -> Vec<Prob
         let Some((&count, shards)) = by_count.iter().next() else {
             continue;
         };
+        if let Some(problem) = different_inputs(&files, reports) {
+            report(problem);
+        }
         for (index, files) in shards.iter().filter(|(_, files)| files.len() > 1) {
             report(format!(
                 "shard {index}/{count} is in more than one file: {}",
@@ -110,6 +113,34 @@ pub(super) fn problems(datasets: &[Dataset], reports: &[FileReport]) -> Vec<Prob
         }
     }
     problems
+}
+
+/// Shards that read different inputs (`embedjob.input`): a document renamed
+/// between their runs moved to another shard, and the one that held it may
+/// not have run since. Files that do not record their input are not compared.
+fn different_inputs(files: &[(&PathBuf, Option<Shard>)], reports: &[FileReport]) -> Option<String> {
+    let input_of: BTreeMap<&PathBuf, &String> = reports
+        .iter()
+        .filter_map(|r| r.input.as_ref().map(|i| (&r.path, i)))
+        .collect();
+    let mut by_input: BTreeMap<&String, Vec<String>> = BTreeMap::new();
+    for (file, _) in files.iter().filter(|(_, shard)| shard.is_some()) {
+        if let Some(input) = input_of.get(file) {
+            by_input.entry(input).or_default().push(name(file));
+        }
+    }
+    let inputs: Vec<String> = by_input
+        .iter()
+        .map(|(input, files)| format!("{input} ({})", listed(files)))
+        .collect();
+    (inputs.len() > 1).then(|| {
+        format!(
+            "the shards read different inputs, so a document renamed or removed between \
+             their runs may be held twice or still be held, and one added may be missing: \
+             {}; run every shard again on the same input",
+            inputs.join("; ")
+        )
+    })
 }
 
 fn name(path: &Path) -> String {

@@ -103,6 +103,46 @@ impl Shard {
         crate::fsio::with_suffix(dir, ".embedjob")
     }
 
+    /// Claims `dir` for a split into this shard's count, before any work: a
+    /// file `split` in its state directory, made whole in one step (linked
+    /// into place, never overwritten), holds the count, so that of splits
+    /// started at once into one directory only the first runs. Returns the
+    /// count already claimed when it is another.
+    pub fn claim(&self, dir: &Path) -> Result<(), String> {
+        let state = Shard::state_dir(dir);
+        let marker = state.join("split");
+        let io = |e: std::io::Error, path: &Path| format!("{}: {e}", path.display());
+        std::fs::create_dir_all(&state).map_err(|e| io(e, &state))?;
+        let draft = state.join(format!("split.{}.{}.tmp", std::process::id(), self.index));
+        std::fs::write(&draft, format!("{}\n", self.count)).map_err(|e| io(e, &draft))?;
+        let linked = std::fs::hard_link(&draft, &marker);
+        let _ = std::fs::remove_file(&draft);
+        match linked {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(io(e, &marker)),
+        }
+        let held = std::fs::read_to_string(&marker).map_err(|e| io(e, &marker))?;
+        match held.trim().parse::<u32>() {
+            Ok(count) if count == self.count => Ok(()),
+            Ok(count) => Err(format!(
+                "`output.path` {} is claimed by the job split into {count} shards ({}), not \
+                 {}: a directory holds one split, or its shards hold the same documents \
+                 twice; run --shard I/{count}, or remove the directory and {} to split it \
+                 anew, or give the job another `output.path`",
+                dir.display(),
+                marker.display(),
+                self.count,
+                state.display()
+            )),
+            Err(_) => Err(format!(
+                "{}: not a split count ({:?}); embedjob writes the number of shards there",
+                marker.display(),
+                held.chars().take(40).collect::<String>()
+            )),
+        }
+    }
+
     /// The shards' files in `dir`, in name order, each with its shard; none
     /// when `dir` does not exist.
     fn files_in(dir: &Path) -> std::io::Result<Vec<(PathBuf, Shard)>> {
@@ -245,6 +285,47 @@ fn slurm_index(env: &impl Fn(&str) -> Option<String>) -> Result<u32, String> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use std::collections::BTreeSet;
+
+    #[test]
+    fn of_splits_claiming_one_directory_at_once_one_count_wins() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("out");
+        // Eight claimants of four splits, two shards of each, all at once.
+        let results: Vec<(u32, Result<(), String>)> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..8u32)
+                .map(|i| {
+                    let shard = Shard::new(i % 2, 2 + i / 2).unwrap();
+                    let out = &out;
+                    scope.spawn(move || (shard.count, shard.claim(out)))
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let won: BTreeSet<u32> = results
+            .iter()
+            .filter(|(_, r)| r.is_ok())
+            .map(|(c, _)| *c)
+            .collect();
+        assert_eq!(won.len(), 1, "{results:?}");
+        let kept = *won.first().unwrap();
+        for (count, result) in &results {
+            if *count != kept {
+                let message = result.as_ref().unwrap_err();
+                assert!(
+                    message.contains(&format!("into {kept} shards")),
+                    "{message}"
+                );
+            }
+        }
+        let marker = Shard::state_dir(&out).join("split");
+        assert_eq!(
+            std::fs::read_to_string(marker).unwrap().trim(),
+            kept.to_string()
+        );
+        let left: Vec<_> = std::fs::read_dir(Shard::state_dir(&out)).unwrap().collect();
+        assert_eq!(left.len(), 1, "no drafts left behind");
+    }
 
     fn env<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
         move |name| {

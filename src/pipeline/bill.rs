@@ -6,7 +6,8 @@ use super::dispatch::Dispatched;
 use super::summary::Bill;
 use crate::backend::{BackendInfo, BackendStats};
 use crate::contract::{
-    DISCARDED_TOKENS_KEY, FINGERPRINT_KEY, JOB_KEY, LOCAL_TOKENS_KEY, SHARD_KEY, TOKEN_RATIO_KEY,
+    DISCARDED_TOKENS_KEY, FINGERPRINT_KEY, INPUT_KEY, JOB_KEY, LOCAL_TOKENS_KEY, SHARD_KEY,
+    TOKEN_RATIO_KEY,
 };
 use crate::state::{Billed, Fingerprint};
 use crate::store::Earlier;
@@ -53,6 +54,8 @@ pub(super) struct Ending<'a> {
     pub previous_ratio: Option<f64>,
     /// The shard the run embedded, if it embedded one.
     pub shard: Option<crate::job::Shard>,
+    /// A shard's record of the whole input it read.
+    pub input: Option<String>,
 }
 
 /// The metadata of a finished output: what this run and the unfinished runs
@@ -80,6 +83,9 @@ pub(super) fn output_metadata(e: &Ending<'_>) -> OutputMetadata {
     }
     if let Some(shard) = e.shard {
         extra.insert(SHARD_KEY.to_string(), shard.to_string());
+    }
+    if let Some(input) = &e.input {
+        extra.insert(INPUT_KEY.to_string(), input.clone());
     }
     OutputMetadata {
         model: e.info.model.clone(),

@@ -11,7 +11,8 @@ use crate::job::Job;
 /// Builds all of a job's stages.
 pub async fn build(job: &Job) -> Result<Stages, Failure> {
     let Embedding { backend, chunker } = crate::backend::build(job).await?;
-    let source = crate::source::open_shard(&job.source, job.shard).map_err(|e| Failure {
+    // A shard reads the whole input, and counts every id it reads.
+    let source = crate::source::open_shard(&job.source, None).map_err(|e| Failure {
         exit: if e.is_found_at_open() {
             Exit::Usage
         } else {
@@ -25,10 +26,21 @@ pub async fn build(job: &Job) -> Result<Stages, Failure> {
     let sink = crate::sink::open(&job.output, job.shard)
         .await
         .map_err(crate::sink::failure)?;
+    let (source, input_ids) = match job.shard {
+        Some(shard) => {
+            let (source, ids) = super::input_ids::ShardOfInput::new(source, shard);
+            (
+                Box::new(source) as Box<dyn crate::source::Source>,
+                Some(ids),
+            )
+        }
+        None => (source, None),
+    };
     Ok(Stages {
         source,
         chunker,
         backend,
         sink,
+        input_ids,
     })
 }

@@ -12,6 +12,7 @@ mod bill;
 mod build;
 mod classify;
 mod dispatch;
+mod input_ids;
 mod read;
 mod repeats;
 mod stop;
@@ -96,6 +97,8 @@ pub struct Stages {
     pub chunker: Arc<dyn Chunker>,
     pub backend: Arc<dyn EmbeddingBackend>,
     pub sink: Box<dyn Sink>,
+    /// A shard's count of the whole input's document ids, filled as it reads.
+    pub input_ids: Option<Arc<std::sync::Mutex<input_ids::InputIds>>>,
 }
 
 /// How a run is driven, besides its job file.
@@ -203,13 +206,11 @@ async fn run_stages(
         chunker,
         backend,
         mut sink,
+        input_ids,
     } = stages;
     let info = backend.info().clone();
     let fingerprint = Fingerprint::new(job, &info);
-    // Told before it reads what it holds, which may depend on them.
-    if let Some(schema) = source.metadata_schema() {
-        sink.columns(schema);
-    }
+    tell_sink(sink.as_mut(), job, source.as_ref(), options.fresh);
     let (mut reuse, sink, state, previous_ratio) = load_reuse(sink, state, options.fresh).await?;
     let keeps_rows = sink.keeps_rows();
     for warning in reuse.warnings.drain(..) {
@@ -289,6 +290,9 @@ async fn run_stages(
         requests: stats.requests,
         previous_ratio,
         shard: job.shard,
+        input: input_ids
+            .as_ref()
+            .and_then(|ids| ids.lock().ok().map(|ids| ids.text())),
     });
     if !dispatched.writer_stopped && unseen != Billed::default() {
         let _ = sink_tx.send(SinkMessage::Billed(unseen)).await;
@@ -360,6 +364,15 @@ fn output_row_group_bytes(job: &Job) -> u64 {
         .params
         .row_group_bytes()
         .unwrap_or(16 * 1024 * 1024)
+}
+
+/// Tells the sink the job and the input's columns before it reads what it
+/// holds, which may depend on them.
+fn tell_sink(sink: &mut dyn Sink, job: &Job, source: &dyn Source, fresh: bool) {
+    sink.job(&job.name, fresh);
+    if let Some(schema) = source.metadata_schema() {
+        sink.columns(schema);
+    }
 }
 
 /// What the sink holds and the checkpoint's parts, indexed off the runtime,

@@ -399,6 +399,7 @@ async fn run_with(
     let state =
         JobState::open(&job.name, StateLocation::for_job(job), &fingerprint, false).unwrap();
     let stages = Stages {
+        input_ids: None,
         source: documents(docs),
         chunker: Arc::new(Paragraphs),
         backend,
@@ -600,6 +601,7 @@ async fn regression_a_split_requests_first_half_was_dropped_when_the_second_fail
         let state =
             JobState::open(&job.name, StateLocation::for_job(&job), &fingerprint, false).unwrap();
         let stages = Stages {
+            input_ids: None,
             source: documents(&docs),
             chunker: Arc::new(Paragraphs),
             backend: Arc::clone(&backend) as Arc<dyn EmbeddingBackend>,

@@ -125,6 +125,10 @@ pub trait Sink: Send {
     /// (vector length, row count, non-finite values) is rejected whole.
     fn write(&mut self, batch: &EmbeddedBatch) -> Result<(), SinkError>;
 
+    /// The job writing, and whether it replaces what another job left
+    /// (`--fresh`): told before [`Sink::held`].
+    fn job(&mut self, _name: &str, _fresh: bool) {}
+
     /// The input's metadata columns, told before any batch, for an output
     /// written with no rows (a shard without documents).
     fn columns(&mut self, _schema: Arc<MetadataSchema>) {}

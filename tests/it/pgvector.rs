@@ -953,3 +953,180 @@ async fn regression_the_shard_sql_was_tested_only_against_a_copy_of_itself() {
         }
     }
 }
+
+/// A job file named `name` on `table`, otherwise as [`write_pg_job`] writes it.
+fn named_pg_job(
+    dir: &Path,
+    name: &str,
+    base_url: &str,
+    source: &str,
+    db: &TestDb,
+    table: &str,
+) -> std::path::PathBuf {
+    let job = write_pg_job(dir, base_url, source, db, table, "");
+    let text = std::fs::read_to_string(&job).unwrap().replacen(
+        "name = \"pg-test\"",
+        &format!("name = \"{name}\""),
+        1,
+    );
+    let path = dir.join(format!("{name}-{table}.toml"));
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+#[tokio::test]
+async fn regression_a_second_job_on_a_table_deleted_the_first_jobs_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a_dir, b_dir) = (dir.path().join("a"), dir.path().join("b"));
+    let (root_a, root_b) = (corpus(&a_dir, 4), corpus(&b_dir, 9));
+    let db = TestDb::new().await;
+    let sim = simulator(SimConfig::default()).await;
+    let a = |table: &str| {
+        named_pg_job(
+            dir.path(),
+            "docs-a",
+            &sim.base_url(),
+            &files_source(&root_a),
+            &db,
+            table,
+        )
+    };
+    let b = |table: &str| {
+        named_pg_job(
+            dir.path(),
+            "docs-b",
+            &sim.base_url(),
+            &files_source(&root_b),
+            &db,
+            table,
+        )
+    };
+    let ids = |root: &Path| expected_chunks(root).into_keys().collect::<HashSet<_>>();
+
+    // One after the other, under the same configuration and under another.
+    expect_exit(&run_pg(&a("shared"), &db, &["--quiet"]).await, 0);
+    let before = db.rows("shared").await;
+    for extra in [&[][..], &["--set", "backend.model=svc-embed-1-l"][..]] {
+        sim.reset_ledger();
+        let output = run_pg(&b("shared"), &db, &[&["--quiet"][..], extra].concat()).await;
+        let (_, stderr) = no_secrets(&output, &db);
+        assert_eq!(output.status.code(), Some(2), "{stderr}");
+        for needle in [
+            "table shared",
+            "\"docs-a\"",
+            "\"docs-b\"",
+            "output.table",
+            "--fresh",
+        ] {
+            assert!(stderr.contains(needle), "{needle}: {stderr}");
+        }
+        assert_eq!(
+            sim.ledger().embedding_requests,
+            0,
+            "refused before any work"
+        );
+        assert_eq!(
+            db.rows("shared").await,
+            before,
+            "the first job's rows are intact"
+        );
+    }
+
+    // Both at once into a new table: one owns it, the other is refused.
+    let (race_a, race_b) = (a("race"), b("race"));
+    let (first, second) = tokio::join!(
+        run_pg(&race_a, &db, &["--quiet"]),
+        run_pg(&race_b, &db, &["--quiet"])
+    );
+    let codes = (first.status.code(), second.status.code());
+    let (winner, root) = match codes {
+        (Some(0), Some(2)) => ("docs-a", &root_a),
+        (Some(2), Some(0)) => ("docs-b", &root_b),
+        _ => panic!(
+            "{codes:?}: {}\n{}",
+            text(&first.stderr),
+            text(&second.stderr)
+        ),
+    };
+    let loser = if winner == "docs-a" { &second } else { &first };
+    assert!(
+        text(&loser.stderr).contains(&format!("\"{winner}\"")),
+        "{}",
+        text(&loser.stderr)
+    );
+    assert_eq!(db.metadata("race").await["embedjob.job"], winner);
+    let held: HashSet<String> = db.rows("race").await.into_keys().collect();
+    assert_eq!(
+        held,
+        ids(root),
+        "the table holds the owner's rows, all of them"
+    );
+
+    // Taken over on purpose.
+    expect_exit(&run_pg(&b("shared"), &db, &["--quiet", "--fresh"]).await, 0);
+    assert_eq!(db.metadata("shared").await["embedjob.job"], "docs-b");
+    let held: HashSet<String> = db.rows("shared").await.into_keys().collect();
+    assert_eq!(held, ids(&root_b));
+}
+
+#[tokio::test]
+async fn regression_a_metadata_table_embedjob_did_not_make_was_overwritten() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = corpus(dir.path(), 3);
+    let db = TestDb::new().await;
+    let sim = simulator(SimConfig::default()).await;
+    let admin = db.client().await;
+    // Its very shape, without embedjob's row; another shape; and empty.
+    let foreign = [
+        (
+            "kv",
+            "(key text PRIMARY KEY, value text NOT NULL)",
+            "('owner', 'me')",
+        ),
+        ("other", "(id int, note text)", "(1, 'mine')"),
+        ("bare", "(key text PRIMARY KEY, value text NOT NULL)", ""),
+    ];
+    for (table, columns, row) in foreign {
+        admin
+            .batch_execute(&format!("CREATE TABLE {table}_embedjob {columns}"))
+            .await
+            .unwrap();
+        if !row.is_empty() {
+            admin
+                .batch_execute(&format!("INSERT INTO {table}_embedjob VALUES {row}"))
+                .await
+                .unwrap();
+        }
+        let dump = format!("SELECT string_agg(t::text, ';') FROM {table}_embedjob t");
+        let before: Option<String> = admin.query_one(&dump, &[]).await.unwrap().get(0);
+        let job = write_pg_job(
+            dir.path(),
+            &sim.base_url(),
+            &files_source(&root),
+            &db,
+            table,
+            "",
+        );
+        for extra in [&["--quiet"][..], &["--quiet", "--fresh"][..]] {
+            sim.reset_ledger();
+            let output = run_pg(&job, &db, extra).await;
+            let (_, stderr) = no_secrets(&output, &db);
+            assert_eq!(output.status.code(), Some(2), "{table} {extra:?}: {stderr}");
+            assert!(stderr.contains(&format!("{table}_embedjob")), "{stderr}");
+            assert!(stderr.contains("not made by embedjob"), "{stderr}");
+            assert_eq!(
+                sim.ledger().embedding_requests,
+                0,
+                "refused before any work"
+            );
+            let after: Option<String> = admin.query_one(&dump, &[]).await.unwrap().get(0);
+            assert_eq!(after, before, "{table}_embedjob is unchanged");
+            let made: bool = admin
+                .query_one("SELECT to_regclass($1) IS NOT NULL", &[&table])
+                .await
+                .unwrap()
+                .get(0);
+            assert!(!made, "no table {table} made beside it");
+        }
+    }
+}

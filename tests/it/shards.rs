@@ -972,3 +972,126 @@ async fn a_shard_without_documents_writes_an_empty_file_with_the_inputs_columns(
     assert_eq!(rows.len(), 3);
     readers_see_one_table(&shards, &rows).await;
 }
+
+#[tokio::test]
+async fn regression_two_splits_started_at_once_both_wrote_the_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = corpus(dir.path(), 12);
+    let sim = simulator(SimConfig::default()).await;
+    let job = write_job(dir.path(), &sim.base_url(), &files_source(&root), "");
+    let counts = |shards: &Path| -> HashSet<u32> {
+        std::fs::read_dir(shards)
+            .map(|entries| {
+                entries
+                    .filter_map(|e| Shard::from_file_name(e.unwrap().file_name().to_str()?))
+                    .map(|s| s.count)
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    // Pairs of splits, each into a directory of its own, started at once.
+    for (round, (a, b)) in [(4, 8), (2, 3), (8, 4)].into_iter().enumerate() {
+        let shards = dir.path().join(format!("out{round}/result.parquet"));
+        let path = format!("output.path={}", shards.display());
+        let spawn = |spec: String| {
+            spawn_job(
+                &job,
+                &["--quiet", "--shard", spec.as_str(), "--set", path.as_str()],
+            )
+        };
+        let (first, second) = (spawn(format!("1/{a}")), spawn(format!("1/{b}")));
+        let (first, second) = (wait(first).await, wait(second).await);
+        let (kept, refused, output) = match (first.status.code(), second.status.code()) {
+            (Some(0), Some(2)) => (a, b, &second),
+            (Some(2), Some(0)) => (b, a, &first),
+            codes => panic!(
+                "{codes:?}: {}\n{}",
+                text(&first.stderr),
+                text(&second.stderr)
+            ),
+        };
+        let stderr = text(&output.stderr);
+        assert!(
+            stderr.contains(&format!("into {kept} shards"))
+                || stderr.contains(&format!("-of-{kept:05}.parquet")),
+            "names the split already there: {stderr}"
+        );
+        assert_eq!(counts(&shards), HashSet::from([kept]), "one split survives");
+        // Later, one after the other, even before any of its files is written (here,
+        // removed): the other split is still refused, the kept one runs on.
+        std::fs::remove_dir_all(&shards).unwrap();
+        let output = wait(spawn(format!("0/{refused}"))).await;
+        expect_exit(&output, 2);
+        let stderr = text(&output.stderr);
+        assert!(stderr.contains(&format!("into {kept} shards")), "{stderr}");
+        assert!(counts(&shards).is_empty(), "nothing written: {stderr}");
+        expect_exit(&wait(spawn(format!("0/{kept}"))).await, 0);
+        assert_eq!(counts(&shards), HashSet::from([kept]));
+    }
+}
+
+#[tokio::test]
+async fn regression_a_document_renamed_between_shard_runs_was_held_twice_unnoticed() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = corpus(dir.path(), 12);
+    let sim = simulator(SimConfig::default()).await;
+    let job = write_job(dir.path(), &sim.base_url(), &files_source(&root), "");
+    let shards = dir.path().join("out/result.parquet");
+    let inspect = || async {
+        let mut command = bin();
+        command.arg("inspect").arg(&shards);
+        run(command).await
+    };
+    let all_shards = || async {
+        for output in run_shards(&job, &[]).await {
+            expect_exit(&output, 0);
+        }
+    };
+    let run_one = |index: u32| {
+        let (spec, job) = (format!("{index}/{SHARDS}"), job.clone());
+        async move { run_job(&job, &["--quiet", "--shard", spec.as_str()]).await }
+    };
+    let id_of = |name: &str| -> String {
+        let ids: HashSet<String> = expected_chunks(&root)
+            .keys()
+            .map(|id| doc_id(id).to_string())
+            .collect();
+        ids.into_iter().find(|id| id.ends_with(name)).unwrap()
+    };
+    all_shards().await;
+    expect_exit(&inspect().await, 0);
+
+    // Renamed into another shard, and only that shard runs: the document is in two files.
+    let old = id_of("doc001.md");
+    let (name, new) = (0..64)
+        .map(|k| format!("renamed{k}.md"))
+        .map(|name| (name.clone(), old.replace("doc001.md", &name)))
+        .find(|(_, new)| Shard::of(new, SHARDS) != Shard::of(&old, SHARDS))
+        .unwrap();
+    std::fs::rename(root.join("doc001.md"), root.join(&name)).unwrap();
+    expect_exit(&run_one(Shard::of(&new, SHARDS)).await, 0);
+    let output = inspect().await;
+    expect_exit(&output, 1);
+    let stdout = text(&output.stdout);
+    assert!(
+        stdout.contains("the shards read different inputs"),
+        "{stdout}"
+    );
+    // Once every shard has run on the same input, it is there once.
+    all_shards().await;
+    expect_exit(&inspect().await, 0);
+    let docs: HashSet<String> = union(&shards)
+        .keys()
+        .map(|id| doc_id(id).to_string())
+        .collect();
+    assert!(docs.contains(&new) && !docs.contains(&old));
+
+    // Removed, and a shard not its own runs: its copy is still held.
+    let gone = id_of("doc002.md");
+    std::fs::remove_file(root.join("doc002.md")).unwrap();
+    let other = (Shard::of(&gone, SHARDS) + 1) % SHARDS;
+    expect_exit(&run_one(other).await, 0);
+    let output = inspect().await;
+    expect_exit(&output, 1);
+    assert!(text(&output.stdout).contains("read different inputs"));
+}

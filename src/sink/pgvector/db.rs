@@ -11,7 +11,7 @@ use tokio_postgres::{Client, GenericClient, NoTls};
 
 use super::PgError;
 use super::{PgvectorOutput, METADATA_TABLE_SUFFIX};
-use crate::contract::{ColumnType, COLUMNS, EMBEDDING};
+use crate::contract::{ColumnType, COLUMNS, EMBEDDING, SCHEMA_VERSION_KEY};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -217,6 +217,11 @@ impl Names {
     /// The HNSW index's name (unqualified: an index lives in its table's schema).
     pub fn index(&self) -> String {
         quote(&format!("{}_hnsw", self.name))
+    }
+
+    /// The metadata table, for messages.
+    pub fn metadata_display(&self) -> String {
+        format!("{}{METADATA_TABLE_SUFFIX}", self.display())
     }
 
     /// The table, for messages.
@@ -474,14 +479,48 @@ pub(crate) async fn read_metadata(
     if !exists {
         return Ok(BTreeMap::new());
     }
-    let rows = client
-        .query(&format!("SELECT key, value FROM {}", names.metadata()), &[])
+    // Only a table embedjob made is read or written: exactly its two columns,
+    // and the schema version it writes in the transaction that creates it.
+    let columns: Vec<(String, String)> = client
+        .query(
+            "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod) FROM pg_attribute a \
+             WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped \
+             ORDER BY a.attnum",
+            &[&names.metadata()],
+        )
         .await
-        .map_err(failed)?;
-    Ok(rows
+        .map_err(failed)?
         .iter()
         .map(|r| (r.get::<_, String>(0), r.get::<_, String>(1)))
-        .collect())
+        .collect();
+    let ours = [("key", "text"), ("value", "text")];
+    let shaped = columns.len() == ours.len()
+        && columns
+            .iter()
+            .zip(ours)
+            .all(|((n, t), (on, ot))| n == on && t == ot);
+    let rows = if shaped {
+        client
+            .query(&format!("SELECT key, value FROM {}", names.metadata()), &[])
+            .await
+            .map_err(failed)?
+    } else {
+        Vec::new()
+    };
+    let keys: BTreeMap<String, String> = rows
+        .iter()
+        .map(|r| (r.get::<_, String>(0), r.get::<_, String>(1)))
+        .collect();
+    let marked = keys
+        .keys()
+        .any(|k| k == SCHEMA_VERSION_KEY || k.ends_with(&format!(":{SCHEMA_VERSION_KEY}")));
+    if !shaped || !marked {
+        return Err(PgError::Foreign {
+            table: names.display(),
+            metadata: names.metadata_display(),
+        });
+    }
+    Ok(keys)
 }
 
 /// The SQL type of a standard column (the vector's is the extension's).

@@ -47,7 +47,7 @@ use self::rows::TableRows;
 use self::split::{Namespaces, Owner};
 use super::{Sink, SinkError, SinkReport};
 use crate::contract::{
-    check_batch, standard_pairs, COLUMNS, COST_KEY, FINGERPRINT_KEY, GENERATION_KEY,
+    check_batch, standard_pairs, COLUMNS, COST_KEY, FINGERPRINT_KEY, GENERATION_KEY, JOB_KEY,
     METADATA_COLUMNS_KEY,
 };
 use crate::job::Shard;
@@ -114,6 +114,22 @@ pub enum PgError {
         others: String,
         its: &'static str,
     },
+    #[error(
+        "table {table}: {metadata} was not made by embedjob (it lacks embedjob's columns \
+         `key` and `value` or its `embedjob.schema_version` row), and embedjob changes nothing \
+         it did not make; set `output.table` to another name"
+    )]
+    Foreign { table: String, metadata: String },
+    #[error(
+        "table {table} belongs to job {owner:?} (its `embedjob.job` in {table}_embedjob), \
+         not to this job {job:?}; set `output.table` to another table, or run this job with \
+         --fresh to take the table over (job {owner:?}'s rows are then removed)"
+    )]
+    Owned {
+        table: String,
+        owner: String,
+        job: String,
+    },
 }
 
 impl PgError {
@@ -125,6 +141,8 @@ impl PgError {
                 | PgError::Refused { .. }
                 | PgError::Extension { .. }
                 | PgError::Layout { .. }
+                | PgError::Foreign { .. }
+                | PgError::Owned { .. }
         )
     }
 }
@@ -170,6 +188,9 @@ pub struct PgvectorSink {
     removals: Vec<String>,
     /// The shard whose rows this sink holds; `None`, all of them.
     shard: Owner,
+    /// The job writing, and whether it takes the table over (`--fresh`).
+    job: Option<String>,
+    fresh: bool,
 }
 
 impl PgvectorSink {
@@ -195,6 +216,8 @@ impl PgvectorSink {
         }
         let names = Names::new(params);
         let layout = db::layout(&db, &client, &names).await?;
+        // A metadata table embedjob did not make is refused before any work.
+        db::read_metadata(&db, &client, &names).await?;
         Ok(PgvectorSink {
             db,
             names,
@@ -212,7 +235,14 @@ impl PgvectorSink {
             staged: 0,
             removals: Vec::new(),
             shard,
+            job: None,
+            fresh: false,
         })
+    }
+
+    /// Another job's, when the table belongs to one: a table holds one job's rows.
+    fn owned_by_another(&self, spaces: &Namespaces) -> Result<(), PgError> {
+        check_owner(&self.names, spaces, self.job.as_deref(), self.fresh)
     }
 
     fn query_error(&self, action: &'static str, e: &tokio_postgres::Error) -> PgError {
@@ -385,6 +415,7 @@ impl Sink for PgvectorSink {
             Ok::<_, PgError>((client, metadata, found))
         })?;
         let spaces = Namespaces::new(all);
+        self.owned_by_another(&spaces)?;
         // A column of the table's own, in the way of a metadata column, is found before any work.
         let made = spaces
             .all()
@@ -428,6 +459,11 @@ impl Sink for PgvectorSink {
         self.basis
             .lock()
             .map_or(true, |basis| !matches!(&*basis, Some(b) if b.rewrite))
+    }
+
+    fn job(&mut self, name: &str, fresh: bool) {
+        self.job = Some(name.to_string());
+        self.fresh = fresh;
     }
 
     fn columns(&mut self, schema: Arc<MetadataSchema>) {
@@ -488,6 +524,8 @@ impl Sink for PgvectorSink {
             staged: sink.staged,
             removals: &sink.removals,
             builds_on: builds_on.as_ref(),
+            job: sink.job.as_deref(),
+            fresh: sink.fresh,
             dimensions,
             metadata,
             warnings: Warnings::new(),
@@ -503,6 +541,30 @@ impl Sink for PgvectorSink {
     fn abort(self: Box<Self>) {}
 }
 
+/// Refuses a table another job wrote (its `embedjob.job`), unless this run
+/// takes it over with `--fresh`.
+fn check_owner(
+    names: &Names,
+    spaces: &Namespaces,
+    job: Option<&str>,
+    fresh: bool,
+) -> Result<(), PgError> {
+    let Some(job) = job.filter(|_| !fresh) else {
+        return Ok(());
+    };
+    match spaces
+        .all()
+        .find_map(|(_, keys)| keys.get(JOB_KEY).filter(|owner| owner.as_str() != job))
+    {
+        Some(owner) => Err(PgError::Owned {
+            table: names.display(),
+            owner: owner.clone(),
+            job: job.to_string(),
+        }),
+        None => Ok(()),
+    }
+}
+
 /// The one transaction that makes a run's rows appear in the table.
 struct Merge<'a> {
     db: &'a Database,
@@ -515,6 +577,8 @@ struct Merge<'a> {
     builds_on: Option<&'a Basis>,
     /// Builds on the table's rows but writes all of its own again.
     rewrite: bool,
+    job: Option<&'a str>,
+    fresh: bool,
     /// The table's metadata columns after this run.
     columns: &'a [PgColumn],
     /// Of the run's vectors, or of the table's when the run wrote none.
@@ -546,6 +610,8 @@ impl Merge<'_> {
         .await
         .map_err(self.failed("cannot lock the table"))?;
         let spaces = Namespaces::new(db::read_metadata(self.db, &tx, self.names).await?);
+        // Checked again under the lock: another job may have finished since this run read the table.
+        check_owner(self.names, &spaces, self.job, self.fresh)?;
         if let Some(basis) = self.builds_on {
             if spaces.watched(self.shard, GENERATION_KEY) != basis.watched {
                 return Err(PgError::Changed {
