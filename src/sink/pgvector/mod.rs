@@ -47,7 +47,7 @@ use self::rows::TableRows;
 use self::split::{Namespaces, Owner};
 use super::{Sink, SinkError, SinkReport};
 use crate::contract::{
-    check_batch, standard_pairs, COLUMNS, COST_KEY, FINGERPRINT_KEY, GENERATION_KEY, JOB_KEY,
+    check_batch, standard_pairs, COLUMNS, COST_KEY, FINGERPRINT_KEY, GENERATION_KEY,
     METADATA_COLUMNS_KEY,
 };
 use crate::job::Shard;
@@ -566,17 +566,11 @@ fn check_owner(
     job: Option<&str>,
     fresh: bool,
 ) -> Result<(), PgError> {
-    let Some(job) = job.filter(|_| !fresh) else {
-        return Ok(());
-    };
-    match spaces
-        .all()
-        .find_map(|(_, keys)| keys.get(JOB_KEY).filter(|owner| owner.as_str() != job))
-    {
+    match job.filter(|_| !fresh).and_then(|job| spaces.other_job(job)) {
         Some(owner) => Err(PgError::Owned {
             table: names.display(),
-            owner: owner.clone(),
-            job: job.to_string(),
+            owner: owner.to_string(),
+            job: job.unwrap_or_default().to_string(),
         }),
         None => Ok(()),
     }
