@@ -1130,3 +1130,46 @@ async fn regression_a_metadata_table_embedjob_did_not_make_was_overwritten() {
         }
     }
 }
+
+#[tokio::test]
+async fn regression_two_configurations_of_one_job_at_once_replaced_each_others_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = corpus(dir.path(), 4);
+    let db = TestDb::new().await;
+    let sim = simulator(SimConfig::default()).await;
+    let job = write_pg_job(
+        dir.path(),
+        &sim.base_url(),
+        &files_source(&root),
+        &db,
+        "same",
+        "",
+    );
+    let ids: HashSet<String> = expected_chunks(&root).into_keys().collect();
+    let other_state = format!("output.state_dir={}", dir.path().join("other").display());
+    // One job name, two configurations, at once, each with the state of another
+    // machine (the job's lock does not make them take turns): the second to
+    // finish does not replace the first's rows.
+    let larger = [
+        "--quiet",
+        "--set",
+        "backend.model=svc-embed-1-l",
+        "--set",
+        other_state.as_str(),
+    ];
+    let (first, second) = tokio::join!(run_pg(&job, &db, &["--quiet"]), run_pg(&job, &db, &larger));
+    let codes = (first.status.code(), second.status.code());
+    let (model, dimensions) = match codes {
+        (Some(0), Some(code)) if code != 0 => ("svc-embed-1", 1024),
+        (Some(code), Some(0)) if code != 0 => ("svc-embed-1-l", 3072),
+        _ => panic!(
+            "{codes:?}: {}\n{}",
+            text(&first.stderr),
+            text(&second.stderr)
+        ),
+    };
+    assert_eq!(db.metadata("same").await["embedjob.model"], model);
+    let rows = db.rows("same").await;
+    assert_eq!(rows.keys().cloned().collect::<HashSet<_>>(), ids);
+    assert!(rows.values().all(|(_, _, v)| v.len() == dimensions));
+}

@@ -47,7 +47,7 @@ use self::rows::TableRows;
 use self::split::{Namespaces, Owner};
 use super::{Sink, SinkError, SinkReport};
 use crate::contract::{
-    check_batch, standard_pairs, COLUMNS, COST_KEY, FINGERPRINT_KEY, GENERATION_KEY, JOB_KEY,
+    check_batch, standard_pairs, COLUMNS, COST_KEY, FINGERPRINT_KEY, GENERATION_KEY,
     METADATA_COLUMNS_KEY,
 };
 use crate::job::Shard;
@@ -406,6 +406,20 @@ impl Sink for PgvectorSink {
         // A metadata column no table can have is found before any work.
         self.pg_columns()?;
         let Some(layout) = self.layout else {
+            // No table yet: one made meanwhile by another run is found when this one finishes.
+            let all = self.handle.block_on(async {
+                let client = self.db.connect().await?;
+                db::read_metadata(&self.db, &client, &self.names).await
+            })?;
+            let spaces = Namespaces::new(all);
+            self.owned_by_another(&spaces)?;
+            if let Ok(mut basis) = self.basis.lock() {
+                *basis = Some(Basis {
+                    watched: spaces.watched(self.shard, GENERATION_KEY),
+                    fingerprint: None,
+                    rewrite: false,
+                });
+            }
             return Ok(None);
         };
         let (client, all, found) = self.handle.block_on(async {
@@ -497,7 +511,9 @@ impl Sink for PgvectorSink {
         let fingerprint = metadata.extra.get(FINGERPRINT_KEY);
         // Builds on the table only when it read the table's rows, and they
         // were made under this run's configuration; else it replaces them.
-        let builds_on = basis.filter(|b| b.fingerprint.as_ref() == fingerprint);
+        let builds_on = basis
+            .clone()
+            .filter(|b| b.fingerprint.as_ref() == fingerprint);
         let dimensions = match (metadata.dimensions, self.layout) {
             (0, Some(layout)) => layout.dimensions,
             (d, _) => d,
@@ -524,6 +540,7 @@ impl Sink for PgvectorSink {
             staged: sink.staged,
             removals: &sink.removals,
             builds_on: builds_on.as_ref(),
+            read: basis.as_ref(),
             job: sink.job.as_deref(),
             fresh: sink.fresh,
             dimensions,
@@ -549,17 +566,11 @@ fn check_owner(
     job: Option<&str>,
     fresh: bool,
 ) -> Result<(), PgError> {
-    let Some(job) = job.filter(|_| !fresh) else {
-        return Ok(());
-    };
-    match spaces
-        .all()
-        .find_map(|(_, keys)| keys.get(JOB_KEY).filter(|owner| owner.as_str() != job))
-    {
+    match job.filter(|_| !fresh).and_then(|job| spaces.other_job(job)) {
         Some(owner) => Err(PgError::Owned {
             table: names.display(),
-            owner: owner.clone(),
-            job: job.to_string(),
+            owner: owner.to_string(),
+            job: job.unwrap_or_default().to_string(),
         }),
         None => Ok(()),
     }
@@ -575,6 +586,8 @@ struct Merge<'a> {
     staged: u64,
     removals: &'a [String],
     builds_on: Option<&'a Basis>,
+    /// What the run read of the table, whether it builds on it or replaces it.
+    read: Option<&'a Basis>,
     /// Builds on the table's rows but writes all of its own again.
     rewrite: bool,
     job: Option<&'a str>,
@@ -612,7 +625,8 @@ impl Merge<'_> {
         let spaces = Namespaces::new(db::read_metadata(self.db, &tx, self.names).await?);
         // Checked again under the lock: another job may have finished since this run read the table.
         check_owner(self.names, &spaces, self.job, self.fresh)?;
-        if let Some(basis) = self.builds_on {
+        // Also when it replaces the rows: they may be another run's, finished since.
+        if let Some(basis) = self.read {
             if spaces.watched(self.shard, GENERATION_KEY) != basis.watched {
                 return Err(PgError::Changed {
                     table: self.names.display(),

@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::contract::{FINGERPRINT_KEY, METADATA_COLUMNS_KEY};
+use crate::contract::{FINGERPRINT_KEY, JOB_KEY, METADATA_COLUMNS_KEY};
 use crate::job::Shard;
 
 /// Whose keys: a shard's, or (`None`) a run of the whole job's.
@@ -67,6 +67,15 @@ impl Namespaces {
             .into_iter()
             .filter_map(|key| other.get(key).map(|v| (key.to_string(), v.clone())))
             .collect()
+    }
+
+    /// The job, other than `job`, that a run on the table recorded (`embedjob.job`).
+    pub fn other_job(&self, job: &str) -> Option<&str> {
+        self.0
+            .values()
+            .filter_map(|keys| keys.get(JOB_KEY))
+            .map(String::as_str)
+            .find(|owner| *owner != job)
     }
 
     /// Every run's keys, by the run.
