@@ -144,7 +144,10 @@ pub fn estimate(
     info: &BackendInfo,
     mut classifier: Classifier,
 ) -> Result<Estimate, EstimateError> {
-    let mut source = source::open_shard(&job.source, job.shard)?;
+    let mut source = source::open(&job.source)?;
+    if let Some(shard) = job.shard {
+        source = Box::new(crate::pipeline::input_ids::ShardOfInput::new(source, shard).0);
+    }
     let b = &job.backend;
     let per_minute = b
         .params

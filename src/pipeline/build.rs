@@ -12,7 +12,7 @@ use crate::job::Job;
 pub async fn build(job: &Job) -> Result<Stages, Failure> {
     let Embedding { backend, chunker } = crate::backend::build(job).await?;
     // A shard reads the whole input, and counts every id it reads.
-    let source = crate::source::open_shard(&job.source, None).map_err(|e| Failure {
+    let source = crate::source::open(&job.source).map_err(|e| Failure {
         exit: if e.is_found_at_open() {
             Exit::Usage
         } else {

@@ -12,7 +12,7 @@ mod bill;
 mod build;
 mod classify;
 mod dispatch;
-mod input_ids;
+pub(crate) mod input_ids;
 mod read;
 mod repeats;
 mod stop;

@@ -18,7 +18,7 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::job::{Shard, SourceConfig, SourceParams};
+use crate::job::{SourceConfig, SourceParams};
 use crate::parquet_io::FileError;
 use crate::types::{id_key, Document, MetadataSchema};
 
@@ -243,17 +243,8 @@ pub trait Source: Send {
 /// ([`SourceError::DuplicateId`]) and an input that ends without a single
 /// document ([`SourceError::Empty`]).
 pub fn open(config: &SourceConfig) -> Result<Box<dyn Source>, SourceError> {
-    open_shard(config, None)
-}
-
-/// [`open`], for one shard of the input: the documents of other shards are
-/// read (so that an id repeated anywhere is still found) and passed over.
-pub fn open_shard(
-    config: &SourceConfig,
-    shard: Option<Shard>,
-) -> Result<Box<dyn Source>, SourceError> {
     let inner = open_unchecked(config)?;
-    Ok(Box::new(Checked::new(inner, config.clone(), shard)))
+    Ok(Box::new(Checked::new(inner, config.clone())))
 }
 
 fn open_unchecked(config: &SourceConfig) -> Result<Box<dyn Source>, SourceError> {
@@ -293,7 +284,7 @@ pub(crate) fn io_error(path: &Path, error: std::io::Error) -> SourceError {
 }
 
 /// Wraps a source with the checks that span all of it, unique ids and a
-/// non-empty result, and passes over the documents of other shards.
+/// non-empty result.
 ///
 /// Ids are remembered as 64-bit hashes, about 9 bytes a document. A hash
 /// seen before sends the check back to the start of the input, to find the
@@ -303,29 +294,26 @@ struct Checked {
     inner: Box<dyn Source>,
     config: SourceConfig,
     seen: HashSet<u64>,
-    /// Documents read so far, of every shard.
+    /// Documents read so far.
     read: u64,
-    /// The shard whose documents are returned; `None`, all.
-    shard: Option<Shard>,
     /// Documents returned so far.
     returned: u64,
     finished: bool,
 }
 
 impl Checked {
-    fn new(inner: Box<dyn Source>, config: SourceConfig, shard: Option<Shard>) -> Self {
+    fn new(inner: Box<dyn Source>, config: SourceConfig) -> Self {
         Checked {
             inner,
             config,
             seen: HashSet::new(),
             read: 0,
-            shard,
             returned: 0,
             finished: false,
         }
     }
 
-    /// The next document of the input, of any shard, its id checked.
+    /// The next document of the input, its id checked.
     fn next_checked(&mut self) -> Result<Option<Document>, SourceError> {
         if self.finished {
             return Ok(None);
@@ -417,17 +405,13 @@ fn location(source: &str, row: Option<u64>) -> String {
 
 impl Source for Checked {
     fn next_document(&mut self) -> Result<Option<Document>, SourceError> {
-        while let Some(document) = self.next_checked()? {
-            if self.shard.is_none_or(|shard| shard.holds(&document.doc_id)) {
-                self.returned += 1;
-                return Ok(Some(document));
-            }
-        }
-        Ok(None)
+        let document = self.next_checked()?;
+        self.returned += u64::from(document.is_some());
+        Ok(document)
     }
 
-    /// The documents returned (a shard's own); the rows passed over (null,
-    /// empty) are the whole input's.
+    /// The documents returned; the rows passed over (null, empty) are the
+    /// inner source's.
     fn stats(&self) -> SourceStats {
         SourceStats {
             documents: self.returned,
@@ -610,7 +594,7 @@ mod tests {
         )
         .unwrap();
         let config = config(SourceKind::Jsonl, &path, "text", Some("id"));
-        let mut source = Checked::new(open_unchecked(&config).unwrap(), config, None);
+        let mut source = Checked::new(open_unchecked(&config).unwrap(), config);
         // As if "b" hashed as "a" does, or as some earlier id.
         source.seen.insert(id_key("b"));
         let documents = read_all(&mut source).unwrap();
