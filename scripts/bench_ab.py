@@ -17,33 +17,20 @@ A release directory holds `embedjob` and `examples/floor` (cargo build
 import argparse
 import json
 import os
-import random
 import shutil
 import statistics
 import subprocess
 import sys
 import time
 
-WORDS = ("vector index token batch embedding service parquet chunk document "
-         "model request retry").split()
+import benchlib
+from benchlib import corpus
+
 MODEL = "svc-embed-1"  # 1024 dimensions
 
 
 def log(message):
-    print(f"bench_ab: {message}", file=sys.stderr, flush=True)
-
-
-def corpus(work, n):
-    """The corpus scripts/bench uses: about 40 tokens a record, one chunk each."""
-    path = os.path.join(work, f"corpus-{n}.jsonl")
-    if not os.path.exists(path):
-        rng = random.Random(42)
-        with open(path + ".tmp", "w") as f:
-            for i in range(n):
-                text = " ".join(rng.choice(WORDS) for _ in range(36))
-                f.write('{"id": "r%d", "text": "%s record %d"}\n' % (i, text, i))
-        os.rename(path + ".tmp", path)
-    return path
+    benchlib.log(message, prefix="bench_ab")
 
 
 def job(work, name, corpus_path, concurrency):
