@@ -67,6 +67,10 @@ pub struct Estimate {
     pub context_window: Option<u64>,
     /// Price per 1000 input tokens, from the model listing.
     pub input_per_1k: Option<f64>,
+    /// Where the price came from: a job key, or the service's answer to a
+    /// request (`GET /v1/models`, `GET /v1/model/info`, …).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub price_source: Option<String>,
     /// Billed tokens over local ones in the job's last run, from its output's
     /// metadata: what the service's own count adds to (or takes from) the local one.
     pub billed_token_ratio: Option<f64>,
@@ -204,6 +208,7 @@ pub fn estimate(
         largest_request_tokens: count.largest_request,
         context_window: info.context_window,
         input_per_1k: info.input_per_1k,
+        price_source: None,
         billed_token_ratio: None,
         expected_billed_tokens: None,
         cost: info
@@ -276,7 +281,11 @@ pub fn table(e: &Estimate) -> String {
         rows.push(("cost", "none (the local model bills nothing)".to_string()));
     } else {
         if let Some(price) = e.input_per_1k {
-            rows.push(("price per 1k tokens", format!("{price}")));
+            let source = e
+                .price_source
+                .as_ref()
+                .map_or(String::new(), |source| format!(" (from {source})"));
+            rows.push(("price per 1k tokens", format!("{price}{source}")));
         }
         rows.push((
             "cost",

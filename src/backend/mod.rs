@@ -217,4 +217,10 @@ pub trait EmbeddingBackend: Send + Sync {
     fn notices(&self) -> Warnings {
         Warnings::new()
     }
+
+    /// Where [`BackendInfo::input_per_1k`] came from, when it is known: a
+    /// job key, or the request the service answered it in.
+    fn price_source(&self) -> Option<String> {
+        None
+    }
 }

@@ -7,8 +7,18 @@
 //! name, or a server with no listing at all (TEI), leaves the job to go on
 //! with what it declares, with a warning. A refused key, or a model the
 //! service says does not exist, is a refusal.
+//!
+//! When neither model route exists, the embeddings route is asked with no
+//! input (nothing to compute or bill): a server with no route there either
+//! is being asked under the wrong `backend.api_path`, which is said before
+//! any work. A model still without a price is looked up in LiteLLM's
+//! `GET /v1/model/info` (`model_info.rs`).
 
-use super::{ApiError, Client, ErrorKind, Model};
+use reqwest::Method;
+
+use super::{
+    model_info, ApiError, Client, EmbeddingInput, EmbeddingRequest, ErrorKind, Model, Pricing,
+};
 use crate::rate::{with_retries, RetryPolicy};
 
 /// What the service told about a model, and what it could not tell.
@@ -16,8 +26,12 @@ use crate::rate::{with_retries, RetryPolicy};
 pub struct Discovery {
     /// The model as the service describes it, when it does.
     pub model: Option<Model>,
-    /// Where the description came from: `"model route"` or `"listing"`.
+    /// Where the description came from: `"model route"`, `"listing"` or
+    /// `"model info"` (LiteLLM's `GET /v1/model/info` alone).
     pub source: Option<&'static str>,
+    /// The request the model's input price was read from, e.g.
+    /// `GET /v1/model/info`, when the service gave one.
+    pub price_source: Option<String>,
     /// What the service did not tell, for stderr and the run's summary.
     pub warnings: Vec<String>,
 }
@@ -38,6 +52,19 @@ pub enum DiscoveryError {
     /// The service could not be reached, or kept failing.
     #[error("cannot reach the service: {0}")]
     Unreachable(#[source] ApiError),
+    /// No route under the API path answers: neither the model routes nor
+    /// the embeddings route. `url` is shown without credentials.
+    #[error(
+        "`backend.api_path` {api_path:?} is wrong for this service: POST {url} answers HTTP \
+         {status} (no such route), and so do GET {api_path}/models/{{id}} and GET \
+         {api_path}/models; {fix}"
+    )]
+    WrongApiPath {
+        api_path: String,
+        url: String,
+        status: u16,
+        fix: String,
+    },
 }
 
 /// A status by which a server says it has no such route, rather than no such model.
@@ -49,16 +76,79 @@ fn route_missing(error: &ApiError) -> bool {
     }
 }
 
+/// An answer to a POST that only a missing route gives: a 404 that is not
+/// about the model, or a 405 (a path served for GET only).
+fn no_such_route(error: &ApiError) -> bool {
+    match error.status {
+        Some(404) => !error.is_unknown_model(),
+        Some(405) => true,
+        _ => false,
+    }
+}
+
 fn refused(error: &ApiError) -> bool {
     matches!(error.status, Some(401 | 403))
 }
 
-/// Asks the service about `model`: its own route, then its listing.
+/// Asks the service about `model`: its own route, then its listing, then
+/// LiteLLM's model info for a price neither gave.
 ///
 /// # Errors
-/// A refused key, a model the service says does not exist, or a service
-/// that cannot be reached (after `retry`'s attempts).
+/// A refused key, a model the service says does not exist, a service that
+/// cannot be reached (after `retry`'s attempts), or one without any route
+/// under the API path.
 pub async fn discover(
+    client: &Client,
+    model: &str,
+    retry: &RetryPolicy,
+) -> Result<Discovery, DiscoveryError> {
+    let mut found = look_up(client, model, retry).await?;
+    let path = client.api_path();
+    let priced = found
+        .model
+        .as_ref()
+        .and_then(|m| m.pricing)
+        .and_then(|p| p.input_per_1k)
+        .is_some();
+    if priced {
+        found.price_source = Some(match found.source {
+            Some("listing") => format!("GET {path}/models"),
+            _ => format!("GET {path}/models/{{id}}"),
+        });
+    } else {
+        let info = model_info::fetch(client, model).await;
+        with_model_info(&mut found, model, info, model_info::endpoint(client));
+    }
+    Ok(found)
+}
+
+/// Adds to `found` the price, and the window, it lacks from the model info.
+fn with_model_info(found: &mut Discovery, model: &str, info: model_info::Info, source: String) {
+    found.warnings.extend(info.warnings);
+    if info.input_per_1k.is_none() && info.context_window.is_none() {
+        return;
+    }
+    if found.model.is_none() {
+        found.source = Some("model info");
+    }
+    let entry = found.model.get_or_insert_with(|| Model {
+        id: model.to_string(),
+        context_window: None,
+        modalities: Vec::new(),
+        pricing: None,
+    });
+    entry.context_window = entry.context_window.or(info.context_window);
+    if info.input_per_1k.is_some() {
+        entry.pricing = Some(Pricing {
+            input_per_1k: info.input_per_1k,
+            output_per_1k: info.output_per_1k,
+        });
+        found.price_source = Some(source);
+    }
+}
+
+/// The model's route, then the listing, as the module's documentation says.
+async fn look_up(
     client: &Client,
     model: &str,
     retry: &RetryPolicy,
@@ -68,7 +158,7 @@ pub async fn discover(
             return Ok(Discovery {
                 model: Some(found),
                 source: Some("model route"),
-                warnings: Vec::new(),
+                ..Discovery::default()
             })
         }
         Err(e) => e,
@@ -91,7 +181,7 @@ pub async fn discover(
             Some(found) => Ok(Discovery {
                 model: Some(found),
                 source: Some("listing"),
-                warnings: Vec::new(),
+                ..Discovery::default()
             }),
             None => Ok(Discovery {
                 warnings: vec![format!(
@@ -105,14 +195,111 @@ pub async fn discover(
         },
         Err(e) if refused(&e) => Err(DiscoveryError::RefusedKey(e)),
         Err(e) if e.kind == ErrorKind::Transient => Err(DiscoveryError::Unreachable(e)),
-        Err(e) => Ok(Discovery {
-            warnings: vec![format!(
-                "the service describes no model (GET {path}/models/{{id}}: HTTP {}; \
-                 GET {path}/models: HTTP {}): going on with what the job declares for {model}",
-                first.status.unwrap_or_default(),
-                e.status.unwrap_or_default()
-            )],
-            ..Discovery::default()
-        }),
+        Err(e) => {
+            if route_missing(&e) {
+                check_embeddings_route(client, model).await?;
+            }
+            Ok(Discovery {
+                warnings: vec![format!(
+                    "the service describes no model (GET {path}/models/{{id}}: HTTP {}; \
+                     GET {path}/models: HTTP {}): going on with what the job declares for \
+                     {model}",
+                    first.status.unwrap_or_default(),
+                    e.status.unwrap_or_default()
+                )],
+                ..Discovery::default()
+            })
+        }
     }
+}
+
+/// What a server answered to an embeddings request without input.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Route {
+    /// Any answer but "no such route": the route is there.
+    Served,
+    /// No such route, with this status.
+    Missing(u16),
+    /// No answer (a transport fault): nothing is known.
+    Unknown,
+}
+
+/// `POST {prefix}/embeddings` with an empty `input`: every server checked
+/// (OpenAI, vLLM, TEI, infinity, llama.cpp, Ollama, LiteLLM) routes the path
+/// before it reads the body, so a missing route answers 404 (or 405), and a
+/// route that is there refuses the empty input (400, 422) without computing
+/// or billing anything.
+async fn embeddings_route(client: &Client, prefix: &str, model: &str) -> Route {
+    let request = EmbeddingRequest::new(model, EmbeddingInput::Many(Vec::new()));
+    let path = format!("{prefix}/embeddings");
+    match client.send(Method::POST, &path, Some(&request), true).await {
+        Ok(_) => Route::Served,
+        Err(e) if no_such_route(&e) => Route::Missing(e.status.unwrap_or_default()),
+        Err(e) if e.status.is_none() => Route::Unknown,
+        Err(_) => Route::Served,
+    }
+}
+
+/// The URL of the embeddings route under `prefix`, as it may be shown.
+fn embeddings_url(client: &Client, prefix: &str) -> String {
+    crate::secret::shown_url(&format!("{}{prefix}/embeddings", client.base))
+}
+
+/// With both model routes missing: the embeddings route must be there, or
+/// the API path is wrong, and the error says which path the service does
+/// answer under, when `/v1` or the root does.
+async fn check_embeddings_route(client: &Client, model: &str) -> Result<(), DiscoveryError> {
+    let prefix = client.api_path();
+    let Route::Missing(status) = embeddings_route(client, prefix, model).await else {
+        return Ok(());
+    };
+    let mut answering = None;
+    for candidate in ["", "/v1"].into_iter().filter(|c| *c != prefix) {
+        if embeddings_route(client, candidate, model).await == Route::Served {
+            answering = Some(candidate);
+            break;
+        }
+    }
+    let fix = match answering {
+        Some("") if !prefix.is_empty() && client.base.ends_with(prefix) => format!(
+            "the base URL already ends in {prefix} and `backend.api_path` repeats it: \
+             remove `backend.api_path`, or the {prefix} at the end of `backend.base_url` \
+             (POST {} answers)",
+            embeddings_url(client, "")
+        ),
+        Some(candidate) => format!(
+            "the service answers at POST {}: set `backend.api_path = {candidate:?}`",
+            embeddings_url(client, candidate)
+        ),
+        None => format!(
+            "nor does POST {}: check `backend.base_url` and `backend.api_path` against \
+             the server's documentation",
+            ["", "/v1"]
+                .into_iter()
+                .filter(|c| *c != prefix)
+                .map(|c| embeddings_url(client, c))
+                .collect::<Vec<_>>()
+                .join(" or ")
+        ),
+    };
+    Err(DiscoveryError::WrongApiPath {
+        api_path: prefix.to_string(),
+        url: embeddings_url(client, prefix),
+        status,
+        fix,
+    })
+}
+
+/// An embeddings request's error, with a word on `backend.api_path` when
+/// the server says it has no such route (a lookup that could not tell).
+pub(super) fn with_route_hint(client: &Client, mut error: ApiError) -> ApiError {
+    if no_such_route(&error) {
+        error.message = format!(
+            "{} (the server has no route POST {}: check `backend.api_path` and \
+             `backend.base_url`)",
+            error.message,
+            embeddings_url(client, client.api_path())
+        );
+    }
+    error
 }

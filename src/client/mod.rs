@@ -10,6 +10,7 @@ mod body;
 mod discovery;
 mod error;
 mod flat;
+mod model_info;
 mod sse;
 mod wire;
 
@@ -280,6 +281,7 @@ impl Client {
             serde_json::from_slice(bytes).map_err(|e| unparseable(&endpoint, &e, bytes))
         })
         .await
+        .map_err(|e| discovery::with_route_hint(self, e))
     }
 
     /// `POST /v1/embeddings`, decoded straight into one buffer of values
@@ -314,6 +316,7 @@ impl Client {
             decode_embeddings(bytes, capacity)
         })
         .await
+        .map_err(|e| discovery::with_route_hint(self, e))
     }
 
     /// `GET /v1/models`: the models the key can see.

@@ -263,6 +263,7 @@ pub async fn estimate(args: &EstimateArgs) -> Outcome {
     messages::follow(&backend.notices());
     let warnings = backend.warnings();
     messages::warn_all(&warnings);
+    let price_source = backend.price_source();
     let fresh = args.fresh;
     // A job not split, over a directory of shards: what all of them hold.
     let parts = parts_of(&job)?;
@@ -297,6 +298,7 @@ pub async fn estimate(args: &EstimateArgs) -> Outcome {
         crate::estimate::estimate(&job, chunker.as_ref(), &info, classifier)
             .map(|e| crate::estimate::Estimate {
                 warnings,
+                price_source,
                 shards,
                 ..e.with_billed_ratio(ratio)
             })

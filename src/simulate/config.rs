@@ -28,6 +28,12 @@ pub struct SimConfig {
     /// Serve `GET /v1/models/{id}`. Without it the route answers a FastAPI
     /// 404 (`{"detail":"Not Found"}`), as infinity and llama-cpp-python do.
     pub model_route: bool,
+    /// Serve `GET /v1/models` and `GET /v1/models/{id}` at all. Without
+    /// them both are unknown URLs (404), as on TEI.
+    pub models_routes: bool,
+    /// Serve LiteLLM's `GET /v1/model/info`: each model's prices per token
+    /// and window, in LiteLLM's shape.
+    pub model_info: bool,
     /// Describe models by `id`, `object`, `created` and `owned_by` only, without
     /// a context window or a price, as most servers list them.
     pub bare_listing: bool,
@@ -63,6 +69,8 @@ impl Default for SimConfig {
             latency_per_input_ms: 0,
             url_prefix: "/v1".to_string(),
             model_route: true,
+            models_routes: true,
+            model_info: false,
             bare_listing: false,
             billing: Billing::default(),
             max_inputs_per_request: None,

@@ -165,14 +165,21 @@ fn router(shared: Arc<Shared>) -> Router {
     } else {
         get(handlers::no_model_route)
     };
-    Router::new()
+    let mut router = Router::new()
         .route(&format!("{prefix}/embeddings"), post(handlers::embeddings))
         .route(
             &format!("{prefix}/chat/completions"),
             post(chat::chat_completions),
-        )
-        .route(&format!("{prefix}/models"), get(handlers::list_models))
-        .route(&format!("{prefix}/models/{{id}}"), model_route)
+        );
+    if shared.config.models_routes {
+        router = router
+            .route(&format!("{prefix}/models"), get(handlers::list_models))
+            .route(&format!("{prefix}/models/{{id}}"), model_route);
+    }
+    if shared.config.model_info {
+        router = router.route(&format!("{prefix}/model/info"), get(handlers::model_info));
+    }
+    router
         .route("/_ledger", get(handlers::get_ledger))
         .route("/_ledger/reset", post(handlers::reset_ledger))
         .fallback(handlers::unknown_url)
@@ -287,14 +294,26 @@ fn describe(config: &SimConfig) -> String {
         format!("  keys: {keys}"),
         format!("  faults: {faults}"),
     ];
-    if config.url_prefix != "/v1" || !config.model_route || config.bare_listing {
+    if config.url_prefix != "/v1"
+        || !config.model_route
+        || !config.models_routes
+        || config.model_info
+        || config.bare_listing
+    {
         lines.push(format!(
-            "  routes under {:?}{}{}",
+            "  routes under {:?}{}{}{}",
             config.url_prefix,
-            if config.model_route {
+            if !config.models_routes {
+                ", no GET /models nor /models/{id}"
+            } else if config.model_route {
                 ""
             } else {
                 ", no GET /models/{id}"
+            },
+            if config.model_info {
+                ", LiteLLM's GET /model/info"
+            } else {
+                ""
             },
             if config.bare_listing {
                 ", a listing without window or price"

@@ -40,6 +40,14 @@ pub struct SimulateOptions {
     #[arg(long)]
     pub no_model_route: bool,
 
+    /// Serve neither GET /v1/models nor GET /v1/models/{id}, as TEI does
+    #[arg(long)]
+    pub no_models_routes: bool,
+
+    /// Serve LiteLLM's GET /v1/model/info: the models' prices per token and windows
+    #[arg(long)]
+    pub model_info: bool,
+
     /// List models without context window and price, as most servers do
     #[arg(long)]
     pub bare_listing: bool,
@@ -195,6 +203,8 @@ impl SimulateOptions {
             latency_per_input_ms: self.latency_per_input_ms,
             url_prefix: self.url_prefix.clone(),
             model_route: !self.no_model_route,
+            models_routes: !self.no_models_routes,
+            model_info: self.model_info,
             bare_listing: self.bare_listing,
             billing: Billing {
                 count,

@@ -664,14 +664,34 @@ mod discovery {
             "{:?}",
             unlisted.warnings
         );
-        let nothing = ask(vec![Scripted::json(404, "404 page not found")])
-            .await
-            .unwrap();
+        // No model route, no listing, and an embeddings route that is there
+        // (it refuses the lookup's empty input).
+        let nothing = ask(vec![
+            Scripted::json(404, "404 page not found"),
+            Scripted::json(404, "404 page not found"),
+            Scripted::json(400, r#"{"error":{"message":"input must not be empty"}}"#),
+        ])
+        .await
+        .unwrap();
         assert!(nothing.model.is_none());
         assert!(
             nothing.warnings[0].contains("describes no model"),
             "{:?}",
             nothing.warnings
+        );
+        // No route at all answers under the API path: it is the wrong one.
+        let wrong = ask(vec![Scripted::json(404, "404 page not found")])
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(wrong, DiscoveryError::WrongApiPath { status: 404, .. }),
+            "{wrong}"
+        );
+        let message = wrong.to_string();
+        assert!(message.contains("`backend.api_path` \"/v1\""), "{message}");
+        assert!(
+            message.contains("/v1/embeddings answers HTTP 404"),
+            "{message}"
         );
     }
 

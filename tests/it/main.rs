@@ -8,6 +8,7 @@ mod hostile;
 mod inspect;
 mod layout;
 mod local;
+mod lookup;
 mod pgvector;
 mod query;
 mod quota;

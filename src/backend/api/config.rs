@@ -306,6 +306,7 @@ async fn build(job: &Job) -> Result<Embedding, Failure> {
         context_window: api.context_window,
         input_per_1k: api.input_per_1k,
         output_per_1k: api.output_per_1k,
+        listed_price_source: discovery.price_source.clone(),
         warnings,
         renames_models: api.server_renames_models,
         stall_timeout: Duration::from_secs(api.stall_timeout_seconds),

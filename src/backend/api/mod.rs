@@ -55,6 +55,8 @@ pub struct ApiSettings {
     pub input_per_1k: Option<f64>,
     /// `backend.output_per_1k`, over the listing's.
     pub output_per_1k: Option<f64>,
+    /// The request the service's price came from (`Discovery::price_source`).
+    pub listed_price_source: Option<String>,
     /// What setting up found the service does not tell.
     pub warnings: Vec<String>,
     /// The service answers under another name than the model asked for (an
@@ -85,6 +87,7 @@ impl ApiSettings {
             context_window: None,
             input_per_1k: None,
             output_per_1k: None,
+            listed_price_source: None,
             warnings: Vec::new(),
             sharing: 1,
             renames_models: false,
@@ -147,6 +150,8 @@ pub struct ApiBackend {
     warnings: Mutex<Vec<String>>,
     /// What is worth a word on stderr only, for the command to print.
     notices: Warnings,
+    /// Where `info.input_per_1k` came from.
+    price_source: Option<String>,
 }
 
 /// One failed attempt: the service said no, or its answer failed a check.
@@ -241,6 +246,11 @@ impl ApiBackend {
                 .output_per_1k
                 .or_else(|| listed("output", |p| p.output_per_1k)),
         };
+        let price_source = if settings.input_per_1k.is_some() {
+            Some("`backend.input_per_1k`".to_string())
+        } else {
+            info.input_per_1k.and(settings.listed_price_source.clone())
+        };
         let rate = RateControl::new(&RateSettings {
             concurrency: settings.concurrency,
             requests_per_minute: settings.requests_per_minute,
@@ -269,6 +279,7 @@ impl ApiBackend {
             billed: UsageCounter::default(),
             warnings: Mutex::new(settings.warnings),
             notices,
+            price_source,
         }
     }
 
@@ -705,5 +716,9 @@ impl EmbeddingBackend for ApiBackend {
 
     fn notices(&self) -> Warnings {
         self.notices.clone()
+    }
+
+    fn price_source(&self) -> Option<String> {
+        self.price_source.clone()
     }
 }

@@ -1,4 +1,4 @@
-//! `GET /v1/models` and `GET /v1/models/{id}`.
+//! `GET /v1/models`, `GET /v1/models/{id}` and LiteLLM's `GET /v1/model/info`.
 
 use std::sync::Arc;
 
@@ -9,7 +9,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 
 use super::{authorize, Shared, CREATED};
-use crate::simulate::config::ModelSpec;
+use crate::simulate::config::{ModelKind, ModelSpec};
 use crate::simulate::error::ApiError;
 
 fn model_json(model: &ModelSpec, bare: bool) -> Value {
@@ -73,4 +73,38 @@ pub(crate) async fn no_model_route() -> Response {
     let mut response = axum::Json(json!({ "detail": "Not Found" })).into_response();
     *response.status_mut() = StatusCode::NOT_FOUND;
     response
+}
+
+/// LiteLLM's `GET /v1/model/info`: one entry a model the key sees, its
+/// prices per token and window under `model_info`, as LiteLLM's proxy
+/// serves what its configuration sets.
+pub(crate) async fn model_info(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Response {
+    let caller = match authorize(&shared, &headers) {
+        Ok(caller) => caller,
+        Err(error) => return shared.fail(error),
+    };
+    let data: Vec<Value> = shared
+        .config
+        .models
+        .iter()
+        .filter(|model| caller.sees(&shared.config, &model.id))
+        .map(|model| {
+            json!({
+                "model_name": model.id,
+                "litellm_params": { "model": format!("openai/{}", model.id) },
+                "model_info": {
+                    "id": model.id,
+                    "input_cost_per_token": model.input_per_1k / 1000.0,
+                    "output_cost_per_token": model.output_per_1k / 1000.0,
+                    "max_input_tokens": model.context_window,
+                    "max_tokens": model.context_window,
+                    "mode": match model.kind {
+                        ModelKind::Embedding { .. } => "embedding",
+                        ModelKind::Chat => "chat",
+                    },
+                },
+            })
+        })
+        .collect();
+    axum::Json(json!({ "data": data })).into_response()
 }
