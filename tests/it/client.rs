@@ -696,6 +696,47 @@ mod discovery {
     }
 
     #[tokio::test]
+    async fn only_a_missing_embeddings_route_makes_the_api_path_wrong() {
+        let missing = || Scripted::json(404, r#"{"detail":"Not Found"}"#);
+        // The embeddings route answers, about the model or with a fault:
+        // it is there, and the job goes on as declared.
+        for there in [
+            Scripted::json(
+                404,
+                r#"{"object":"error","message":"The model `m` does not exist.","code":404}"#,
+            ),
+            Scripted::json(
+                422,
+                r#"{"detail":[{"msg":"List should have at least 1 item"}]}"#,
+            ),
+            Scripted::json(500, "internal error"),
+        ] {
+            let found = ask(vec![missing(), missing(), there]).await.unwrap();
+            assert!(found.model.is_none());
+            assert!(found.warnings[0].contains("describes no model"));
+        }
+        // A 405 (a path served for GET only) is no route either; the root
+        // answering says which api_path to set.
+        let wrong = ask(vec![
+            missing(),
+            missing(),
+            Scripted::json(405, r#"{"detail":"Method Not Allowed"}"#),
+            Scripted::json(400, r#"{"error":{"message":"input is empty"}}"#),
+        ])
+        .await
+        .unwrap_err();
+        let message = wrong.to_string();
+        assert!(
+            matches!(wrong, DiscoveryError::WrongApiPath { status: 405, .. }),
+            "{message}"
+        );
+        assert!(
+            message.contains("set `backend.api_path = \"\"`"),
+            "{message}"
+        );
+    }
+
+    #[tokio::test]
     async fn a_refused_key_or_an_unknown_model_is_a_refusal() {
         let refused = ask(vec![Scripted::json(
             401,
