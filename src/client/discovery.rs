@@ -295,8 +295,8 @@ async fn check_embeddings_route(client: &Client, model: &str) -> Result<(), Disc
 pub(super) fn with_route_hint(client: &Client, mut error: ApiError) -> ApiError {
     if no_such_route(&error) {
         error.message = format!(
-            "{} (the server has no route POST {}: check `backend.api_path` and \
-             `backend.base_url`)",
+            "{} (the server has no route POST {}: check `backend.api_path` (or \
+             EMBEDJOB_API_PATH) and the base URL)",
             error.message,
             embeddings_url(client, client.api_path())
         );
