@@ -500,3 +500,60 @@ fn release(held: &mut String, end: bool) -> String {
     *held = clean[cut..].to_string();
     clean[..cut].to_string()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn text(text: String) -> Text {
+        Text {
+            text,
+            place: "stdin line 4".to_string(),
+        }
+    }
+
+    /// Pieces end before a space, where cl100k starts a token anyway, so
+    /// counting a piece at a time gives the count of the whole.
+    #[test]
+    fn a_text_counted_a_piece_at_a_time_counts_as_a_whole() {
+        let chunker = TokenChunker::for_config(&ChunkingConfig::default()).unwrap();
+        let words = [
+            "alpha",
+            "beta,",
+            "gamma.",
+            "δέλτα",
+            "epsilon",
+            "42",
+            "(zeta)",
+        ];
+        let long: String = (0..40_000)
+            .map(|i| words[i % words.len()])
+            .collect::<Vec<_>>()
+            .join(" ");
+        assert!(long.len() > 3 * COUNTED_BYTES);
+        let whole = chunker.count_tokens(&long) as u64;
+        assert!(within_window(&chunker, &text(long.clone()), whole).is_ok());
+        let error = within_window(&chunker, &text(long.clone()), whole - 1).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            format!(
+                "stdin line 4: {whole} tokens, more than the model's window of {} tokens \
+                 takes; nothing was sent for it",
+                whole - 1
+            )
+        );
+        // Counting stops a piece past the window.
+        let error = within_window(&chunker, &text(long), 10).unwrap_err();
+        assert!(error.to_string().contains("at least"), "{error}");
+    }
+
+    #[test]
+    fn pieces_end_at_a_space_or_a_character_boundary() {
+        assert_eq!(piece_end("short", 64), 5);
+        assert_eq!(piece_end("aaaa bbbb cccc", 12), 9);
+        // No space in the second half: cut at the last boundary within size.
+        let accents = "é".repeat(10);
+        assert_eq!(piece_end(&accents, 7), 6);
+        assert_eq!(piece_end(&"x".repeat(100), 10), 10);
+    }
+}

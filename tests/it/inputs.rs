@@ -139,3 +139,31 @@ async fn embed_refuses_a_line_too_long_or_over_the_window_naming_it() {
         assert_eq!(sim.ledger().billed_requests, billed, "{stderr}");
     }
 }
+
+/// The local model's window (256 tokens, 254 of text besides `[CLS]` and
+/// `[SEP]`) is checked as its tokenizer counts, for stdin's lines and for
+/// texts given: a longer text was cut by the model without a word.
+#[tokio::test]
+async fn embed_local_refuses_a_text_over_the_models_window() {
+    // One WordPiece token a word: 300 of them are over the 254 of text.
+    let long = "word ".repeat(300);
+    let mut command = bin();
+    command
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args(["embed", "--local", "-"]);
+    let output = run_with_stdin(command, format!("fine\n{long}\n").into_bytes()).await;
+    let stderr = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    for needle in ["stdin line 2", "300 tokens", "window of 254 tokens"] {
+        assert!(stderr.contains(needle), "{needle:?} not in {stderr}");
+    }
+    assert!(output.stdout.is_empty());
+    let mut command = bin();
+    command
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args(["embed", "--local", "fine", &long]);
+    let output = run(command).await;
+    let stderr = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("text 2: 300 tokens"), "{stderr}");
+}
