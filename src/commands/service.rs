@@ -118,14 +118,6 @@ pub async fn embed(args: &EmbedArgs) -> Outcome {
     let mut usage = crate::types::Usage::default();
     let mut dimensions = 0;
     let mut embedded = 0usize;
-    if args.json {
-        let head = format!(
-            "{{\"backend\":{},\"model\":{},\"embeddings\":[",
-            json!(backend.info().kind.to_string()),
-            json!(model)
-        );
-        put(&mut out, &head)?;
-    }
     while !group.is_empty() {
         let before_work = embedded == 0;
         if let Some(window) = window {
@@ -138,6 +130,15 @@ pub async fn embed(args: &EmbedArgs) -> Outcome {
         let vectors = backend.embed(&refs, 0).await.map_err(Failure::failed)?;
         usage += vectors.usage;
         dimensions = vectors.dimensions;
+        // Begun with the first vectors, so an error before them prints nothing.
+        if args.json && before_work {
+            let head = format!(
+                "{{\"backend\":{},\"model\":{},\"embeddings\":[",
+                json!(backend.info().kind.to_string()),
+                json!(model)
+            );
+            put(&mut out, &head)?;
+        }
         for (i, (row, text)) in vectors.rows().zip(&refs).enumerate() {
             let line = if args.json {
                 let row = serde_json::to_string(row).map_err(Failure::failed)?;

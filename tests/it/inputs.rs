@@ -129,14 +129,21 @@ async fn embed_refuses_a_line_too_long_or_over_the_window_naming_it() {
     ];
     for (input, exit, needles, billed) in cases {
         sim.reset_ledger();
-        let command = embed_command(&sim.base_url(), &["--model", "svc-embed-1", "-"]);
+        let command = embed_command(&sim.base_url(), &["--model", "svc-embed-1", "--json", "-"]);
         let output = run_with_stdin(command, input.into_bytes()).await;
-        let (_, stderr) = no_key(&output, KEY);
+        let (stdout, stderr) = no_key(&output, KEY);
         assert_eq!(output.status.code(), Some(exit), "{stderr}");
         for needle in needles {
             assert!(stderr.contains(needle), "{needle:?} not in {stderr}");
         }
         assert_eq!(sim.ledger().billed_requests, billed, "{stderr}");
+        // Nothing before any request; after, an object no reader takes whole.
+        if billed == 0 {
+            assert!(stdout.is_empty(), "{stdout}");
+        } else {
+            assert!(stdout.starts_with("{\"backend\":\"api\""), "{stdout}");
+            assert!(serde_json::from_str::<Value>(&stdout).is_err());
+        }
     }
 }
 
