@@ -16,6 +16,9 @@ pub const MAX_LINE_BYTES: u64 = 64 * MIB;
 /// The most a `chunking.tokenizer` file may hold.
 pub const MAX_TOKENIZER_BYTES: u64 = 64 * MIB;
 
+/// The most a job file may hold: a job file is a few kilobytes of TOML.
+pub const MAX_JOB_FILE_BYTES: u64 = 16 * MIB;
+
 /// A limit as messages state it.
 pub fn describe(limit: u64) -> String {
     if limit > 0 && limit.is_multiple_of(MIB) {

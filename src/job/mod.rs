@@ -166,8 +166,7 @@ pub fn load(path: &Path, overrides: &[String], kinds: &Kinds) -> Result<Job, Job
         file: path.to_path_buf(),
         problems,
     };
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| fail(vec![format!("cannot read the job file: {e}")]))?;
+    let text = read_job_file(path).map_err(|e| fail(vec![e]))?;
     let default_name = path
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
@@ -186,6 +185,25 @@ pub fn load(path: &Path, overrides: &[String], kinds: &Kinds) -> Result<Job, Job
     })?;
     job.resolve_paths(path.parent().unwrap_or(Path::new("")));
     Ok(job)
+}
+
+/// The job file's text, read only up to [`crate::bounded::MAX_JOB_FILE_BYTES`],
+/// so a path such as `/dev/zero` is an error rather than exhausted memory.
+fn read_job_file(path: &Path) -> Result<String, String> {
+    use crate::bounded::{self, BoundedError, MAX_JOB_FILE_BYTES};
+    let cannot = |e: std::io::Error| format!("cannot read the job file: {e}");
+    let file = std::fs::File::open(path).map_err(cannot)?;
+    let bytes = bounded::read_to_end(file, MAX_JOB_FILE_BYTES).map_err(|e| match e {
+        BoundedError::TooLarge { limit } => format!(
+            "cannot read the job file: more than {}, the most a job file may hold",
+            bounded::describe(limit)
+        ),
+        BoundedError::Io(e) => cannot(e),
+    })?;
+    String::from_utf8(bytes).map_err(|e| {
+        let offset = e.utf8_error().valid_up_to();
+        format!("cannot read the job file: not valid UTF-8 (first bad byte at offset {offset})")
+    })
 }
 
 /// Parses job-file text with overrides applied; `default_name` names a job

@@ -436,7 +436,10 @@ fn declared_dimensions_must_match_the_model() {
 /// server; `-` reads the texts from stdin, one per line.
 #[tokio::test]
 async fn embed_uses_the_local_model_with_texts_from_stdin() {
-    let texts = sentences();
+    // The last sentence is over the model's window, which `embed` refuses
+    // (see inputs::embed_local_refuses_a_text_over_the_models_window).
+    let mut texts = sentences();
+    texts.pop();
     let mut command = bin();
     command
         .current_dir(env!("CARGO_MANIFEST_DIR"))
@@ -450,7 +453,7 @@ async fn embed_uses_the_local_model_with_texts_from_stdin() {
     let rows: Vec<Vec<f32>> = serde_json::from_value(value["embeddings"].clone()).unwrap();
     assert_matches_reference(
         rows.iter().map(Vec::as_slice).collect(),
-        &reference_vectors(),
+        &reference_vectors()[..texts.len()],
     );
 
     let mut command = bin();

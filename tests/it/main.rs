@@ -5,6 +5,7 @@ mod cli;
 mod client;
 mod cost;
 mod hostile;
+mod inputs;
 mod inspect;
 mod layout;
 mod local;

@@ -3,12 +3,15 @@
 //! cargo feature `local`.
 
 use std::path::{Path, PathBuf};
+#[cfg(feature = "local")]
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
 use serde::Deserialize;
 
-use crate::backend::{BackendKind, Embedding, EmbeddingBackend, EmbeddingKind};
+#[cfg(feature = "local")]
+use crate::backend::EmbeddingBackend;
+use crate::backend::{BackendKind, Embedding, EmbeddingKind};
 use crate::exit::Failure;
 use crate::job::{BackendParams, BackendShared, ChunkingConfig, Job, KindTable};
 
@@ -126,9 +129,10 @@ async fn load(config: &crate::job::BackendConfig) -> Result<super::LocalBackend,
 }
 
 /// The local model with its defaults (`model`: another model's folder in
-/// the cache), for the commands without a job file.
+/// the cache), for the commands without a job file, with a chunker that
+/// counts tokens as the model does.
 #[cfg(feature = "local")]
-pub async fn local_backend(model: Option<String>) -> Result<Arc<dyn EmbeddingBackend>, Failure> {
+pub async fn local_backend(model: Option<String>) -> Result<Embedding, Failure> {
     let config = crate::job::BackendConfig {
         shared: BackendShared {
             model,
@@ -136,11 +140,18 @@ pub async fn local_backend(model: Option<String>) -> Result<Arc<dyn EmbeddingBac
         },
         params: Box::new(LocalParams::default()),
     };
-    Ok(Arc::new(load(&config).await?))
+    let backend = load(&config).await?;
+    let chunker =
+        crate::chunk::TokenChunker::with_tokenizer(&ChunkingConfig::default(), backend.tokenizer())
+            .map_err(Failure::usage)?;
+    Ok(Embedding {
+        backend: Arc::new(backend),
+        chunker: Arc::new(chunker),
+    })
 }
 
 #[cfg(not(feature = "local"))]
-pub async fn local_backend(_model: Option<String>) -> Result<Arc<dyn EmbeddingBackend>, Failure> {
+pub async fn local_backend(_model: Option<String>) -> Result<Embedding, Failure> {
     Err(not_built())
 }
 

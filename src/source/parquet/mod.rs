@@ -1,7 +1,10 @@
 //! Parquet: a file, or a directory of `*.parquet` files read in name order.
 //!
 //! Only the text (and id, and metadata) columns are decoded, a record batch
-//! at a time, so memory is bounded by one batch whatever the file's size.
+//! at a time, so memory is bounded by one batch whatever the file's size. A
+//! batch holds as many rows as fit [`BATCH_BYTES`] by the footer's sizes of
+//! each row group, so rows of long texts come a few at a time; a text longer
+//! than [`MAX_DOCUMENT_BYTES`] is an error naming its row and column.
 //! Every codec Parquet allows is read: snappy, gzip, lz4, zstd and brotli.
 
 mod config;
@@ -16,17 +19,66 @@ use arrow::array::{
 };
 use arrow::buffer::NullBuffer;
 use arrow::datatypes::{DataType, Schema};
-use parquet::arrow::arrow_reader::{ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder};
+use parquet::arrow::arrow_reader::{
+    ArrowReaderMetadata, ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder,
+};
 use parquet::arrow::ProjectionMask;
+use parquet::file::metadata::ParquetMetaData;
 
 use super::{io_error, metadata, path_text, Document, Source, SourceError, SourceStats};
-use crate::parquet_io::{list_parquet_files, open_reader};
+use crate::bounded::{describe, MAX_DOCUMENT_BYTES};
+use crate::parquet_io::{list_parquet_files, load_metadata, open_reader};
 use crate::source::records::RecordsSource;
 use crate::types::MetadataSchema;
 
-/// Rows decoded at a time: enough to amortise decoding, small enough that a
-/// batch of long documents stays modest.
+/// Rows decoded at a time at most: enough to amortise decoding.
 const BATCH_ROWS: usize = 1024;
+
+/// The decoded size a batch aims at: fewer rows than [`BATCH_ROWS`] when
+/// the footer says a row group's rows are long.
+const BATCH_BYTES: u64 = 64 * 1024 * 1024;
+
+/// Rows a batch of a row group holds: as many of its rows as `budget`
+/// holds on average (`bytes` decoded in all for `rows` rows), at least one
+/// and at most [`BATCH_ROWS`]. A size the footer does not give (negative)
+/// leaves the most.
+fn batch_rows(bytes: i64, rows: i64, budget: u64) -> usize {
+    let (Ok(bytes), Ok(rows)) = (u64::try_from(bytes), u64::try_from(rows)) else {
+        return BATCH_ROWS;
+    };
+    let per_row = bytes.div_ceil(rows.max(1)).max(1);
+    usize::try_from(budget / per_row).map_or(BATCH_ROWS, |n| n.clamp(1, BATCH_ROWS))
+}
+
+/// Each row group's index with the rows a batch of it holds, given the
+/// decoded columns' `roots` (the footer sizes columns by their leaves).
+fn row_group_batches(
+    metadata: &ParquetMetaData,
+    roots: &[usize],
+    budget: u64,
+) -> Vec<(usize, usize)> {
+    let schema = metadata.file_metadata().schema_descr();
+    let read: Vec<usize> = (0..schema.num_columns())
+        .filter(|&leaf| roots.contains(&schema.get_column_root_idx(leaf)))
+        .collect();
+    metadata
+        .row_groups()
+        .iter()
+        .enumerate()
+        .map(|(index, group)| {
+            let mut bytes: i64 = 0;
+            for column in read.iter().filter_map(|&leaf| group.columns().get(leaf)) {
+                let size = column.uncompressed_size();
+                bytes = if size < 0 || bytes < 0 {
+                    -1
+                } else {
+                    bytes.saturating_add(size)
+                };
+            }
+            (index, batch_rows(bytes, group.num_rows(), budget))
+        })
+        .collect()
+}
 
 pub struct ParquetSource {
     files: std::vec::IntoIter<PathBuf>,
@@ -36,13 +88,22 @@ pub struct ParquetSource {
     current: Option<OpenFile>,
     last_row: Option<u64>,
     stats: SourceStats,
+    /// [`BATCH_BYTES`], less in tests.
+    batch_bytes: u64,
 }
 
 /// The file being read and the batch being handed out.
 struct OpenFile {
     path: PathBuf,
     source: Arc<str>,
-    reader: ParquetRecordBatchReader,
+    /// The file and its footer, for a reader of each row group.
+    file: std::fs::File,
+    metadata: ArrowReaderMetadata,
+    mask: ProjectionMask,
+    /// The row groups still to read, each with the rows of its batches.
+    groups: std::vec::IntoIter<(usize, usize)>,
+    /// The reader of the current row group.
+    reader: Option<ParquetRecordBatchReader>,
     batch: Option<Batch>,
     /// Rows of this file in the batches before the current one.
     rows_before: u64,
@@ -119,6 +180,7 @@ impl ParquetSource {
             current: None,
             last_row: None,
             stats: SourceStats::default(),
+            batch_bytes: BATCH_BYTES,
         })
     }
 
@@ -126,8 +188,8 @@ impl ParquetSource {
         let Some(path) = self.files.next() else {
             return Ok(false);
         };
-        let builder = builder(&path)?;
-        let schema = Arc::clone(builder.schema());
+        let metadata = load_metadata(&path)?;
+        let schema = Arc::clone(metadata.schema());
         let mut roots = vec![column_index(&path, &schema, &self.text_field)?];
         if let Some(id_field) = &self.id_field {
             roots.push(column_index(&path, &schema, id_field)?);
@@ -135,18 +197,17 @@ impl ParquetSource {
         for field in self.metadata.iter().flat_map(|m| &m.fields) {
             roots.push(column_index(&path, &schema, &field.field)?);
         }
-        let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
-        let built = guard(&path, || {
-            builder
-                .with_projection(mask)
-                .with_batch_size(BATCH_ROWS)
-                .build()
-        })?;
-        let reader = built.map_err(|e| corrupt(&path, e))?;
+        let groups = row_group_batches(metadata.metadata(), &roots, self.batch_bytes);
+        let mask = ProjectionMask::roots(metadata.parquet_schema(), roots);
+        let file = std::fs::File::open(&path).map_err(|e| io_error(&path, e))?;
         self.current = Some(OpenFile {
             source: Arc::from(path_text(&path)),
             path,
-            reader,
+            file,
+            metadata,
+            mask,
+            groups: groups.into_iter(),
+            reader: None,
             batch: None,
             rows_before: 0,
         });
@@ -190,6 +251,18 @@ impl Source for ParquetSource {
                 self.stats.skipped_null += 1;
                 continue;
             };
+            if text.len() as u64 > MAX_DOCUMENT_BYTES {
+                return Err(SourceError::Row {
+                    path: file.path.clone(),
+                    row,
+                    message: format!(
+                        "column {:?}: a text of {} bytes, more than {}, the most a document may hold",
+                        self.text_field,
+                        text.len(),
+                        describe(MAX_DOCUMENT_BYTES)
+                    ),
+                });
+            }
             if text.trim().is_empty() {
                 self.stats.skipped_empty += 1;
                 continue;
@@ -241,23 +314,55 @@ impl Source for ParquetSource {
 }
 
 impl OpenFile {
+    /// A reader of the next row group, its batches sized for it; `None`
+    /// after the last.
+    fn next_reader(&mut self) -> Result<Option<ParquetRecordBatchReader>, SourceError> {
+        let Some((group, rows)) = self.groups.next() else {
+            return Ok(None);
+        };
+        let file = self.file.try_clone().map_err(|e| io_error(&self.path, e))?;
+        let built = guard(&self.path, || {
+            ParquetRecordBatchReaderBuilder::new_with_metadata(file, self.metadata.clone())
+                .with_projection(self.mask.clone())
+                .with_row_groups(vec![group])
+                .with_batch_size(rows)
+                .build()
+        })?;
+        built.map(Some).map_err(|e| corrupt(&self.path, e))
+    }
+
+    /// The next batch of decoded rows, from this row group or the next.
+    fn next_decoded(&mut self) -> Result<Option<RecordBatch>, SourceError> {
+        loop {
+            let reader = match &mut self.reader {
+                Some(reader) => reader,
+                None => match self.next_reader()? {
+                    Some(reader) => self.reader.insert(reader),
+                    None => return Ok(None),
+                },
+            };
+            match guard(&self.path, || reader.next())? {
+                None => self.reader = None,
+                Some(Ok(batch)) => return Ok(Some(batch)),
+                Some(Err(e)) => {
+                    return Err(SourceError::Corrupt {
+                        path: self.path.clone(),
+                        message: format!("after row {}: {e}", self.rows_before),
+                    })
+                }
+            }
+        }
+    }
+
     fn next_batch(
         &mut self,
         text_field: &str,
         id_field: Option<&str>,
         metadata: Option<&MetadataSchema>,
     ) -> Result<Option<Batch>, SourceError> {
-        let reader = &mut self.reader;
-        let next = guard(&self.path, || reader.next())?;
-        let batch: RecordBatch = match next {
+        let batch: RecordBatch = match self.next_decoded()? {
             None => return Ok(None),
-            Some(Ok(batch)) => batch,
-            Some(Err(e)) => {
-                return Err(SourceError::Corrupt {
-                    path: self.path.clone(),
-                    message: format!("after row {}: {e}", self.rows_before),
-                })
-            }
+            Some(batch) => batch,
         };
         let column = |name: &str| {
             batch
@@ -532,6 +637,105 @@ mod tests {
                 skipped_empty: 1
             }
         );
+    }
+
+    #[test]
+    fn a_batch_holds_the_rows_its_budget_holds_by_the_footer() {
+        const MIB: i64 = 1024 * 1024;
+        // 512 rows of 8 MiB: 64 MiB holds 8 of them.
+        assert_eq!(batch_rows(512 * 8 * MIB, 512, 64 << 20), 8);
+        // Short rows: the most, 1024, however many the budget would hold.
+        assert_eq!(batch_rows(100 * 1024, 1000, 64 << 20), BATCH_ROWS);
+        // A row longer than the budget still comes, alone.
+        assert_eq!(batch_rows(1024 * MIB, 1, 64 << 20), 1);
+        // 3 bytes over 2 rows is 2 a row (rounded up), so 9 bytes hold 4.
+        assert_eq!(batch_rows(3, 2, 9), 4);
+        // No rows, or sizes the footer does not give: the most.
+        assert_eq!(batch_rows(0, 0, 64 << 20), BATCH_ROWS);
+        assert_eq!(batch_rows(-1, 10, 64 << 20), BATCH_ROWS);
+        assert_eq!(batch_rows(10, -1, 64 << 20), BATCH_ROWS);
+    }
+
+    /// Regression: a file of long texts was decoded 1024 rows at a time
+    /// whatever their length. Each row group's batches now hold what the
+    /// budget holds by the footer's sizes of the columns read.
+    #[test]
+    fn regression_rows_of_long_texts_are_decoded_a_few_at_a_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("long.parquet");
+        let long: Vec<String> = (0..40)
+            .map(|i| format!("{i} {}", "x".repeat(64 << 10)))
+            .collect();
+        let ids: Vec<String> = (0..40).map(|i| format!("id{i}")).collect();
+        // Two row groups of 20 rows; the unread column is larger still, and
+        // must not count.
+        write_with(
+            &path,
+            vec![
+                ("id", Arc::new(StringArray::from(ids)) as ArrayRef),
+                ("text", Arc::new(StringArray::from(long.clone()))),
+                (
+                    "unread",
+                    Arc::new(StringArray::from(vec!["y".repeat(1 << 20); 40])),
+                ),
+            ],
+            Compression::ZSTD(Default::default()),
+            Some(20),
+        );
+        let mut source = ParquetSource::open(&path, "text", Some("id")).unwrap();
+        // Each row is a little over 64 KiB of text and id (with their
+        // lengths and page headers), so 256 KiB holds 3 of them.
+        source.batch_bytes = 256 << 10;
+        let mut largest = 0;
+        let mut documents = Vec::new();
+        while let Some(document) = source.next_document().unwrap() {
+            let batch = source.current.as_ref().and_then(|f| f.batch.as_ref());
+            largest = largest.max(batch.map_or(0, |b| b.len));
+            documents.push(document);
+        }
+        assert_eq!(largest, 3);
+        assert_eq!(
+            texts(&documents),
+            long.iter().map(String::as_str).collect::<Vec<_>>()
+        );
+        assert_eq!(documents[39].doc_id, "id39");
+    }
+
+    /// Regression: a text cell had no limit. One over the documents' limit
+    /// is an error naming the file, the row and the column.
+    #[test]
+    fn regression_a_text_cell_over_the_limit_names_its_row_and_column() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("big.parquet");
+        let limit = usize::try_from(MAX_DOCUMENT_BYTES).unwrap();
+        write_with(
+            &path,
+            vec![
+                ("id", utf8(&[Some("a"), Some("b")])),
+                (
+                    "body",
+                    Arc::new(StringArray::from(vec![
+                        "short".to_string(),
+                        "z".repeat(limit + 1),
+                    ])),
+                ),
+            ],
+            Compression::ZSTD(Default::default()),
+            None,
+        );
+        let mut source = ParquetSource::open(&path, "body", Some("id")).unwrap();
+        assert_eq!(source.next_document().unwrap().unwrap().text, "short");
+        let error = first_error(&mut source);
+        assert!(matches!(error, SourceError::Row { row: 2, .. }), "{error}");
+        let message = error.to_string();
+        for needle in [
+            "big.parquet",
+            "row 2",
+            "column \"body\"",
+            "more than 64 MiB",
+        ] {
+            assert!(message.contains(needle), "{needle:?} not in {message}");
+        }
     }
 
     #[test]
