@@ -42,12 +42,13 @@ pub(crate) struct Shared {
     quotas: Quotas,
 }
 
-/// An embeddings request being served; frees its place when dropped.
-pub(crate) struct Slot<'a>(&'a AtomicUsize);
+/// An embeddings request being served; frees its place when dropped, as its answer leaves.
+pub(crate) struct Slot<'a>(&'a Shared);
 
 impl Drop for Slot<'_> {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
+        self.0.embeddings_in_flight.fetch_sub(1, Ordering::SeqCst);
+        self.0.ledger().answered = true;
     }
 }
 
@@ -67,7 +68,14 @@ impl Shared {
     /// refuses with a 429 when `max_concurrent_requests` are already in.
     pub fn enter(&self) -> Result<Slot<'_>, ApiError> {
         let now = self.embeddings_in_flight.fetch_add(1, Ordering::SeqCst) + 1;
-        let slot = Slot(&self.embeddings_in_flight);
+        let slot = Slot(self);
+        {
+            let mut ledger = self.ledger();
+            if !ledger.answered {
+                let most = &mut ledger.in_flight_before_first_answer;
+                *most = (*most).max(now as u64);
+            }
+        }
         match self.config.max_concurrent_requests {
             Some(max) if now > max => Err(ApiError {
                 fault: Some("concurrency_limit"),
