@@ -43,6 +43,16 @@ impl RateLimitHeaders {
         };
         (found.requests.is_some() || found.tokens.is_some()).then_some(found)
     }
+
+    /// Whether the headers say a request of `tokens` fits now, with room to
+    /// spare (twice its tokens, for a count that differs from the
+    /// service's): on a 429, they contradict the refusal.
+    pub fn covers(&self, tokens: f64) -> bool {
+        self.requests.is_none_or(|q| q.remaining >= 1.0)
+            && self
+                .tokens
+                .is_none_or(|q| q.remaining >= 2.0 * tokens.max(1.0))
+    }
 }
 
 fn quota(headers: &HeaderMap, name: &str) -> Option<QuotaHeader> {

@@ -9,9 +9,14 @@
 //! the quota's rate with few refusals, and several processes on one key,
 //! each seeing the shared quota in the headers, share it without talking.
 //!
-//! A service that sends no such headers is paced by its 429s: one shared
-//! pause, as long as `Retry-After` / `retry-after-ms` asks (capped) or else
-//! a jittered backoff, while the window of requests in flight halves
+//! Every 429 pauses every sender: as long as `Retry-After` /
+//! `retry-after-ms` asks (capped), and never less than a floor that doubles
+//! with each refusal in a row (up to a cap) and resets on a success; until
+//! that success, requests go one at a time. So no server, not one that says
+//! `Retry-After: 0` nor one whose headers claim a whole quota on its 429s
+//! (such headers are not believed until a success), makes the run send
+//! faster than the floor allows. A service that sends no headers is paced by
+//! its 429s alone, while the window of requests in flight halves
 //! ([`Throttle`](super::throttle::Throttle)). A rate-limit refusal is a wait,
 //! not a failed attempt: only when nothing has succeeded for the stall
 //! timeout does the run stop, resumable.
@@ -30,10 +35,11 @@ use super::Fault;
 /// The longest pause a service's `Retry-After` sets; a longer one is taken as this.
 pub const MAX_PAUSE: Duration = Duration::from_secs(120);
 
-/// The first pause after a 429 that says nothing of when to come back;
-/// it doubles with each such 429 in a row, up to [`MAX_BACKOFF`].
-const FIRST_BACKOFF: Duration = Duration::from_millis(250);
-const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// The floor of the pause after a 429, whatever the service says: it
+/// doubles with each refusal in a row, up to [`MAX_BACKOFF`], and a success
+/// resets it (docs/service.md states the bound it sets).
+pub const FIRST_BACKOFF: Duration = Duration::from_millis(250);
+pub const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
 /// The budget kept in hand beyond a request's cost, as a share of the
 /// quota: it absorbs a request billed a little more than estimated and the
@@ -51,12 +57,13 @@ const SHARE_STEP: f64 = 0.005;
 /// The longest one sleep between checks of the budget; new answers may have come meanwhile.
 const MAX_STEP: Duration = Duration::from_millis(500);
 
-/// Until the first answer tells whether the service describes its quota,
-/// one request goes alone, for at most this long: a run that starts with a
-/// full window of requests would find the quota by having them refused.
+/// A shard of a split job sends one request alone until the first answer
+/// tells whether the service describes its quota, for at most this long:
+/// shards each starting with a full window would find the quota they share
+/// by having them refused. A process alone starts with its full window.
 const PROBE: Duration = Duration::from_secs(2);
 
-/// How often a request waiting on the first answer looks again.
+/// How often a request waiting on another's answer looks again.
 const PROBE_STEP: Duration = Duration::from_millis(5);
 
 /// Sends not yet covered by an answer's headers, at most.
@@ -66,8 +73,8 @@ const MAX_UNCOVERED: usize = 4096;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum QuotaStop {
     #[error(
-        "nothing succeeded for {seconds}s (`backend.stall_timeout_seconds`) while the service's \
-         quota held requests back ({last})"
+        "nothing succeeded for {seconds}s (`backend.stall_timeout_seconds`) while the service \
+         refused requests or its quota held them back ({last})"
     )]
     Stalled { seconds: u64, last: String },
     #[error("the service says the quota is used up (insufficient_quota): {0}")]
@@ -201,12 +208,22 @@ struct State {
     uncovered: VecDeque<Sent>,
     /// When the first request went, until any answer came.
     probing: Option<Instant>,
+    /// Whether the first request goes alone (a shard of a split job).
+    probe: bool,
     answered: bool,
     /// Billed and local tokens of the answers so far.
     billed: f64,
     local: f64,
     paused_until: Option<Instant>,
-    backoff: Duration,
+    /// Refusals in a row that raised the floor, since the last success.
+    refusals: u32,
+    /// When the floor was last raised: a refusal of a request sent before
+    /// then is of the same burst and raises it no further.
+    raised_at: Option<Instant>,
+    /// The request sent alone while refusals go on, and when it went.
+    alone: Option<(u64, Instant)>,
+    /// Headers that contradicted a refusal: none are taken in until a success.
+    distrust: bool,
     /// The share of the quota's refill counted on between answers: 1 alone,
     /// less when refusals show others on the same quota.
     share: f64,
@@ -279,11 +296,15 @@ impl Pacing {
                 observed_seq: None,
                 uncovered: VecDeque::new(),
                 probing: None,
+                probe: false,
                 answered: false,
                 billed: 0.0,
                 local: 0.0,
                 paused_until: None,
-                backoff: FIRST_BACKOFF,
+                refusals: 0,
+                raised_at: None,
+                alone: None,
+                distrust: false,
                 share: 1.0,
                 least_share: MIN_SHARE,
                 share_lowered: None,
@@ -309,6 +330,7 @@ impl Pacing {
             let mut state = self.lock();
             state.share = 1.0 / f64::from(processes.max(1));
             state.least_share = state.share.min(MIN_SHARE);
+            state.probe = processes > 1;
         }
         self
     }
@@ -341,10 +363,16 @@ impl Pacing {
             let wait = {
                 let mut state = self.lock();
                 let wait = state.wait(now, local_tokens);
-                if wait.is_zero() {
+                // From the last success (or the first send), whatever the service says.
+                let quiet = if state.next_seq == 0 {
+                    Duration::ZERO
+                } else {
+                    now.saturating_duration_since(state.last_success)
+                };
+                let held = !wait.is_zero() || state.refusals > 0;
+                if !held || (wait.is_zero() && quiet < self.stall_timeout) {
                     return Ok(state.send(now, local_tokens));
                 }
-                let quiet = now.saturating_duration_since(state.last_success);
                 if quiet >= self.stall_timeout {
                     return Err(QuotaStop::Stalled {
                         seconds: self.stall_timeout.as_secs(),
@@ -374,9 +402,13 @@ impl Pacing {
         billed_tokens: Option<u64>,
     ) {
         let mut state = self.lock();
+        state.release(ticket);
+        state.refusals = 0;
+        state.raised_at = None;
+        state.alone = None;
+        state.distrust = false;
         state.observe(ticket, headers);
         state.last_success = Instant::now();
-        state.backoff = FIRST_BACKOFF;
         state.share = (state.share + SHARE_STEP).min(1.0);
         if let Some(billed) = billed_tokens.filter(|_| ticket.local_tokens > 0) {
             #[allow(clippy::cast_precision_loss)]
@@ -390,12 +422,14 @@ impl Pacing {
     /// A failed request that is not a refusal by the quota (a 5xx, a
     /// timeout): its headers still describe the quota.
     pub fn on_failure(&self, ticket: Ticket, headers: Option<RateLimitHeaders>) {
-        self.lock().observe(ticket, headers);
+        let mut state = self.lock();
+        state.release(ticket);
+        state.observe(ticket, headers);
     }
 
     /// A 429 that is a rate limit. Returns whether the service describes
-    /// its quota in headers (the pacing then follows them; otherwise the
-    /// caller narrows its window of requests in flight).
+    /// its quota in headers that are believed (the pacing then follows
+    /// them; otherwise the caller narrows its window of requests in flight).
     pub fn on_refused(
         &self,
         ticket: Ticket,
@@ -406,34 +440,31 @@ impl Pacing {
         let mut state = self.lock();
         state.throttled += 1;
         state.last_refusal = Some(error.to_string());
-        let described = headers.is_some();
+        state.release(ticket);
+        #[allow(clippy::cast_precision_loss)]
+        let tokens = ticket.local_tokens as f64 * state.ratio();
+        if headers.is_some_and(|h| h.covers(tokens)) {
+            // Headers that say the refused request fits are not believed until a success.
+            state.distrust = true;
+        }
+        let described = headers.is_some() && !state.distrust;
         let now = Instant::now();
         state.observe(ticket, headers);
         state.yield_share(now);
-        if let (Some(headers), Some(asked)) = (headers, retry_after) {
+        if let (Some(headers), Some(asked)) = (headers.filter(|_| described), retry_after) {
             // The service says when the refused request fits: until then, nothing is ours.
             if let Some(until) = now.checked_add(asked.min(MAX_PAUSE)) {
                 state.refused(&headers, ticket, until);
             }
         }
-        let pause = match retry_after {
-            Some(asked) => asked.min(MAX_PAUSE),
-            // The headers tell when the budget returns; the pacing waits for it.
-            None if described => Duration::ZERO,
-            None => {
-                let pause = state.backoff;
-                state.backoff = (state.backoff * 2).min(MAX_BACKOFF);
-                pause
-            }
-        };
-        if !pause.is_zero() {
-            // Processes refused together would come back together and be
-            // refused again: each waits a random part longer.
-            let spread = if described { 0.25 } else { 0.1 };
-            let jitter = pause.mul_f64(state.rng.random_range(0.0..spread));
-            if let Some(until) = now.checked_add(pause + jitter) {
-                state.paused_until = Some(state.paused_until.map_or(until, |p| p.max(until)));
-            }
+        let floor = state.raise_floor(ticket, now);
+        let pause = retry_after.map_or(floor, |asked| asked.min(MAX_PAUSE).max(floor));
+        // Processes refused together would come back together and be
+        // refused again: each waits a random part longer.
+        let spread = if described { 0.25 } else { 0.1 };
+        let jitter = pause.mul_f64(state.rng.random_range(0.0..spread));
+        if let Some(until) = now.checked_add(pause + jitter) {
+            state.paused_until = Some(state.paused_until.map_or(until, |p| p.max(until)));
         }
         described
     }
@@ -467,7 +498,7 @@ impl State {
 
     /// The wait before a request of `local_tokens` may go; zero if it may now.
     fn wait(&self, now: Instant, local_tokens: u64) -> Duration {
-        if let Some(first) = self.probing.filter(|_| !self.answered) {
+        if let Some(first) = self.probing.filter(|_| self.probe && !self.answered) {
             let left = (first + PROBE).saturating_duration_since(now);
             if !left.is_zero() {
                 return left.min(PROBE_STEP);
@@ -476,6 +507,12 @@ impl State {
         let mut wait = self
             .paused_until
             .map_or(Duration::ZERO, |until| until.saturating_duration_since(now));
+        // While refusals go on, one request at a time; one never told of
+        // (given up on) holds the others back no longer than the floor's cap.
+        if let Some((_, sent)) = self.alone {
+            let left = (sent + MAX_BACKOFF).saturating_duration_since(now);
+            wait = wait.max(left.min(PROBE_STEP));
+        }
         #[allow(clippy::cast_precision_loss)]
         let tokens = local_tokens as f64 * self.ratio();
         if let Some(budget) = &self.requests {
@@ -485,6 +522,24 @@ impl State {
             wait = wait.max(budget.wait(now, tokens, self.share));
         }
         wait
+    }
+
+    /// A refusal raises the floor of the pause, unless its request went
+    /// before the last raise (refused in the same burst). Returns the floor.
+    fn raise_floor(&mut self, ticket: Ticket, now: Instant) -> Duration {
+        if self.raised_at.is_none_or(|at| ticket.sent_at >= at) {
+            self.refusals = self.refusals.saturating_add(1);
+            self.raised_at = Some(now);
+        }
+        let doublings = self.refusals.saturating_sub(1).min(16);
+        (FIRST_BACKOFF * 2u32.pow(doublings)).min(MAX_BACKOFF)
+    }
+
+    /// The request sent alone was told of.
+    fn release(&mut self, ticket: Ticket) {
+        if self.alone.is_some_and(|(seq, _)| seq == ticket.seq) {
+            self.alone = None;
+        }
     }
 
     /// A refusal: others on the quota took what this process counted on,
@@ -519,8 +574,15 @@ impl State {
 
     fn send(&mut self, now: Instant, local_tokens: u64) -> Ticket {
         let seq = self.next_seq;
+        if seq == 0 {
+            // The stall timeout counts from the first send until a success.
+            self.last_success = now;
+        }
         self.next_seq += 1;
         self.probing.get_or_insert(now);
+        if self.refusals > 0 {
+            self.alone = Some((seq, now));
+        }
         if self.requests.is_some() || self.tokens.is_some() {
             if self.uncovered.len() >= MAX_UNCOVERED {
                 self.uncovered.pop_front();
@@ -547,7 +609,9 @@ impl State {
     /// cover with every request sent before it.
     fn observe(&mut self, ticket: Ticket, headers: Option<RateLimitHeaders>) {
         self.answered = true;
-        let Some(headers) = headers else { return };
+        let Some(headers) = headers.filter(|_| !self.distrust) else {
+            return;
+        };
         if self.observed_seq.is_some_and(|seen| seen > ticket.seq) {
             return;
         }
