@@ -211,6 +211,30 @@ mod tests {
     }
 
     #[test]
+    fn headers_cover_a_request_only_with_room_in_every_quota_they_describe() {
+        let quota = |limit: f64, remaining: f64| QuotaHeader {
+            limit,
+            remaining,
+            reset: None,
+        };
+        let both = |requests: f64, tokens: f64| RateLimitHeaders {
+            requests: Some(quota(100.0, requests)),
+            tokens: Some(quota(10_000.0, tokens)),
+        };
+        assert!(both(100.0, 10_000.0).covers(500.0), "a whole quota");
+        assert!(!both(0.0, 10_000.0).covers(500.0), "no request left");
+        assert!(
+            !both(100.0, 900.0).covers(500.0),
+            "less than twice the tokens"
+        );
+        let tokens_only = RateLimitHeaders {
+            requests: None,
+            tokens: Some(quota(10_000.0, 1000.0)),
+        };
+        assert!(tokens_only.covers(500.0));
+    }
+
+    #[test]
     fn retry_after_seconds_date_and_ms() {
         let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
         assert_eq!(

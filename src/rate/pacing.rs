@@ -887,6 +887,187 @@ mod tests {
         );
     }
 
+    /// Headers that claim a whole quota: 10,000 requests and 10M tokens left.
+    fn whole_quota() -> RateLimitHeaders {
+        headers(
+            Some((10_000.0, 10_000.0, 0)),
+            Some((10_000_000.0, 10_000_000.0, 0)),
+        )
+    }
+
+    /// `c` senders against a server that answers each request after 1 ms as
+    /// `answer` says (given the request's number), until the stall timeout
+    /// stops them or 10,000 requests went. Returns the requests sent, the
+    /// refusals and the stops.
+    async fn senders(
+        pacing: &Pacing,
+        c: usize,
+        answer: impl Fn(u64) -> Option<(Option<RateLimitHeaders>, TestFault)>,
+    ) -> (u64, u64, Vec<QuotaStop>) {
+        let sent = std::cell::Cell::new(0u64);
+        let refused = std::cell::Cell::new(0u64);
+        let sender = || async {
+            loop {
+                let ticket = match pacing.admit(1).await {
+                    Ok(ticket) => ticket,
+                    Err(stop) => return Some(stop),
+                };
+                let n = sent.get();
+                sent.set(n + 1);
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                if n >= 10_000 {
+                    pacing.on_answer(ticket, None, None);
+                    return None;
+                }
+                match answer(n) {
+                    Some((headers, fault)) => {
+                        refused.set(refused.get() + 1);
+                        pacing.on_refused(ticket, headers, &fault);
+                    }
+                    None => pacing.on_answer(ticket, None, None),
+                }
+            }
+        };
+        let stops = futures::future::join_all((0..c).map(|_| sender())).await;
+        (
+            sent.get(),
+            refused.get(),
+            stops.into_iter().flatten().collect(),
+        )
+    }
+
+    /// The most requests `c` senders make when every one is refused, until
+    /// the stall timeout `t`: the window before the first refusal, then one
+    /// at a time, the n-th once the floors 1..=n have passed (all within `t`).
+    fn storm_bound(c: u64, t: Duration) -> u64 {
+        let mut n = 0;
+        let mut waited = Duration::ZERO;
+        loop {
+            let floor = (FIRST_BACKOFF * 2u32.pow(n)).min(MAX_BACKOFF);
+            if waited + floor >= t {
+                return c + u64::from(n);
+            }
+            waited += floor;
+            n += 1;
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_server_that_refuses_everything_gets_the_window_and_one_request_a_floor() {
+        let stall = Duration::from_secs(10);
+        assert_eq!(
+            storm_bound(8, stall),
+            13,
+            "0.25 + ... + 4 = 7.75 s fit in 10 s"
+        );
+        // Headers that claim a whole quota on every 429, then Retry-After: 0
+        // with and without them.
+        let servers: [(Option<RateLimitHeaders>, Option<Duration>); 3] = [
+            (Some(whole_quota()), None),
+            (None, Some(Duration::ZERO)),
+            (Some(whole_quota()), Some(Duration::ZERO)),
+        ];
+        for (refusal_headers, retry_after) in servers {
+            let pacing = Pacing::new(stall);
+            let start = Instant::now();
+            let (sent, refused, stops) = senders(&pacing, 8, |_| {
+                Some((refusal_headers, rate_limited(retry_after)))
+            })
+            .await;
+            let case = format!(
+                "headers {:?}, Retry-After {retry_after:?}",
+                refusal_headers.is_some()
+            );
+            assert!(sent <= storm_bound(8, stall), "{case}: {sent} sent");
+            assert_eq!(refused, sent, "{case}");
+            assert_eq!(stops.len(), 8, "{case}: every sender stopped");
+            assert!(
+                stops
+                    .iter()
+                    .all(|s| matches!(s, QuotaStop::Stalled { seconds: 10, .. })),
+                "{case}: {stops:?}"
+            );
+            assert!(
+                start.elapsed() <= stall + MAX_STEP,
+                "{case}: {:?}",
+                start.elapsed()
+            );
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_server_that_refuses_every_other_request_gets_a_floor_after_each() {
+        let pacing = Pacing::new(Duration::from_secs(600));
+        let start = Instant::now();
+        // 400 requests, every other one refused with Retry-After: 0 and a whole quota.
+        let (sent, refused, stops) = senders(&pacing, 8, |n| {
+            (n % 2 == 1 && n < 400)
+                .then(|| (Some(whole_quota()), rate_limited(Some(Duration::ZERO))))
+        })
+        .await;
+        assert!(stops.is_empty(), "{stops:?}");
+        assert!(
+            sent > 400 && refused == 200,
+            "{sent} sent, {refused} refused"
+        );
+        // After a refusal nothing new goes for the floor: only the 8 in
+        // flight can be refused before it ends, then one more alone, at the
+        // floor or longer apart. So in `elapsed`, at most 9 refusals a floor.
+        let floors = start.elapsed().as_secs_f64() / FIRST_BACKOFF.as_secs_f64();
+        assert!(
+            refused as f64 <= 9.0 * (floors + 1.0),
+            "{refused} refusals in {:?}",
+            start.elapsed()
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_process_alone_sends_its_window_at_once_and_a_shard_probes_first() {
+        let alone = Pacing::new(Duration::from_secs(600));
+        let start = Instant::now();
+        for _ in 0..8 {
+            let _ = alone.admit(1).await.unwrap();
+        }
+        assert_eq!(start.elapsed(), Duration::ZERO, "nothing said to wait");
+        assert_eq!(alone.waited(), Duration::ZERO);
+
+        let shard = Pacing::new(Duration::from_secs(600)).shared_by(4);
+        let first = shard.admit(1).await.unwrap();
+        let second = tokio::time::timeout(Duration::from_secs(1), shard.admit(1)).await;
+        assert!(second.is_err(), "a shard waits for the first answer");
+        shard.on_answer(first, None, None);
+        let start = Instant::now();
+        let _ = shard.admit(1).await.unwrap();
+        assert!(start.elapsed() <= PROBE_STEP, "{:?}", start.elapsed());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn headers_that_contradict_a_refusal_are_not_believed_until_a_success() {
+        let pacing = Pacing::new(Duration::from_secs(600));
+        let t = pacing.admit(1).await.unwrap();
+        // Nothing left of 10 requests, whole again in 10 s.
+        pacing.on_answer(t, Some(headers(Some((10.0, 0.0, 10_000)), None)), None);
+        tokio::time::advance(Duration::from_secs(2)).await;
+        let t = pacing.admit(1).await.unwrap();
+        assert!(
+            !pacing.on_refused(t, Some(whole_quota()), &rate_limited(None)),
+            "a 429 whose headers say it fits is not described by them"
+        );
+        // The whole quota claimed is not taken in: one request a second still.
+        let start = Instant::now();
+        let t = pacing.admit(1).await.unwrap();
+        assert!(start.elapsed() >= FIRST_BACKOFF, "{:?}", start.elapsed());
+        pacing.on_answer(t, None, None);
+        let _ = pacing.admit(1).await.unwrap();
+        let start = Instant::now();
+        let _ = pacing.admit(1).await.unwrap();
+        assert!(
+            start.elapsed() >= Duration::from_millis(900),
+            "the earlier headers still pace: {:?}",
+            start.elapsed()
+        );
+    }
+
     #[test]
     fn insufficient_quota_is_told_from_a_rate_limit() {
         assert!(!is_insufficient_quota("Rate limit reached"));

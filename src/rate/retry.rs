@@ -196,6 +196,18 @@ mod tests {
     }
 
     #[test]
+    fn a_requested_delay_of_zero_waits_the_backoff() {
+        let policy = RetryPolicy::default();
+        let backoff = Some(Duration::from_millis(400));
+        assert_eq!(policy.next_delay(Some(Duration::ZERO), backoff), backoff);
+        assert_eq!(
+            policy.next_delay(Some(Duration::from_secs(2)), backoff),
+            Some(Duration::from_secs(2)),
+            "a longer delay asked for is honoured"
+        );
+    }
+
+    #[test]
     fn requested_delays_are_capped() {
         let policy = RetryPolicy::default();
         assert_eq!(
