@@ -38,8 +38,8 @@ pub const MAX_PAUSE: Duration = Duration::from_secs(120);
 /// The floor of the pause after a 429, whatever the service says: it
 /// doubles with each refusal in a row, up to [`MAX_BACKOFF`], and a success
 /// resets it (docs/service.md states the bound it sets).
-pub const FIRST_BACKOFF: Duration = Duration::from_millis(250);
-pub const MAX_BACKOFF: Duration = Duration::from_secs(30);
+const FIRST_BACKOFF: Duration = Duration::from_millis(250);
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
 /// The budget kept in hand beyond a request's cost, as a share of the
 /// quota: it absorbs a request billed a little more than estimated and the
