@@ -43,9 +43,6 @@ pub struct Ledger {
     /// The most embeddings requests in flight at once before the first
     /// embeddings answer left: whether a client starts with a full window.
     pub in_flight_before_first_answer: u64,
-    /// An embeddings answer has left.
-    #[serde(skip)]
-    pub answered: bool,
     /// Refusals in a row so far, by key.
     #[serde(skip)]
     pub refusal_runs: HashMap<String, u64>,
