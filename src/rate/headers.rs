@@ -43,6 +43,16 @@ impl RateLimitHeaders {
         };
         (found.requests.is_some() || found.tokens.is_some()).then_some(found)
     }
+
+    /// Whether the headers say a request of `tokens` fits now, with room to
+    /// spare (twice its tokens, for a count that differs from the
+    /// service's): on a 429, they contradict the refusal.
+    pub fn covers(&self, tokens: f64) -> bool {
+        self.requests.is_none_or(|q| q.remaining >= 1.0)
+            && self
+                .tokens
+                .is_none_or(|q| q.remaining >= 2.0 * tokens.max(1.0))
+    }
 }
 
 fn quota(headers: &HeaderMap, name: &str) -> Option<QuotaHeader> {
@@ -198,6 +208,30 @@ mod tests {
                 reset: Some(Duration::from_millis(60)),
             })
         );
+    }
+
+    #[test]
+    fn headers_cover_a_request_only_with_room_in_every_quota_they_describe() {
+        let quota = |limit: f64, remaining: f64| QuotaHeader {
+            limit,
+            remaining,
+            reset: None,
+        };
+        let both = |requests: f64, tokens: f64| RateLimitHeaders {
+            requests: Some(quota(100.0, requests)),
+            tokens: Some(quota(10_000.0, tokens)),
+        };
+        assert!(both(100.0, 10_000.0).covers(500.0), "a whole quota");
+        assert!(!both(0.0, 10_000.0).covers(500.0), "no request left");
+        assert!(
+            !both(100.0, 900.0).covers(500.0),
+            "less than twice the tokens"
+        );
+        let tokens_only = RateLimitHeaders {
+            requests: None,
+            tokens: Some(quota(10_000.0, 1000.0)),
+        };
+        assert!(tokens_only.covers(500.0));
     }
 
     #[test]

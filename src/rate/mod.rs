@@ -57,8 +57,8 @@ pub struct RateSettings {
     /// The largest request, in tokens: the token bucket must hold one.
     pub max_tokens_per_request: u64,
     pub retry: RetryPolicy,
-    /// Requests stop when nothing has succeeded for this long while the
-    /// service's quota holds them back.
+    /// Requests stop when nothing has succeeded for this long (since the
+    /// first send) while the service refuses them or its quota holds them back.
     pub stall_timeout: Duration,
     /// How many processes share the key's quota (the shards of a split job):
     /// each counts on its part of it from the start.

@@ -9,9 +9,14 @@
 //! the quota's rate with few refusals, and several processes on one key,
 //! each seeing the shared quota in the headers, share it without talking.
 //!
-//! A service that sends no such headers is paced by its 429s: one shared
-//! pause, as long as `Retry-After` / `retry-after-ms` asks (capped) or else
-//! a jittered backoff, while the window of requests in flight halves
+//! Every 429 pauses every sender: as long as `Retry-After` /
+//! `retry-after-ms` asks (capped), and never less than a floor that doubles
+//! with each refusal in a row (up to a cap) and resets on a success; until
+//! that success, requests go one at a time. So no server, not one that says
+//! `Retry-After: 0` nor one whose headers claim a whole quota on its 429s
+//! (such headers are not believed until a success), makes the run send
+//! faster than the floor allows. A service that sends no headers is paced by
+//! its 429s alone, while the window of requests in flight halves
 //! ([`Throttle`](super::throttle::Throttle)). A rate-limit refusal is a wait,
 //! not a failed attempt: only when nothing has succeeded for the stall
 //! timeout does the run stop, resumable.
@@ -30,8 +35,9 @@ use super::Fault;
 /// The longest pause a service's `Retry-After` sets; a longer one is taken as this.
 pub const MAX_PAUSE: Duration = Duration::from_secs(120);
 
-/// The first pause after a 429 that says nothing of when to come back;
-/// it doubles with each such 429 in a row, up to [`MAX_BACKOFF`].
+/// The floor of the pause after a 429, whatever the service says: it
+/// doubles with each refusal in a row, up to [`MAX_BACKOFF`], and a success
+/// resets it (docs/service.md states the bound it sets).
 const FIRST_BACKOFF: Duration = Duration::from_millis(250);
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
@@ -51,12 +57,13 @@ const SHARE_STEP: f64 = 0.005;
 /// The longest one sleep between checks of the budget; new answers may have come meanwhile.
 const MAX_STEP: Duration = Duration::from_millis(500);
 
-/// Until the first answer tells whether the service describes its quota,
-/// one request goes alone, for at most this long: a run that starts with a
-/// full window of requests would find the quota by having them refused.
+/// A shard of a split job sends one request alone until the first answer
+/// tells whether the service describes its quota, for at most this long:
+/// shards each starting with a full window would find the quota they share
+/// by having them refused. A process alone starts with its full window.
 const PROBE: Duration = Duration::from_secs(2);
 
-/// How often a request waiting on the first answer looks again.
+/// How often a request waiting on another's answer looks again.
 const PROBE_STEP: Duration = Duration::from_millis(5);
 
 /// Sends not yet covered by an answer's headers, at most.
@@ -66,8 +73,8 @@ const MAX_UNCOVERED: usize = 4096;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum QuotaStop {
     #[error(
-        "nothing succeeded for {seconds}s (`backend.stall_timeout_seconds`) while the service's \
-         quota held requests back ({last})"
+        "nothing succeeded for {seconds}s (`backend.stall_timeout_seconds`) while the service \
+         refused requests or its quota held them back ({last})"
     )]
     Stalled { seconds: u64, last: String },
     #[error("the service says the quota is used up (insufficient_quota): {0}")]
@@ -201,12 +208,22 @@ struct State {
     uncovered: VecDeque<Sent>,
     /// When the first request went, until any answer came.
     probing: Option<Instant>,
+    /// Whether the first request goes alone (a shard of a split job).
+    probe: bool,
     answered: bool,
     /// Billed and local tokens of the answers so far.
     billed: f64,
     local: f64,
     paused_until: Option<Instant>,
-    backoff: Duration,
+    /// Refusals in a row that raised the floor, since the last success.
+    refusals: u32,
+    /// When the floor was last raised: a refusal of a request sent before
+    /// then is of the same burst and raises it no further.
+    raised_at: Option<Instant>,
+    /// The request sent alone while refusals go on, and when it went.
+    alone: Option<(u64, Instant)>,
+    /// Headers that contradicted a refusal: none are taken in until a success.
+    distrust: bool,
     /// The share of the quota's refill counted on between answers: 1 alone,
     /// less when refusals show others on the same quota.
     share: f64,
@@ -279,11 +296,15 @@ impl Pacing {
                 observed_seq: None,
                 uncovered: VecDeque::new(),
                 probing: None,
+                probe: false,
                 answered: false,
                 billed: 0.0,
                 local: 0.0,
                 paused_until: None,
-                backoff: FIRST_BACKOFF,
+                refusals: 0,
+                raised_at: None,
+                alone: None,
+                distrust: false,
                 share: 1.0,
                 least_share: MIN_SHARE,
                 share_lowered: None,
@@ -309,6 +330,7 @@ impl Pacing {
             let mut state = self.lock();
             state.share = 1.0 / f64::from(processes.max(1));
             state.least_share = state.share.min(MIN_SHARE);
+            state.probe = processes > 1;
         }
         self
     }
@@ -341,10 +363,16 @@ impl Pacing {
             let wait = {
                 let mut state = self.lock();
                 let wait = state.wait(now, local_tokens);
-                if wait.is_zero() {
+                // From the last success (or the first send), whatever the service says.
+                let quiet = if state.next_seq == 0 {
+                    Duration::ZERO
+                } else {
+                    now.saturating_duration_since(state.last_success)
+                };
+                let held = !wait.is_zero() || state.refusals > 0;
+                if !held || (wait.is_zero() && quiet < self.stall_timeout) {
                     return Ok(state.send(now, local_tokens));
                 }
-                let quiet = now.saturating_duration_since(state.last_success);
                 if quiet >= self.stall_timeout {
                     return Err(QuotaStop::Stalled {
                         seconds: self.stall_timeout.as_secs(),
@@ -374,9 +402,13 @@ impl Pacing {
         billed_tokens: Option<u64>,
     ) {
         let mut state = self.lock();
+        state.release(ticket);
+        state.refusals = 0;
+        state.raised_at = None;
+        state.alone = None;
+        state.distrust = false;
         state.observe(ticket, headers);
         state.last_success = Instant::now();
-        state.backoff = FIRST_BACKOFF;
         state.share = (state.share + SHARE_STEP).min(1.0);
         if let Some(billed) = billed_tokens.filter(|_| ticket.local_tokens > 0) {
             #[allow(clippy::cast_precision_loss)]
@@ -390,12 +422,14 @@ impl Pacing {
     /// A failed request that is not a refusal by the quota (a 5xx, a
     /// timeout): its headers still describe the quota.
     pub fn on_failure(&self, ticket: Ticket, headers: Option<RateLimitHeaders>) {
-        self.lock().observe(ticket, headers);
+        let mut state = self.lock();
+        state.release(ticket);
+        state.observe(ticket, headers);
     }
 
     /// A 429 that is a rate limit. Returns whether the service describes
-    /// its quota in headers (the pacing then follows them; otherwise the
-    /// caller narrows its window of requests in flight).
+    /// its quota in headers that are believed (the pacing then follows
+    /// them; otherwise the caller narrows its window of requests in flight).
     pub fn on_refused(
         &self,
         ticket: Ticket,
@@ -406,34 +440,31 @@ impl Pacing {
         let mut state = self.lock();
         state.throttled += 1;
         state.last_refusal = Some(error.to_string());
-        let described = headers.is_some();
+        state.release(ticket);
+        #[allow(clippy::cast_precision_loss)]
+        let tokens = ticket.local_tokens as f64 * state.ratio();
+        if headers.is_some_and(|h| h.covers(tokens)) {
+            // Headers that say the refused request fits are not believed until a success.
+            state.distrust = true;
+        }
+        let described = headers.is_some() && !state.distrust;
         let now = Instant::now();
         state.observe(ticket, headers);
         state.yield_share(now);
-        if let (Some(headers), Some(asked)) = (headers, retry_after) {
+        if let (Some(headers), Some(asked)) = (headers.filter(|_| described), retry_after) {
             // The service says when the refused request fits: until then, nothing is ours.
             if let Some(until) = now.checked_add(asked.min(MAX_PAUSE)) {
                 state.refused(&headers, ticket, until);
             }
         }
-        let pause = match retry_after {
-            Some(asked) => asked.min(MAX_PAUSE),
-            // The headers tell when the budget returns; the pacing waits for it.
-            None if described => Duration::ZERO,
-            None => {
-                let pause = state.backoff;
-                state.backoff = (state.backoff * 2).min(MAX_BACKOFF);
-                pause
-            }
-        };
-        if !pause.is_zero() {
-            // Processes refused together would come back together and be
-            // refused again: each waits a random part longer.
-            let spread = if described { 0.25 } else { 0.1 };
-            let jitter = pause.mul_f64(state.rng.random_range(0.0..spread));
-            if let Some(until) = now.checked_add(pause + jitter) {
-                state.paused_until = Some(state.paused_until.map_or(until, |p| p.max(until)));
-            }
+        let floor = state.raise_floor(ticket, now);
+        let pause = retry_after.map_or(floor, |asked| asked.min(MAX_PAUSE).max(floor));
+        // Processes refused together would come back together and be
+        // refused again: each waits a random part longer.
+        let spread = if described { 0.25 } else { 0.1 };
+        let jitter = pause.mul_f64(state.rng.random_range(0.0..spread));
+        if let Some(until) = now.checked_add(pause + jitter) {
+            state.paused_until = Some(state.paused_until.map_or(until, |p| p.max(until)));
         }
         described
     }
@@ -467,7 +498,7 @@ impl State {
 
     /// The wait before a request of `local_tokens` may go; zero if it may now.
     fn wait(&self, now: Instant, local_tokens: u64) -> Duration {
-        if let Some(first) = self.probing.filter(|_| !self.answered) {
+        if let Some(first) = self.probing.filter(|_| self.probe && !self.answered) {
             let left = (first + PROBE).saturating_duration_since(now);
             if !left.is_zero() {
                 return left.min(PROBE_STEP);
@@ -476,6 +507,12 @@ impl State {
         let mut wait = self
             .paused_until
             .map_or(Duration::ZERO, |until| until.saturating_duration_since(now));
+        // While refusals go on, one request at a time; one never told of
+        // (given up on) holds the others back no longer than the floor's cap.
+        if let Some((_, sent)) = self.alone {
+            let left = (sent + MAX_BACKOFF).saturating_duration_since(now);
+            wait = wait.max(left.min(PROBE_STEP));
+        }
         #[allow(clippy::cast_precision_loss)]
         let tokens = local_tokens as f64 * self.ratio();
         if let Some(budget) = &self.requests {
@@ -485,6 +522,24 @@ impl State {
             wait = wait.max(budget.wait(now, tokens, self.share));
         }
         wait
+    }
+
+    /// A refusal raises the floor of the pause, unless its request went
+    /// before the last raise (refused in the same burst). Returns the floor.
+    fn raise_floor(&mut self, ticket: Ticket, now: Instant) -> Duration {
+        if self.raised_at.is_none_or(|at| ticket.sent_at >= at) {
+            self.refusals = self.refusals.saturating_add(1);
+            self.raised_at = Some(now);
+        }
+        let doublings = self.refusals.saturating_sub(1).min(16);
+        (FIRST_BACKOFF * 2u32.pow(doublings)).min(MAX_BACKOFF)
+    }
+
+    /// The request sent alone was told of.
+    fn release(&mut self, ticket: Ticket) {
+        if self.alone.is_some_and(|(seq, _)| seq == ticket.seq) {
+            self.alone = None;
+        }
     }
 
     /// A refusal: others on the quota took what this process counted on,
@@ -519,8 +574,15 @@ impl State {
 
     fn send(&mut self, now: Instant, local_tokens: u64) -> Ticket {
         let seq = self.next_seq;
+        if seq == 0 {
+            // The stall timeout counts from the first send until a success.
+            self.last_success = now;
+        }
         self.next_seq += 1;
         self.probing.get_or_insert(now);
+        if self.refusals > 0 {
+            self.alone = Some((seq, now));
+        }
         if self.requests.is_some() || self.tokens.is_some() {
             if self.uncovered.len() >= MAX_UNCOVERED {
                 self.uncovered.pop_front();
@@ -547,7 +609,9 @@ impl State {
     /// cover with every request sent before it.
     fn observe(&mut self, ticket: Ticket, headers: Option<RateLimitHeaders>) {
         self.answered = true;
-        let Some(headers) = headers else { return };
+        let Some(headers) = headers.filter(|_| !self.distrust) else {
+            return;
+        };
         if self.observed_seq.is_some_and(|seen| seen > ticket.seq) {
             return;
         }
@@ -820,6 +884,187 @@ mod tests {
         assert!(
             pacing.admit(1).await.is_ok(),
             "a success starts the clock again"
+        );
+    }
+
+    /// Headers that claim a whole quota: 10,000 requests and 10M tokens left.
+    fn whole_quota() -> RateLimitHeaders {
+        headers(
+            Some((10_000.0, 10_000.0, 0)),
+            Some((10_000_000.0, 10_000_000.0, 0)),
+        )
+    }
+
+    /// `c` senders against a server that answers each request after 1 ms as
+    /// `answer` says (given the request's number), until the stall timeout
+    /// stops them or 10,000 requests went. Returns the requests sent, the
+    /// refusals and the stops.
+    async fn senders(
+        pacing: &Pacing,
+        c: usize,
+        answer: impl Fn(u64) -> Option<(Option<RateLimitHeaders>, TestFault)>,
+    ) -> (u64, u64, Vec<QuotaStop>) {
+        let sent = std::cell::Cell::new(0u64);
+        let refused = std::cell::Cell::new(0u64);
+        let sender = || async {
+            loop {
+                let ticket = match pacing.admit(1).await {
+                    Ok(ticket) => ticket,
+                    Err(stop) => return Some(stop),
+                };
+                let n = sent.get();
+                sent.set(n + 1);
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                if n >= 10_000 {
+                    pacing.on_answer(ticket, None, None);
+                    return None;
+                }
+                match answer(n) {
+                    Some((headers, fault)) => {
+                        refused.set(refused.get() + 1);
+                        pacing.on_refused(ticket, headers, &fault);
+                    }
+                    None => pacing.on_answer(ticket, None, None),
+                }
+            }
+        };
+        let stops = futures::future::join_all((0..c).map(|_| sender())).await;
+        (
+            sent.get(),
+            refused.get(),
+            stops.into_iter().flatten().collect(),
+        )
+    }
+
+    /// The most requests `c` senders make when every one is refused, until
+    /// the stall timeout `t`: the window before the first refusal, then one
+    /// at a time, the n-th once the floors 1..=n have passed (all within `t`).
+    fn storm_bound(c: u64, t: Duration) -> u64 {
+        let mut n = 0;
+        let mut waited = Duration::ZERO;
+        loop {
+            let floor = (FIRST_BACKOFF * 2u32.pow(n)).min(MAX_BACKOFF);
+            if waited + floor >= t {
+                return c + u64::from(n);
+            }
+            waited += floor;
+            n += 1;
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_server_that_refuses_everything_gets_the_window_and_one_request_a_floor() {
+        let stall = Duration::from_secs(10);
+        assert_eq!(
+            storm_bound(8, stall),
+            13,
+            "0.25 + ... + 4 = 7.75 s fit in 10 s"
+        );
+        // Headers that claim a whole quota on every 429, then Retry-After: 0
+        // with and without them.
+        let servers: [(Option<RateLimitHeaders>, Option<Duration>); 3] = [
+            (Some(whole_quota()), None),
+            (None, Some(Duration::ZERO)),
+            (Some(whole_quota()), Some(Duration::ZERO)),
+        ];
+        for (refusal_headers, retry_after) in servers {
+            let pacing = Pacing::new(stall);
+            let start = Instant::now();
+            let (sent, refused, stops) = senders(&pacing, 8, |_| {
+                Some((refusal_headers, rate_limited(retry_after)))
+            })
+            .await;
+            let case = format!(
+                "headers {:?}, Retry-After {retry_after:?}",
+                refusal_headers.is_some()
+            );
+            assert!(sent <= storm_bound(8, stall), "{case}: {sent} sent");
+            assert_eq!(refused, sent, "{case}");
+            assert_eq!(stops.len(), 8, "{case}: every sender stopped");
+            assert!(
+                stops
+                    .iter()
+                    .all(|s| matches!(s, QuotaStop::Stalled { seconds: 10, .. })),
+                "{case}: {stops:?}"
+            );
+            assert!(
+                start.elapsed() <= stall + MAX_STEP,
+                "{case}: {:?}",
+                start.elapsed()
+            );
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_server_that_refuses_every_other_request_gets_a_floor_after_each() {
+        let pacing = Pacing::new(Duration::from_secs(600));
+        let start = Instant::now();
+        // 400 requests, every other one refused with Retry-After: 0 and a whole quota.
+        let (sent, refused, stops) = senders(&pacing, 8, |n| {
+            (n % 2 == 1 && n < 400)
+                .then(|| (Some(whole_quota()), rate_limited(Some(Duration::ZERO))))
+        })
+        .await;
+        assert!(stops.is_empty(), "{stops:?}");
+        assert!(
+            sent > 400 && refused == 200,
+            "{sent} sent, {refused} refused"
+        );
+        // After a refusal nothing new goes for the floor: only the 8 in
+        // flight can be refused before it ends, then one more alone, at the
+        // floor or longer apart. So in `elapsed`, at most 9 refusals a floor.
+        let floors = start.elapsed().as_secs_f64() / FIRST_BACKOFF.as_secs_f64();
+        assert!(
+            refused as f64 <= 9.0 * (floors + 1.0),
+            "{refused} refusals in {:?}",
+            start.elapsed()
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_process_alone_sends_its_window_at_once_and_a_shard_probes_first() {
+        let alone = Pacing::new(Duration::from_secs(600));
+        let start = Instant::now();
+        for _ in 0..8 {
+            let _ = alone.admit(1).await.unwrap();
+        }
+        assert_eq!(start.elapsed(), Duration::ZERO, "nothing said to wait");
+        assert_eq!(alone.waited(), Duration::ZERO);
+
+        let shard = Pacing::new(Duration::from_secs(600)).shared_by(4);
+        let first = shard.admit(1).await.unwrap();
+        let second = tokio::time::timeout(Duration::from_secs(1), shard.admit(1)).await;
+        assert!(second.is_err(), "a shard waits for the first answer");
+        shard.on_answer(first, None, None);
+        let start = Instant::now();
+        let _ = shard.admit(1).await.unwrap();
+        assert!(start.elapsed() <= PROBE_STEP, "{:?}", start.elapsed());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn headers_that_contradict_a_refusal_are_not_believed_until_a_success() {
+        let pacing = Pacing::new(Duration::from_secs(600));
+        let t = pacing.admit(1).await.unwrap();
+        // Nothing left of 10 requests, whole again in 10 s.
+        pacing.on_answer(t, Some(headers(Some((10.0, 0.0, 10_000)), None)), None);
+        tokio::time::advance(Duration::from_secs(2)).await;
+        let t = pacing.admit(1).await.unwrap();
+        assert!(
+            !pacing.on_refused(t, Some(whole_quota()), &rate_limited(None)),
+            "a 429 whose headers say it fits is not described by them"
+        );
+        // The whole quota claimed is not taken in: one request a second still.
+        let start = Instant::now();
+        let t = pacing.admit(1).await.unwrap();
+        assert!(start.elapsed() >= FIRST_BACKOFF, "{:?}", start.elapsed());
+        pacing.on_answer(t, None, None);
+        let _ = pacing.admit(1).await.unwrap();
+        let start = Instant::now();
+        let _ = pacing.admit(1).await.unwrap();
+        assert!(
+            start.elapsed() >= Duration::from_millis(900),
+            "the earlier headers still pace: {:?}",
+            start.elapsed()
         );
     }
 

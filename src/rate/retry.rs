@@ -56,7 +56,8 @@ impl RetryPolicy {
     }
 
     /// The wait before the next attempt: the server's request when it made
-    /// one (capped), else the backoff's; `None` once retries are used up.
+    /// one (capped), never shorter than the backoff's (a `Retry-After: 0`
+    /// does not make a retry loop); `None` once retries are used up.
     fn next_delay(
         &self,
         requested: Option<Duration>,
@@ -64,7 +65,7 @@ impl RetryPolicy {
     ) -> Option<Duration> {
         let backoff = backoff?;
         Some(match requested {
-            Some(asked) => asked.min(self.max_requested_delay),
+            Some(asked) => asked.min(self.max_requested_delay).max(backoff),
             None => backoff,
         })
     }
@@ -192,6 +193,18 @@ mod tests {
         assert!(result.is_ok());
         assert_eq!(waits, vec![Duration::from_secs(7)]);
         assert!(start.elapsed() >= Duration::from_secs(7));
+    }
+
+    #[test]
+    fn a_requested_delay_of_zero_waits_the_backoff() {
+        let policy = RetryPolicy::default();
+        let backoff = Some(Duration::from_millis(400));
+        assert_eq!(policy.next_delay(Some(Duration::ZERO), backoff), backoff);
+        assert_eq!(
+            policy.next_delay(Some(Duration::from_secs(2)), backoff),
+            Some(Duration::from_secs(2)),
+            "a longer delay asked for is honoured"
+        );
     }
 
     #[test]

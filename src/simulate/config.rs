@@ -347,6 +347,12 @@ pub struct Faults {
     pub rate_nan: f64,
     /// A 200 whose body is an error object, as some gateways answer; not billed.
     pub rate_error_200: f64,
+    /// A bare 429 (no `Retry-After`) whose `x-ratelimit-*` headers claim the
+    /// whole quota is left, as a server that lies about its limits sends.
+    pub rate_lying_429: f64,
+    /// Every 429 to an embeddings request says `Retry-After: 0` and
+    /// `retry-after-ms: 0` (come back at once), whatever the wait.
+    pub zero_retry_after: bool,
     /// Most faults injected in total; `None`: no limit.
     pub limit: Option<u64>,
 }
@@ -367,6 +373,8 @@ impl Default for Faults {
             rate_wrong_dimensions: 0.0,
             rate_nan: 0.0,
             rate_error_200: 0.0,
+            rate_lying_429: 0.0,
+            zero_retry_after: false,
             limit: None,
         }
     }
@@ -374,7 +382,7 @@ impl Default for Faults {
 
 impl Faults {
     /// Each fault's name (as recorded in the ledger) and probability, in drawing order.
-    pub(crate) fn rates(&self) -> [(&'static str, f64); 10] {
+    pub(crate) fn rates(&self) -> [(&'static str, f64); 11] {
         [
             ("429", self.rate_429),
             ("500", self.rate_500),
@@ -386,6 +394,7 @@ impl Faults {
             ("wrong_dimensions", self.rate_wrong_dimensions),
             ("nan", self.rate_nan),
             ("error_200", self.rate_error_200),
+            ("lying_429", self.rate_lying_429),
         ]
     }
 

@@ -24,10 +24,11 @@ pub(crate) enum Fault {
     WrongDimensions,
     Nan,
     ErrorIn200,
+    LyingRateLimited,
 }
 
 impl Fault {
-    const DRAW_ORDER: [Fault; 10] = [
+    const DRAW_ORDER: [Fault; 11] = [
         Fault::RateLimited,
         Fault::Internal,
         Fault::Overloaded,
@@ -38,6 +39,7 @@ impl Fault {
         Fault::WrongDimensions,
         Fault::Nan,
         Fault::ErrorIn200,
+        Fault::LyingRateLimited,
     ];
 
     /// The name the ledger records it under.
@@ -53,19 +55,23 @@ impl Fault {
             Fault::WrongDimensions => "wrong_dimensions",
             Fault::Nan => "nan",
             Fault::ErrorIn200 => "error_200",
+            Fault::LyingRateLimited => "lying_429",
         }
     }
 
     /// Faults that only make sense for an embeddings response.
     fn embeddings_only(self) -> bool {
-        matches!(self, Fault::Shuffle | Fault::WrongDimensions | Fault::Nan)
+        matches!(
+            self,
+            Fault::Shuffle | Fault::WrongDimensions | Fault::Nan | Fault::LyingRateLimited
+        )
     }
 }
 
 /// The seeded generator and the number of faults injected so far.
 #[derive(Debug)]
 pub(crate) struct FaultDice {
-    rates: [(&'static str, f64); 10],
+    rates: [(&'static str, f64); 11],
     limit: Option<u64>,
     rng: StdRng,
     injected: u64,

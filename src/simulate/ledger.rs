@@ -40,6 +40,9 @@ pub struct Ledger {
     pub refused: BTreeMap<String, u64>,
     /// The most refusals of one key's quota in a row, with no request admitted between.
     pub longest_refusal_run: u64,
+    /// The most embeddings requests in flight at once before the first
+    /// embeddings answer left: whether a client starts with a full window.
+    pub in_flight_before_first_answer: u64,
     /// Refusals in a row so far, by key.
     #[serde(skip)]
     pub refusal_runs: HashMap<String, u64>,

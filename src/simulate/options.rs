@@ -133,6 +133,15 @@ pub struct SimulateOptions {
     #[arg(long = "rate-error-200", value_name = "P", default_value_t = 0.0)]
     pub rate_error_200: f64,
 
+    /// Probability of a bare 429 (no Retry-After) whose x-ratelimit headers claim
+    /// the whole quota is left, as a server that lies about its limits sends
+    #[arg(long = "rate-lying-429", value_name = "P", default_value_t = 0.0)]
+    pub rate_lying_429: f64,
+
+    /// Say `Retry-After: 0` (come back at once) on every 429 to an embeddings request
+    #[arg(long)]
+    pub zero_retry_after: bool,
+
     /// Allow each key this many embeddings requests per minute (refused ones count too),
     /// with x-ratelimit headers on every response, as OpenAI does
     #[arg(long, value_name = "N")]
@@ -229,6 +238,8 @@ impl SimulateOptions {
                 rate_wrong_dimensions: self.rate_wrong_dimensions,
                 rate_nan: self.rate_nan,
                 rate_error_200: self.rate_error_200,
+                rate_lying_429: self.rate_lying_429,
+                zero_retry_after: self.zero_retry_after,
                 limit: self.fault_limit,
             },
             quota: QuotaConfig {
@@ -254,7 +265,7 @@ impl SimulateOptions {
 
 /// Names the flags the user typed rather than the configuration fields.
 fn flag_names(line: &str) -> String {
-    const FIELDS: [&str; 19] = [
+    const FIELDS: [&str; 20] = [
         "requests_per_minute",
         "tokens_per_minute",
         "quota_window_ms",
@@ -262,6 +273,7 @@ fn flag_names(line: &str) -> String {
         "url_prefix",
         "bill_factor",
         "rate_error_200",
+        "rate_lying_429",
         "max_inputs_per_request",
         "max_tokens_per_request",
         "poison",

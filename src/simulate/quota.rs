@@ -275,34 +275,53 @@ impl Quotas {
         Ok(self.headers(&buckets))
     }
 
+    /// Headers that claim the whole quota is left (the configured limits, or
+    /// a made-up generous quota when none is enforced), as a lying server sends.
+    pub(crate) fn whole(&self) -> HeaderMap {
+        let now = Instant::now();
+        let full = |limit: Option<u64>, made_up: u64| {
+            Some(Bucket::new(limit.unwrap_or(made_up), now, false))
+        };
+        let buckets = Buckets {
+            requests: full(self.config.requests_per_minute, 10_000),
+            tokens: full(self.config.tokens_per_minute, 10_000_000),
+        };
+        quota_headers(&buckets, self.config.window)
+    }
+
     fn headers(&self, buckets: &Buckets) -> HeaderMap {
-        let mut headers = HeaderMap::new();
         if !self.config.headers {
-            return headers;
+            return HeaderMap::new();
         }
-        for (name, bucket) in [("requests", buckets.requests), ("tokens", buckets.tokens)] {
-            let Some(bucket) = bucket else { continue };
-            let reset = bucket.time_until(bucket.limit, self.config.window);
-            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-            let values = [
-                ("limit", (bucket.limit as u64).to_string()),
-                (
-                    "remaining",
-                    (bucket.level.max(0.0).floor() as u64).to_string(),
-                ),
-                ("reset", format_reset(reset)),
-            ];
-            for (what, value) in values {
-                if let (Ok(name), Ok(value)) = (
-                    HeaderName::try_from(format!("x-ratelimit-{what}-{name}")),
-                    HeaderValue::try_from(value),
-                ) {
-                    headers.insert(name, value);
-                }
+        quota_headers(buckets, self.config.window)
+    }
+}
+
+/// The `x-ratelimit-*` headers that describe `buckets`.
+fn quota_headers(buckets: &Buckets, window: Duration) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    for (name, bucket) in [("requests", buckets.requests), ("tokens", buckets.tokens)] {
+        let Some(bucket) = bucket else { continue };
+        let reset = bucket.time_until(bucket.limit, window);
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let values = [
+            ("limit", (bucket.limit as u64).to_string()),
+            (
+                "remaining",
+                (bucket.level.max(0.0).floor() as u64).to_string(),
+            ),
+            ("reset", format_reset(reset)),
+        ];
+        for (what, value) in values {
+            if let (Ok(name), Ok(value)) = (
+                HeaderName::try_from(format!("x-ratelimit-{what}-{name}")),
+                HeaderValue::try_from(value),
+            ) {
+                headers.insert(name, value);
             }
         }
-        headers
     }
+    headers
 }
 
 /// `Retry-After` in whole seconds (rounded up) and `retry-after-ms`.

@@ -21,4 +21,5 @@ mod servers;
 mod shards;
 mod simulator;
 mod source;
+mod storm;
 mod support;

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
-use axum::http::HeaderMap;
+use axum::http::{HeaderMap, HeaderValue};
 use axum::response::Response;
 use bytes::Bytes;
 use serde_json::{Map, Value};
@@ -122,6 +122,11 @@ pub(crate) async fn embeddings(
     if let Some(quota) = quota {
         response.headers_mut().extend(quota);
     }
+    if shared.config.faults.zero_retry_after && response.status() == 429 {
+        let headers = response.headers_mut();
+        headers.insert("retry-after", HeaderValue::from(0));
+        headers.insert("retry-after-ms", HeaderValue::from(0));
+    }
     response
 }
 
@@ -152,6 +157,13 @@ async fn embeddings_response(
     let retry_after = shared.config.faults.retry_after_seconds;
     match prepared.fault {
         Some(Fault::RateLimited) => Err(ApiError::rate_limited(retry_after)),
+        Some(Fault::LyingRateLimited) => {
+            *quota = Some(shared.quotas.whole());
+            Err(ApiError {
+                retry_after_seconds: None,
+                ..ApiError::rate_limited(0)
+            })
+        }
         Some(Fault::Internal) => Err(ApiError::internal()),
         Some(Fault::Overloaded) => Err(ApiError::overloaded()),
         Some(Fault::Drop) => Ok(json_response(dropped_body())),
@@ -288,6 +300,7 @@ fn prepare_embeddings(shared: &Shared, caller: Caller, body: &[u8]) -> Result<Pr
         fault,
         Some(
             Fault::RateLimited
+                | Fault::LyingRateLimited
                 | Fault::Internal
                 | Fault::Overloaded
                 | Fault::Drop

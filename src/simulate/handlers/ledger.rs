@@ -2,6 +2,7 @@
 //! for unknown URLs and methods.
 
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use axum::extract::State;
@@ -46,6 +47,7 @@ pub(crate) async fn get_ledger(State(shared): State<Arc<Shared>>, uri: Uri) -> R
 
 pub(crate) async fn reset_ledger(State(shared): State<Arc<Shared>>) -> Response {
     *shared.ledger() = Ledger::default();
+    shared.answered.store(false, Ordering::SeqCst);
     axum::Json(Ledger::default()).into_response()
 }
 

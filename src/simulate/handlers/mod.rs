@@ -1,7 +1,7 @@
 //! Shared state, authentication and request parsing, with the endpoints in
 //! a file per route: models, embeddings, the ledger and the fallbacks.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -39,15 +39,18 @@ pub(crate) struct Shared {
     dice: Mutex<FaultDice>,
     pub chat_ids: AtomicU64,
     embeddings_in_flight: AtomicUsize,
+    /// An embeddings answer has left since the ledger was last reset.
+    pub answered: AtomicBool,
     quotas: Quotas,
 }
 
-/// An embeddings request being served; frees its place when dropped.
-pub(crate) struct Slot<'a>(&'a AtomicUsize);
+/// An embeddings request being served; frees its place when dropped, as its answer leaves.
+pub(crate) struct Slot<'a>(&'a Shared);
 
 impl Drop for Slot<'_> {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
+        self.0.embeddings_in_flight.fetch_sub(1, Ordering::SeqCst);
+        self.0.answered.store(true, Ordering::SeqCst);
     }
 }
 
@@ -60,6 +63,7 @@ impl Shared {
             ledger: Mutex::new(Ledger::default()),
             chat_ids: AtomicU64::new(1),
             embeddings_in_flight: AtomicUsize::new(0),
+            answered: AtomicBool::new(false),
         }
     }
 
@@ -67,7 +71,12 @@ impl Shared {
     /// refuses with a 429 when `max_concurrent_requests` are already in.
     pub fn enter(&self) -> Result<Slot<'_>, ApiError> {
         let now = self.embeddings_in_flight.fetch_add(1, Ordering::SeqCst) + 1;
-        let slot = Slot(&self.embeddings_in_flight);
+        let slot = Slot(self);
+        if !self.answered.load(Ordering::SeqCst) {
+            let mut ledger = self.ledger();
+            let most = &mut ledger.in_flight_before_first_answer;
+            *most = (*most).max(now as u64);
+        }
         match self.config.max_concurrent_requests {
             Some(max) if now > max => Err(ApiError {
                 fault: Some("concurrency_limit"),
