@@ -113,7 +113,11 @@ impl Shard {
         let marker = state.join("split");
         let io = |e: std::io::Error, path: &Path| format!("{}: {e}", path.display());
         std::fs::create_dir_all(&state).map_err(|e| io(e, &state))?;
-        let draft = state.join(format!("split.{}.{}.tmp", std::process::id(), self.index));
+        // A name no other claim uses, in this process or another: a draft
+        // shared by two claims could be linked holding the other's count.
+        static CLAIMS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let claim = CLAIMS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let draft = state.join(format!("split.{}.{claim}.tmp", std::process::id()));
         std::fs::write(&draft, format!("{}\n", self.count)).map_err(|e| io(e, &draft))?;
         let linked = std::fs::hard_link(&draft, &marker);
         let _ = std::fs::remove_file(&draft);

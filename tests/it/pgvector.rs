@@ -1157,7 +1157,50 @@ async fn regression_two_configurations_of_one_job_at_once_replaced_each_others_r
         "--set",
         other_state.as_str(),
     ];
-    let (first, second) = tokio::join!(run_pg(&job, &db, &["--quiet"]), run_pg(&job, &db, &larger));
+    // "At once" made certain: this session holds the lock finishing runs take
+    // in turn until both wait on it, so each read the table before either
+    // finished (on a loaded machine one could otherwise finish before the
+    // other starts, and then replacing its rows is right).
+    let holder = db.client().await;
+    let key = embedjob::sink::pgvector::finishing_lock_key("same");
+    holder
+        .execute("SELECT pg_advisory_lock($1)", &[&key])
+        .await
+        .unwrap();
+    let finished = std::sync::atomic::AtomicUsize::new(0);
+    let first = async {
+        let output = run_pg(&job, &db, &["--quiet"]).await;
+        finished.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        output
+    };
+    let second = async {
+        let output = run_pg(&job, &db, &larger).await;
+        finished.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        output
+    };
+    let release = async {
+        // Bounded: a run that ends before reaching the lock ends the wait too.
+        for _ in 0..6_000 {
+            let waiting: i64 = holder
+                .query_one(
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted \
+                     AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+                    &[],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            if waiting >= 2 || finished.load(std::sync::atomic::Ordering::SeqCst) > 0 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        holder
+            .execute("SELECT pg_advisory_unlock($1)", &[&key])
+            .await
+            .unwrap();
+    };
+    let (first, second, ()) = tokio::join!(first, second, release);
     let codes = (first.status.code(), second.status.code());
     let (model, dimensions) = match codes {
         (Some(0), Some(code)) if code != 0 => ("svc-embed-1", 1024),

@@ -191,6 +191,10 @@ pub(crate) struct Names {
 impl Names {
     pub fn new(params: &PgvectorOutput) -> Names {
         let (schema, name) = params.table_parts();
+        Names::of(schema, name)
+    }
+
+    pub fn of(schema: Option<&str>, name: &str) -> Names {
         Names {
             schema: schema.map(str::to_string),
             name: name.to_string(),
