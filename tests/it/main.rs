@@ -8,6 +8,7 @@ mod hostile;
 mod inspect;
 mod layout;
 mod local;
+mod memory;
 mod pgvector;
 mod query;
 mod quota;
