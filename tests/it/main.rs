@@ -10,6 +10,7 @@ mod inspect;
 mod layout;
 mod local;
 mod lookup;
+mod memory;
 mod pgvector;
 mod query;
 mod quota;

@@ -1216,3 +1216,147 @@ async fn regression_two_configurations_of_one_job_at_once_replaced_each_others_r
     assert_eq!(rows.keys().cloned().collect::<HashSet<_>>(), ids);
     assert!(rows.values().all(|(_, _, v)| v.len() == dimensions));
 }
+
+/// Rows in the checkpoint's committed parts (each renamed into place whole);
+/// `None` when a part went away while it was read.
+fn committed_rows(checkpoint: &Path) -> Option<u64> {
+    let Ok(entries) = std::fs::read_dir(checkpoint) else {
+        return Some(0);
+    };
+    let mut rows = 0;
+    for entry in entries {
+        let path = entry.ok()?.path();
+        let name = path.file_name()?.to_string_lossy().into_owned();
+        if name.starts_with("part-") && name.ends_with(".parquet") {
+            let file = std::fs::File::open(&path).ok()?;
+            let reader =
+                parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
+                    .ok()?;
+            rows += reader.metadata().file_metadata().num_rows() as u64;
+        }
+    }
+    Some(rows)
+}
+
+/// Texts the simulator billed, repeats counted.
+fn billed_texts(ledger: &simulate::Ledger) -> u64 {
+    ledger.texts.values().sum()
+}
+
+/// A run whose database stops answering mid-run: its writer blocks in the
+/// rows' `COPY` and commits no more to the checkpoint, so by the exposure
+/// rule the run stops sending. What a kill then loses is the documented
+/// bound (docs/running.md): `2 × concurrency × max_inputs_per_request`
+/// texts paid for and not committed, at every instant, and billed twice
+/// after the resume.
+#[tokio::test]
+async fn a_run_behind_a_database_that_stopped_answering_stops_sending_and_a_kill_loses_the_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    // More rows than the writer can hand the stopped server before its COPY
+    // blocks: a COPY goes out at every 4 MiB of rows (about 950 of 1024
+    // dimensions), and the socket's buffers, stopped before the first, hold
+    // less than two.
+    let records = 4000u64;
+    let input = dir.path().join("in.jsonl");
+    let lines: String = (0..records)
+        .map(|i| {
+            format!(
+                "{{\"id\":\"r{i}\",\"text\":\"Record {i} of the slow output test, about \
+                 checkpoints, commits and what a kill can lose: {}\"}}\n",
+                "padding ".repeat(i as usize % 7)
+            )
+        })
+        .collect();
+    std::fs::write(&input, lines).unwrap();
+    let source = format!(
+        "kind = \"jsonl\"\npath = \"{}\"\ntext_field = \"text\"\nid_field = \"id\"",
+        input.display()
+    );
+    let db = TestDb::new().await;
+    // With a latency, the reader is always ahead of the requests: no request
+    // in flight then means the run holds back, not that it has nothing to send.
+    let sim = simulator(SimConfig {
+        latency_ms: 20,
+        ..SimConfig::default()
+    })
+    .await;
+    let job = write_pg_job(dir.path(), &sim.base_url(), &source, &db, "chunks", "");
+    let checkpoint = dir.path().join("state/pg-test.chunks.checkpoint");
+    // write_pg_job's backend: concurrency 4, requests of 8 inputs.
+    let (concurrency, max_inputs) = (4u64, 8u64);
+    let most = concurrency * max_inputs;
+    let bound = 2 * most;
+
+    let mut child = spawn_job(&job, &["--quiet"]);
+    // Sending means the table was opened: the database stops answering now.
+    assert!(
+        wait_for_billed(&sim, &mut child, 1).await,
+        "{}",
+        text(&wait(child).await.stderr)
+    );
+    let paused = db.pause_other_connections().await;
+    assert!(paused.count() >= 1, "the run holds a connection");
+
+    // The run sends while at most `most` texts answered wait for their
+    // commit, and up to `concurrency` requests of `max_inputs` are in
+    // flight, so at every instant the texts billed and not committed are at
+    // most `bound`. It has stopped when more than `most` wait, no request is
+    // in flight, and nothing changes for a second: a run free to send has a
+    // request in flight again within a latency (20 ms) of its last answer,
+    // and its other pauses (a commit, reading ahead) take milliseconds.
+    const QUIET: std::time::Duration = std::time::Duration::from_secs(1);
+    let mut quiet: Option<(std::time::Instant, (u64, u64, u64))> = None;
+    let started = std::time::Instant::now();
+    let stalled = loop {
+        if started.elapsed() > std::time::Duration::from_secs(120) {
+            break Err("the run never stopped sending".to_string());
+        }
+        let ledger = sim.ledger();
+        // Read after the ledger: a later commit can only lower the difference.
+        let Some(committed) = committed_rows(&checkpoint) else {
+            continue;
+        };
+        let billed = billed_texts(&ledger);
+        if billed > committed + bound {
+            break Err(format!(
+                "{billed} texts billed, {committed} committed: more than {bound} exposed"
+            ));
+        }
+        let state = (billed, committed, ledger.embedding_requests);
+        if billed > committed + most && ledger.embedding_requests == ledger.billed_requests {
+            match quiet {
+                Some((since, seen)) if seen == state => {
+                    if since.elapsed() >= QUIET {
+                        break Ok((billed, committed));
+                    }
+                }
+                _ => quiet = Some((std::time::Instant::now(), state)),
+            }
+        } else {
+            quiet = None;
+        }
+        if child.try_wait().unwrap().is_some() {
+            break Err("the run ended before its output stalled".into());
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    };
+    let _ = child.kill();
+    let output = wait(child).await;
+    drop(paused);
+    let (billed, committed) = stalled.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(output.status.code(), None, "killed");
+    assert!(billed < records, "the run stalled before its end");
+
+    let output = run_pg(&job, &db, &["--quiet", "--json"]).await;
+    expect_exit(&output, 0);
+    let last = summary(&output);
+    assert!(last["resumed"].as_u64().unwrap() >= committed, "{last}");
+    assert_eq!(db.rows("chunks").await.len() as u64, records);
+    let ledger = sim.ledger();
+    assert_eq!(ledger.texts.len() as u64, records, "every text billed");
+    let billed_twice: u64 = ledger.texts.values().map(|n| n - 1).sum();
+    assert!(
+        billed_twice <= bound,
+        "{billed_twice} texts billed twice after one kill, more than {bound}"
+    );
+}

@@ -1,9 +1,11 @@
 //! Shared fixtures for every topic file: the binary and a simulator per
 //! test (here), job files and corpora (`jobs`), raw and hostile servers
-//! (`servers`), and a PostgreSQL database per test (`pg`). Topic files
-//! import from here only.
+//! (`servers`), a PostgreSQL database per test (`pg`), and runs under a
+//! memory cap with the bombs they read (`memory`). Topic files import from
+//! here only.
 
 mod jobs;
+mod memory;
 mod pg;
 mod servers;
 
@@ -16,6 +18,7 @@ use embedjob::simulate::{SimConfig, Simulator};
 use serde_json::Value;
 
 pub use jobs::*;
+pub use memory::*;
 pub use pg::*;
 pub use servers::*;
 

@@ -142,3 +142,50 @@ pub fn no_secrets(output: &Output, db: &TestDb) -> (String, String) {
     assert!(!stderr.contains(&db.password), "password on stderr");
     (stdout, stderr)
 }
+
+/// Server processes paused with SIGSTOP, continued when dropped: a database
+/// that stops answering mid-run, as a hung server or a lost network does.
+pub struct Paused(Vec<i32>);
+
+impl TestDb {
+    /// Pauses the server processes of every other connection to this database.
+    pub async fn pause_other_connections(&self) -> Paused {
+        let client = self.client().await;
+        let rows = client
+            .query(
+                "SELECT pid FROM pg_stat_activity \
+                 WHERE datname = current_database() AND pid <> pg_backend_pid()",
+                &[],
+            )
+            .await
+            .unwrap();
+        let paused = Paused(rows.iter().map(|r| r.get(0)).collect());
+        for pid in &paused.0 {
+            signal("-STOP", *pid);
+        }
+        paused
+    }
+}
+
+impl Paused {
+    pub fn count(&self) -> usize {
+        self.0.len()
+    }
+}
+
+impl Drop for Paused {
+    fn drop(&mut self) {
+        for pid in &self.0 {
+            signal("-CONT", *pid);
+        }
+    }
+}
+
+fn signal(name: &str, pid: i32) {
+    let status = std::process::Command::new("kill")
+        .arg(name)
+        .arg(pid.to_string())
+        .status()
+        .expect("kill runs");
+    assert!(status.success(), "kill {name} {pid}");
+}
