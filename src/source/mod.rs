@@ -66,15 +66,14 @@ pub(crate) fn params_of<T: 'static>(params: &dyn SourceParams) -> Result<&T, Sou
 /// Names of files passed over that a source keeps, for the summary.
 pub const SKIPPED_NAMES_KEPT: usize = 5;
 
-/// Files passed over because they are not UTF-8 text: how many, and the
-/// first few.
+/// Files passed over (not UTF-8 text, binary, or over the size limit): how
+/// many, and the first few with why.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct SkippedFiles {
     pub count: u64,
     /// The first [`SKIPPED_NAMES_KEPT`] of them.
     pub first: Vec<String>,
     /// Why each of `first` was passed over, in the same order.
-    #[serde(skip)]
     pub reasons: Vec<String>,
 }
 
@@ -88,9 +87,9 @@ impl SkippedFiles {
         }
     }
 
-    /// Like [`SkippedFiles::text`], each name with why it was passed over:
-    /// `a.bin (a NUL byte at offset 3, so it is binary)`.
-    pub fn text_with_reasons(&self) -> String {
+    /// `2 files: a.bin (a NUL byte at offset 3, so it is binary), b.gz (more
+    /// than 64 MiB (decompressed), …)`, and how many more.
+    pub fn text(&self) -> String {
         let named: Vec<String> = self
             .first
             .iter()
@@ -101,20 +100,9 @@ impl SkippedFiles {
             })
             .collect();
         format!(
-            "{} that {} not UTF-8 text: {}",
+            "{}: {}",
             crate::display::counted(self.count, "file"),
-            if self.count == 1 { "is" } else { "are" },
             crate::display::listed(&named, self.count)
-        )
-    }
-
-    /// `2 files that are not UTF-8 text: a.bin, b.bin`, and how many more.
-    pub fn text(&self) -> String {
-        format!(
-            "{} that {} not UTF-8 text: {}",
-            crate::display::counted(self.count, "file"),
-            if self.count == 1 { "is" } else { "are" },
-            crate::display::listed(&self.first, self.count)
         )
     }
 }
@@ -367,15 +355,15 @@ impl Checked {
 }
 
 /// What an input with no documents passed over, and why, for
-/// [`SourceError::Empty`]: `; passed over 2 files that are not UTF-8 text:
-/// a.bin (…), b.bin (…); 1 file with no text`. Empty when nothing was.
+/// [`SourceError::Empty`]: `; passed over 2 files: a.bin (…), b.bin (…);
+/// 1 file with no text`. Empty when nothing was.
 fn passed_over(kind: &str, stats: SourceStats, skipped: &SkippedFiles) -> String {
     use crate::display::counted;
     // Whole files are the documents of the files kind; records are rows.
     let noun = if kind == "files" { "file" } else { "row" };
     let mut parts = Vec::new();
     if skipped.count > 0 {
-        parts.push(skipped.text_with_reasons());
+        parts.push(skipped.text());
     }
     if stats.skipped_empty > 0 {
         parts.push(format!(
@@ -544,10 +532,7 @@ mod tests {
         ] {
             assert!(message.contains(named), "{named:?} missing from {message}");
         }
-        assert!(
-            message.contains("7 files that are not UTF-8 text"),
-            "{message}"
-        );
+        assert!(message.contains("passed over 7 files: "), "{message}");
         assert!(message.contains("and 2 more"), "{message}");
         assert!(!message.contains("f.bin"), "{message}");
         assert!(message.contains("1 file with only blank text"), "{message}");

@@ -110,6 +110,13 @@ async fn memory_cap_gzip_and_zstd_bombs_are_passed_over_in_a_folder_and_named_on
         skipped.contains("bomb.txt.gz") && skipped.contains("bomb.txt.zst"),
         "{skipped}"
     );
+    for reason in summary["skipped_files"]["reasons"].as_array().unwrap() {
+        let reason = reason.as_str().unwrap();
+        assert!(
+            reason.starts_with("more than 64 MiB (decompressed)"),
+            "{reason}"
+        );
+    }
     assert_eq!(sim.ledger().billed_requests, 1);
 
     // Named on its own, each is an error that names it and the limit.

@@ -295,7 +295,8 @@ async fn a_directory_with_a_gz_file_a_binary_file_and_text_files_runs() {
     let output = run_job(&job, &["--fresh"]).await;
     let (stdout, _) = no_key(&output, KEY);
     assert!(
-        stdout.contains("skipped 1 file that is not UTF-8 text: ") && stdout.contains("tool.bin"),
+        stdout.contains("skipped 1 file: ")
+            && stdout.contains("tool.bin (not valid UTF-8: first bad byte at offset"),
         "{stdout}"
     );
 
