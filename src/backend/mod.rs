@@ -23,6 +23,7 @@ use crate::rate::QuotaStop;
 use crate::types::{Usage, Vectors};
 use crate::warnings::Warnings;
 
+pub use self::api::tokenizer_name;
 pub use self::build::{build, fitted_chunking, info_kind, kinds, Embedding, EmbeddingKind};
 
 /// Every kind of backend, one line each, in the order messages list them.
@@ -169,6 +170,38 @@ impl BackendError {
     }
 }
 
+/// A context window the service's answers taught, as chunks are cut to it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct LearnedWindow {
+    /// The most tokens the model takes in its own count, when a refusal said.
+    pub server_tokens: Option<u64>,
+    /// The window in the job's tokenizer (`chunking.tokenizer`), scaled by
+    /// the server's count over the local one and less a margin: chunks are
+    /// cut to it.
+    pub tokens: u64,
+    /// How it was found.
+    pub from: WindowSource,
+}
+
+/// How a window was found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WindowSource {
+    /// The server refused an input as too long, and said its limit.
+    Refusal,
+    /// The server stopped reading a long text: its prefixes got the same vector.
+    Truncation,
+}
+
+/// What looking for an unlisted window cost before the run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct ProbeCost {
+    /// Requests sent, refused ones included.
+    pub requests: u64,
+    /// Tokens billed for them.
+    pub tokens: u64,
+}
+
 /// Counters a backend keeps while it works.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct BackendStats {
@@ -190,6 +223,10 @@ pub struct BackendStats {
     pub billed: Usage,
     /// The requests in flight allowed, when timeouts lowered it.
     pub lowered_concurrency: Option<usize>,
+    /// The context window learned from the service, when it listed none.
+    pub window: Option<LearnedWindow>,
+    /// What finding it cost, when the window was probed for.
+    pub window_probe: Option<ProbeCost>,
 }
 
 /// Turns texts into checked vectors, in input order.

@@ -355,6 +355,8 @@ fn learned(limits: &Limits, stats: &crate::backend::BackendStats) -> LearnedLimi
         max_inputs_per_request: limits.inputs(),
         max_tokens_per_request: limits.tokens(),
         concurrency: stats.lowered_concurrency,
+        context_window: stats.window,
+        window_probe: stats.window_probe,
     }
 }
 

@@ -20,3 +20,4 @@ mod shards;
 mod simulator;
 mod source;
 mod support;
+mod window;

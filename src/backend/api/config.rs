@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{ApiBackend, ApiSettings};
 use crate::backend::{fitted_chunking, BackendKind, Embedding, EmbeddingBackend, EmbeddingKind};
-use crate::chunk::TokenChunker;
+use crate::chunk::{Chunker, TokenChunker};
 use crate::client::{discover, ApiKey, Client, ClientConfig, DiscoveryError};
 use crate::exit::Failure;
 use crate::job::{BackendParams, BackendShared, ChunkingConfig, Job, KindTable, Shard};
@@ -78,6 +78,9 @@ pub struct ApiParams {
     /// The run stops (exit 4, resumable) when nothing has succeeded for this
     /// many seconds while the service's quota refuses or holds back requests.
     pub stall_timeout_seconds: u64,
+    /// When the service lists no window and the job sets none, a few
+    /// requests before the run find where the model stops reading.
+    pub probe_window: bool,
 }
 
 impl Default for ApiParams {
@@ -95,6 +98,7 @@ impl Default for ApiParams {
             max_retries: 8,
             server_renames_models: false,
             stall_timeout_seconds: DEFAULT_STALL_TIMEOUT_SECONDS,
+            probe_window: true,
         }
     }
 }
@@ -120,6 +124,7 @@ impl crate::job::Kind<dyn BackendParams> for Kind {
             "max_retries",
             "server_renames_models",
             "stall_timeout_seconds",
+            "probe_window",
         ]
     }
 
@@ -288,12 +293,13 @@ async fn build(job: &Job) -> Result<Embedding, Failure> {
     let window = api
         .context_window
         .or_else(|| listed.and_then(|m| m.context_window));
-    if window.is_none() {
-        warnings.push(format!(
-            "the context window of model {model} is unknown (the service does not list it and \
-             `backend.context_window` is not set): a server may silently truncate chunks longer \
-             than the model takes, so keep `chunking.max_tokens` within it"
-        ));
+    let unknown = format!(
+        "the context window of model {model} is unknown (the service does not list it and \
+         `backend.context_window` is not set): a server may silently truncate chunks longer \
+         than the model takes, so keep `chunking.max_tokens` within it"
+    );
+    if window.is_none() && !api.probe_window {
+        warnings.push(unknown.clone());
     }
     let settings = ApiSettings {
         dimensions: b.dimensions,
@@ -312,16 +318,27 @@ async fn build(job: &Job) -> Result<Embedding, Failure> {
         sharing: job.shard.map_or(1, |shard| shard.count),
         ..ApiSettings::new(model)
     };
-    let backend = ApiBackend::new(client, settings, listed);
+    let mut backend = ApiBackend::new(client, settings, listed);
+    let chunker_for = |chunking: &ChunkingConfig| {
+        TokenChunker::for_config(chunking).map_err(|e| {
+            let tokenizer = chunking.tokenizer.as_deref();
+            if tokenizer.is_some_and(|t| !crate::job::named_encoding(t)) {
+                Failure::usage(e)
+            } else {
+                Failure::failed(e)
+            }
+        })
+    };
+    if window.is_none() && api.probe_window {
+        let unfitted = job.chunking_for(None);
+        let counter = chunker_for(&unfitted)?;
+        let probed = backend
+            .probe_window(&|text| counter.count_tokens(text), unfitted.max_tokens)
+            .await;
+        backend.learn_window(probed, &unfitted, &unknown);
+    }
     let chunking = fitted_chunking(job, backend.info())?;
-    let chunker = TokenChunker::for_config(&chunking).map_err(|e| {
-        let tokenizer = chunking.tokenizer.as_deref();
-        if tokenizer.is_some_and(|t| !crate::job::named_encoding(t)) {
-            Failure::usage(e)
-        } else {
-            Failure::failed(e)
-        }
-    })?;
+    let chunker = chunker_for(&chunking)?;
     Ok(Embedding {
         backend: Arc::new(backend),
         chunker: Arc::new(chunker),

@@ -11,6 +11,9 @@
 //! server may still compute and bill it.
 
 mod config;
+mod window;
+
+pub use self::window::tokenizer_name;
 
 pub use self::config::{
     ApiParams, EncodingFormat, Kind, DEFAULT_API_KEY_ENV, DEFAULT_STALL_TIMEOUT_SECONDS,
@@ -25,7 +28,8 @@ use futures::future::BoxFuture;
 use futures::FutureExt;
 
 use super::{
-    BackendError, BackendInfo, BackendKind, BackendStats, EmbeddingBackend, Kept, RequestLimit,
+    BackendError, BackendInfo, BackendKind, BackendStats, EmbeddingBackend, Kept, LearnedWindow,
+    ProbeCost, RequestLimit,
 };
 use crate::client::{ApiError, Client, EmbeddingInput, EmbeddingRequest, ErrorKind, SizeLimit};
 use crate::rate::{
@@ -147,6 +151,10 @@ pub struct ApiBackend {
     warnings: Mutex<Vec<String>>,
     /// What is worth a word on stderr only, for the command to print.
     notices: Warnings,
+    /// The window a probe before the run found, when the service lists none.
+    learned_window: Option<LearnedWindow>,
+    /// What the probe cost, when there was one.
+    probe_cost: Option<ProbeCost>,
 }
 
 /// One failed attempt: the service said no, or its answer failed a check.
@@ -269,6 +277,8 @@ impl ApiBackend {
             billed: UsageCounter::default(),
             warnings: Mutex::new(settings.warnings),
             notices,
+            learned_window: None,
+            probe_cost: None,
         }
     }
 
@@ -693,6 +703,8 @@ impl EmbeddingBackend for ApiBackend {
             timeouts: self.timeouts.load(Ordering::Relaxed),
             billed: self.billed.get(),
             lowered_concurrency: self.rate.lowered(),
+            window: self.learned_window,
+            window_probe: self.probe_cost,
         }
     }
 
