@@ -22,6 +22,13 @@ use crate::types::{content_hash, Chunk, Document};
 pub trait Chunker: Send + Sync {
     fn chunk(&self, document: &Document) -> Vec<Chunk>;
     fn count_tokens(&self, text: &str) -> usize;
+
+    /// A chunker that counts as this one, for chunks of at most
+    /// `max_tokens`, when it can make one: a chunk the model refused as
+    /// over its window is cut again with it.
+    fn narrower(&self, _max_tokens: usize) -> Option<Box<dyn Chunker>> {
+        None
+    }
 }
 
 /// A chunker that cannot be built from its config.
@@ -264,6 +271,10 @@ impl TokenChunker {
     }
 
     fn new(config: &ChunkingConfig, counter: Counter) -> Result<Self, ChunkError> {
+        Self::counting_with(config, Arc::new(counter))
+    }
+
+    fn counting_with(config: &ChunkingConfig, counter: Arc<Counter>) -> Result<Self, ChunkError> {
         let ChunkingConfig {
             max_tokens,
             overlap_tokens,
@@ -280,7 +291,6 @@ impl TokenChunker {
         if overlap_tokens >= max_tokens {
             return Err(overlap_error());
         }
-        let counter = Arc::new(counter);
         let chunk_config = || {
             ChunkConfig::new(max_tokens)
                 .with_sizer(Sizer(Arc::clone(&counter)))
@@ -496,6 +506,20 @@ impl Chunker for TokenChunker {
 
     fn count_tokens(&self, text: &str) -> usize {
         self.counter.count(text)
+    }
+
+    /// The overlap shrinks with the chunks.
+    fn narrower(&self, max_tokens: usize) -> Option<Box<dyn Chunker>> {
+        let max_tokens = max_tokens.max(1);
+        let config = ChunkingConfig {
+            tokenizer: None,
+            max_tokens,
+            overlap_tokens: (self.overlap_tokens * max_tokens / self.max_tokens.max(1))
+                .min(max_tokens - 1),
+            markdown: self.markdown_mode,
+        };
+        let chunker = TokenChunker::counting_with(&config, Arc::clone(&self.counter)).ok()?;
+        Some(Box::new(chunker))
     }
 }
 

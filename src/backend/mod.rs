@@ -183,6 +183,33 @@ pub struct LearnedWindow {
     pub from: WindowSource,
 }
 
+/// The part of a learned window left as a margin: the server's count over
+/// the local one varies from text to text.
+pub const WINDOW_MARGIN_PERCENT: u64 = 10;
+
+impl LearnedWindow {
+    /// The window a refusal states (`limit`, and the refused text's count,
+    /// `given`, in the server's tokens), for a text of `local` tokens:
+    /// scaled by the server's count over ours, less the margin.
+    pub fn from_refusal(limit: u64, given: Option<u64>, local: u64) -> LearnedWindow {
+        let scaled = given.filter(|&g| g > 0).map_or(limit, |given| {
+            let scaled = u128::from(limit) * u128::from(local) / u128::from(given);
+            u64::try_from(scaled).unwrap_or(u64::MAX)
+        });
+        LearnedWindow {
+            server_tokens: Some(limit),
+            tokens: with_margin(scaled),
+            from: WindowSource::Refusal,
+        }
+    }
+}
+
+/// `tokens` less the margin, at least 1.
+pub fn with_margin(tokens: u64) -> u64 {
+    (tokens - tokens / 100 * WINDOW_MARGIN_PERCENT - tokens % 100 * WINDOW_MARGIN_PERCENT / 100)
+        .max(1)
+}
+
 /// How a window was found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]

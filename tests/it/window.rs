@@ -259,3 +259,30 @@ async fn a_server_that_reads_everything_costs_one_probe_request() {
         summary["requests"].as_u64().unwrap()
     );
 }
+
+/// Told not to probe, a run learns the window from the first refusals and
+/// cuts each refused chunk to fit instead of quarantining it.
+#[tokio::test]
+async fn a_chunk_refused_during_the_run_is_cut_to_the_window_it_states() {
+    for over in ["openai", "tei", "vllm"] {
+        let dir = tempfile::tempdir().unwrap();
+        let root = prose(dir.path());
+        let sim = simulator(unlisted(over)).await;
+        let job = job(dir.path(), &sim, &root, "probe_window = false");
+        let output = run_job(&job, &["--json"]).await;
+        let summary = summary_of(&output);
+        assert_eq!(summary["quarantined"], 0, "{over}: {summary}");
+        let window = &summary["learned_limits"]["context_window"];
+        assert_eq!(window["server_tokens"], WINDOW, "{over}: {summary}");
+        assert_eq!(window["from"], "refusal");
+        assert_eq!(summary["learned_limits"]["window_probe"], Value::Null);
+        let rows = read_output(&dir.path().join("out/result.parquet"));
+        assert_read_whole(&rows, &sim.ledger());
+        // Pieces of a refused chunk are named after it.
+        assert!(
+            rows.ids.iter().any(|id| id.ends_with("#0.1")),
+            "{over}: {:?}",
+            rows.ids
+        );
+    }
+}

@@ -10,14 +10,12 @@
 //! chunk size the job would use, so the search ends within that.
 
 use super::ApiBackend;
-use crate::backend::{BackendError, LearnedWindow, ProbeCost, WindowSource};
+use crate::backend::{
+    with_margin, BackendError, LearnedWindow, ProbeCost, WindowSource, WINDOW_MARGIN_PERCENT,
+};
 use crate::client::window_refusal;
 use crate::job::ChunkingConfig;
 use crate::types::Vectors;
-
-/// The part of a learned window left as a margin: the server's count over
-/// the local one varies from text to text.
-const MARGIN_PERCENT: u64 = 10;
 
 /// Vectors closer than this (one less their cosine) are the same: a
 /// server's arithmetic varies a little with the batch, a missing word does
@@ -91,11 +89,6 @@ fn probe_words(count: &(dyn Fn(&str) -> usize + Sync), tokens: usize) -> Vec<&'s
     }
 }
 
-/// `tokens` less the margin, at least 1.
-fn with_margin(tokens: u64) -> u64 {
-    (tokens - tokens / 100 * MARGIN_PERCENT - tokens % 100 * MARGIN_PERCENT / 100).max(1)
-}
-
 /// Row `i` of `vectors`; empty when there is none.
 fn row(vectors: &Vectors, i: usize) -> &[f32] {
     let d = vectors.dimensions.max(1);
@@ -151,21 +144,11 @@ impl ApiBackend {
         match first {
             Err(BackendError::TooLarge { message, .. }) => match window_refusal(&message) {
                 Some(refusal) => {
-                    let local = tokens(&whole);
-                    // The server's limit in local tokens: scaled by its count over ours.
-                    let scaled = refusal
-                        .given
-                        .filter(|&g| g > 0)
-                        .map_or(refusal.limit, |given| {
-                            let scaled =
-                                u128::from(refusal.limit) * u128::from(local) / u128::from(given);
-                            u64::try_from(scaled).unwrap_or(u64::MAX)
-                        });
-                    probed.window = Some(LearnedWindow {
-                        server_tokens: Some(refusal.limit),
-                        tokens: with_margin(scaled),
-                        from: WindowSource::Refusal,
-                    });
+                    probed.window = Some(LearnedWindow::from_refusal(
+                        refusal.limit,
+                        refusal.given,
+                        tokens(&whole),
+                    ));
                 }
                 None => probed.failed = Some(message),
             },
@@ -237,12 +220,12 @@ impl ApiBackend {
                         "model {model} lists no context window, and refused a long text as over \
                          its window of {limit} of its own tokens: chunks are cut to {tokens} \
                          {tokenizer} tokens (its window scaled by its count over ours, less \
-                         {MARGIN_PERCENT}%); {choose}"
+                         {WINDOW_MARGIN_PERCENT}%); {choose}"
                     ),
                     None => format!(
                         "model {model} lists no context window, and reads only the start of a \
                          long text (its prefixes got the same vector): chunks are cut to \
-                         {tokens} {tokenizer} tokens ({MARGIN_PERCENT}% less than it read); \
+                         {tokens} {tokenizer} tokens ({WINDOW_MARGIN_PERCENT}% less than it read); \
                          {choose}"
                     ),
                 }
