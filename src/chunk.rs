@@ -65,6 +65,24 @@ fn read_tokenizer(path: &str) -> Result<tokenizers::Tokenizer, ChunkError> {
     tokenizers::Tokenizer::from_bytes(bytes).map_err(|e| fail(e.to_string()))
 }
 
+/// Tokens the model adds to every text (`[CLS]` and `[SEP]` for a BERT
+/// model), as the `tokenizer.json` that `config.tokenizer` names says; none
+/// for a named encoding.
+///
+/// # Errors
+/// A tokenizer file that cannot be read.
+pub fn special_tokens(config: &ChunkingConfig) -> Result<u64, ChunkError> {
+    match config.tokenizer.as_deref() {
+        Some(path) if !named_encoding(path) => {
+            let tokenizer = read_tokenizer(path)?;
+            Ok(tokenizer.get_post_processor().map_or(0, |p| {
+                tokenizers::PostProcessor::added_tokens(p, false) as u64
+            }))
+        }
+        _ => Ok(0),
+    }
+}
+
 /// The `cl100k_base` encoding, loaded once per process: building it takes
 /// longer than chunking a typical document.
 fn cl100k_base() -> Result<&'static CoreBPE, ChunkError> {

@@ -64,6 +64,11 @@ pub struct BackendInfo {
     /// tokens are priced as input tokens without it. Embeddings have none.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub output_per_1k: Option<f64>,
+    /// Tokens the model adds to every text (`[CLS]` and `[SEP]` for a BERT
+    /// model), which its window must hold besides the chunk: the local
+    /// model's, or those of the `tokenizer.json` chunks are counted with.
+    #[serde(skip)]
+    pub special_tokens: u64,
 }
 
 /// Tokens the local model adds to every text (`[CLS]` and `[SEP]`), which
@@ -72,13 +77,9 @@ pub const LOCAL_SPECIAL_TOKENS: u64 = 2;
 
 impl BackendInfo {
     /// Tokens of text a chunk may hold for the model to see all of it: the
-    /// context window, less the special tokens the local model adds.
+    /// context window, less the special tokens the model adds.
     pub fn chunk_window(&self) -> Option<u64> {
-        let window = self.context_window?;
-        Some(match self.kind {
-            BackendKind::Local => window.saturating_sub(LOCAL_SPECIAL_TOKENS),
-            BackendKind::Api => window,
-        })
+        Some(self.context_window?.saturating_sub(self.special_tokens))
     }
 
     /// What `usage` costs at the model's prices, when it has an input price:

@@ -34,15 +34,20 @@ impl Rechunker {
     }
 
     /// `chunk` cut in pieces that fit the window `message` states, ids
-    /// `{chunk id}.{n}`; `None` when the message states none or the chunk
-    /// cannot be cut smaller.
+    /// `{chunk id}.{n}`; `None` when the message states none, or counts
+    /// the chunk within it, or the chunk cannot be cut smaller. Each cut is
+    /// to at most 9/10 of the chunk, so a piece refused again is cut again
+    /// smaller, and the cutting ends.
     pub(super) fn pieces(&self, chunk: &Chunk, message: &str) -> Option<Vec<Chunk>> {
         let refusal = window_refusal(message)?;
+        // A count within the limit says nothing of the window: the refusal
+        // is about something else, and cutting would not end.
+        let given = refusal.given.filter(|&given| given > refusal.limit)?;
         let local = u64::from(chunk.token_count);
         if local < 2 {
             return None;
         }
-        let window = LearnedWindow::from_refusal(refusal.limit, refusal.given, local);
+        let window = LearnedWindow::from_refusal(refusal.limit, Some(given), local);
         // Smaller than the chunk, whatever the server said, so that cutting ends.
         let size = window.tokens.min(local - 1);
         let narrower = self
@@ -138,8 +143,14 @@ mod tests {
         assert!(rechunker.pieces(&refused, "too long").is_none());
         let one = chunk("word", chunker.as_ref());
         assert!(rechunker.pieces(&one, &message).is_none());
-        // A server that claims a window larger than the chunk still gets it smaller.
-        let generous = "maximum context length is 99999 tokens, however you requested 9 tokens";
-        assert!(rechunker.pieces(&refused, generous).unwrap().len() >= 2);
+        // A refusal that counts the chunk within the window, or does not
+        // count it, is about something else.
+        for other in [
+            "maximum context length is 99999 tokens, however you requested 9 tokens",
+            "maximum context length is 100 tokens, however you requested 100 tokens",
+            "maximum context length is 100 tokens",
+        ] {
+            assert!(rechunker.pieces(&refused, other).is_none(), "{other}");
+        }
     }
 }

@@ -255,6 +255,7 @@ impl Summary {
                 context_window: None,
                 input_per_1k: None,
                 output_per_1k: None,
+                special_tokens: 0,
             };
             &fallback
         };
@@ -539,6 +540,7 @@ mod tests {
             context_window: None,
             input_per_1k,
             output_per_1k: None,
+            special_tokens: 0,
         }
     }
 

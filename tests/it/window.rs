@@ -286,3 +286,52 @@ async fn a_chunk_refused_during_the_run_is_cut_to_the_window_it_states() {
         );
     }
 }
+
+/// With `chunking.tokenizer` a model's `tokenizer.json`, a window of 256
+/// holds the chunk and the `[CLS]` and `[SEP]` the model adds to it.
+#[tokio::test]
+async fn a_tokenizer_json_leaves_room_for_the_models_special_tokens() {
+    let model_dir = std::env::var("EMBEDJOB_MODEL_DIR").map_or_else(
+        |_| Path::new(env!("CARGO_MANIFEST_DIR")).join(".cache/models/all-MiniLM-L6-v2"),
+        PathBuf::from,
+    );
+    let tokenizer_path = model_dir.join("tokenizer.json");
+    assert!(
+        tokenizer_path.exists(),
+        "{} is missing: run scripts/setup-local",
+        tokenizer_path.display()
+    );
+    let dir = tempfile::tempdir().unwrap();
+    // Words without a sentence's end: the chunker fills each chunk to its size.
+    let root = dir.path().join("docs");
+    std::fs::create_dir_all(&root).unwrap();
+    let words: Vec<String> = (0..3000).map(|i| format!("word{}", i % 97)).collect();
+    std::fs::write(root.join("words.txt"), words.join(" ")).unwrap();
+    let sim = simulator(SimConfig::default()).await;
+    let job = job(
+        dir.path(),
+        &sim,
+        &root,
+        &format!(
+            "context_window = 256\n[chunking]\ntokenizer = \"{}\"",
+            tokenizer_path.display()
+        ),
+    );
+    let summary = summary_of(&run_job(&job, &["--json", "--set", "backend.api_path=/v1"]).await);
+    assert_eq!(summary["tokenizer"], tokenizer_path.display().to_string());
+    let rows = read_output(&dir.path().join("out/result.parquet"));
+    let mut tokenizer = tokenizers::Tokenizer::from_file(&tokenizer_path).unwrap();
+    tokenizer.with_padding(None);
+    tokenizer.with_truncation(None).unwrap();
+    let longest = rows
+        .texts
+        .iter()
+        .map(|text| tokenizer.encode_fast(text.as_str(), true).unwrap().len())
+        .max()
+        .unwrap();
+    // The chunker fills chunks to the size it is given: the longest is at the window.
+    assert!(
+        (250..=256).contains(&longest),
+        "the longest chunk with [CLS] and [SEP]: {longest}"
+    );
+}

@@ -301,7 +301,9 @@ async fn build(job: &Job) -> Result<Embedding, Failure> {
     if window.is_none() && !api.probe_window {
         warnings.push(unknown.clone());
     }
+    let special_tokens = crate::chunk::special_tokens(&job.chunking).map_err(Failure::usage)?;
     let settings = ApiSettings {
+        special_tokens,
         dimensions: b.dimensions,
         concurrency: b.concurrency,
         requests_per_minute: api.requests_per_minute,

@@ -71,6 +71,8 @@ pub struct ApiSettings {
     /// How many processes of the job share the key's quota (the shards of
     /// a split job): each counts on its part of the budget from the start.
     pub sharing: u32,
+    /// Tokens the model adds to every text, as `chunking.tokenizer` says.
+    pub special_tokens: u64,
 }
 
 impl ApiSettings {
@@ -91,6 +93,7 @@ impl ApiSettings {
             output_per_1k: None,
             warnings: Vec::new(),
             sharing: 1,
+            special_tokens: 0,
             renames_models: false,
             stall_timeout: Duration::from_secs(600),
         }
@@ -248,6 +251,7 @@ impl ApiBackend {
             output_per_1k: settings
                 .output_per_1k
                 .or_else(|| listed("output", |p| p.output_per_1k)),
+            special_tokens: settings.special_tokens,
         };
         let rate = RateControl::new(&RateSettings {
             concurrency: settings.concurrency,
