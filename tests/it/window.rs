@@ -335,3 +335,37 @@ async fn a_tokenizer_json_leaves_room_for_the_models_special_tokens() {
         "the longest chunk with [CLS] and [SEP]: {longest}"
     );
 }
+
+/// A window the listing gives is the model's own count: chunks counted in
+/// cl100k may overflow it, and the run says so.
+#[tokio::test]
+async fn a_listed_window_counted_in_another_tokenizer_is_warned_about() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = prose(dir.path());
+    let sim = simulator(SimConfig {
+        models: vec![simulate::ModelSpec {
+            context_window: 256,
+            ..simulate::ModelSpec::embedding("svc-embed-1", 1024)
+        }],
+        ..SimConfig::default()
+    })
+    .await;
+    let job = job(dir.path(), &sim, &root, "");
+    let output = run_job(&job, &["--json", "--set", "backend.api_path=/v1"]).await;
+    let summary = summary_of(&output);
+    let stderr = text(&output.stderr);
+    assert!(
+        stderr.contains("lists a context window of 256 tokens, counted by its own tokenizer"),
+        "{stderr}"
+    );
+    assert!(
+        summary["warnings"][0]
+            .as_str()
+            .unwrap()
+            .contains("chunks are counted in cl100k_base tokens"),
+        "{summary}"
+    );
+    assert_eq!(summary["tokenizer"], "cl100k_base");
+    // Nothing to probe: the listing gives the window.
+    assert_eq!(summary["learned_limits"]["window_probe"], Value::Null);
+}

@@ -269,6 +269,24 @@ impl ApiParams {
     }
 }
 
+/// A listed window is counted in the model's own tokens, chunks in the
+/// job's tokenizer: when the window sets the chunk size and the tokenizer is
+/// not the model's (an encoding, not its `tokenizer.json`), the two counts
+/// may differ, and the chunks overflow the window.
+fn units_warning(job: &Job, model: &str, listed: u64) -> Option<String> {
+    let tokenizer = crate::backend::tokenizer_name(&job.chunking);
+    let sets_the_size =
+        !job.chunk_sizes_set.max_tokens && listed < crate::job::DEFAULT_MAX_TOKENS as u64;
+    (sets_the_size && crate::job::named_encoding(tokenizer)).then(|| {
+        format!(
+            "model {model} lists a context window of {listed} tokens, counted by its own \
+             tokenizer; chunks are counted in {tokenizer} tokens, which may be fewer for the \
+             same text: set `chunking.tokenizer` to the model's tokenizer.json, or \
+             `backend.context_window` to the window in {tokenizer} tokens"
+        )
+    })
+}
+
 /// Checks the key and the model with the service, and makes the chunker
 /// that counts as `chunking.tokenizer` says.
 async fn build(job: &Job) -> Result<Embedding, Failure> {
@@ -302,6 +320,12 @@ async fn build(job: &Job) -> Result<Embedding, Failure> {
         warnings.push(unknown.clone());
     }
     let special_tokens = crate::chunk::special_tokens(&job.chunking).map_err(Failure::usage)?;
+    if let Some(listed) = listed
+        .and_then(|m| m.context_window)
+        .filter(|_| api.context_window.is_none())
+    {
+        warnings.extend(units_warning(job, &model, listed));
+    }
     let settings = ApiSettings {
         special_tokens,
         dimensions: b.dimensions,
