@@ -205,6 +205,40 @@ impl LearnedWindow {
     }
 }
 
+impl LearnedWindow {
+    /// As the output's metadata records it, with the tokenizer that counts `tokens`.
+    pub fn to_json(&self, tokenizer: &str) -> String {
+        serde_json::json!({
+            "tokens": self.tokens,
+            "tokenizer": tokenizer,
+            "server_tokens": self.server_tokens,
+            "from": self.from,
+        })
+        .to_string()
+    }
+
+    /// A window recorded by [`LearnedWindow::to_json`], when it is counted
+    /// in `tokenizer`; anything else is no window.
+    pub fn from_json(json: &str, tokenizer: &str) -> Option<LearnedWindow> {
+        let value: serde_json::Value = serde_json::from_str(json).ok()?;
+        if value.get("tokenizer")?.as_str()? != tokenizer {
+            return None;
+        }
+        let from = match value.get("from")?.as_str()? {
+            "refusal" => WindowSource::Refusal,
+            "truncation" => WindowSource::Truncation,
+            _ => return None,
+        };
+        Some(LearnedWindow {
+            tokens: value.get("tokens")?.as_u64().filter(|&n| n > 0)?,
+            server_tokens: value
+                .get("server_tokens")
+                .and_then(serde_json::Value::as_u64),
+            from,
+        })
+    }
+}
+
 /// `tokens` less the margin, at least 1.
 pub fn with_margin(tokens: u64) -> u64 {
     (tokens - tokens / 100 * WINDOW_MARGIN_PERCENT - tokens % 100 * WINDOW_MARGIN_PERCENT / 100)

@@ -265,7 +265,7 @@ async fn run_stages(
             .unwrap_or_default(),
         settled,
         limits,
-        rechunk,
+        rechunk: Arc::clone(&rechunk),
         exposure: dispatch::Exposure::new(committed_rx, most_uncommitted),
     };
     let stops = Stops::new(options.stop, started, options.max_duration);
@@ -276,9 +276,7 @@ async fn run_stages(
     let read = reader
         .await
         .map_err(|e| RunError::stage_stopped("reading", &e));
-    let (read, dispatched) = settle(read, dispatched);
-    report.read = read;
-    report.dispatched = dispatched;
+    (report.read, report.dispatched) = settle(read, dispatched);
     let dispatched = &mut report.dispatched;
     let stats = backend.stats();
     let (bill, unseen) = bill::reckon(dispatched, &stats);
@@ -295,6 +293,7 @@ async fn run_stages(
         input: input_ids
             .as_ref()
             .and_then(|ids| ids.lock().ok().map(|ids| ids.text())),
+        window: recorded_window(job, &stats, &rechunk),
     });
     if !dispatched.writer_stopped && unseen != Billed::default() {
         let _ = sink_tx.send(SinkMessage::Billed(unseen)).await;
@@ -349,6 +348,17 @@ fn budget(job: &Job, info: &crate::backend::BackendInfo) -> Option<Arc<Budget>> 
     job.budget
         .max_cost
         .map(|max_cost| Arc::new(Budget::new(max_cost, prices)))
+}
+
+/// The window the output records, as JSON: the one the chunks were cut to
+/// from the start, else the one refusals taught.
+fn recorded_window(
+    job: &Job,
+    stats: &crate::backend::BackendStats,
+    rechunk: &rechunk::Rechunker,
+) -> Option<String> {
+    let window = stats.window.or_else(|| rechunk.learned())?;
+    Some(window.to_json(crate::backend::tokenizer_name(&job.chunking)))
 }
 
 /// The limits the service's answers lowered during the run; the window, the

@@ -166,12 +166,32 @@ async fn learns_the_window(over: &str) -> Value {
     assert!(stderr.contains("lists no context window"), "{stderr}");
     assert!(stderr.contains("cl100k_base tokens"), "{stderr}");
 
-    // The second run cuts the same chunks from the start: nothing is sent again.
+    let metadata = &rows.metadata["embedjob.context_window"];
+    assert!(
+        metadata.contains("\"tokenizer\":\"cl100k_base\""),
+        "{metadata}"
+    );
+
+    // The estimate and the second run cut the same chunks from the start,
+    // to the window the output records: nothing is probed or sent again.
+    let estimate = crate::support::json(
+        &crate::support::embedjob(&["estimate", crate::support::path_arg(&job), "--json"]).await,
+    );
+    assert_eq!(estimate["context_window"], window["tokens"], "{estimate}");
+    assert_eq!(estimate["chunks"], rows.ids.len() as u64, "{estimate}");
+    assert_eq!(estimate["tokens"], 0, "{estimate}");
+    let billed = sim.ledger().prompt_tokens;
+    let requests = sim.ledger().embedding_requests;
     let again = summary_of(&run_job(&job, &["--json"]).await);
     assert_eq!(again["embedded"], 0, "{over}: {again}");
     assert_eq!(again["unchanged"], rows.ids.len() as u64, "{again}");
     assert_eq!(again["learned_limits"]["context_window"], window);
+    assert_eq!(again["learned_limits"]["window_probe"], Value::Null);
     let ledger = sim.ledger();
+    assert_eq!(
+        (ledger.prompt_tokens, ledger.embedding_requests),
+        (billed, requests)
+    );
     for text in &rows.texts {
         assert_eq!(ledger.texts.get(&text_hash(text)), Some(&1), "{text}");
     }

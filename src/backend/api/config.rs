@@ -269,6 +269,18 @@ impl ApiParams {
     }
 }
 
+/// The window an earlier run of the job learned for `model`, as its
+/// Parquet output records it, when counted in the job's tokenizer.
+fn earlier_window(job: &Job, model: &str) -> Option<crate::backend::LearnedWindow> {
+    let file = job.output.params.output_file()?;
+    let metadata = crate::parquet_io::read_key_values(file).ok()?;
+    if metadata.get(crate::contract::MODEL_KEY)? != model {
+        return None;
+    }
+    let json = metadata.get(crate::contract::CONTEXT_WINDOW_KEY)?;
+    crate::backend::LearnedWindow::from_json(json, crate::backend::tokenizer_name(&job.chunking))
+}
+
 /// A listed window is counted in the model's own tokens, chunks in the
 /// job's tokenizer: when the window sets the chunk size and the tokenizer is
 /// not the model's (an encoding, not its `tokenizer.json`), the two counts
@@ -316,7 +328,12 @@ async fn build(job: &Job) -> Result<Embedding, Failure> {
          `backend.context_window` is not set): a server may silently truncate chunks longer \
          than the model takes, so keep `chunking.max_tokens` within it"
     );
-    if window.is_none() && !api.probe_window {
+    let earlier = if window.is_none() {
+        earlier_window(job, &model)
+    } else {
+        None
+    };
+    if window.is_none() && earlier.is_none() && !api.probe_window {
         warnings.push(unknown.clone());
     }
     let special_tokens = crate::chunk::special_tokens(&job.chunking).map_err(Failure::usage)?;
@@ -355,7 +372,9 @@ async fn build(job: &Job) -> Result<Embedding, Failure> {
             }
         })
     };
-    if window.is_none() && api.probe_window {
+    if let Some(earlier) = earlier {
+        backend.remember_window(earlier, &job.chunking);
+    } else if window.is_none() && api.probe_window {
         let unfitted = job.chunking_for(None);
         let counter = chunker_for(&unfitted)?;
         let probed = backend

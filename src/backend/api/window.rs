@@ -196,6 +196,20 @@ pub fn tokenizer_name(chunking: &ChunkingConfig) -> &str {
 }
 
 impl ApiBackend {
+    /// Takes the window an earlier run learned, as its output records it.
+    pub(super) fn remember_window(&mut self, window: LearnedWindow, chunking: &ChunkingConfig) {
+        self.info.context_window = Some(window.tokens);
+        self.learned_window = Some(window);
+        self.warn(format!(
+            "model {} lists no context window: chunks are cut to {} {} tokens, the window an \
+             earlier run learned (the output records it); set `backend.context_window` to \
+             choose another",
+            self.info.model,
+            window.tokens,
+            tokenizer_name(chunking)
+        ));
+    }
+
     /// Takes what the probe found: the window chunks are cut to, and a
     /// warning that says it, in which tokens, and how to choose another;
     /// `unknown` says the window is unknown, when the probe found none.
@@ -251,6 +265,31 @@ mod tests {
         assert_eq!(with_margin(255), 230);
         assert_eq!(with_margin(1), 1);
         assert_eq!(with_margin(u64::MAX), u64::MAX - u64::MAX / 10);
+    }
+
+    #[test]
+    fn a_recorded_window_is_read_back_only_in_its_tokenizer() {
+        let window = LearnedWindow::from_refusal(256, Some(300), 280);
+        let json = window.to_json("cl100k_base");
+        assert_eq!(LearnedWindow::from_json(&json, "cl100k_base"), Some(window));
+        assert_eq!(LearnedWindow::from_json(&json, "o200k_base"), None);
+        for hostile in [
+            "",
+            "{",
+            "[]",
+            r#"{"tokens":0,"tokenizer":"cl100k_base","from":"refusal"}"#,
+            r#"{"tokens":-3,"tokenizer":"cl100k_base","from":"refusal"}"#,
+            r#"{"tokens":1e400,"tokenizer":"cl100k_base","from":"refusal"}"#,
+            r#"{"tokens":99999999999999999999999,"tokenizer":"cl100k_base","from":"refusal"}"#,
+            r#"{"tokens":5,"tokenizer":"cl100k_base","from":"guess"}"#,
+            r#"{"tokens":5,"from":"refusal"}"#,
+        ] {
+            assert_eq!(
+                LearnedWindow::from_json(hostile, "cl100k_base"),
+                None,
+                "{hostile}"
+            );
+        }
     }
 
     #[test]
