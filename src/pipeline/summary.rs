@@ -422,11 +422,13 @@ impl Summary {
             if let Some(cost) = s.cost {
                 let _ = writeln!(out, "  cost: {cost:.6}");
             }
-            if s.discarded_tokens > 0 {
+            // The window probe's vectors are dropped too, and said on their own line.
+            let probe = s.learned_limits.window_probe.map_or(0, |p| p.tokens);
+            if s.discarded_tokens > probe {
                 let _ = writeln!(
                     out,
                     "  of the tokens billed, {} paid for vectors that failed a check and were sent again",
-                    s.discarded_tokens
+                    s.discarded_tokens - probe
                 );
             }
         }

@@ -157,6 +157,8 @@ async fn learns_the_window(over: &str) -> Value {
     assert_read_whole(&rows, &ledger);
     // What the probe was billed and what the chunks were make the whole bill.
     let probe = summary["learned_limits"]["window_probe"].clone();
+    // The probe's vectors are dropped: they count as discarded, and no more.
+    assert_eq!(summary["discarded_tokens"], probe["tokens"], "{summary}");
     assert_eq!(
         summary["usage"]["prompt_tokens"].as_u64().unwrap(),
         ledger.prompt_tokens,
