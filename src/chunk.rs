@@ -22,6 +22,13 @@ use crate::types::{content_hash, Chunk, Document};
 pub trait Chunker: Send + Sync {
     fn chunk(&self, document: &Document) -> Vec<Chunk>;
     fn count_tokens(&self, text: &str) -> usize;
+
+    /// A chunker that counts as this one, for chunks of at most
+    /// `max_tokens`, when it can make one: a chunk the model refused as
+    /// over its window is cut again with it.
+    fn narrower(&self, _max_tokens: usize) -> Option<Box<dyn Chunker>> {
+        None
+    }
 }
 
 /// A chunker that cannot be built from its config.
@@ -56,6 +63,24 @@ fn read_tokenizer(path: &str) -> Result<tokenizers::Tokenizer, ChunkError> {
         BoundedError::Io(e) => fail(e.to_string()),
     })?;
     tokenizers::Tokenizer::from_bytes(bytes).map_err(|e| fail(e.to_string()))
+}
+
+/// Tokens the model adds to every text (`[CLS]` and `[SEP]` for a BERT
+/// model), as the `tokenizer.json` that `config.tokenizer` names says; none
+/// for a named encoding.
+///
+/// # Errors
+/// A tokenizer file that cannot be read.
+pub fn special_tokens(config: &ChunkingConfig) -> Result<u64, ChunkError> {
+    match config.tokenizer.as_deref() {
+        Some(path) if !named_encoding(path) => {
+            let tokenizer = read_tokenizer(path)?;
+            Ok(tokenizer.get_post_processor().map_or(0, |p| {
+                tokenizers::PostProcessor::added_tokens(p, false) as u64
+            }))
+        }
+        _ => Ok(0),
+    }
 }
 
 /// The `cl100k_base` encoding, loaded once per process: building it takes
@@ -264,6 +289,10 @@ impl TokenChunker {
     }
 
     fn new(config: &ChunkingConfig, counter: Counter) -> Result<Self, ChunkError> {
+        Self::counting_with(config, Arc::new(counter))
+    }
+
+    fn counting_with(config: &ChunkingConfig, counter: Arc<Counter>) -> Result<Self, ChunkError> {
         let ChunkingConfig {
             max_tokens,
             overlap_tokens,
@@ -280,7 +309,6 @@ impl TokenChunker {
         if overlap_tokens >= max_tokens {
             return Err(overlap_error());
         }
-        let counter = Arc::new(counter);
         let chunk_config = || {
             ChunkConfig::new(max_tokens)
                 .with_sizer(Sizer(Arc::clone(&counter)))
@@ -496,6 +524,20 @@ impl Chunker for TokenChunker {
 
     fn count_tokens(&self, text: &str) -> usize {
         self.counter.count(text)
+    }
+
+    /// The overlap shrinks with the chunks.
+    fn narrower(&self, max_tokens: usize) -> Option<Box<dyn Chunker>> {
+        let max_tokens = max_tokens.max(1);
+        let config = ChunkingConfig {
+            tokenizer: None,
+            max_tokens,
+            overlap_tokens: (self.overlap_tokens * max_tokens / self.max_tokens.max(1))
+                .min(max_tokens - 1),
+            markdown: self.markdown_mode,
+        };
+        let chunker = TokenChunker::counting_with(&config, Arc::clone(&self.counter)).ok()?;
+        Some(Box::new(chunker))
     }
 }
 

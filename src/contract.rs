@@ -41,6 +41,10 @@ pub const LOCAL_TOKENS_KEY: &str = "embedjob.usage.local_tokens";
 /// Billed tokens (those discarded left out) over the local count of the same
 /// chunks, for the next estimate of the job.
 pub const TOKEN_RATIO_KEY: &str = "embedjob.billed_token_ratio";
+/// The context window a run learned for a model that lists none (JSON:
+/// `tokens`, counted in `tokenizer`; `server_tokens`, `from`), which the
+/// next run and `estimate` cut chunks to from the start.
+pub const CONTEXT_WINDOW_KEY: &str = "embedjob.context_window";
 /// The configuration the vectors were made under (JSON).
 pub const FINGERPRINT_KEY: &str = "embedjob.fingerprint";
 /// The job that wrote the output.

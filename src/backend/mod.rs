@@ -23,6 +23,7 @@ use crate::rate::QuotaStop;
 use crate::types::{Usage, Vectors};
 use crate::warnings::Warnings;
 
+pub use self::api::tokenizer_name;
 pub use self::build::{build, fitted_chunking, info_kind, kinds, Embedding, EmbeddingKind};
 
 /// Every kind of backend, one line each, in the order messages list them.
@@ -63,6 +64,11 @@ pub struct BackendInfo {
     /// tokens are priced as input tokens without it. Embeddings have none.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub output_per_1k: Option<f64>,
+    /// Tokens the model adds to every text (`[CLS]` and `[SEP]` for a BERT
+    /// model), which its window must hold besides the chunk: the local
+    /// model's, or those of the `tokenizer.json` chunks are counted with.
+    #[serde(skip)]
+    pub special_tokens: u64,
 }
 
 /// Tokens the local model adds to every text (`[CLS]` and `[SEP]`), which
@@ -71,13 +77,9 @@ pub const LOCAL_SPECIAL_TOKENS: u64 = 2;
 
 impl BackendInfo {
     /// Tokens of text a chunk may hold for the model to see all of it: the
-    /// context window, less the special tokens the local model adds.
+    /// context window, less the special tokens the model adds.
     pub fn chunk_window(&self) -> Option<u64> {
-        let window = self.context_window?;
-        Some(match self.kind {
-            BackendKind::Local => window.saturating_sub(LOCAL_SPECIAL_TOKENS),
-            BackendKind::Api => window,
-        })
+        Some(self.context_window?.saturating_sub(self.special_tokens))
     }
 
     /// What `usage` costs at the model's prices, when it has an input price:
@@ -169,6 +171,99 @@ impl BackendError {
     }
 }
 
+/// A context window the service's answers taught, as chunks are cut to it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct LearnedWindow {
+    /// The most tokens the model takes in its own count, when a refusal said.
+    pub server_tokens: Option<u64>,
+    /// The window in the job's tokenizer (`chunking.tokenizer`), scaled by
+    /// the server's count over the local one and less a margin: chunks are
+    /// cut to it.
+    pub tokens: u64,
+    /// How it was found.
+    pub from: WindowSource,
+}
+
+/// The part of a learned window left as a margin: the server's count over
+/// the local one varies from text to text.
+pub const WINDOW_MARGIN_PERCENT: u64 = 10;
+
+impl LearnedWindow {
+    /// The window a refusal states (`limit`, and the refused text's count,
+    /// `given`, in the server's tokens), for a text of `local` tokens:
+    /// scaled by the server's count over ours, less the margin.
+    pub fn from_refusal(limit: u64, given: Option<u64>, local: u64) -> LearnedWindow {
+        let scaled = given.filter(|&g| g > 0).map_or(limit, |given| {
+            let scaled = u128::from(limit) * u128::from(local) / u128::from(given);
+            u64::try_from(scaled).unwrap_or(u64::MAX)
+        });
+        LearnedWindow {
+            server_tokens: Some(limit),
+            tokens: with_margin(scaled),
+            from: WindowSource::Refusal,
+        }
+    }
+}
+
+impl LearnedWindow {
+    /// As the output's metadata records it, with the tokenizer that counts `tokens`.
+    pub fn to_json(&self, tokenizer: &str) -> String {
+        serde_json::json!({
+            "tokens": self.tokens,
+            "tokenizer": tokenizer,
+            "server_tokens": self.server_tokens,
+            "from": self.from,
+        })
+        .to_string()
+    }
+
+    /// A window recorded by [`LearnedWindow::to_json`], when it is counted
+    /// in `tokenizer`; anything else is no window.
+    pub fn from_json(json: &str, tokenizer: &str) -> Option<LearnedWindow> {
+        let value: serde_json::Value = serde_json::from_str(json).ok()?;
+        if value.get("tokenizer")?.as_str()? != tokenizer {
+            return None;
+        }
+        let from = match value.get("from")?.as_str()? {
+            "refusal" => WindowSource::Refusal,
+            "truncation" => WindowSource::Truncation,
+            _ => return None,
+        };
+        Some(LearnedWindow {
+            tokens: value.get("tokens")?.as_u64().filter(|&n| n > 0)?,
+            server_tokens: value
+                .get("server_tokens")
+                .and_then(serde_json::Value::as_u64),
+            from,
+        })
+    }
+}
+
+/// `tokens` less the margin, at least 1.
+pub fn with_margin(tokens: u64) -> u64 {
+    (tokens - tokens / 100 * WINDOW_MARGIN_PERCENT - tokens % 100 * WINDOW_MARGIN_PERCENT / 100)
+        .max(1)
+}
+
+/// How a window was found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WindowSource {
+    /// The server refused an input as too long, and said its limit.
+    Refusal,
+    /// The server stopped reading a long text: its prefixes got the same vector.
+    Truncation,
+}
+
+/// What looking for an unlisted window cost before the run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct ProbeCost {
+    /// Requests sent, refused ones included.
+    pub requests: u64,
+    /// Tokens billed for them.
+    pub tokens: u64,
+}
+
 /// Counters a backend keeps while it works.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct BackendStats {
@@ -190,6 +285,10 @@ pub struct BackendStats {
     pub billed: Usage,
     /// The requests in flight allowed, when timeouts lowered it.
     pub lowered_concurrency: Option<usize>,
+    /// The context window learned from the service, when it listed none.
+    pub window: Option<LearnedWindow>,
+    /// What finding it cost, when the window was probed for.
+    pub window_probe: Option<ProbeCost>,
 }
 
 /// Turns texts into checked vectors, in input order.

@@ -323,6 +323,40 @@ pub fn size_limit(message: &str) -> SizeLimit {
     SizeLimit::Request
 }
 
+/// A model's window as a refusal states it, in the server's own tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WindowRefusal {
+    /// The most tokens one input may have.
+    pub limit: u64,
+    /// The refused input's tokens, when said.
+    pub given: Option<u64>,
+}
+
+/// Reads the window from a refusal worded as OpenAI ("maximum context
+/// length is 8192 tokens, however you requested 9000 tokens"), vLLM
+/// ("… is 512 tokens. However, you requested 600 tokens in the input …") or
+/// TEI ("`inputs` must have less than 512 tokens. Given: 600") word it.
+/// A number too large for a `u64`, or none, is no window.
+pub fn window_refusal(message: &str) -> Option<WindowRefusal> {
+    let m = message.to_ascii_lowercase();
+    let limit = number_right_after(&m, &["maximum context length is", "must have less than"])?;
+    let given = number_right_after(&m, &["you requested", "given:"]);
+    Some(WindowRefusal { limit, given })
+}
+
+/// The number that follows the first of `markers` found, past white space
+/// only; none when another word or a sign comes first, or it is 0.
+fn number_right_after(text: &str, markers: &[&str]) -> Option<u64> {
+    let rest = markers
+        .iter()
+        .find_map(|marker| text.find(marker).map(|at| &text[at + marker.len()..]))?
+        .trim_start();
+    let digits = &rest[..rest
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(rest.len())];
+    digits.parse().ok().filter(|&n| n > 0)
+}
+
 /// The first number within a few words after the first of `markers` found.
 fn number_after(text: &str, markers: &[&str]) -> Option<u64> {
     markers.iter().find_map(|marker| {
@@ -607,5 +641,58 @@ mod tests {
         .redact(&Scrubber::new(key).unwrap());
         assert!(!err.message.contains("sk-s"), "{}", err.message);
         assert_eq!(err.message.chars().count(), MAX_MESSAGE_CHARS + 1);
+    }
+
+    #[test]
+    fn a_window_is_read_from_each_servers_refusal() {
+        let openai = br#"{"error":{"message":"This model's maximum context length is 8192 tokens, however you requested 9000 tokens (9000 in your prompt; 0 for the completion). Please reduce your prompt; or completion length.","type":"invalid_request_error","param":null,"code":"context_length_exceeded"}}"#;
+        let tei = br#"{"error":"Input validation error: `inputs` must have less than 512 tokens. Given: 600","error_type":"Validation"}"#;
+        let vllm = br#"{"object":"error","message":"This model's maximum context length is 512 tokens. However, you requested 600 tokens in the input for embedding generation. Please reduce the length of the input.","type":"BadRequestError","param":null,"code":400}"#;
+        for (status, body, limit, given) in [
+            (400, &openai[..], 8192, 9000),
+            (422, &tei[..], 512, 600),
+            (413, &tei[..], 512, 600),
+            (400, &vllm[..], 512, 600),
+        ] {
+            let error =
+                ApiError::from_response("POST /v1/embeddings", status, &HeaderMap::new(), body);
+            assert_eq!(error.kind, ErrorKind::TooLarge, "{}", error.message);
+            assert_eq!(error.size_limit(), SizeLimit::Input, "{}", error.message);
+            assert_eq!(
+                window_refusal(&error.message),
+                Some(WindowRefusal {
+                    limit,
+                    given: Some(given)
+                }),
+                "{}",
+                error.message
+            );
+        }
+    }
+
+    #[test]
+    fn a_refusal_without_a_usable_number_is_no_window() {
+        for message in [
+            "This model's maximum context length is 99999999999999999999999 tokens, however you requested 9 tokens",
+            "This model's maximum context length is exceeded",
+            "This model's maximum context length is 0 tokens",
+            "`inputs` must have less than",
+            "Input validation error: `inputs` must have less than about 512 tokens",
+            "maximum context length is -5 tokens",
+            "",
+        ] {
+            assert_eq!(window_refusal(message), None, "{message}");
+        }
+        let huge_given =
+            window_refusal("must have less than 512 tokens. Given: 184467440737095516160000");
+        assert_eq!(
+            huge_given,
+            Some(WindowRefusal {
+                limit: 512,
+                given: None
+            })
+        );
+        let long = format!("maximum context length is {} tokens", "9".repeat(100_000));
+        assert_eq!(window_refusal(&long), None);
     }
 }

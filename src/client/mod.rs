@@ -30,7 +30,10 @@ use crate::types::Usage;
 
 pub use body::embeddings_limit;
 pub use discovery::{discover, Discovery, DiscoveryError};
-pub use error::{classify, server_message, size_limit, ApiError, ErrorKind, SizeLimit};
+pub use error::{
+    classify, server_message, size_limit, window_refusal, ApiError, ErrorKind, SizeLimit,
+    WindowRefusal,
+};
 pub use flat::with_non_finite_quoted;
 pub use sse::{SseDecoder, SseError};
 pub use wire::{

@@ -256,7 +256,16 @@ fn stop_on_signals() -> watch::Receiver<StopRequest> {
 }
 
 pub async fn estimate(args: &EstimateArgs) -> Outcome {
-    let job = load(&args.job.job, &args.job.overrides, args.shard.as_deref())?;
+    let mut job = load(&args.job.job, &args.job.overrides, args.shard.as_deref())?;
+    // An estimate sends nothing that is billed: a run probes for a window nobody lists.
+    if let Some(api) = job
+        .backend
+        .params
+        .as_any_mut()
+        .downcast_mut::<crate::backend::api::ApiParams>()
+    {
+        api.probe_window = false;
+    }
     // The run's own set-up: the same key checks, model listing and chunker.
     let Embedding { backend, chunker } = crate::backend::build(&job).await?;
     let info = backend.info().clone();

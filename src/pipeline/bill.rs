@@ -6,8 +6,8 @@ use super::dispatch::Dispatched;
 use super::summary::Bill;
 use crate::backend::{BackendInfo, BackendStats};
 use crate::contract::{
-    DISCARDED_TOKENS_KEY, FINGERPRINT_KEY, INPUT_KEY, JOB_KEY, LOCAL_TOKENS_KEY, SHARD_KEY,
-    TOKEN_RATIO_KEY,
+    CONTEXT_WINDOW_KEY, DISCARDED_TOKENS_KEY, FINGERPRINT_KEY, INPUT_KEY, JOB_KEY,
+    LOCAL_TOKENS_KEY, SHARD_KEY, TOKEN_RATIO_KEY,
 };
 use crate::state::{Billed, Fingerprint};
 use crate::store::Earlier;
@@ -56,6 +56,8 @@ pub(super) struct Ending<'a> {
     pub shard: Option<crate::job::Shard>,
     /// A shard's record of the whole input it read.
     pub input: Option<String>,
+    /// The window the run learned, as JSON, when it learned one.
+    pub window: Option<String>,
 }
 
 /// The metadata of a finished output: what this run and the unfinished runs
@@ -86,6 +88,9 @@ pub(super) fn output_metadata(e: &Ending<'_>) -> OutputMetadata {
     }
     if let Some(input) = &e.input {
         extra.insert(INPUT_KEY.to_string(), input.clone());
+    }
+    if let Some(window) = &e.window {
+        extra.insert(CONTEXT_WINDOW_KEY.to_string(), window.clone());
     }
     OutputMetadata {
         model: e.info.model.clone(),

@@ -10,6 +10,7 @@ use std::time::Duration;
 use futures::{FutureExt, Stream, StreamExt};
 use tokio::sync::{mpsc, watch};
 
+use super::rechunk::Rechunker;
 use super::stop::{Budget, Stopping, Stops};
 use super::write::SinkMessage;
 use super::RunError;
@@ -25,6 +26,12 @@ pub(super) enum Piece {
         chunk: Chunk,
         reason: String,
         status: Option<u16>,
+    },
+    /// A chunk refused as over the model's window, cut in pieces sent in
+    /// its place (see [`Rechunker`]).
+    Rechunked {
+        chunk: Chunk,
+        reason: String,
     },
 }
 
@@ -75,6 +82,7 @@ fn reckoned(pieces: &[Piece]) -> (u64, Usage) {
                 billed += batch.vectors.usage;
             }
             Piece::Quarantined { chunk, .. } => reserved += u64::from(chunk.token_count),
+            Piece::Rechunked { .. } => {}
         }
     }
     (reserved, billed)
@@ -112,6 +120,8 @@ pub(super) struct Dispatch {
     pub settled: Arc<AtomicU64>,
     /// What the service's refusals taught about the size of requests.
     pub limits: Arc<Limits>,
+    /// Cuts the chunks the model refuses as over its window.
+    pub rechunk: Arc<Rechunker>,
     pub exposure: Exposure,
 }
 
@@ -363,6 +373,7 @@ impl Dispatch {
                     reason,
                     status,
                 },
+                Piece::Rechunked { chunk, reason } => SinkMessage::Rechunked { chunk, reason },
             };
             // A failed writer would leave vectors paid for with nowhere to go.
             if sink.send(message).await.is_err() {
@@ -412,13 +423,17 @@ impl Dispatch {
             .boxed();
         let backend = Arc::clone(&self.backend);
         let limits = Arc::clone(&self.limits);
+        let rechunk = Arc::clone(&self.rechunk);
         admitted
             .map(move |item| {
                 let backend = Arc::clone(&backend);
                 let limits = Arc::clone(&limits);
+                let rechunk = Arc::clone(&rechunk);
                 async move {
                     match item {
-                        Ok(batch) => embed_or_split(backend.as_ref(), batch, &limits).await,
+                        Ok(batch) => {
+                            embed_or_split(backend.as_ref(), batch, &limits, &rechunk).await
+                        }
                         Err(e) => Answer::failed(e),
                     }
                 }
@@ -429,20 +444,22 @@ impl Dispatch {
 
 /// Embeds a batch within the limits learned so far. A batch with an input
 /// the service finds too large is split in half until that input is alone,
-/// and then quarantined; a batch over a limit on whole requests lowers the
+/// and then cut to fit the window the refusal states (or quarantined, when
+/// it states none); a batch over a limit on whole requests lowers the
 /// limit for the rest of the run and is sent again in smaller requests.
 /// When a part fails, the parts answered before it are kept in the answer.
 fn embed_or_split<'a>(
     backend: &'a dyn EmbeddingBackend,
     batch: Batch,
     limits: &'a Limits,
+    rechunk: &'a Rechunker,
 ) -> futures::future::BoxFuture<'a, Answer> {
     async move {
         let mut fitted = limits.fit(batch);
         if fitted.len() > 1 {
             let mut answer = Answer::done(Vec::new());
             for part in fitted {
-                if !answer.extend(embed_or_split(backend, part, limits).await) {
+                if !answer.extend(embed_or_split(backend, part, limits, rechunk).await) {
                     break;
                 }
             }
@@ -467,10 +484,10 @@ fn embed_or_split<'a>(
                 // The good vectors were paid for: kept, whatever becomes of the rest.
                 let (embedded, rest) = keep(batch, *kept);
                 let mut answer = Answer::done(vec![Piece::Embedded(embedded)]);
-                answer.extend(on_error(backend, rest, *error, limits).await);
+                answer.extend(on_error(backend, rest, *error, limits, rechunk).await);
                 answer
             }
-            Err(error) => on_error(backend, batch, error, limits).await,
+            Err(error) => on_error(backend, batch, error, limits, rechunk).await,
         }
     }
     .boxed()
@@ -483,18 +500,41 @@ fn on_error<'a>(
     batch: Batch,
     error: BackendError,
     limits: &'a Limits,
+    rechunk: &'a Rechunker,
 ) -> futures::future::BoxFuture<'a, Answer> {
     async move {
         match error {
             BackendError::TooLarge { status, message } => match batch.split_in_half() {
                 Ok((left, right)) => {
-                    let mut answer = embed_or_split(backend, left, limits).await;
+                    let mut answer = embed_or_split(backend, left, limits, rechunk).await;
                     if answer.error.is_none() {
-                        answer.extend(embed_or_split(backend, right, limits).await);
+                        answer.extend(embed_or_split(backend, right, limits, rechunk).await);
                     }
                     answer
                 }
-                Err(lone) => Answer::done(quarantine(lone, &message, status)),
+                Err(lone) => {
+                    let pieces = lone
+                        .chunks
+                        .first()
+                        .and_then(|c| rechunk.pieces(c, &message));
+                    match (pieces, lone.chunks.into_iter().next()) {
+                        (Some(pieces), Some(chunk)) => {
+                            let mut answer = Answer::done(vec![Piece::Rechunked {
+                                chunk,
+                                reason: message,
+                            }]);
+                            answer.extend(
+                                embed_or_split(backend, Batch::new(pieces), limits, rechunk).await,
+                            );
+                            answer
+                        }
+                        (_, chunk) => Answer::done(quarantine(
+                            Batch::new(chunk.into_iter().collect()),
+                            &message,
+                            status,
+                        )),
+                    }
+                }
             },
             BackendError::OverLimit {
                 limit,
@@ -509,7 +549,7 @@ fn on_error<'a>(
                     // Tokens too few to halve: halve the inputs instead.
                     limits.lower(RequestLimit::Inputs(None), &batch, &message);
                 }
-                embed_or_split(backend, batch, limits).await
+                embed_or_split(backend, batch, limits, rechunk).await
             }
             error => Answer::failed(RunError::Backend {
                 first: batch

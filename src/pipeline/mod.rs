@@ -14,6 +14,7 @@ mod classify;
 mod dispatch;
 pub(crate) mod input_ids;
 mod read;
+mod rechunk;
 mod repeats;
 mod stop;
 mod summary;
@@ -150,13 +151,14 @@ pub async fn execute(
     let backend = Arc::clone(&stages.backend);
     let target = stages.sink.target();
     let limits = Arc::new(Limits::default());
+    let rechunk = Arc::new(rechunk::Rechunker::new(Arc::clone(&stages.chunker)));
     let mut report = Report::default();
     let result = run_stages(
         job,
         stages,
         state,
         (options, started),
-        Arc::clone(&limits),
+        (Arc::clone(&limits), Arc::clone(&rechunk)),
         &mut report,
     )
     .await;
@@ -174,7 +176,7 @@ pub async fn execute(
         stats,
         earlier: report.earlier,
         bill,
-        limits: learned(&limits, &stats),
+        limits: learned(&limits, &stats, rechunk.learned()),
         warnings: [backend.warnings(), limits.notes()].concat(),
         elapsed_seconds: started.elapsed().as_secs_f64(),
         error: result.as_ref().err(),
@@ -198,7 +200,7 @@ async fn run_stages(
     stages: Stages,
     state: JobState,
     (options, started): (RunOptions, Instant),
-    limits: Arc<Limits>,
+    (limits, rechunk): (Arc<Limits>, Arc<rechunk::Rechunker>),
     report: &mut Report,
 ) -> Result<(), RunError> {
     let Stages {
@@ -263,20 +265,18 @@ async fn run_stages(
             .unwrap_or_default(),
         settled,
         limits,
+        rechunk: Arc::clone(&rechunk),
         exposure: dispatch::Exposure::new(committed_rx, most_uncommitted),
     };
     let stops = Stops::new(options.stop, started, options.max_duration);
+    let finished = || reader.is_finished();
     let dispatched = dispatch
-        .run(batch_rx, &sink_tx, stops, &mut display, &|| {
-            reader.is_finished()
-        })
+        .run(batch_rx, &sink_tx, stops, &mut display, &finished)
         .await;
     let read = reader
         .await
         .map_err(|e| RunError::stage_stopped("reading", &e));
-    let (read, dispatched) = settle(read, dispatched);
-    report.read = read;
-    report.dispatched = dispatched;
+    (report.read, report.dispatched) = settle(read, dispatched);
     let dispatched = &mut report.dispatched;
     let stats = backend.stats();
     let (bill, unseen) = bill::reckon(dispatched, &stats);
@@ -293,6 +293,7 @@ async fn run_stages(
         input: input_ids
             .as_ref()
             .and_then(|ids| ids.lock().ok().map(|ids| ids.text())),
+        window: recorded_window(job, &stats, &rechunk),
     });
     if !dispatched.writer_stopped && unseen != Billed::default() {
         let _ = sink_tx.send(SinkMessage::Billed(unseen)).await;
@@ -349,12 +350,33 @@ fn budget(job: &Job, info: &crate::backend::BackendInfo) -> Option<Arc<Budget>> 
         .map(|max_cost| Arc::new(Budget::new(max_cost, prices)))
 }
 
-/// The limits the service's answers lowered during the run.
-fn learned(limits: &Limits, stats: &crate::backend::BackendStats) -> LearnedLimits {
+/// The window the output records, as JSON: the one the chunks were cut to
+/// from the start, else the one refusals taught.
+fn recorded_window(
+    job: &Job,
+    stats: &crate::backend::BackendStats,
+    rechunk: &rechunk::Rechunker,
+) -> Option<String> {
+    let window = stats.window.or_else(|| rechunk.learned())?;
+    Some(window.to_json(crate::backend::tokenizer_name(&job.chunking)))
+}
+
+/// The limits the service's answers lowered during the run; the window, the
+/// smaller of the probe's and the refusals'.
+fn learned(
+    limits: &Limits,
+    stats: &crate::backend::BackendStats,
+    refused: Option<crate::backend::LearnedWindow>,
+) -> LearnedLimits {
     LearnedLimits {
         max_inputs_per_request: limits.inputs(),
         max_tokens_per_request: limits.tokens(),
         concurrency: stats.lowered_concurrency,
+        context_window: match (stats.window, refused) {
+            (Some(probed), Some(refused)) if probed.tokens <= refused.tokens => Some(probed),
+            (probed, refused) => refused.or(probed),
+        },
+        window_probe: stats.window_probe,
     }
 }
 

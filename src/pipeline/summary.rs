@@ -88,6 +88,8 @@ pub struct Summary {
     pub cost: Option<f64>,
     /// Limits on requests the service's answers taught this run.
     pub learned_limits: LearnedLimits,
+    /// The tokenizer chunks (and a learned window) are counted in.
+    pub tokenizer: String,
     /// What the service does not tell, and what had to change to work with it.
     pub warnings: Vec<String>,
     /// Why the run stopped before the end, when it did.
@@ -116,6 +118,11 @@ pub struct LearnedLimits {
     pub max_tokens_per_request: Option<u64>,
     /// Requests in flight, when timeouts lowered it.
     pub concurrency: Option<usize>,
+    /// The model's window, when the service listed none and a probe or a
+    /// refusal taught it; counted in `tokenizer`.
+    pub context_window: Option<crate::backend::LearnedWindow>,
+    /// What probing for the window cost, when it was probed for.
+    pub window_probe: Option<crate::backend::ProbeCost>,
 }
 
 impl LearnedLimits {
@@ -213,6 +220,7 @@ impl Summary {
             timeouts: o.stats.timeouts,
             cost: cost(o.info, o.bill.usage),
             learned_limits: o.limits,
+            tokenizer: crate::backend::tokenizer_name(&o.job.chunking).to_string(),
             warnings: o.warnings.clone(),
             committed: if stopped.is_some() {
                 o.earlier.rows + o.dispatched.embedded
@@ -247,6 +255,7 @@ impl Summary {
                 context_window: None,
                 input_per_1k: None,
                 output_per_1k: None,
+                special_tokens: 0,
             };
             &fallback
         };
@@ -413,11 +422,13 @@ impl Summary {
             if let Some(cost) = s.cost {
                 let _ = writeln!(out, "  cost: {cost:.6}");
             }
-            if s.discarded_tokens > 0 {
+            // The window probe's vectors are dropped too, and said on their own line.
+            let probe = s.learned_limits.window_probe.map_or(0, |p| p.tokens);
+            if s.discarded_tokens > probe {
                 let _ = writeln!(
                     out,
                     "  of the tokens billed, {} paid for vectors that failed a check and were sent again",
-                    s.discarded_tokens
+                    s.discarded_tokens - probe
                 );
             }
         }
@@ -440,11 +451,27 @@ impl Summary {
             if let Some(n) = l.concurrency {
                 parts.push(format!("{n} requests in flight"));
             }
-            let _ = writeln!(
-                out,
-                "  learned from the service: at most {}",
-                parts.join(", ")
-            );
+            if let Some(w) = l.context_window {
+                let own = w
+                    .server_tokens
+                    .map_or(String::new(), |n| format!(", {n} of its own"));
+                parts.push(format!("{} {} tokens a text{own}", w.tokens, s.tokenizer));
+            }
+            if !parts.is_empty() {
+                let _ = writeln!(
+                    out,
+                    "  learned from the service: at most {}",
+                    parts.join(", ")
+                );
+            }
+            if let Some(probe) = l.window_probe {
+                let _ = writeln!(
+                    out,
+                    "  window probe: {}, {}",
+                    counted(probe.requests, "request"),
+                    counted(probe.tokens, "token")
+                );
+            }
         }
     }
 
@@ -515,6 +542,7 @@ mod tests {
             context_window: None,
             input_per_1k,
             output_per_1k: None,
+            special_tokens: 0,
         }
     }
 
@@ -668,6 +696,7 @@ mod tests {
             max_inputs_per_request: Some(16),
             max_tokens_per_request: None,
             concurrency: Some(2),
+            ..LearnedLimits::default()
         };
         let text = s.text();
         let lines: Vec<&str> = text.lines().collect();

@@ -26,6 +26,13 @@ pub(super) enum SinkMessage {
         reason: String,
         status: Option<u16>,
     },
+    /// A chunk the model refused as over its window, whose pieces are sent
+    /// in its place: repeats of its text, which wait for its vector, are
+    /// quarantined for `reason`.
+    Rechunked {
+        chunk: Chunk,
+        reason: String,
+    },
     /// Rows the sink held whose ids no chunk of this run has.
     Remove(Vec<String>),
     /// Billing no vector carries, for the checkpoint.
@@ -175,6 +182,19 @@ impl Writing {
                     let count = waited.len();
                     for repeat in waited {
                         self.quarantine(&repeat, &reason, status)?;
+                    }
+                    self.gate.leave(count);
+                }
+                SinkMessage::Rechunked { chunk, reason } => {
+                    let reason = format!(
+                        "its text was refused as over the model's window, and chunk {} of the \
+                         same text was cut to fit in its place: {reason}",
+                        chunk.id
+                    );
+                    let waited = self.repeats.quarantined(&chunk, &reason, None);
+                    let count = waited.len();
+                    for repeat in waited {
+                        self.quarantine(&repeat, &reason, None)?;
                     }
                     self.gate.leave(count);
                 }

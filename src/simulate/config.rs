@@ -3,6 +3,7 @@
 use std::collections::HashSet;
 
 use super::quota::QuotaConfig;
+use super::window::ServerWindow;
 
 /// Everything a [`Simulator`](super::Simulator) needs: models, keys, limits and faults.
 ///
@@ -57,6 +58,9 @@ pub struct SimConfig {
     pub faults: Faults,
     /// Requests and tokens per minute per key, as OpenAI enforces them.
     pub quota: QuotaConfig,
+    /// A window every embedding model keeps in the server's own tokens,
+    /// beyond which it truncates or refuses; unlisted.
+    pub window: Option<ServerWindow>,
 }
 
 impl Default for SimConfig {
@@ -81,6 +85,7 @@ impl Default for SimConfig {
             max_concurrent_requests: None,
             faults: Faults::default(),
             quota: QuotaConfig::default(),
+            window: None,
         }
     }
 }

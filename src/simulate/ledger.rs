@@ -33,6 +33,9 @@ pub struct Ledger {
     pub faults: BTreeMap<String, u64>,
     /// Hex SHA-256 of each billed input text, and how many times it was billed.
     pub texts: HashMap<String, u64>,
+    /// Hex SHA-256 of each billed input text the model read only the start
+    /// of (a window that truncates), and how many times.
+    pub partly_read: HashMap<String, u64>,
     /// Billed requests by their number of inputs.
     pub billed_sizes: BTreeMap<u64, u64>,
     /// Embeddings requests refused by the quota (429), by the limit that
@@ -76,8 +79,12 @@ impl Ledger {
         *self.faults.entry(name.to_string()).or_insert(0) += 1;
     }
 
-    /// Bills one embeddings request: its tokens and each input's hash.
-    pub(crate) fn bill(&mut self, tokens: u64, text_hashes: Vec<String>) {
+    /// Bills one embeddings request: its tokens and each input's hash;
+    /// `partly_read` are those of its inputs the model read only the start of.
+    pub(crate) fn bill(&mut self, tokens: u64, text_hashes: Vec<String>, partly_read: Vec<String>) {
+        for hash in partly_read {
+            *self.partly_read.entry(hash).or_insert(0) += 1;
+        }
         self.billed_requests += 1;
         self.prompt_tokens += tokens;
         self.total_tokens += tokens;

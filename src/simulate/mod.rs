@@ -40,6 +40,7 @@ mod ledger;
 mod options;
 mod quota;
 mod vectors;
+mod window;
 
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -63,6 +64,7 @@ pub use vectors::{
     count_tokens, embedding_vector, embedding_vector_shortened, embeddings_response_body,
     embeddings_response_body_base64,
 };
+pub use window::{server_tokens, OverWindow, ServerWindow};
 
 use handlers::Shared;
 

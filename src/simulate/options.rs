@@ -2,6 +2,7 @@
 
 use super::config::{Billing, DimensionsParam, Faults, KeySpec, ModelSpec, SimConfig, TokenCount};
 use super::quota::QuotaConfig;
+use super::window::ServerWindow;
 
 /// Serve a simulator of the model service on 127.0.0.1, with fault injection.
 #[derive(clap::Args, Debug, Clone)]
@@ -168,6 +169,12 @@ pub struct SimulateOptions {
     #[arg(long, value_name = "N")]
     pub insufficient_quota_after: Option<u64>,
 
+    /// Keep an unlisted window of TOKENS (the server's own word pieces) for
+    /// every embedding model: read only its first tokens, or refuse in the
+    /// words of OpenAI (400), TEI (422) or vLLM (400)
+    #[arg(long, value_name = "TOKENS:truncate|openai|tei|vllm")]
+    pub window: Option<String>,
+
     /// Inject at most this many faults in total
     #[arg(long, value_name = "N")]
     pub fault_limit: Option<u64>,
@@ -250,6 +257,10 @@ impl SimulateOptions {
                 insufficient_after: self.insufficient_quota_after,
                 start_empty: self.quota_start_empty,
             },
+            window: self
+                .window
+                .as_deref()
+                .and_then(|spec| ServerWindow::parse(spec).map_err(|p| problems.push(p)).ok()),
             ..SimConfig::default()
         };
         if let Err(more) = config.validate() {

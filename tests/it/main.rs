@@ -24,3 +24,4 @@ mod simulator;
 mod source;
 mod storm;
 mod support;
+mod window;

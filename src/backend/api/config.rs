@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{ApiBackend, ApiSettings};
 use crate::backend::{fitted_chunking, BackendKind, Embedding, EmbeddingBackend, EmbeddingKind};
-use crate::chunk::TokenChunker;
+use crate::chunk::{Chunker, TokenChunker};
 use crate::client::{discover, ApiKey, Client, ClientConfig, DiscoveryError};
 use crate::exit::Failure;
 use crate::job::{BackendParams, BackendShared, ChunkingConfig, Job, KindTable, Shard};
@@ -78,6 +78,9 @@ pub struct ApiParams {
     /// The run stops (exit 4, resumable) when nothing has succeeded for this
     /// many seconds while the service's quota refuses or holds back requests.
     pub stall_timeout_seconds: u64,
+    /// When the service lists no window and the job sets none, a few
+    /// requests before the run find where the model stops reading.
+    pub probe_window: bool,
 }
 
 impl Default for ApiParams {
@@ -95,6 +98,7 @@ impl Default for ApiParams {
             max_retries: 8,
             server_renames_models: false,
             stall_timeout_seconds: DEFAULT_STALL_TIMEOUT_SECONDS,
+            probe_window: true,
         }
     }
 }
@@ -120,6 +124,7 @@ impl crate::job::Kind<dyn BackendParams> for Kind {
             "max_retries",
             "server_renames_models",
             "stall_timeout_seconds",
+            "probe_window",
         ]
     }
 
@@ -264,6 +269,36 @@ impl ApiParams {
     }
 }
 
+/// The window an earlier run of the job learned for `model`, as its
+/// Parquet output records it, when counted in the job's tokenizer.
+fn earlier_window(job: &Job, model: &str) -> Option<crate::backend::LearnedWindow> {
+    let file = job.output.params.output_file()?;
+    let metadata = crate::parquet_io::read_key_values(file).ok()?;
+    if metadata.get(crate::contract::MODEL_KEY)? != model {
+        return None;
+    }
+    let json = metadata.get(crate::contract::CONTEXT_WINDOW_KEY)?;
+    crate::backend::LearnedWindow::from_json(json, crate::backend::tokenizer_name(&job.chunking))
+}
+
+/// A listed window is counted in the model's own tokens, chunks in the
+/// job's tokenizer: when the window sets the chunk size and the tokenizer is
+/// not the model's (an encoding, not its `tokenizer.json`), the two counts
+/// may differ, and the chunks overflow the window.
+fn units_warning(job: &Job, model: &str, listed: u64) -> Option<String> {
+    let tokenizer = crate::backend::tokenizer_name(&job.chunking);
+    let sets_the_size =
+        !job.chunk_sizes_set.max_tokens && listed < crate::job::DEFAULT_MAX_TOKENS as u64;
+    (sets_the_size && crate::job::named_encoding(tokenizer)).then(|| {
+        format!(
+            "model {model} lists a context window of {listed} tokens, counted by its own \
+             tokenizer; chunks are counted in {tokenizer} tokens, which may be fewer for the \
+             same text: set `chunking.tokenizer` to the model's tokenizer.json, or \
+             `backend.context_window` to the window in {tokenizer} tokens"
+        )
+    })
+}
+
 /// Checks the key and the model with the service, and makes the chunker
 /// that counts as `chunking.tokenizer` says.
 async fn build(job: &Job) -> Result<Embedding, Failure> {
@@ -288,14 +323,28 @@ async fn build(job: &Job) -> Result<Embedding, Failure> {
     let window = api
         .context_window
         .or_else(|| listed.and_then(|m| m.context_window));
-    if window.is_none() {
-        warnings.push(format!(
-            "the context window of model {model} is unknown (the service does not list it and \
-             `backend.context_window` is not set): a server may silently truncate chunks longer \
-             than the model takes, so keep `chunking.max_tokens` within it"
-        ));
+    let unknown = format!(
+        "the context window of model {model} is unknown (the service does not list it and \
+         `backend.context_window` is not set): a server may silently truncate chunks longer \
+         than the model takes, so keep `chunking.max_tokens` within it"
+    );
+    let earlier = if window.is_none() {
+        earlier_window(job, &model)
+    } else {
+        None
+    };
+    if window.is_none() && earlier.is_none() && !api.probe_window {
+        warnings.push(unknown.clone());
+    }
+    let special_tokens = crate::chunk::special_tokens(&job.chunking).map_err(Failure::usage)?;
+    if let Some(listed) = listed
+        .and_then(|m| m.context_window)
+        .filter(|_| api.context_window.is_none())
+    {
+        warnings.extend(units_warning(job, &model, listed));
     }
     let settings = ApiSettings {
+        special_tokens,
         dimensions: b.dimensions,
         concurrency: b.concurrency,
         requests_per_minute: api.requests_per_minute,
@@ -313,16 +362,29 @@ async fn build(job: &Job) -> Result<Embedding, Failure> {
         sharing: job.shard.map_or(1, |shard| shard.count),
         ..ApiSettings::new(model)
     };
-    let backend = ApiBackend::new(client, settings, listed);
+    let mut backend = ApiBackend::new(client, settings, listed);
+    let chunker_for = |chunking: &ChunkingConfig| {
+        TokenChunker::for_config(chunking).map_err(|e| {
+            let tokenizer = chunking.tokenizer.as_deref();
+            if tokenizer.is_some_and(|t| !crate::job::named_encoding(t)) {
+                Failure::usage(e)
+            } else {
+                Failure::failed(e)
+            }
+        })
+    };
+    if let Some(earlier) = earlier {
+        backend.remember_window(earlier, &job.chunking);
+    } else if window.is_none() && api.probe_window {
+        let unfitted = job.chunking_for(None);
+        let counter = chunker_for(&unfitted)?;
+        let probed = backend
+            .probe_window(&|text| counter.count_tokens(text), unfitted.max_tokens)
+            .await;
+        backend.learn_window(probed, &unfitted, &unknown);
+    }
     let chunking = fitted_chunking(job, backend.info())?;
-    let chunker = TokenChunker::for_config(&chunking).map_err(|e| {
-        let tokenizer = chunking.tokenizer.as_deref();
-        if tokenizer.is_some_and(|t| !crate::job::named_encoding(t)) {
-            Failure::usage(e)
-        } else {
-            Failure::failed(e)
-        }
-    })?;
+    let chunker = chunker_for(&chunking)?;
     Ok(Embedding {
         backend: Arc::new(backend),
         chunker: Arc::new(chunker),

@@ -11,6 +11,9 @@
 //! server may still compute and bill it.
 
 mod config;
+mod window;
+
+pub use self::window::tokenizer_name;
 
 pub use self::config::{
     ApiParams, EncodingFormat, Kind, DEFAULT_API_KEY_ENV, DEFAULT_STALL_TIMEOUT_SECONDS,
@@ -25,7 +28,8 @@ use futures::future::BoxFuture;
 use futures::FutureExt;
 
 use super::{
-    BackendError, BackendInfo, BackendKind, BackendStats, EmbeddingBackend, Kept, RequestLimit,
+    BackendError, BackendInfo, BackendKind, BackendStats, EmbeddingBackend, Kept, LearnedWindow,
+    ProbeCost, RequestLimit,
 };
 use crate::client::{ApiError, Client, EmbeddingInput, EmbeddingRequest, ErrorKind, SizeLimit};
 use crate::rate::{
@@ -69,6 +73,8 @@ pub struct ApiSettings {
     /// How many processes of the job share the key's quota (the shards of
     /// a split job): each counts on its part of the budget from the start.
     pub sharing: u32,
+    /// Tokens the model adds to every text, as `chunking.tokenizer` says.
+    pub special_tokens: u64,
 }
 
 impl ApiSettings {
@@ -90,6 +96,7 @@ impl ApiSettings {
             listed_price_source: None,
             warnings: Vec::new(),
             sharing: 1,
+            special_tokens: 0,
             renames_models: false,
             stall_timeout: Duration::from_secs(600),
         }
@@ -152,6 +159,10 @@ pub struct ApiBackend {
     notices: Warnings,
     /// Where `info.input_per_1k` came from.
     price_source: Option<String>,
+    /// The window a probe before the run found, when the service lists none.
+    learned_window: Option<LearnedWindow>,
+    /// What the probe cost, when there was one.
+    probe_cost: Option<ProbeCost>,
 }
 
 /// One failed attempt: the service said no, or its answer failed a check.
@@ -245,6 +256,7 @@ impl ApiBackend {
             output_per_1k: settings
                 .output_per_1k
                 .or_else(|| listed("output", |p| p.output_per_1k)),
+            special_tokens: settings.special_tokens,
         };
         let price_source = if settings.input_per_1k.is_some() {
             Some("`backend.input_per_1k`".to_string())
@@ -280,6 +292,8 @@ impl ApiBackend {
             warnings: Mutex::new(settings.warnings),
             notices,
             price_source,
+            learned_window: None,
+            probe_cost: None,
         }
     }
 
@@ -704,6 +718,8 @@ impl EmbeddingBackend for ApiBackend {
             timeouts: self.timeouts.load(Ordering::Relaxed),
             billed: self.billed.get(),
             lowered_concurrency: self.rate.lowered(),
+            window: self.learned_window,
+            window_probe: self.probe_cost,
         }
     }
 

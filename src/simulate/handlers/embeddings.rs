@@ -104,6 +104,8 @@ struct Prepared {
     tokens: u64,
     /// Hex SHA-256 of each input, for billing; empty when the response is not billed.
     hashes: Vec<String>,
+    /// Of `hashes`, those of inputs the model read only the start of.
+    partly_read: Vec<String>,
     inputs: usize,
 }
 
@@ -178,14 +180,18 @@ async fn embeddings_response(
                 compute = compute.saturating_add(shared.config.faults.slow_ms);
             }
             if compute == 0 {
-                shared.ledger().bill(prepared.tokens, prepared.hashes);
+                shared
+                    .ledger()
+                    .bill(prepared.tokens, prepared.hashes, prepared.partly_read);
             } else {
                 // A slow answer is computed, and billed, whether or not the
                 // client is still waiting for it.
                 let billing = Arc::clone(shared);
                 let billed = tokio::spawn(async move {
                     sleep_ms(compute).await;
-                    billing.ledger().bill(prepared.tokens, prepared.hashes);
+                    billing
+                        .ledger()
+                        .bill(prepared.tokens, prepared.hashes, prepared.partly_read);
                 });
                 let _ = billed.await;
             }
@@ -273,6 +279,9 @@ fn prepare_embeddings(shared: &Shared, caller: Caller, body: &[u8]) -> Result<Pr
         .collect();
     let tokens: u64 = counts.iter().map(|&n| u64::from(n)).sum();
     check_size(config, model.context_window, &inputs, &counts, tokens)?;
+    if let Some(window) = &config.window {
+        window.check(inputs.iter().map(|input| input.text.as_str()))?;
+    }
     let billed: u64 = inputs
         .iter()
         .zip(&counts)
@@ -312,14 +321,16 @@ fn prepare_embeddings(shared: &Shared, caller: Caller, body: &[u8]) -> Result<Pr
             body: Vec::new(),
             tokens: billed,
             hashes: Vec::new(),
+            partly_read: Vec::new(),
             inputs: count,
         });
     }
 
-    let digests: Vec<[u8; 32]> = inputs
-        .iter()
-        .map(|input| crate::simulate::vectors::text_digest(&input.text))
-        .collect();
+    let read = crate::simulate::window::read(
+        config.window.as_ref(),
+        inputs.iter().map(|input| input.text.as_str()),
+    );
+    let digests = &read.digests;
     let items: Vec<Item> = order
         .into_iter()
         .map(|index| Item {
@@ -339,16 +350,17 @@ fn prepare_embeddings(shared: &Shared, caller: Caller, body: &[u8]) -> Result<Pr
     };
     let body = embeddings_body(&shape, &items, billed);
     // A response that arrives whole is billed, whatever the client makes of it.
-    let hashes = if fault == Some(Fault::Truncate) {
-        Vec::new()
+    let (hashes, partly_read) = if fault == Some(Fault::Truncate) {
+        (Vec::new(), Vec::new())
     } else {
-        digests.iter().map(hex::encode).collect()
+        (read.whole, read.partly_read)
     };
     Ok(Prepared {
         fault,
         body,
         tokens: billed,
         hashes,
+        partly_read,
         inputs: count,
     })
 }

@@ -25,6 +25,7 @@ pub(crate) async fn get_ledger(State(shared): State<Arc<Shared>>, uri: Uri) -> R
         if without_texts {
             let mut value = serde_json::to_value(Ledger {
                 texts: HashMap::new(),
+                partly_read: HashMap::new(),
                 faults: ledger.faults.clone(),
                 billed_sizes: ledger.billed_sizes.clone(),
                 refused: ledger.refused.clone(),
@@ -33,6 +34,7 @@ pub(crate) async fn get_ledger(State(shared): State<Arc<Shared>>, uri: Uri) -> R
             });
             if let Ok(Value::Object(object)) = &mut value {
                 object.remove("texts");
+                object.remove("partly_read");
             }
             value
         } else {

@@ -1,0 +1,301 @@
+//! A window nobody lists, found before any chunking: a long text is sent,
+//! and a refusal says the window (OpenAI, TEI and vLLM state it); a text
+//! the server accepts is checked for silent truncation by embedding its
+//! prefixes: a prefix with the whole text's vector shows where the server
+//! stopped reading, found by binary search.
+//!
+//! Cost: one request with the whole text and the text less its last word,
+//! then, only when those two vectors are the same, ⌈log2(n − 1)⌉ requests
+//! of one prefix each, for a text of n words. The text holds 5/4 of the
+//! chunk size the job would use, so the search ends within that.
+
+use super::ApiBackend;
+use crate::backend::{
+    with_margin, BackendError, LearnedWindow, ProbeCost, WindowSource, WINDOW_MARGIN_PERCENT,
+};
+use crate::client::window_refusal;
+use crate::job::ChunkingConfig;
+use crate::types::Vectors;
+
+/// Vectors closer than this (one less their cosine) are the same: a
+/// server's arithmetic varies a little with the batch, a missing word does
+/// more.
+const SAME_VECTOR: f64 = 1e-5;
+
+/// Plain words of varied lengths, the probe text cycles through them.
+const WORDS: &[&str] = &[
+    "the",
+    "report",
+    "describes",
+    "how",
+    "a",
+    "small",
+    "team",
+    "measured",
+    "water",
+    "quality",
+    "along",
+    "northern",
+    "rivers",
+    "during",
+    "several",
+    "seasons",
+    "and",
+    "compared",
+    "their",
+    "results",
+    "with",
+    "earlier",
+    "surveys",
+    "from",
+    "regional",
+    "laboratories",
+    "which",
+    "used",
+    "different",
+    "methods",
+    "for",
+    "sampling",
+    "sediment",
+    "temperature",
+    "oxygen",
+    "levels",
+    "in",
+    "shallow",
+    "streams",
+    "near",
+    "farms",
+    "towns",
+    "forests",
+    "while",
+    "volunteers",
+    "recorded",
+    "weather",
+    "observations",
+    "every",
+    "morning",
+    "before",
+    "breakfast",
+];
+
+/// Words enough for `tokens` local tokens, and more.
+fn probe_words(count: &(dyn Fn(&str) -> usize + Sync), tokens: usize) -> Vec<&'static str> {
+    let mut words = Vec::new();
+    loop {
+        words.extend(WORDS.iter().copied());
+        if count(&words.join(" ")) >= tokens {
+            return words;
+        }
+    }
+}
+
+/// Row `i` of `vectors`; empty when there is none.
+fn row(vectors: &Vectors, i: usize) -> &[f32] {
+    let d = vectors.dimensions.max(1);
+    vectors.values.get(i * d..(i + 1) * d).unwrap_or_default()
+}
+
+/// Whether `x` and `y` are the same vector.
+fn same(x: &[f32], y: &[f32]) -> bool {
+    if x.is_empty() || x.len() != y.len() {
+        return false;
+    }
+    let dot: f64 = x
+        .iter()
+        .zip(y)
+        .map(|(p, q)| f64::from(*p) * f64::from(*q))
+        .sum();
+    let norm = |v: &[f32]| v.iter().map(|p| f64::from(*p).powi(2)).sum::<f64>().sqrt();
+    let cosine = dot / (norm(x) * norm(y));
+    cosine.is_finite() && 1.0 - cosine <= SAME_VECTOR
+}
+
+/// What the probe found.
+pub(super) struct Probed {
+    pub window: Option<LearnedWindow>,
+    pub cost: ProbeCost,
+    /// Why it found nothing, when it could not finish.
+    pub failed: Option<String>,
+}
+
+impl ApiBackend {
+    /// Looks for the window of a model that lists none, for chunks of
+    /// `chunk_tokens` counted by `count` (the job's tokenizer).
+    pub(super) async fn probe_window(
+        &self,
+        count: &(dyn Fn(&str) -> usize + Sync),
+        chunk_tokens: usize,
+    ) -> Probed {
+        let words = probe_words(count, chunk_tokens.saturating_add(chunk_tokens / 4).max(2));
+        let prefix = |k: usize| words[..k].join(" ");
+        let tokens = |text: &str| count(text) as u64;
+        let billed_before = self.billed.get().prompt_tokens;
+        let mut probed = Probed {
+            window: None,
+            cost: ProbeCost::default(),
+            failed: None,
+        };
+        let n = words.len();
+        let (whole, shorter) = (prefix(n), prefix(n - 1));
+        probed.cost.requests += 1;
+        let first = self
+            .embed_all(&[&whole, &shorter], tokens(&whole) + tokens(&shorter))
+            .await;
+        match first {
+            Err(BackendError::TooLarge { message, .. }) => match window_refusal(&message) {
+                Some(refusal) => {
+                    probed.window = Some(LearnedWindow::from_refusal(
+                        refusal.limit,
+                        refusal.given,
+                        tokens(&whole),
+                    ));
+                }
+                None => probed.failed = Some(message),
+            },
+            Err(error) => probed.failed = Some(error.to_string()),
+            Ok(vectors) if !same(row(&vectors, 0), row(&vectors, 1)) => {}
+            Ok(vectors) => {
+                let whole = row(&vectors, 0);
+                // The server stopped reading within the last word: the
+                // first prefix it reads whole is found by binary search.
+                let (mut lo, mut hi) = (0, n - 1);
+                while hi - lo > 1 {
+                    let mid = lo + (hi - lo) / 2;
+                    let text = prefix(mid);
+                    probed.cost.requests += 1;
+                    match self.embed_all(&[&text], tokens(&text)).await {
+                        Ok(vectors) if same(whole, row(&vectors, 0)) => hi = mid,
+                        Ok(_) => lo = mid,
+                        Err(error) => {
+                            probed.failed = Some(error.to_string());
+                            break;
+                        }
+                    }
+                }
+                if probed.failed.is_none() {
+                    probed.window = Some(LearnedWindow {
+                        server_tokens: None,
+                        tokens: with_margin(tokens(&prefix(lo))),
+                        from: WindowSource::Truncation,
+                    });
+                }
+            }
+        }
+        probed.cost.tokens = self
+            .billed
+            .get()
+            .prompt_tokens
+            .saturating_sub(billed_before);
+        probed
+    }
+}
+
+/// The tokenizer chunks are counted in, as messages name it.
+pub fn tokenizer_name(chunking: &ChunkingConfig) -> &str {
+    chunking.tokenizer.as_deref().unwrap_or("cl100k_base")
+}
+
+impl ApiBackend {
+    /// Takes the window an earlier run learned, as its output records it.
+    pub(super) fn remember_window(&mut self, window: LearnedWindow, chunking: &ChunkingConfig) {
+        self.info.context_window = Some(window.tokens);
+        self.learned_window = Some(window);
+        self.warn(format!(
+            "model {} lists no context window: chunks are cut to {} {} tokens, the window an \
+             earlier run learned (the output records it); set `backend.context_window` to \
+             choose another",
+            self.info.model,
+            window.tokens,
+            tokenizer_name(chunking)
+        ));
+    }
+
+    /// Takes what the probe found: the window chunks are cut to, and a
+    /// warning that says it, in which tokens, and how to choose another;
+    /// `unknown` says the window is unknown, when the probe found none.
+    pub(super) fn learn_window(
+        &mut self,
+        probed: Probed,
+        chunking: &ChunkingConfig,
+        unknown: &str,
+    ) {
+        let model = self.info.model.clone();
+        let tokenizer = tokenizer_name(chunking);
+        let choose = "set `backend.context_window` to choose the window, or \
+                      `backend.probe_window = false` not to probe";
+        self.probe_cost = Some(probed.cost);
+        let warning = match (probed.window, probed.failed) {
+            (Some(window), _) => {
+                self.info.context_window = Some(window.tokens);
+                self.learned_window = Some(window);
+                let tokens = window.tokens;
+                match window.server_tokens {
+                    Some(limit) => format!(
+                        "model {model} lists no context window, and refused a long text as over \
+                         its window of {limit} of its own tokens: chunks are cut to {tokens} \
+                         {tokenizer} tokens (its window scaled by its count over ours, less \
+                         {WINDOW_MARGIN_PERCENT}%); {choose}"
+                    ),
+                    None => format!(
+                        "model {model} lists no context window, and reads only the start of a \
+                         long text (its prefixes got the same vector): chunks are cut to \
+                         {tokens} {tokenizer} tokens ({WINDOW_MARGIN_PERCENT}% less than it read); \
+                         {choose}"
+                    ),
+                }
+            }
+            (None, Some(failed)) => format!("{unknown}; probing for it failed: {failed}"),
+            (None, None) => format!(
+                "{unknown}; a probe found it reads a text longer than the {} {tokenizer} tokens \
+                 chunks are cut to whole",
+                chunking.max_tokens
+            ),
+        };
+        self.warn(warning);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_margin_is_a_tenth_and_leaves_at_least_one_token() {
+        assert_eq!(with_margin(500), 450);
+        assert_eq!(with_margin(255), 230);
+        assert_eq!(with_margin(1), 1);
+        assert_eq!(with_margin(u64::MAX), u64::MAX - u64::MAX / 10);
+    }
+
+    #[test]
+    fn a_recorded_window_is_read_back_only_in_its_tokenizer() {
+        let window = LearnedWindow::from_refusal(256, Some(300), 280);
+        let json = window.to_json("cl100k_base");
+        assert_eq!(LearnedWindow::from_json(&json, "cl100k_base"), Some(window));
+        assert_eq!(LearnedWindow::from_json(&json, "o200k_base"), None);
+        for hostile in [
+            "",
+            "{",
+            "[]",
+            r#"{"tokens":0,"tokenizer":"cl100k_base","from":"refusal"}"#,
+            r#"{"tokens":-3,"tokenizer":"cl100k_base","from":"refusal"}"#,
+            r#"{"tokens":1e400,"tokenizer":"cl100k_base","from":"refusal"}"#,
+            r#"{"tokens":99999999999999999999999,"tokenizer":"cl100k_base","from":"refusal"}"#,
+            r#"{"tokens":5,"tokenizer":"cl100k_base","from":"guess"}"#,
+            r#"{"tokens":5,"from":"refusal"}"#,
+        ] {
+            assert_eq!(
+                LearnedWindow::from_json(hostile, "cl100k_base"),
+                None,
+                "{hostile}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_probe_text_holds_the_tokens_asked_for() {
+        let count = |text: &str| text.split(' ').count();
+        assert!(probe_words(&count, 640).len() >= 640);
+        assert!(probe_words(&count, 1).len() >= 2);
+    }
+}

@@ -1,0 +1,244 @@
+//! A model's context window as self-hosted servers keep it, counted in the
+//! server's own tokens: it reads only the first tokens of a longer input
+//! (infinity, TEI with `truncate`, Ollama), or refuses the input in the
+//! words of OpenAI, TEI or vLLM.
+//!
+//! The server's tokens are word pieces, not cl100k's: a run of letters or
+//! digits is one piece per [`PIECE_CHARS`] characters (rounded up), any
+//! other character but white space is a piece of its own. So the client's
+//! count and the server's differ, as they do against a real WordPiece model.
+
+use axum::http::StatusCode;
+
+use super::error::ApiError;
+use super::vectors::text_digest;
+
+/// Characters of a word one server token holds.
+pub const PIECE_CHARS: usize = 6;
+
+/// What the server does with an input longer than its window.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OverWindow {
+    /// Embeds the first tokens only, silently.
+    Truncate,
+    /// 400 `context_length_exceeded`, as OpenAI answers.
+    OpenAi,
+    /// 422 "Input validation error", as TEI answers.
+    Tei,
+    /// 400 "maximum context length", as vLLM answers.
+    Vllm,
+}
+
+/// A window every embedding model of the simulator keeps, in server tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ServerWindow {
+    pub tokens: u32,
+    pub over: OverWindow,
+}
+
+impl ServerWindow {
+    /// Reads `--window TOKENS:truncate|openai|tei|vllm`.
+    ///
+    /// # Errors
+    /// A message naming the flag.
+    pub fn parse(spec: &str) -> Result<ServerWindow, String> {
+        let (tokens, over) = spec
+            .split_once(':')
+            .ok_or_else(|| format!("--window {spec}: expected TOKENS:truncate|openai|tei|vllm"))?;
+        let tokens: u32 = tokens
+            .trim()
+            .parse()
+            .ok()
+            .filter(|&n| n > 0)
+            .ok_or_else(|| format!("--window {spec}: '{tokens}' is not a number of tokens"))?;
+        let over = match over.trim() {
+            "truncate" => OverWindow::Truncate,
+            "openai" => OverWindow::OpenAi,
+            "tei" => OverWindow::Tei,
+            "vllm" => OverWindow::Vllm,
+            other => {
+                return Err(format!(
+                    "--window {spec}: '{other}' is not truncate, openai, tei or vllm"
+                ))
+            }
+        };
+        Ok(ServerWindow { tokens, over })
+    }
+
+    /// Refuses the first input over the window, when the server refuses.
+    pub(crate) fn check<'a>(&self, texts: impl Iterator<Item = &'a str>) -> Result<(), ApiError> {
+        if self.over == OverWindow::Truncate {
+            return Ok(());
+        }
+        for text in texts {
+            let given = server_tokens(text);
+            if given > u64::from(self.tokens) {
+                return Err(refusal(self.over, self.tokens, given));
+            }
+        }
+        Ok(())
+    }
+
+    /// The part of `text` the model reads, when it is not all of it.
+    pub fn read_part<'a>(&self, text: &'a str) -> Option<&'a str> {
+        if self.over != OverWindow::Truncate {
+            return None;
+        }
+        let end = piece_ends(text).nth(self.tokens as usize - 1)?;
+        (end < text.len() && !text[end..].trim().is_empty()).then(|| &text[..end])
+    }
+}
+
+/// What the model reads of a request's inputs.
+pub(crate) struct Read {
+    /// The digest each vector is made from: the whole text's, or that of
+    /// the part a truncating window reads.
+    pub digests: Vec<[u8; 32]>,
+    /// Hex SHA-256 of each whole text, as the ledger keys texts.
+    pub whole: Vec<String>,
+    /// Of `whole`, those of the texts read only in part.
+    pub partly_read: Vec<String>,
+}
+
+pub(crate) fn read<'a>(
+    window: Option<&ServerWindow>,
+    texts: impl Iterator<Item = &'a str>,
+) -> Read {
+    let mut read = Read {
+        digests: Vec::new(),
+        whole: Vec::new(),
+        partly_read: Vec::new(),
+    };
+    for text in texts {
+        let whole = hex::encode(text_digest(text));
+        match window.and_then(|w| w.read_part(text)) {
+            Some(part) => {
+                read.digests.push(text_digest(part));
+                read.partly_read.push(whole.clone());
+            }
+            None => read.digests.push(text_digest(text)),
+        }
+        read.whole.push(whole);
+    }
+    read
+}
+
+/// The server's count of `text`.
+pub fn server_tokens(text: &str) -> u64 {
+    piece_ends(text).count() as u64
+}
+
+/// The byte offset where each server token of `text` ends, in order.
+fn piece_ends(text: &str) -> impl Iterator<Item = usize> + '_ {
+    let mut chars = text.char_indices().peekable();
+    std::iter::from_fn(move || loop {
+        let (at, c) = chars.next()?;
+        if c.is_whitespace() {
+            continue;
+        }
+        if !c.is_alphanumeric() {
+            return Some(at + c.len_utf8());
+        }
+        let mut end = at + c.len_utf8();
+        let mut length = 1;
+        while length < PIECE_CHARS {
+            match chars.next_if(|&(_, c)| c.is_alphanumeric()) {
+                Some((at, c)) => {
+                    end = at + c.len_utf8();
+                    length += 1;
+                }
+                None => break,
+            }
+        }
+        return Some(end);
+    })
+}
+
+/// The refusal of an input of `given` tokens over a window of `limit`, in
+/// the server's own words and status.
+fn refusal(over: OverWindow, limit: u32, given: u64) -> ApiError {
+    let (status, body) = match over {
+        OverWindow::OpenAi | OverWindow::Truncate => (
+            StatusCode::BAD_REQUEST,
+            serde_json::json!({"error": {
+                "message": format!(
+                    "This model's maximum context length is {limit} tokens, however you \
+                     requested {given} tokens ({given} in your prompt; 0 for the completion). \
+                     Please reduce your prompt; or completion length."
+                ),
+                "type": "invalid_request_error",
+                "param": null,
+                "code": "context_length_exceeded",
+            }}),
+        ),
+        OverWindow::Tei => (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            serde_json::json!({
+                "error": format!(
+                    "Input validation error: `inputs` must have less than {limit} tokens. \
+                     Given: {given}"
+                ),
+                "error_type": "Validation",
+            }),
+        ),
+        OverWindow::Vllm => (
+            StatusCode::BAD_REQUEST,
+            serde_json::json!({
+                "object": "error",
+                "message": format!(
+                    "This model's maximum context length is {limit} tokens. However, you \
+                     requested {given} tokens in the input for embedding generation. Please \
+                     reduce the length of the input."
+                ),
+                "type": "BadRequestError",
+                "param": null,
+                "code": 400,
+            }),
+        ),
+    };
+    ApiError {
+        fault: Some("too_large"),
+        body: Some(Box::new(body)),
+        ..ApiError::new(status, "invalid_request_error", "over the context window")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn words_are_pieces_of_six_characters_and_marks_are_their_own() {
+        assert_eq!(server_tokens(""), 0);
+        assert_eq!(server_tokens("the model"), 2);
+        assert_eq!(server_tokens("embeddings, too."), 5);
+        assert_eq!(server_tokens("é ü"), 2);
+    }
+
+    #[test]
+    fn a_truncating_window_reads_its_first_tokens_only() {
+        let window = ServerWindow::parse("2:truncate").unwrap();
+        assert_eq!(window.read_part("one two three"), Some("one two"));
+        assert_eq!(window.read_part("one two"), None);
+        assert_eq!(window.read_part("one two  "), None);
+        assert!(window.check(["a b c d"].into_iter()).is_ok());
+    }
+
+    #[test]
+    fn a_refusing_window_refuses_in_the_servers_words() {
+        for (over, status) in [("openai", 400), ("tei", 422), ("vllm", 400)] {
+            let window = ServerWindow::parse(&format!("2:{over}")).unwrap();
+            assert!(window.check(["a b"].into_iter()).is_ok());
+            let refused = window.check(["a b c"].into_iter()).unwrap_err();
+            assert_eq!(refused.status.as_u16(), status, "{over}");
+            assert!(refused.body.unwrap().to_string().contains('3'), "{over}");
+        }
+    }
+
+    #[test]
+    fn a_window_spec_is_checked() {
+        for bad in ["", "12", "0:tei", "x:tei", "12:cut", "99999999999:tei"] {
+            assert!(ServerWindow::parse(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,393 @@
+//! A window nobody lists: servers that read only the start of a long input,
+//! or refuse it in OpenAI's, TEI's or vLLM's words, and list no window. A
+//! job with the default chunking finds the window and cuts its chunks to it.
+
+use std::path::{Path, PathBuf};
+
+use embedjob::simulate::{self, Ledger, ServerWindow, SimConfig, Simulator};
+use serde_json::Value;
+
+use crate::support::{no_key, read_output, run_job, simulator, text, text_hash, Rows, KEY};
+
+/// The window every model of these servers keeps, in the server's tokens.
+const WINDOW: u64 = 256;
+
+/// A server as infinity is run: routes at the root, no model route, a
+/// listing without a window; and a window of [`WINDOW`] tokens.
+fn unlisted(over: &str) -> SimConfig {
+    SimConfig {
+        url_prefix: String::new(),
+        model_route: false,
+        bare_listing: true,
+        window: Some(ServerWindow::parse(&format!("{WINDOW}:{over}")).unwrap()),
+        ..SimConfig::default()
+    }
+}
+
+/// Prose of ordinary words and punctuation, documents of several default
+/// (512-token) chunks each.
+fn prose(dir: &Path) -> PathBuf {
+    const WORDS: &[&str] = &[
+        "river",
+        "levels",
+        "rose",
+        "after",
+        "the",
+        "storm",
+        "and",
+        "engineers",
+        "checked",
+        "bridges",
+        "along",
+        "valley",
+        "roads",
+        "while",
+        "farmers",
+        "moved",
+        "cattle",
+        "to",
+        "higher",
+        "fields",
+        "near",
+        "old",
+        "stone",
+        "walls",
+        "that",
+        "had",
+        "stood",
+        "for",
+        "centuries",
+        "without",
+        "serious",
+        "damage",
+        "from",
+        "floods",
+        "or",
+        "frost",
+    ];
+    let root = dir.join("docs");
+    std::fs::create_dir_all(&root).unwrap();
+    for doc in 0..6 {
+        let mut body = String::new();
+        for sentence in 0..(60 + doc * 15) {
+            let length = 8 + (sentence * 7 + doc) % 11;
+            let words: Vec<&str> = (0..length)
+                .map(|w| WORDS[(sentence * 13 + w * 5 + doc * 3) % WORDS.len()])
+                .collect();
+            body.push_str(&words.join(" "));
+            body.push_str(if sentence % 4 == 3 {
+                ".\n\n"
+            } else {
+                ", then "
+            });
+        }
+        std::fs::write(root.join(format!("report{doc}.txt")), body).unwrap();
+    }
+    root
+}
+
+/// A job over `root` with the default chunking.
+fn job(dir: &Path, sim: &Simulator, root: &Path, extra: &str) -> PathBuf {
+    let job = format!(
+        r#"name = "window"
+[source]
+kind = "files"
+paths = ["{root}"]
+[backend]
+kind = "api"
+base_url = "{base_url}"
+api_path = ""
+model = "svc-embed-1"
+concurrency = 4
+max_retries = 3
+timeout_seconds = 10
+{extra}
+[output]
+path = "{out}"
+"#,
+        root = root.display(),
+        base_url = sim.base_url(),
+        out = dir.join("out/result.parquet").display()
+    );
+    let path = dir.join("job.toml");
+    std::fs::write(&path, job).unwrap();
+    path
+}
+
+fn summary_of(output: &std::process::Output) -> Value {
+    let (stdout, stderr) = no_key(output, KEY);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}\n{stderr}"))
+}
+
+/// Every chunk of the output was read whole by the model: within its
+/// window by the server's own count, never billed as read only in part,
+/// and its vector that of its whole text.
+fn assert_read_whole(rows: &Rows, ledger: &Ledger) {
+    assert!(rows.texts.len() > 6, "several chunks a document");
+    for (text, vector) in rows.texts.iter().zip(&rows.vectors) {
+        let tokens = simulate::server_tokens(text);
+        assert!(
+            tokens <= WINDOW,
+            "a chunk of {tokens} server tokens: {text}"
+        );
+        assert!(!ledger.partly_read.contains_key(&text_hash(text)), "{text}");
+        assert_eq!(vector, &simulate::embedding_vector(1024, text));
+    }
+}
+
+/// Runs the job twice: the first run finds the window and cuts every chunk
+/// to it; the second resumes with nothing sent again.
+async fn learns_the_window(over: &str) -> Value {
+    let dir = tempfile::tempdir().unwrap();
+    let root = prose(dir.path());
+    let sim = simulator(unlisted(over)).await;
+    let job = job(dir.path(), &sim, &root, "");
+    let output = run_job(&job, &["--json"]).await;
+    let summary = summary_of(&output);
+    assert_eq!(summary["quarantined"], 0, "{over}: {summary}");
+    let window = summary["learned_limits"]["context_window"].clone();
+    assert!(
+        window["tokens"].as_u64().unwrap() < 512,
+        "{over}: {summary}"
+    );
+    assert_eq!(summary["tokenizer"], "cl100k_base");
+    let rows = read_output(&dir.path().join("out/result.parquet"));
+    let ledger = sim.ledger();
+    assert_read_whole(&rows, &ledger);
+    // What the probe was billed and what the chunks were make the whole bill.
+    let probe = summary["learned_limits"]["window_probe"].clone();
+    // The probe's vectors are dropped: they count as discarded, and no more.
+    assert_eq!(summary["discarded_tokens"], probe["tokens"], "{summary}");
+    assert_eq!(
+        summary["usage"]["prompt_tokens"].as_u64().unwrap(),
+        ledger.prompt_tokens,
+        "{over}: {summary}"
+    );
+    let stderr = text(&output.stderr);
+    assert!(stderr.contains("lists no context window"), "{stderr}");
+    assert!(stderr.contains("cl100k_base tokens"), "{stderr}");
+
+    let metadata = &rows.metadata["embedjob.context_window"];
+    assert!(
+        metadata.contains("\"tokenizer\":\"cl100k_base\""),
+        "{metadata}"
+    );
+
+    // The estimate and the second run cut the same chunks from the start,
+    // to the window the output records: nothing is probed or sent again.
+    let estimate = crate::support::json(
+        &crate::support::embedjob(&["estimate", crate::support::path_arg(&job), "--json"]).await,
+    );
+    assert_eq!(estimate["context_window"], window["tokens"], "{estimate}");
+    assert_eq!(estimate["chunks"], rows.ids.len() as u64, "{estimate}");
+    assert_eq!(estimate["tokens"], 0, "{estimate}");
+    let billed = sim.ledger().prompt_tokens;
+    let requests = sim.ledger().embedding_requests;
+    let again = summary_of(&run_job(&job, &["--json"]).await);
+    assert_eq!(again["embedded"], 0, "{over}: {again}");
+    assert_eq!(again["unchanged"], rows.ids.len() as u64, "{again}");
+    assert_eq!(again["learned_limits"]["context_window"], window);
+    assert_eq!(again["learned_limits"]["window_probe"], Value::Null);
+    let ledger = sim.ledger();
+    assert_eq!(
+        (ledger.prompt_tokens, ledger.embedding_requests),
+        (billed, requests)
+    );
+    for text in &rows.texts {
+        assert_eq!(ledger.texts.get(&text_hash(text)), Some(&1), "{text}");
+    }
+    let mut summary = summary;
+    summary["probe"] = probe;
+    summary
+}
+
+#[tokio::test]
+async fn a_window_refused_in_openais_words_is_learned() {
+    let summary = learns_the_window("openai").await;
+    let window = &summary["learned_limits"]["context_window"];
+    assert_eq!(window["server_tokens"], WINDOW, "{summary}");
+    assert_eq!(window["from"], "refusal");
+    // One request, refused, so not billed.
+    assert_eq!(summary["probe"]["requests"], 1, "{summary}");
+    assert_eq!(summary["probe"]["tokens"], 0, "{summary}");
+}
+
+#[tokio::test]
+async fn a_window_refused_in_teis_words_is_learned() {
+    let summary = learns_the_window("tei").await;
+    assert_eq!(
+        summary["learned_limits"]["context_window"]["server_tokens"],
+        WINDOW
+    );
+    assert_eq!(summary["probe"]["requests"], 1, "{summary}");
+}
+
+#[tokio::test]
+async fn a_window_refused_in_vllms_words_is_learned() {
+    let summary = learns_the_window("vllm").await;
+    assert_eq!(
+        summary["learned_limits"]["context_window"]["server_tokens"],
+        WINDOW
+    );
+    assert_eq!(summary["probe"]["requests"], 1, "{summary}");
+}
+
+#[tokio::test]
+async fn a_window_that_truncates_silently_is_found_by_a_few_requests() {
+    let summary = learns_the_window("truncate").await;
+    let window = &summary["learned_limits"]["context_window"];
+    assert_eq!(window["from"], "truncation", "{summary}");
+    assert_eq!(window["server_tokens"], Value::Null);
+    // The probe text holds 5/4 of the 512-token default chunk, 640 cl100k
+    // tokens, of words of at least one token each, and a cycle of its word
+    // list (53 words) more at most: n ≤ 693 words. The probe is one request,
+    // then a binary search over the n − 1 shorter prefixes: ⌈log2 692⌉ = 10.
+    let requests = summary["probe"]["requests"].as_u64().unwrap();
+    assert!((2..=11).contains(&requests), "{summary}");
+    // The first request holds the text twice, each later one a prefix:
+    // at most 2 × 693 + 10 × 693 tokens, as the simulator bills cl100k.
+    let tokens = summary["probe"]["tokens"].as_u64().unwrap();
+    assert!(tokens > 0 && tokens <= 12 * 693, "{summary}");
+}
+
+#[tokio::test]
+async fn a_server_that_reads_everything_costs_one_probe_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = prose(dir.path());
+    let sim = simulator(SimConfig {
+        window: None,
+        ..unlisted("truncate")
+    })
+    .await;
+    let job = job(dir.path(), &sim, &root, "");
+    let output = run_job(&job, &["--json"]).await;
+    let summary = summary_of(&output);
+    assert_eq!(summary["learned_limits"]["context_window"], Value::Null);
+    assert_eq!(summary["learned_limits"]["window_probe"]["requests"], 1);
+    let stderr = text(&output.stderr);
+    assert!(stderr.contains("is unknown"), "{stderr}");
+    assert!(stderr.contains("reads a text longer"), "{stderr}");
+
+    // Told not to probe, it sends nothing before the run.
+    let dir = tempfile::tempdir().unwrap();
+    let root = prose(dir.path());
+    let before = sim.ledger().embedding_requests;
+    let job = self::job(dir.path(), &sim, &root, "probe_window = false");
+    let summary = summary_of(&run_job(&job, &["--json"]).await);
+    assert_eq!(summary["learned_limits"]["window_probe"], Value::Null);
+    assert_eq!(
+        sim.ledger().embedding_requests - before,
+        summary["requests"].as_u64().unwrap()
+    );
+}
+
+/// Told not to probe, a run learns the window from the first refusals and
+/// cuts each refused chunk to fit instead of quarantining it.
+#[tokio::test]
+async fn a_chunk_refused_during_the_run_is_cut_to_the_window_it_states() {
+    for over in ["openai", "tei", "vllm"] {
+        let dir = tempfile::tempdir().unwrap();
+        let root = prose(dir.path());
+        let sim = simulator(unlisted(over)).await;
+        let job = job(dir.path(), &sim, &root, "probe_window = false");
+        let output = run_job(&job, &["--json"]).await;
+        let summary = summary_of(&output);
+        assert_eq!(summary["quarantined"], 0, "{over}: {summary}");
+        let window = &summary["learned_limits"]["context_window"];
+        assert_eq!(window["server_tokens"], WINDOW, "{over}: {summary}");
+        assert_eq!(window["from"], "refusal");
+        assert_eq!(summary["learned_limits"]["window_probe"], Value::Null);
+        let rows = read_output(&dir.path().join("out/result.parquet"));
+        assert_read_whole(&rows, &sim.ledger());
+        // Pieces of a refused chunk are named after it.
+        assert!(
+            rows.ids.iter().any(|id| id.ends_with("#0.1")),
+            "{over}: {:?}",
+            rows.ids
+        );
+    }
+}
+
+/// With `chunking.tokenizer` a model's `tokenizer.json`, a window of 256
+/// holds the chunk and the `[CLS]` and `[SEP]` the model adds to it.
+#[tokio::test]
+async fn a_tokenizer_json_leaves_room_for_the_models_special_tokens() {
+    let model_dir = std::env::var("EMBEDJOB_MODEL_DIR").map_or_else(
+        |_| Path::new(env!("CARGO_MANIFEST_DIR")).join(".cache/models/all-MiniLM-L6-v2"),
+        PathBuf::from,
+    );
+    let tokenizer_path = model_dir.join("tokenizer.json");
+    assert!(
+        tokenizer_path.exists(),
+        "{} is missing: run scripts/setup-local",
+        tokenizer_path.display()
+    );
+    let dir = tempfile::tempdir().unwrap();
+    // Words without a sentence's end: the chunker fills each chunk to its size.
+    let root = dir.path().join("docs");
+    std::fs::create_dir_all(&root).unwrap();
+    let words: Vec<String> = (0..3000).map(|i| format!("word{}", i % 97)).collect();
+    std::fs::write(root.join("words.txt"), words.join(" ")).unwrap();
+    let sim = simulator(SimConfig::default()).await;
+    let job = job(
+        dir.path(),
+        &sim,
+        &root,
+        &format!(
+            "context_window = 256\n[chunking]\ntokenizer = \"{}\"",
+            tokenizer_path.display()
+        ),
+    );
+    let summary = summary_of(&run_job(&job, &["--json", "--set", "backend.api_path=/v1"]).await);
+    assert_eq!(summary["tokenizer"], tokenizer_path.display().to_string());
+    let rows = read_output(&dir.path().join("out/result.parquet"));
+    let mut tokenizer = tokenizers::Tokenizer::from_file(&tokenizer_path).unwrap();
+    tokenizer.with_padding(None);
+    tokenizer.with_truncation(None).unwrap();
+    let longest = rows
+        .texts
+        .iter()
+        .map(|text| tokenizer.encode_fast(text.as_str(), true).unwrap().len())
+        .max()
+        .unwrap();
+    // The chunker fills chunks to the size it is given: the longest is at the window.
+    assert!(
+        (250..=256).contains(&longest),
+        "the longest chunk with [CLS] and [SEP]: {longest}"
+    );
+}
+
+/// A window the listing gives is the model's own count: chunks counted in
+/// cl100k may overflow it, and the run says so.
+#[tokio::test]
+async fn a_listed_window_counted_in_another_tokenizer_is_warned_about() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = prose(dir.path());
+    let sim = simulator(SimConfig {
+        models: vec![simulate::ModelSpec {
+            context_window: 256,
+            ..simulate::ModelSpec::embedding("svc-embed-1", 1024)
+        }],
+        ..SimConfig::default()
+    })
+    .await;
+    let job = job(dir.path(), &sim, &root, "");
+    let output = run_job(&job, &["--json", "--set", "backend.api_path=/v1"]).await;
+    let summary = summary_of(&output);
+    let stderr = text(&output.stderr);
+    assert!(
+        stderr.contains("lists a context window of 256 tokens, counted by its own tokenizer"),
+        "{stderr}"
+    );
+    assert!(
+        summary["warnings"][0]
+            .as_str()
+            .unwrap()
+            .contains("chunks are counted in cl100k_base tokens"),
+        "{summary}"
+    );
+    assert_eq!(summary["tokenizer"], "cl100k_base");
+    // Nothing to probe: the listing gives the window.
+    assert_eq!(summary["learned_limits"]["window_probe"], Value::Null);
+}
