@@ -69,12 +69,16 @@ async fn the_headers_keep_refusals_under_a_bound() {
     let refused = ledger.refused_total();
     let requests = ledger.embedding_requests;
     assert!(requests >= 20, "enough requests to matter: {requests}");
-    // Without pacing, 16 at once against 8 a window would refuse most of them.
-    // Paced, none or one is refused on an idle machine (the benchmark's quota
-    // section measures it); a loaded one delays the answers the pacing reads,
-    // and 4 of 34 were seen.
+    // A process alone starts with its whole window, before any header has
+    // told it of a quota: of those 16, the 8 the window holds are admitted
+    // and at most 16 - 8 are refused. After that the headers pace it.
+    // Without pacing, 16 at a time against 8 a window would refuse most of
+    // the rest; paced, none is refused on an idle machine (the benchmark's
+    // quota section measures it), and a loaded one, which delays the answers
+    // the pacing reads, stays under a fifth of them.
+    let first_wave = 16 - 8;
     assert!(
-        refused * 5 <= requests,
+        refused <= first_wave + (requests - 16) / 5,
         "{refused} of {requests} requests refused"
     );
     assert_eq!(summary["throttled"].as_u64(), Some(refused));

@@ -58,20 +58,9 @@ use crate::warnings::Warnings;
 pub use self::config::{
     Kind, PgvectorOutput, VectorIndex, HNSW_MAX_DIMENSIONS, METADATA_TABLE_SUFFIX,
 };
+pub use self::db::finishing_lock_key;
 pub use self::search::search;
 pub use self::split::rows_of as shard_condition;
-
-/// The key of the advisory lock that runs finishing on `output.table`
-/// (`schema.name` or `name`) take in turn, with `pg_advisory_xact_lock`: a
-/// session holding it with `pg_advisory_lock` keeps every run on the table
-/// from finishing until it lets go, as a maintenance window may.
-pub fn finishing_lock_key(table: &str) -> i64 {
-    let names = match table.split_once('.') {
-        Some((schema, name)) => Names::of(Some(schema), name),
-        None => Names::of(None, table),
-    };
-    names.lock_key()
-}
 
 /// The temporary table a run stages its rows in.
 const STAGING: &str = "pg_temp.embedjob_staging";
