@@ -47,7 +47,7 @@ use self::rows::TableRows;
 use self::split::{Namespaces, Owner};
 use super::{Sink, SinkError, SinkReport};
 use crate::contract::{
-    check_batch, standard_pairs, COLUMNS, COST_KEY, FINGERPRINT_KEY, GENERATION_KEY,
+    check_batch, standard_pairs, COLUMNS, COST_KEY, FINGERPRINT_KEY, GENERATION_KEY, INPUT_KEY,
     METADATA_COLUMNS_KEY,
 };
 use crate::job::Shard;
@@ -668,6 +668,14 @@ impl Merge<'_> {
         self.write_rows(&tx).await?;
         self.write_metadata(&tx, generation, &spaces.stored_keys(&replaced))
             .await?;
+        // Not refused: the first shard re-run after the input changed always differs.
+        if let Some((shard, input)) = self.shard.zip(self.metadata.extra.get(INPUT_KEY)) {
+            let kept = spaces.keepers(self.shard, &conflicts);
+            let ran = Some((shard, input.as_str()));
+            if let Some(warning) = spaces.input_warning(&self.names.display(), &kept, ran) {
+                self.warnings.warn(warning);
+            }
+        }
         tx.commit()
             .await
             .map_err(self.failed("cannot commit the run's rows"))
