@@ -205,6 +205,14 @@ impl Namespaces {
         ))
     }
 
+    /// [`Namespaces::input_warning`] for a search: every shard's input is compared.
+    pub fn inputs_searched(&self, table: &str) -> Vec<String> {
+        let every: Vec<Owner> = self.0.keys().copied().collect();
+        self.input_warning(table, &every, None)
+            .into_iter()
+            .collect()
+    }
+
     /// The other runs whose rows stay when `conflicts` go.
     pub fn keepers(&self, owner: Owner, conflicts: &[Owner]) -> Vec<Owner> {
         self.0
@@ -378,7 +386,7 @@ mod tests {
             None
         );
         // A search names them all.
-        let found = s.input_warning("t", &all, None).unwrap();
+        let found = s.inputs_searched("t").concat();
         assert!(
             found.ends_with("until every shard runs again on the same input"),
             "{found}"
