@@ -246,6 +246,18 @@ impl Names {
     }
 }
 
+/// The key of the advisory lock that runs finishing on `output.table`
+/// (`schema.name` or `name`) take in turn, with `pg_advisory_xact_lock`: a
+/// session holding it with `pg_advisory_lock` keeps every run on the table
+/// from finishing until it lets go, as a maintenance window may.
+pub fn finishing_lock_key(table: &str) -> i64 {
+    let names = match table.split_once('.') {
+        Some((schema, name)) => Names::of(Some(schema), name),
+        None => Names::of(None, table),
+    };
+    names.lock_key()
+}
+
 pub(crate) fn quote(identifier: &str) -> String {
     format!("\"{}\"", identifier.replace('"', "\"\""))
 }

@@ -47,7 +47,7 @@ use self::rows::TableRows;
 use self::split::{Namespaces, Owner};
 use super::{Sink, SinkError, SinkReport};
 use crate::contract::{
-    check_batch, standard_pairs, COLUMNS, COST_KEY, FINGERPRINT_KEY, GENERATION_KEY, INPUT_KEY,
+    check_batch, standard_pairs, COLUMNS, COST_KEY, FINGERPRINT_KEY, GENERATION_KEY,
     METADATA_COLUMNS_KEY,
 };
 use crate::job::Shard;
@@ -58,20 +58,8 @@ use crate::warnings::Warnings;
 pub use self::config::{
     Kind, PgvectorOutput, VectorIndex, HNSW_MAX_DIMENSIONS, METADATA_TABLE_SUFFIX,
 };
-pub use self::search::search;
 pub use self::split::rows_of as shard_condition;
-
-/// The key of the advisory lock that runs finishing on `output.table`
-/// (`schema.name` or `name`) take in turn, with `pg_advisory_xact_lock`: a
-/// session holding it with `pg_advisory_lock` keeps every run on the table
-/// from finishing until it lets go, as a maintenance window may.
-pub fn finishing_lock_key(table: &str) -> i64 {
-    let names = match table.split_once('.') {
-        Some((schema, name)) => Names::of(Some(schema), name),
-        None => Names::of(None, table),
-    };
-    names.lock_key()
-}
+pub use self::{db::finishing_lock_key, search::search};
 
 /// The temporary table a run stages its rows in.
 const STAGING: &str = "pg_temp.embedjob_staging";
@@ -669,12 +657,9 @@ impl Merge<'_> {
         self.write_metadata(&tx, generation, &spaces.stored_keys(&replaced))
             .await?;
         // Not refused: the first shard re-run after the input changed always differs.
-        if let Some((shard, input)) = self.shard.zip(self.metadata.extra.get(INPUT_KEY)) {
-            let kept = spaces.keepers(self.shard, &conflicts);
-            let ran = Some((shard, input.as_str()));
-            if let Some(warning) = spaces.input_warning(&self.names.display(), &kept, ran) {
-                self.warnings.warn(warning);
-            }
+        let (table, extra) = (self.names.display(), &self.metadata.extra);
+        if let Some(warning) = spaces.inputs_after(&table, self.shard, extra, &conflicts) {
+            self.warnings.warn(warning);
         }
         tx.commit()
             .await

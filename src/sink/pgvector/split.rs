@@ -12,7 +12,7 @@
 //! the shard that held it runs again on the new input (and removes it as
 //! one of its gone documents), the table holds it under both names. Shards
 //! whose inputs differ are named when a shard finishes and when the table is
-//! searched ([`Namespaces::input_warning`]), and nothing is refused: an
+//! searched ([`Namespaces::inputs_after`]), and nothing is refused: an
 //! incremental re-run after the input changed starts with exactly that.
 
 use std::collections::BTreeMap;
@@ -164,11 +164,11 @@ impl Namespaces {
     }
 
     /// A warning when the shards whose rows the table holds (those of
-    /// `kept`, and `ran`, that has just read `input`) did not all read the
+    /// `kept`, and the shard of `ran` with the input it just read) did not all read the
     /// same input: a document renamed, removed or added between their runs
     /// may be held twice or be missing until they run again on one input.
     /// Shards that did not record their input are not compared.
-    pub fn input_warning(
+    fn input_warning(
         &self,
         table: &str,
         kept: &[Owner],
@@ -182,20 +182,19 @@ impl Namespaces {
             .iter()
             .map(|(input, shards)| format!("{} read {input}", named(shards)))
             .collect();
-        let behind: Vec<Shard> = match ran {
-            Some((shard, input)) => inputs
-                .iter()
-                .filter(|(other, _)| **other != input)
-                .flat_map(|(_, shards)| shards.iter().copied())
-                .filter(|s| *s != shard)
-                .collect(),
-            None => inputs.values().flatten().copied().collect(),
-        };
         let again = match ran {
-            Some((shard, _)) => format!(
-                "{} run again on the input shard {shard} read",
-                named(&behind)
-            ),
+            Some((shard, input)) => {
+                let behind: Vec<Shard> = inputs
+                    .iter()
+                    .filter(|(other, _)| **other != input)
+                    .flat_map(|(_, shards)| shards.iter().copied())
+                    .collect();
+                let verb = if behind.len() == 1 { "runs" } else { "run" };
+                format!(
+                    "{} {verb} again on the input shard {shard} read",
+                    named(&behind)
+                )
+            }
             None => "every shard runs again on the same input".to_string(),
         };
         Some(format!(
@@ -203,6 +202,21 @@ impl Namespaces {
              removed or added between their runs may be held twice or be missing until {again}",
             read.join("; ")
         ))
+    }
+
+    /// [`Namespaces::input_warning`] as a run of `owner` that recorded
+    /// `extra` finishes, replacing the rows of `conflicts`; none for a run
+    /// of the whole job, which replaces every shard's rows.
+    pub fn inputs_after(
+        &self,
+        table: &str,
+        owner: Owner,
+        extra: &BTreeMap<String, String>,
+        conflicts: &[Owner],
+    ) -> Option<String> {
+        let ran = owner.zip(extra.get(INPUT_KEY))?;
+        let kept = self.keepers(owner, conflicts);
+        self.input_warning(table, &kept, Some((ran.0, ran.1.as_str())))
     }
 
     /// [`Namespaces::input_warning`] for a search: every shard's input is compared.
@@ -396,6 +410,18 @@ mod tests {
             "{found}"
         );
         assert_eq!(spaces(&[]).input_warning("t", &[], None), None);
+        // As a run finishes: a shard's compares, a run of the whole job's replaces them all.
+        let extra: BTreeMap<String, String> =
+            [(INPUT_KEY.to_string(), "4 documents, ids c".to_string())].into();
+        let after = s
+            .inputs_after("t", shard(0, 4), &extra, &[shard(2, 4)])
+            .unwrap();
+        assert!(after.ends_with("until shard 1/4 runs again on the input shard 0/4 read"));
+        assert_eq!(s.inputs_after("t", None, &extra, &[]), None);
+        assert_eq!(
+            s.inputs_after("t", shard(0, 4), &BTreeMap::new(), &[]),
+            None
+        );
     }
 
     #[test]
