@@ -164,10 +164,10 @@ impl Namespaces {
     }
 
     /// A warning when the shards whose rows the table holds (those of
-    /// `kept`, and the shard of `ran` with the input it just read) did not all read the
-    /// same input: a document renamed, removed or added between their runs
-    /// may be held twice or be missing until they run again on one input.
-    /// Shards that did not record their input are not compared.
+    /// `kept`, and the shard of `ran` with the input it just read) did not
+    /// all read the same input: a document renamed, removed or added
+    /// between their runs may be held twice or be missing until they run
+    /// again on one input. Shards that recorded no input are not compared.
     fn input_warning(
         &self,
         table: &str,
