@@ -53,6 +53,9 @@ pub struct Found {
     /// an all-zero vector (cosine similarity has no meaning for it), or no
     /// vector or id.
     pub passed_over: u64,
+    /// What the output says of itself worth a word: shards of one table
+    /// that read different inputs.
+    pub warnings: Vec<String>,
 }
 
 /// Whether a stored vector can be compared by cosine similarity: every
@@ -280,6 +283,7 @@ pub fn search_parquet(
     Ok(Found {
         hits: top.into_hits(),
         passed_over,
+        warnings: Vec::new(),
     })
 }
 

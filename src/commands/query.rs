@@ -33,6 +33,7 @@ pub async fn query(args: &QueryArgs) -> Outcome {
     let vector = vectors.row(0).to_vec();
     let model = backend.info().model.clone();
     let found = crate::sink::search(&job.output, vector, &model, args.k).await?;
+    messages::warn_all(&found.warnings);
     if found.passed_over > 0 {
         messages::warn(&format!(
             "passed over {} stored row(s) whose vector cannot be compared \

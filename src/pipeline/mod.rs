@@ -177,7 +177,13 @@ pub async fn execute(
         earlier: report.earlier,
         bill,
         limits: learned(&limits, &stats, rechunk.learned()),
-        warnings: [backend.warnings(), limits.notes()].concat(),
+        // What the sink found at the end (shards of a table on different inputs) is kept too.
+        warnings: [
+            backend.warnings(),
+            limits.notes(),
+            report.written.warnings.clone(),
+        ]
+        .concat(),
         elapsed_seconds: started.elapsed().as_secs_f64(),
         error: result.as_ref().err(),
     });

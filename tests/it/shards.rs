@@ -3,7 +3,7 @@
 //! dataset, under one quota, each shard re-runs and resumes on its own, and
 //! a pgvector table is shared by all of them.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::time::Duration;
@@ -1094,4 +1094,123 @@ async fn regression_a_document_renamed_between_shard_runs_was_held_twice_unnotic
     let output = inspect().await;
     expect_exit(&output, 1);
     assert!(text(&output.stdout).contains("read different inputs"));
+}
+
+/// Runs shard `index` of the pgvector job; the warnings of shards that read
+/// different inputs, which the summary carries and stderr shows.
+async fn run_pg_shard(job: &Path, db: &TestDb, index: u32) -> Vec<String> {
+    let spec = format!("{index}/{SHARDS}");
+    let output = run_pg(job, db, &["--json", "--quiet", "--shard", spec.as_str()]).await;
+    expect_exit(&output, 0);
+    let warnings: Vec<String> = json(&output)["warnings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w.as_str().unwrap().to_string())
+        .filter(|w| w.contains("read different inputs"))
+        .collect();
+    for warning in &warnings {
+        assert!(text(&output.stderr).contains(warning.as_str()));
+    }
+    warnings
+}
+
+/// The documents the table holds rows of.
+async fn docs_held(db: &TestDb) -> BTreeSet<String> {
+    let rows = db.rows("chunks").await;
+    rows.keys().map(|id| doc_id(id).to_string()).collect()
+}
+
+/// What `query` says on stderr of the job's table.
+async fn query_stderr(job: &Path, db: &TestDb) -> String {
+    let mut command = bin();
+    command
+        .env("EMBEDJOB_API_KEY", KEY)
+        .env(PASSWORD_ENV, &db.password)
+        .arg("query")
+        .arg(job)
+        .arg("Document 1")
+        .args(["-k", "3"]);
+    let output = run(command).await;
+    expect_exit(&output, 0);
+    text(&output.stderr)
+}
+
+/// The pgvector counterpart of the test above. Each shard holds the rows of
+/// its own documents (by the hash of `doc_id`), so a document renamed into
+/// another shard is held under both names from the run of its new shard to
+/// the next run of its old one, which removes it as gone. Every shard
+/// finishing on another input than the table's other shards names them;
+/// a search of the table says so too; once all have run on one input, the
+/// table holds each document once and neither a shard nor a search warns.
+#[tokio::test]
+async fn regression_a_document_renamed_between_pgvector_shard_runs_was_held_twice_unnoticed() {
+    let PgJob {
+        db,
+        dir: _dir,
+        root,
+        sim: _sim,
+        job,
+        ..
+    } = PgJob::new(12).await;
+    for index in 0..SHARDS {
+        assert_eq!(run_pg_shard(&job, &db, index).await, [""; 0], "one input");
+    }
+    let old = docs_held(&db)
+        .await
+        .into_iter()
+        .find(|id| id.ends_with("doc001.md"))
+        .unwrap();
+    let (name, new) = (0..64)
+        .map(|k| format!("renamed{k}.md"))
+        .map(|name| (name.clone(), old.replace("doc001.md", &name)))
+        .find(|(_, new)| Shard::of(new, SHARDS) != Shard::of(&old, SHARDS))
+        .unwrap();
+    let (from, to) = (Shard::of(&old, SHARDS), Shard::of(&new, SHARDS));
+    std::fs::rename(root.join("doc001.md"), root.join(&name)).unwrap();
+
+    // Its new shard runs first: the table holds it twice, and says so.
+    let warnings = run_pg_shard(&job, &db, to).await;
+    let behind: Vec<String> = (0..SHARDS)
+        .filter(|i| *i != to)
+        .map(|i| format!("{i}/{SHARDS}"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(
+        warnings[0].contains(&format!(
+            "until shards {} run again on the input shard {to}/{SHARDS} read",
+            behind.join(", ")
+        )),
+        "{warnings:?}"
+    );
+    let held = docs_held(&db).await;
+    assert!(held.contains(&old) && held.contains(&new), "{held:?}");
+    let said = query_stderr(&job, &db).await;
+    assert!(said.contains("its shards read different inputs"), "{said}");
+
+    // The shard that held it runs again: the old name's rows are removed.
+    let rest: Vec<u32> = (0..SHARDS).filter(|i| *i != from && *i != to).collect();
+    let warnings = run_pg_shard(&job, &db, from).await;
+    assert_eq!(warnings.len(), 1, "two are still behind: {warnings:?}");
+    let still = format!(
+        "until shards {}/{SHARDS}, {}/{SHARDS} run",
+        rest[0], rest[1]
+    );
+    assert!(warnings[0].contains(&still), "{warnings:?}");
+    let held = docs_held(&db).await;
+    assert!(!held.contains(&old) && held.contains(&new), "{held:?}");
+
+    // The others catch up; the last to run, and a search, have nothing to say.
+    assert_eq!(run_pg_shard(&job, &db, rest[0]).await.len(), 1);
+    assert_eq!(run_pg_shard(&job, &db, rest[1]).await, [""; 0]);
+    let said = query_stderr(&job, &db).await;
+    assert!(!said.contains("different inputs"), "{said}");
+    let rows = db.rows("chunks").await;
+    assert_eq!(
+        rows.iter()
+            .map(|(id, row)| (id.clone(), row.0.clone()))
+            .collect::<BTreeMap<_, _>>(),
+        expected_chunks(&root),
+        "each document once, under its new name"
+    );
 }

@@ -657,6 +657,11 @@ impl Merge<'_> {
         self.write_rows(&tx).await?;
         self.write_metadata(&tx, generation, &spaces.stored_keys(&replaced))
             .await?;
+        // Not refused: the first shard re-run after the input changed always differs.
+        let (table, extra) = (self.names.display(), &self.metadata.extra);
+        if let Some(warning) = spaces.inputs_after(&table, self.shard, extra, &conflicts) {
+            self.warnings.warn(warning);
+        }
         tx.commit()
             .await
             .map_err(self.failed("cannot commit the run's rows"))

@@ -17,7 +17,8 @@ use crate::query::{Found, Hit};
 ///
 /// A row whose distance is not a number (its vector is all zeros, or holds
 /// a NaN or an infinity where pgvector let one in) or is missing is never a
-/// result; such rows are counted, with one scan of the table.
+/// result; such rows are counted, with one scan of the table. Shards of the
+/// table that read different inputs are a warning: a document may be there twice.
 pub async fn search(
     params: &PgvectorOutput,
     query: &[f32],
@@ -34,7 +35,9 @@ pub async fn search(
         });
     };
     let all = db::read_metadata(&database, &client, &names).await?;
-    let metadata = super::split::Namespaces::new(all).table_view();
+    let spaces = super::split::Namespaces::new(all);
+    let metadata = spaces.table_view();
+    let warnings = spaces.inputs_searched(&names.display());
     if layout.dimensions != query.len() {
         return Err(PgError::Data {
             table: names.display(),
@@ -111,7 +114,14 @@ pub async fn search(
         })
         .collect::<Result<_, PgError>>()?;
     let passed_over = u64::try_from(damaged).unwrap_or(0);
-    Ok((metadata, Found { hits, passed_over }))
+    Ok((
+        metadata,
+        Found {
+            hits,
+            passed_over,
+            warnings,
+        },
+    ))
 }
 
 /// The query counting the rows whose distance to `$1` is not a finite

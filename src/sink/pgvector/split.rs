@@ -6,10 +6,18 @@
 //! name (`part-00001-of-00004:embedjob.usage.prompt_tokens`), a run of the
 //! whole job's do not, so that each run records its own usage and its own
 //! generation, and shards finishing at once do not undo each other.
+//!
+//! Each shard also records the whole input it read (`embedjob.input`). A
+//! document renamed between two shards' runs moves to another shard: until
+//! the shard that held it runs again on the new input (and removes it as
+//! one of its gone documents), the table holds it under both names. Shards
+//! whose inputs differ are named when a shard finishes and when the table is
+//! searched ([`Namespaces::inputs_after`]), and nothing is refused: an
+//! incremental re-run after the input changed starts with exactly that.
 
 use std::collections::BTreeMap;
 
-use crate::contract::{FINGERPRINT_KEY, JOB_KEY, METADATA_COLUMNS_KEY};
+use crate::contract::{FINGERPRINT_KEY, INPUT_KEY, JOB_KEY, METADATA_COLUMNS_KEY};
 use crate::job::Shard;
 
 /// Whose keys: a shard's, or (`None`) a run of the whole job's.
@@ -131,6 +139,94 @@ impl Namespaces {
             .collect()
     }
 
+    /// The inputs the shards of the table recorded, each with the shards
+    /// that read it: those in `kept`, with `ran` (a shard that just read
+    /// `input`) counted as having read it.
+    fn inputs<'a>(
+        &'a self,
+        kept: &[Owner],
+        ran: Option<(Shard, &'a str)>,
+    ) -> BTreeMap<&'a str, Vec<Shard>> {
+        let mut inputs: BTreeMap<&str, Vec<Shard>> = BTreeMap::new();
+        for (owner, keys) in &self.0 {
+            let Some(shard) = *owner else { continue };
+            if !kept.contains(owner) || ran.is_some_and(|(s, _)| s == shard) {
+                continue;
+            }
+            if let Some(input) = keys.get(INPUT_KEY) {
+                inputs.entry(input.as_str()).or_default().push(shard);
+            }
+        }
+        if let Some((shard, input)) = ran {
+            inputs.entry(input).or_default().push(shard);
+        }
+        inputs
+    }
+
+    /// A warning when the shards whose rows the table holds (those of
+    /// `kept`, and the shard of `ran` with the input it just read) did not
+    /// all read the same input: a document renamed, removed or added
+    /// between their runs may be held twice or be missing until they run
+    /// again on one input. Shards that recorded no input are not compared.
+    fn input_warning(
+        &self,
+        table: &str,
+        kept: &[Owner],
+        ran: Option<(Shard, &str)>,
+    ) -> Option<String> {
+        let inputs = self.inputs(kept, ran);
+        if inputs.len() < 2 {
+            return None;
+        }
+        let read: Vec<String> = inputs
+            .iter()
+            .map(|(input, shards)| format!("{} read {input}", named(shards)))
+            .collect();
+        let again = match ran {
+            Some((shard, input)) => {
+                let behind: Vec<Shard> = inputs
+                    .iter()
+                    .filter(|(other, _)| **other != input)
+                    .flat_map(|(_, shards)| shards.iter().copied())
+                    .collect();
+                let verb = if behind.len() == 1 { "runs" } else { "run" };
+                format!(
+                    "{} {verb} again on the input shard {shard} read",
+                    named(&behind)
+                )
+            }
+            None => "every shard runs again on the same input".to_string(),
+        };
+        Some(format!(
+            "table {table}: its shards read different inputs ({}), so a document renamed, \
+             removed or added between their runs may be held twice or be missing until {again}",
+            read.join("; ")
+        ))
+    }
+
+    /// [`Namespaces::input_warning`] as a run of `owner` that recorded
+    /// `extra` finishes, replacing the rows of `conflicts`; none for a run
+    /// of the whole job, which replaces every shard's rows.
+    pub fn inputs_after(
+        &self,
+        table: &str,
+        owner: Owner,
+        extra: &BTreeMap<String, String>,
+        conflicts: &[Owner],
+    ) -> Option<String> {
+        let ran = owner.zip(extra.get(INPUT_KEY))?;
+        let kept = self.keepers(owner, conflicts);
+        self.input_warning(table, &kept, Some((ran.0, ran.1.as_str())))
+    }
+
+    /// [`Namespaces::input_warning`] for a search: every shard's input is compared.
+    pub fn inputs_searched(&self, table: &str) -> Vec<String> {
+        let every: Vec<Owner> = self.0.keys().copied().collect();
+        self.input_warning(table, &every, None)
+            .into_iter()
+            .collect()
+    }
+
     /// The other runs whose rows stay when `conflicts` go.
     pub fn keepers(&self, owner: Owner, conflicts: &[Owner]) -> Vec<Owner> {
         self.0
@@ -166,6 +262,17 @@ pub(crate) fn rows_only_of(gone: Owner, kept: &[Owner]) -> String {
     }
     let kept: Vec<String> = kept.iter().map(|o| rows_of_owner(*o)).collect();
     format!("{} AND NOT ({})", rows_of_owner(gone), kept.join(" OR "))
+}
+
+/// Shards for messages: `shard 1/4`, `shards 0/4, 2/4`, and how many more past a few.
+fn named(shards: &[Shard]) -> String {
+    const NAMED: usize = 8;
+    let shown: Vec<String> = shards.iter().take(NAMED).map(Shard::to_string).collect();
+    let word = if shards.len() == 1 { "shard" } else { "shards" };
+    format!(
+        "{word} {}",
+        crate::display::listed(&shown, shards.len() as u64)
+    )
 }
 
 /// A run's name for messages: `shard 1/4`, or `the whole job`.
@@ -257,6 +364,74 @@ mod tests {
             s.stored_keys(&[shard(1, 2)]),
             ["part-00001-of-00002:embedjob.fingerprint"]
         );
+    }
+
+    #[test]
+    fn shards_that_read_another_input_are_named_and_those_that_agree_are_not() {
+        let s = spaces(&[
+            ("part-00000-of-00004:embedjob.input", "3 documents, ids a"),
+            ("part-00001-of-00004:embedjob.input", "3 documents, ids a"),
+            ("part-00002-of-00004:embedjob.input", "3 documents, ids b"),
+            ("part-00003-of-00004:embedjob.fingerprint", "F"),
+        ]);
+        let all: Vec<Owner> = s.all().map(|(o, _)| o).collect();
+        let two = Shard::new(2, 4).unwrap();
+        let zero = Shard::new(0, 4).unwrap();
+        // Shard 2 runs again on input a: all that recorded one now agree.
+        assert_eq!(
+            s.input_warning("t", &all, Some((two, "3 documents, ids a"))),
+            None
+        );
+        // Shard 0 runs on a new input c: 1/4 and 2/4 are behind it.
+        let warning = s
+            .input_warning("t", &all, Some((zero, "4 documents, ids c")))
+            .unwrap();
+        assert_eq!(
+            warning,
+            "table t: its shards read different inputs (shard 1/4 read 3 documents, ids a; \
+             shard 2/4 read 3 documents, ids b; shard 0/4 read 4 documents, ids c), so a \
+             document renamed, removed or added between their runs may be held twice or be \
+             missing until shards 1/4, 2/4 run again on the input shard 0/4 read"
+        );
+        // A shard whose rows go (another configuration's) is not compared.
+        let kept = [shard(0, 4), shard(1, 4)];
+        assert_eq!(
+            s.input_warning("t", &kept, Some((zero, "3 documents, ids a"))),
+            None
+        );
+        // A search names them all.
+        let found = s.inputs_searched("t").concat();
+        assert!(
+            found.ends_with("until every shard runs again on the same input"),
+            "{found}"
+        );
+        assert!(
+            found.contains("shards 0/4, 1/4 read 3 documents, ids a"),
+            "{found}"
+        );
+        assert_eq!(spaces(&[]).input_warning("t", &[], None), None);
+        // As a run finishes: a shard's compares, a run of the whole job's replaces them all.
+        let extra: BTreeMap<String, String> =
+            [(INPUT_KEY.to_string(), "4 documents, ids c".to_string())].into();
+        let after = s
+            .inputs_after("t", shard(0, 4), &extra, &[shard(2, 4)])
+            .unwrap();
+        assert!(after.ends_with("until shard 1/4 runs again on the input shard 0/4 read"));
+        assert_eq!(s.inputs_after("t", None, &extra, &[]), None);
+        assert_eq!(
+            s.inputs_after("t", shard(0, 4), &BTreeMap::new(), &[]),
+            None
+        );
+    }
+
+    #[test]
+    fn many_shards_are_named_up_to_a_few() {
+        let shards: Vec<Shard> = (0..20).map(|i| Shard::new(i, 20).unwrap()).collect();
+        assert_eq!(
+            named(&shards),
+            "shards 0/20, 1/20, 2/20, 3/20, 4/20, 5/20, 6/20, 7/20 and 12 more"
+        );
+        assert_eq!(named(&shards[..1]), "shard 0/20");
     }
 
     /// What the condition selects is held to [`Shard::of`] in a real
