@@ -190,6 +190,8 @@ pub struct BackendStats {
     pub billed: Usage,
     /// The requests in flight allowed, when timeouts lowered it.
     pub lowered_concurrency: Option<usize>,
+    /// What `backend.concurrency = "auto"` settled on.
+    pub concurrency: Option<crate::rate::SettledConcurrency>,
 }
 
 /// Turns texts into checked vectors, in input order.

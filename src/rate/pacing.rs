@@ -12,7 +12,7 @@
 //! A service that sends no such headers is paced by its 429s: one shared
 //! pause, as long as `Retry-After` / `retry-after-ms` asks (capped) or else
 //! a jittered backoff, while the window of requests in flight halves
-//! ([`Throttle`](super::throttle::Throttle)). A rate-limit refusal is a wait,
+//! ([`Concurrency`](super::concurrency::Concurrency)). A rate-limit refusal is a wait,
 //! not a failed attempt: only when nothing has succeeded for the stall
 //! timeout does the run stop, resumable.
 
