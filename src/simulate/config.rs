@@ -2,6 +2,7 @@
 
 use std::collections::HashSet;
 
+use super::capacity::CapacityConfig;
 use super::quota::QuotaConfig;
 
 /// Everything a [`Simulator`](super::Simulator) needs: models, keys, limits and faults.
@@ -51,6 +52,8 @@ pub struct SimConfig {
     pub faults: Faults,
     /// Requests and tokens per minute per key, as OpenAI enforces them.
     pub quota: QuotaConfig,
+    /// A self-hosted server's workers and queue (off by default).
+    pub capacity: CapacityConfig,
 }
 
 impl Default for SimConfig {
@@ -73,6 +76,7 @@ impl Default for SimConfig {
             max_concurrent_requests: None,
             faults: Faults::default(),
             quota: QuotaConfig::default(),
+            capacity: CapacityConfig::default(),
         }
     }
 }
@@ -122,6 +126,7 @@ impl SimConfig {
         if self.max_body_bytes == 0 {
             problems.push("max_body_bytes must be at least 1".to_string());
         }
+        self.capacity.problems(&mut problems);
         let mut ids = HashSet::new();
         for model in &self.models {
             if model.id.is_empty() {

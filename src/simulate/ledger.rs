@@ -2,6 +2,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use super::capacity::CapacityStats;
+
 /// Counters of everything the simulator saw, so that tests can check what a
 /// client sent and what it paid for.
 ///
@@ -40,6 +42,13 @@ pub struct Ledger {
     pub refused: BTreeMap<String, u64>,
     /// The most refusals of one key's quota in a row, with no request admitted between.
     pub longest_refusal_run: u64,
+    /// Embeddings requests computed (and billed) after their client had
+    /// hung up, as a server that does not notice computes them.
+    pub computed_after_hangup: u64,
+    /// The texts of those requests.
+    pub texts_after_hangup: u64,
+    /// What the capacity model saw, when it is on.
+    pub capacity: Option<CapacityStats>,
     /// Refusals in a row so far, by key.
     #[serde(skip)]
     pub refusal_runs: HashMap<String, u64>,
@@ -62,6 +71,11 @@ impl Ledger {
                 self.refusal_runs.remove(key);
             }
         }
+    }
+
+    /// Distinct texts billed more than once.
+    pub fn texts_billed_twice(&self) -> usize {
+        self.texts.values().filter(|&&n| n > 1).count()
     }
 
     /// Requests the quota refused, all limits together.

@@ -31,6 +31,7 @@
 //! `GET /_ledger` returns the ledger as JSON (`?texts=false` leaves out the
 //! per-text counts) and `POST /_ledger/reset` zeroes it; neither needs a key.
 
+mod capacity;
 mod chat;
 mod config;
 mod error;
@@ -52,6 +53,7 @@ use axum::Router;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
+pub use capacity::{CapacityConfig, CapacityStats};
 pub use config::{
     Billing, DimensionsParam, Faults, KeySpec, ModelKind, ModelSpec, SimConfig, TokenCount,
     DEFAULT_MAX_BODY_BYTES,
@@ -125,12 +127,12 @@ impl Simulator {
 
     /// A snapshot of the ledger.
     pub fn ledger(&self) -> Ledger {
-        self.shared.ledger().clone()
+        self.shared.ledger_snapshot()
     }
 
     /// Zeroes the ledger.
     pub fn reset_ledger(&self) {
-        *self.shared.ledger() = Ledger::default();
+        self.shared.reset_ledger();
     }
 
     /// Stops accepting connections, lets open requests finish (for a few seconds at
@@ -320,6 +322,18 @@ fn describe(config: &SimConfig) -> String {
             "  computing: {} ms per input, billed even when the client gave up",
             config.latency_per_input_ms
         ));
+    }
+    if let Some(workers) = config.capacity.workers {
+        let c = &config.capacity;
+        let mut line = format!(
+            "  capacity: {workers} workers, {:?} a request + {:?} per 1000 tokens, \
+             {} waiting at most; computed and billed even when the client gave up",
+            c.base, c.per_1k_tokens, c.queue
+        );
+        if let Some(after) = c.change_after {
+            line.push_str(&format!("; {} workers after {after} requests", c.then));
+        }
+        lines.push(line);
     }
     let mut limits = Vec::new();
     if let Some(max) = config.max_inputs_per_request {

@@ -20,7 +20,7 @@ pub(crate) async fn get_ledger(State(shared): State<Arc<Shared>>, uri: Uri) -> R
             .any(|pair| pair == "texts=false" || pair == "texts=0")
     });
     let body = {
-        let ledger = shared.ledger();
+        let ledger = &shared.ledger_snapshot();
         if without_texts {
             let mut value = serde_json::to_value(Ledger {
                 texts: HashMap::new(),
@@ -35,7 +35,7 @@ pub(crate) async fn get_ledger(State(shared): State<Arc<Shared>>, uri: Uri) -> R
             }
             value
         } else {
-            serde_json::to_value(&*ledger)
+            serde_json::to_value(ledger)
         }
     };
     match body {
@@ -45,7 +45,7 @@ pub(crate) async fn get_ledger(State(shared): State<Arc<Shared>>, uri: Uri) -> R
 }
 
 pub(crate) async fn reset_ledger(State(shared): State<Arc<Shared>>) -> Response {
-    *shared.ledger() = Ledger::default();
+    shared.reset_ledger();
     axum::Json(Ledger::default()).into_response()
 }
 

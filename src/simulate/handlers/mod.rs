@@ -14,6 +14,7 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use serde_json::{Map, Value};
 
+use super::capacity::Capacity;
 use super::config::{ModelSpec, SimConfig};
 use super::error::ApiError;
 use super::faults::{Fault, FaultDice};
@@ -40,6 +41,8 @@ pub(crate) struct Shared {
     pub chat_ids: AtomicU64,
     embeddings_in_flight: AtomicUsize,
     quotas: Quotas,
+    /// The workers and queue of the capacity model, when it is on.
+    pub capacity: Option<Arc<Capacity>>,
 }
 
 /// An embeddings request being served; frees its place when dropped.
@@ -56,6 +59,7 @@ impl Shared {
         Shared {
             dice: Mutex::new(FaultDice::new(&config.faults)),
             quotas: Quotas::new(config.quota.clone()),
+            capacity: Capacity::new(config.capacity.clone()),
             config,
             ledger: Mutex::new(Ledger::default()),
             chat_ids: AtomicU64::new(1),
@@ -88,6 +92,20 @@ impl Shared {
         let refused = answer.as_ref().err().map(|r| r.refusal.name());
         self.ledger().record_quota(key, refused);
         answer
+    }
+
+    /// The ledger with the capacity model's counts.
+    pub fn ledger_snapshot(&self) -> Ledger {
+        let mut ledger = self.ledger().clone();
+        ledger.capacity = self.capacity.as_ref().map(|c| c.snapshot());
+        ledger
+    }
+
+    pub fn reset_ledger(&self) {
+        *self.ledger() = Ledger::default();
+        if let Some(capacity) = &self.capacity {
+            capacity.reset();
+        }
     }
 
     pub fn ledger(&self) -> MutexGuard<'_, Ledger> {
