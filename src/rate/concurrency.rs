@@ -8,9 +8,8 @@
 //! **Auto**: vector's adaptive request concurrency (RTT-based AIMD), with
 //! TCP Vegas's estimate of the queue. The limit starts at [`START`]. Every
 //! window of `limit` answers, the requests this client keeps queued at the
-//! server are estimated from how much longer the answers took (the median of
-//! the window, which a few answers delayed by the client's own machine do
-//! not move) than the
+//! server are estimated from how much longer the answers took (the fastest
+//! of the window: a queue delays them all, the client's own pauses some) than the
 //! same-sized answers with no queue (Little's law: with `c` requests in
 //! flight and RTTs `r` times the no-queue RTT, the server works on `c / r`
 //! of them and `q = c (1 - 1/r)` wait). While `q` stays under half the
@@ -136,8 +135,8 @@ struct Vegas {
     /// Answers to requests sent before this were sent under an older limit.
     changed_at: Option<Instant>,
     samples: usize,
-    /// How much longer than with no queue each answer of the window took.
-    ratios: Vec<f64>,
+    /// How much longer than with no queue the fastest answer of the window took.
+    least_ratio: f64,
     in_flight: f64,
     most_in_flight: usize,
     longest: Duration,
@@ -171,7 +170,7 @@ impl Vegas {
             baseline: vec![None; CLASSES],
             changed_at: None,
             samples: 0,
-            ratios: Vec::new(),
+            least_ratio: f64::INFINITY,
             in_flight: 0.0,
             most_in_flight: 0,
             longest: Duration::ZERO,
@@ -202,7 +201,7 @@ impl Vegas {
         }
         let ratio = ratio?;
         self.samples += 1;
-        self.ratios.push(ratio);
+        self.least_ratio = self.least_ratio.min(ratio);
         self.in_flight += sample.in_flight as f64;
         self.most_in_flight = self.most_in_flight.max(sample.in_flight);
         self.longest = self.longest.max(sample.rtt);
@@ -214,10 +213,10 @@ impl Vegas {
     #[allow(clippy::cast_precision_loss)]
     fn decide(&mut self, limit: f64) -> Decision {
         let n = self.samples as f64;
-        // The median: a pause of the client's own (a busy machine) delays
-        // a few answers, a queue at the server delays most of them.
-        self.ratios.sort_by(f64::total_cmp);
-        let ratio = self.ratios[self.ratios.len() / 2].max(1.0);
+        // The fastest answer of the window, as Linux's Vegas takes the least
+        // RTT of the last round trip: a queue at the server delays every
+        // answer, while the client's own pauses (a busy machine) delay some.
+        let ratio = self.least_ratio.max(1.0);
         let in_flight = self.in_flight / n;
         let queue = in_flight * (1.0 - 1.0 / ratio);
         let allowed = (TOLERANCE * in_flight).max(1.0);
@@ -235,7 +234,7 @@ impl Vegas {
             self.slow_start = false;
         }
         self.samples = 0;
-        self.ratios.clear();
+        self.least_ratio = f64::INFINITY;
         self.in_flight = 0.0;
         self.most_in_flight = 0;
         decision
@@ -396,7 +395,7 @@ impl Concurrency {
         vegas.slow_start = false;
         vegas.changed_at = Some(now);
         vegas.samples = 0;
-        vegas.ratios.clear();
+        vegas.least_ratio = f64::INFINITY;
         vegas.in_flight = 0.0;
         vegas.most_in_flight = 0;
         vegas.longest = Duration::ZERO;
