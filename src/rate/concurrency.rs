@@ -8,13 +8,15 @@
 //! **Auto**: vector's adaptive request concurrency (RTT-based AIMD), with
 //! TCP Vegas's estimate of the queue. The limit starts at [`START`]. Every
 //! window of `limit` answers, the requests this client keeps queued at the
-//! server are estimated from how much longer the answers took (the fastest
-//! of the window: a queue delays them all, the client's own pauses some) than the
+//! server are estimated from how much longer the answers took (the first
+//! quartile of the window: a queue delays them all, the client's own pauses
+//! some) than the
 //! same-sized answers with no queue (Little's law: with `c` requests in
 //! flight and RTTs `r` times the no-queue RTT, the server works on `c / r`
 //! of them and `q = c (1 - 1/r)` wait). While `q` stays under half the
 //! allowed queue, `max(1, TOLERANCE × c)`, the limit grows: doubling until
-//! the first sign of a queue (slow start), then by one. Over the allowed
+//! the first sign of a queue (slow start), then by half the allowed queue
+//! (one at least), which keeps the queue within it. Over the allowed
 //! queue it is cut to the estimated capacity plus half the allowed queue,
 //! by 10% at least and by half at most. A timeout, a 429 or a 503 halves
 //! it, and so does an answer that took [`TIMEOUT_SHARE`] of the timeout,
@@ -135,8 +137,8 @@ struct Vegas {
     /// Answers to requests sent before this were sent under an older limit.
     changed_at: Option<Instant>,
     samples: usize,
-    /// How much longer than with no queue the fastest answer of the window took.
-    least_ratio: f64,
+    /// How much longer than with no queue each answer of the window took.
+    ratios: Vec<f64>,
     in_flight: f64,
     most_in_flight: usize,
     longest: Duration,
@@ -170,7 +172,7 @@ impl Vegas {
             baseline: vec![None; CLASSES],
             changed_at: None,
             samples: 0,
-            least_ratio: f64::INFINITY,
+            ratios: Vec::new(),
             in_flight: 0.0,
             most_in_flight: 0,
             longest: Duration::ZERO,
@@ -201,7 +203,7 @@ impl Vegas {
         }
         let ratio = ratio?;
         self.samples += 1;
-        self.least_ratio = self.least_ratio.min(ratio);
+        self.ratios.push(ratio);
         self.in_flight += sample.in_flight as f64;
         self.most_in_flight = self.most_in_flight.max(sample.in_flight);
         self.longest = self.longest.max(sample.rtt);
@@ -213,10 +215,13 @@ impl Vegas {
     #[allow(clippy::cast_precision_loss)]
     fn decide(&mut self, limit: f64) -> Decision {
         let n = self.samples as f64;
-        // The fastest answer of the window, as Linux's Vegas takes the least
-        // RTT of the last round trip: a queue at the server delays every
-        // answer, while the client's own pauses (a busy machine) delay some.
-        let ratio = self.least_ratio.max(1.0);
+        // The first quartile of the window, near its fastest answer as
+        // Linux's Vegas takes the least RTT of a round trip: a queue at the
+        // server delays every answer, the client's own pauses (a busy
+        // machine) only some; and a size class whose baseline was first seen
+        // behind a queue, rare, does not hide the queue.
+        self.ratios.sort_by(f64::total_cmp);
+        let ratio = self.ratios[self.ratios.len() / 4].max(1.0);
         let in_flight = self.in_flight / n;
         let queue = in_flight * (1.0 - 1.0 / ratio);
         let allowed = (TOLERANCE * in_flight).max(1.0);
@@ -234,7 +239,7 @@ impl Vegas {
             self.slow_start = false;
         }
         self.samples = 0;
-        self.least_ratio = f64::INFINITY;
+        self.ratios.clear();
         self.in_flight = 0.0;
         self.most_in_flight = 0;
         decision
@@ -366,10 +371,12 @@ impl Concurrency {
                         state.vegas.longest.as_secs_f64() >= t.as_secs_f64() * GROWTH_SHARE
                     });
                     if !near_timeout {
+                        // Half the allowed queue at a time: the queue, under
+                        // half of it before, stays within it after.
                         let grown = if state.vegas.slow_start {
                             limit * 2.0
                         } else {
-                            limit + 1.0
+                            limit + (TOLERANCE * limit / 2.0).floor().max(1.0)
                         };
                         state.window = grown.min(self.max as f64);
                     }
@@ -395,7 +402,7 @@ impl Concurrency {
         vegas.slow_start = false;
         vegas.changed_at = Some(now);
         vegas.samples = 0;
-        vegas.least_ratio = f64::INFINITY;
+        vegas.ratios.clear();
         vegas.in_flight = 0.0;
         vegas.most_in_flight = 0;
         vegas.longest = Duration::ZERO;
@@ -757,6 +764,6 @@ mod tests {
         for _ in 0..100 {
             server.round(&control, 500);
         }
-        assert_eq!(control.limit(), 64, "grows back by one a window");
+        assert_eq!(control.limit(), 64, "grows back window by window");
     }
 }
