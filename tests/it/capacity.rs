@@ -148,16 +148,21 @@ async fn auto_follows_a_server_whose_capacity_halves_mid_run() {
     };
     let (summary, ledger) = run_against(capacity, 500, &[]).await;
     no_waste(&summary, &ledger);
-    let (limit, _, highest) = settled(&summary);
+    let (limit, lowest, highest) = settled(&summary);
     assert!(
         highest >= 16 - SLACK,
         "it had found the 16 workers: {summary}"
     );
+    // The range starts after slow start, on 16 workers: a lowest in the band
+    // of 8 is the cut that followed the halving. Later, pauses of a loaded
+    // test machine may let it creep back up (see docs/service.md): the
+    // limit at the end is only asserted to be below the highest.
     assert!(
-        band(8).contains(&limit),
-        "settled at {limit} for 8 workers, not in {:?}: {summary}",
+        band(8).contains(&lowest),
+        "came down to {lowest} for 8 workers, not into {:?}: {summary}",
         band(8)
     );
+    assert!(limit < highest, "{summary}");
     let stats = ledger.capacity.unwrap();
     assert!(stats.after_change >= 300, "{stats:?}");
 }
