@@ -110,16 +110,19 @@ def main():
     parser.add_argument("--latency-ms", type=int, default=200)
     parser.add_argument("--quota", action="store_true", help="the quota section alone")
     parser.add_argument("--shards", action="store_true", help="the shards section alone")
+    parser.add_argument("--capacity", action="store_true", help="the capacity section alone")
     args = parser.parse_args()
     args.baseline = os.path.join(HERE, "bench_openai.py")
     os.makedirs(os.path.join(args.work, "out"), exist_ok=True)
 
-    if args.quota or args.shards:
+    if args.quota or args.shards or args.capacity:
         started = time.perf_counter()
         if args.quota:
             section(args, "bench_quota.py")
         if args.shards:
             section(args, "bench_shards.py")
+        if args.capacity:
+            section(args, "bench_capacity.py")
         log(f"done in {time.perf_counter() - started:.0f}s")
         return
 
@@ -167,6 +170,7 @@ def main():
     print_table(rows)
     section(args, "bench_quota.py")
     section(args, "bench_shards.py")
+    section(args, "bench_capacity.py")
     log(f"done in {time.perf_counter() - started:.0f}s")
 
 

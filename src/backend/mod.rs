@@ -289,6 +289,8 @@ pub struct BackendStats {
     pub window: Option<LearnedWindow>,
     /// What finding it cost, when the window was probed for.
     pub window_probe: Option<ProbeCost>,
+    /// What `backend.concurrency = "auto"` settled on.
+    pub concurrency: Option<crate::rate::SettledConcurrency>,
 }
 
 /// Turns texts into checked vectors, in input order.

@@ -436,7 +436,7 @@ fn job_text(
          # base_url = \"http://127.0.0.1:9000\"\n\
          # model = \"svc-embed-1\"\n\
          # api_key_env = \"EMBEDJOB_API_KEY\"  # the variable holding the key (never the key itself)\n\
-         # concurrency = 8\n\n\
+         # concurrency = \"auto\"               # or a fixed number of requests in flight\n\n\
          [output]\n\
          path = {}\n\
          include_text = true\n",

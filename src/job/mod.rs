@@ -23,8 +23,8 @@ use serde::{Deserialize, Serialize};
 
 use self::params::{one_line, parse_backend, parse_output, parse_source, Parsed};
 pub use self::params::{
-    BackendConfig, BackendParams, BackendShared, Erased, Kind, KindTable, Kinds, OutputConfig,
-    OutputParams, SourceConfig, SourceParams,
+    BackendConfig, BackendParams, BackendShared, Concurrency, Erased, Kind, KindTable, Kinds,
+    OutputConfig, OutputParams, SourceConfig, SourceParams, DEFAULT_MAX_CONCURRENCY,
 };
 pub use self::shard::Shard;
 
@@ -516,10 +516,17 @@ fn backend_problems(
             b.max_tokens_per_request, c.max_tokens
         ));
     }
-    if !(1..=1024).contains(&b.concurrency) {
+    if let Concurrency::Fixed(n) = b.concurrency {
+        if !(1..=1024).contains(&n) {
+            p.push(format!(
+                "`backend.concurrency` must be between 1 and 1024 or \"auto\", not {n}"
+            ));
+        }
+    }
+    if !(1..=1024).contains(&b.max_concurrency) {
         p.push(format!(
-            "`backend.concurrency` must be between 1 and 1024, not {}",
-            b.concurrency
+            "`backend.max_concurrency` must be between 1 and 1024, not {}",
+            b.max_concurrency
         ));
     }
     if seconds_in_range(Some(b.timeout_seconds)).is_none() {

@@ -568,8 +568,11 @@ pub struct BackendShared {
     pub dimensions: Option<usize>,
     pub max_inputs_per_request: usize,
     pub max_tokens_per_request: usize,
-    /// Requests in flight (api), or requests waiting for the model (local).
-    pub concurrency: usize,
+    /// Requests in flight (api), or requests waiting for the model (local):
+    /// a number, or `"auto"` to find it from the service's round-trip times.
+    pub concurrency: Concurrency,
+    /// The most requests in flight `"auto"` may reach.
+    pub max_concurrency: usize,
     /// How long a request may take; also how long a stopping run waits for
     /// the requests in flight.
     pub timeout_seconds: f64,
@@ -582,9 +585,71 @@ impl Default for BackendShared {
             dimensions: None,
             max_inputs_per_request: 128,
             max_tokens_per_request: 32_000,
-            concurrency: 8,
+            concurrency: Concurrency::Auto,
+            max_concurrency: DEFAULT_MAX_CONCURRENCY,
             timeout_seconds: 60.0,
         }
+    }
+}
+
+/// `backend.max_concurrency` when the job does not set it.
+pub const DEFAULT_MAX_CONCURRENCY: usize = 64;
+
+/// `backend.concurrency`: a fixed number of requests, or `"auto"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Concurrency {
+    /// Found from the service's round-trip times, up to `backend.max_concurrency`.
+    #[default]
+    Auto,
+    Fixed(usize),
+}
+
+impl BackendShared {
+    /// The most requests in flight: the fixed number, or `auto`'s ceiling.
+    pub fn most_in_flight(&self) -> usize {
+        match self.concurrency {
+            Concurrency::Auto => self.max_concurrency,
+            Concurrency::Fixed(n) => n,
+        }
+    }
+}
+
+impl std::fmt::Display for Concurrency {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Concurrency::Auto => f.write_str("auto"),
+            Concurrency::Fixed(n) => write!(f, "{n}"),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Concurrency {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = Concurrency;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a number of requests or \"auto\"")
+            }
+            fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<Concurrency, E> {
+                // Out of range numbers are reported by the job's checks.
+                Ok(Concurrency::Fixed(usize::try_from(n).unwrap_or(usize::MAX)))
+            }
+            fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<Concurrency, E> {
+                match u64::try_from(n) {
+                    Ok(n) => self.visit_u64(n),
+                    Err(_) => Err(E::invalid_value(serde::de::Unexpected::Signed(n), &self)),
+                }
+            }
+            fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<Concurrency, E> {
+                if text == "auto" {
+                    Ok(Concurrency::Auto)
+                } else {
+                    Err(E::invalid_value(serde::de::Unexpected::Str(text), &self))
+                }
+            }
+        }
+        deserializer.deserialize_any(Visitor)
     }
 }
 

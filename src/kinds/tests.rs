@@ -32,7 +32,10 @@ fn defaults_fill_the_rest() {
     let job = parse(MINIMAL, "docs", &[]).unwrap();
     assert_eq!(job.name, "docs");
     assert_eq!(job.chunking, ChunkingConfig::default());
-    assert_eq!(job.backend.shared.concurrency, 8);
+    assert_eq!(
+        job.backend.shared.concurrency,
+        crate::job::Concurrency::Auto
+    );
     assert!(parquet(&job).include_text);
 }
 
@@ -553,6 +556,7 @@ fn regression_a_refused_kind_hid_the_wrong_types_of_its_sections_other_keys() {
         "max_inputs_per_request",
         "max_tokens_per_request",
         "concurrency",
+        "max_concurrency",
         "timeout_seconds",
     ];
     let kinds = super::all();

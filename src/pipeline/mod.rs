@@ -255,7 +255,7 @@ async fn run_stages(
     };
     let reader = tokio::task::spawn_blocking(move || reading.run(source, chunker.as_ref()));
     // What a kill can lose: see `Exposure`.
-    let most_uncommitted = (job.backend.shared.concurrency as u64)
+    let most_uncommitted = (job.backend.shared.most_in_flight() as u64)
         .saturating_mul(job.backend.shared.max_inputs_per_request as u64);
     let (committed_tx, committed_rx) = watch::channel(0u64);
     let writing = writing(job, &info, &state, sink, checkpoint_dimensions, gate)
@@ -264,7 +264,7 @@ async fn run_stages(
 
     let dispatch = Dispatch {
         backend: Arc::clone(&backend),
-        concurrency: job.backend.shared.concurrency,
+        concurrency: job.backend.shared.most_in_flight(),
         budget: budget(job, &info),
         halt,
         drain: crate::job::seconds_in_range(Some(job.backend.shared.timeout_seconds))

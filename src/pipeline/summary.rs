@@ -90,6 +90,9 @@ pub struct Summary {
     pub learned_limits: LearnedLimits,
     /// The tokenizer chunks (and a learned window) are counted in.
     pub tokenizer: String,
+    /// The requests in flight `backend.concurrency = "auto"` settled on,
+    /// and its range after the first sign of a queue; null for a fixed number.
+    pub concurrency: Option<crate::rate::SettledConcurrency>,
     /// What the service does not tell, and what had to change to work with it.
     pub warnings: Vec<String>,
     /// Why the run stopped before the end, when it did.
@@ -221,6 +224,7 @@ impl Summary {
             cost: cost(o.info, o.bill.usage),
             learned_limits: o.limits,
             tokenizer: crate::backend::tokenizer_name(&o.job.chunking).to_string(),
+            concurrency: o.stats.concurrency,
             warnings: o.warnings.clone(),
             committed: if stopped.is_some() {
                 o.earlier.rows + o.dispatched.embedded
@@ -419,6 +423,13 @@ impl Summary {
                 s.tokens_per_minute,
                 crate::display::duration(s.quota_wait_seconds)
             );
+            if let Some(c) = s.concurrency {
+                let _ = writeln!(
+                    out,
+                    "  concurrency: auto, settled at {} in flight (range {}-{})",
+                    c.settled, c.lowest, c.highest
+                );
+            }
             if let Some(cost) = s.cost {
                 let _ = writeln!(out, "  cost: {cost:.6}");
             }
@@ -744,6 +755,29 @@ mod tests {
     }
 
     #[test]
+    fn the_concurrency_auto_settled_on_is_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = summary(&job(dir.path()), |_, _, _, _| {}, None);
+        assert!(!s.text().contains("concurrency"), "{}", s.text());
+        s.concurrency = Some(crate::rate::SettledConcurrency {
+            settled: 12,
+            lowest: 9,
+            highest: 16,
+        });
+        let text = s.text();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines[4],
+            "  concurrency: auto, settled at 12 in flight (range 9-16)"
+        );
+        let value = serde_json::to_value(&s).unwrap();
+        assert_eq!(
+            value["concurrency"],
+            serde_json::json!({"settled": 12, "lowest": 9, "highest": 16})
+        );
+    }
+
+    #[test]
     fn the_local_backend_bills_nothing_and_learns_nothing() {
         let dir = tempfile::tempdir().unwrap();
         let mut s = summary(&job(dir.path()), |_, _, _, _| {}, None);
@@ -841,6 +875,7 @@ mod tests {
             "timeouts",
             "cost",
             "learned_limits",
+            "concurrency",
             "warnings",
             "stopped",
             "committed",

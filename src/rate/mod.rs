@@ -2,8 +2,8 @@
 //! backend and the `chat` command each send through a [`RateControl`].
 //!
 //! A request waits, in turn, for the job's own limits ([`limits`]: requests
-//! and tokens per minute), for a place in the window of requests in flight
-//! ([`throttle`]: halved by refusals and timeouts, grown by successes), and
+//! and tokens per minute), for a place among the requests in flight
+//! ([`concurrency`]: a fixed most, or a limit found from round-trip times), and
 //! for the service's quota as its headers describe it ([`pacing`], reading
 //! [`headers`]). What became of it is told back through the [`Admission`] it
 //! was given: answered, refused (a 429, which is waited out rather than
@@ -11,29 +11,29 @@
 //! the policy of [`retry`].
 //!
 //! Every outcome passes through [`Admission`], which knows when its request
-//! went: a controller of the requests in flight that learns from round-trip
-//! times (vector's adaptive request concurrency) takes the window's place
-//! there.
+//! went: the round-trip times of the answers drive the limit of requests in
+//! flight under `backend.concurrency = "auto"`.
 
+mod concurrency;
 mod headers;
 mod limits;
 mod pacing;
 mod retry;
-mod throttle;
 
 use std::future::Future;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
+pub use self::concurrency::{Limit as ConcurrencyLimit, Settled as SettledConcurrency};
 pub use self::headers::{retry_after, QuotaHeader, RateLimitHeaders};
 pub use self::limits::RateLimits;
 pub use self::pacing::QuotaStop;
 pub use self::retry::{with_retries, with_retries_notify, RetryPolicy, Retryable};
 
+use self::concurrency::{Concurrency, Permit};
 use self::limits::Limiter;
 use self::pacing::{is_insufficient_quota, is_larger_than_quota, Pacing, Ticket};
-use self::throttle::{Permit, Throttle};
 
 /// A failed request as rate control reads it.
 pub trait Fault: Retryable + std::fmt::Display {
@@ -48,8 +48,12 @@ pub trait Fault: Retryable + std::fmt::Display {
 /// How the requests to one service are limited and retried.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RateSettings {
-    /// The most requests in flight; the window starts there.
+    /// The most requests in flight; a fixed window starts there.
     pub concurrency: usize,
+    /// Find the limit below `concurrency` from round-trip times (`auto`).
+    pub adaptive: bool,
+    /// The client's timeout, which `auto` keeps answers well within.
+    pub timeout: Option<Duration>,
     /// `backend.requests_per_minute`; 0 for no limit of the job's own.
     pub requests_per_minute: u32,
     /// `backend.tokens_per_minute`; 0 for no limit of the job's own.
@@ -71,6 +75,8 @@ impl RateSettings {
     pub fn new(retry: RetryPolicy) -> Self {
         RateSettings {
             concurrency: 1,
+            adaptive: false,
+            timeout: None,
             requests_per_minute: 0,
             tokens_per_minute: 0,
             max_tokens_per_request: 0,
@@ -95,7 +101,7 @@ impl RateSettings {
 pub struct RateControl {
     retry: RetryPolicy,
     limits: Limiter,
-    window: Throttle,
+    window: Concurrency,
     pacing: Pacing,
 }
 
@@ -146,7 +152,16 @@ impl RateControl {
         RateControl {
             retry: settings.retry,
             limits: Limiter::new(settings.limits()),
-            window: Throttle::new(settings.concurrency),
+            window: Concurrency::new(
+                if settings.adaptive {
+                    ConcurrencyLimit::Auto {
+                        most: settings.concurrency,
+                    }
+                } else {
+                    ConcurrencyLimit::Fixed(settings.concurrency)
+                },
+                settings.timeout,
+            ),
             pacing: Pacing::new(settings.stall_timeout).shared_by(settings.sharing),
         }
     }
@@ -167,7 +182,7 @@ impl RateControl {
         }
         // A place in flight first, then the quota: a pause set while
         // waiting for the place still holds the request back.
-        let permit = self.window.acquire().await;
+        let permit = self.window.acquire(tokens).await;
         let ticket = self.pacing.admit(tokens).await?;
         Ok(Admission {
             control: self,
@@ -229,6 +244,11 @@ impl RateControl {
     pub fn lowered(&self) -> Option<usize> {
         self.window.lowered()
     }
+
+    /// What `auto` settled on; `None` for a fixed limit.
+    pub fn settled(&self) -> Option<SettledConcurrency> {
+        self.window.settled()
+    }
 }
 
 /// A request let through. Tell what became of it with one of its methods;
@@ -247,6 +267,11 @@ impl Admission<'_> {
         self.ticket.sent_at()
     }
 
+    /// Whether no other request was in flight when this one went.
+    pub fn alone(&self) -> bool {
+        self.permit.alone()
+    }
+
     /// An answer, with its quota headers and, when its usage says, the
     /// tokens it was billed.
     pub fn answered(self, headers: Option<RateLimitHeaders>, billed_tokens: Option<u64>) {
@@ -255,9 +280,9 @@ impl Admission<'_> {
             permit,
             ticket,
         } = self;
+        control.window.on_answer(&permit, ticket.sent_at());
         drop(permit);
         control.pacing.on_answer(ticket, headers, billed_tokens);
-        control.window.on_success();
     }
 
     /// A 429, sorted: a rate limit to wait out, a used-up quota, or a
@@ -298,6 +323,12 @@ impl Admission<'_> {
         if timed_out {
             control.window.on_timeout();
         }
+    }
+
+    /// A 503: the server sheds load, so fewer requests go in flight.
+    pub fn shed(self, headers: Option<RateLimitHeaders>) {
+        self.control.window.on_throttled(None);
+        self.failed(headers, false);
     }
 }
 

@@ -17,7 +17,7 @@
 //! (such headers are not believed until a success), makes the run send
 //! faster than the floor allows. A service that sends no headers is paced by
 //! its 429s alone, while the window of requests in flight halves
-//! ([`Throttle`](super::throttle::Throttle)). A rate-limit refusal is a wait,
+//! ([`Concurrency`](super::concurrency::Concurrency)). A rate-limit refusal is a wait,
 //! not a failed attempt: only when nothing has succeeded for the stall
 //! timeout does the run stop, resumable.
 

@@ -2,6 +2,7 @@
 
 use std::collections::HashSet;
 
+use super::capacity::CapacityConfig;
 use super::quota::QuotaConfig;
 use super::window::ServerWindow;
 
@@ -61,6 +62,8 @@ pub struct SimConfig {
     /// A window every embedding model keeps in the server's own tokens,
     /// beyond which it truncates or refuses; unlisted.
     pub window: Option<ServerWindow>,
+    /// A self-hosted server's workers and queue (off by default).
+    pub capacity: CapacityConfig,
 }
 
 impl Default for SimConfig {
@@ -86,6 +89,7 @@ impl Default for SimConfig {
             faults: Faults::default(),
             quota: QuotaConfig::default(),
             window: None,
+            capacity: CapacityConfig::default(),
         }
     }
 }
@@ -135,6 +139,7 @@ impl SimConfig {
         if self.max_body_bytes == 0 {
             problems.push("max_body_bytes must be at least 1".to_string());
         }
+        self.capacity.problems(&mut problems);
         let mut ids = HashSet::new();
         for model in &self.models {
             if model.id.is_empty() {

@@ -2,6 +2,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use super::capacity::CapacityStats;
+
 /// Counters of everything the simulator saw, so that tests can check what a
 /// client sent and what it paid for.
 ///
@@ -46,6 +48,13 @@ pub struct Ledger {
     /// The most embeddings requests in flight at once before the first
     /// embeddings answer left: whether a client starts with a full window.
     pub in_flight_before_first_answer: u64,
+    /// Embeddings requests computed (and billed) after their client had
+    /// hung up, as a server that does not notice computes them.
+    pub computed_after_hangup: u64,
+    /// The texts of those requests.
+    pub texts_after_hangup: u64,
+    /// What the capacity model saw, when it is on.
+    pub capacity: Option<CapacityStats>,
     /// Refusals in a row so far, by key.
     #[serde(skip)]
     pub refusal_runs: HashMap<String, u64>,
@@ -68,6 +77,11 @@ impl Ledger {
                 self.refusal_runs.remove(key);
             }
         }
+    }
+
+    /// Distinct texts billed more than once.
+    pub fn texts_billed_twice(&self) -> usize {
+        self.texts.values().filter(|&&n| n > 1).count()
     }
 
     /// Requests the quota refused, all limits together.

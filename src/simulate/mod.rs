@@ -31,6 +31,7 @@
 //! `GET /_ledger` returns the ledger as JSON (`?texts=false` leaves out the
 //! per-text counts) and `POST /_ledger/reset` zeroes it; neither needs a key.
 
+mod capacity;
 mod chat;
 mod config;
 mod error;
@@ -53,6 +54,7 @@ use axum::Router;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
+pub use capacity::{CapacityConfig, CapacityStats};
 pub use config::{
     Billing, DimensionsParam, Faults, KeySpec, ModelKind, ModelSpec, SimConfig, TokenCount,
     DEFAULT_MAX_BODY_BYTES,
@@ -127,12 +129,12 @@ impl Simulator {
 
     /// A snapshot of the ledger.
     pub fn ledger(&self) -> Ledger {
-        self.shared.ledger().clone()
+        self.shared.ledger_snapshot()
     }
 
     /// Zeroes the ledger.
     pub fn reset_ledger(&self) {
-        *self.shared.ledger() = Ledger::default();
+        self.shared.reset_ledger();
     }
 
     /// Stops accepting connections, lets open requests finish (for a few seconds at
@@ -260,6 +262,53 @@ fn describe_quota(quota: &QuotaConfig) -> String {
     text
 }
 
+/// The routes, when they are not an OpenAI-style service's.
+fn describe_routes(config: &SimConfig) -> Option<String> {
+    if config.url_prefix != "/v1"
+        || !config.model_route
+        || !config.models_routes
+        || config.model_info
+        || config.bare_listing
+    {
+        return Some(format!(
+            "  routes under {:?}{}{}{}",
+            config.url_prefix,
+            if !config.models_routes {
+                ", no GET /models nor /models/{id}"
+            } else if config.model_route {
+                ""
+            } else {
+                ", no GET /models/{id}"
+            },
+            if config.model_info {
+                ", LiteLLM's GET /model/info"
+            } else {
+                ""
+            },
+            if config.bare_listing {
+                ", a listing without window or price"
+            } else {
+                ""
+            }
+        ));
+    }
+    None
+}
+
+/// The capacity model, when it is on.
+fn describe_capacity(c: &CapacityConfig) -> Option<String> {
+    let workers = c.workers?;
+    let mut line = format!(
+        "  capacity: {workers} workers, {:?} a request + {:?} per 1000 tokens, \
+         {} waiting at most; computed and billed even when the client gave up",
+        c.base, c.per_1k_tokens, c.queue
+    );
+    if let Some(after) = c.change_after {
+        line.push_str(&format!("; {} workers after {after} requests", c.then));
+    }
+    Some(line)
+}
+
 /// A few lines on what the simulator serves; never the keys themselves.
 fn describe(config: &SimConfig) -> String {
     let models: Vec<String> = config
@@ -296,34 +345,7 @@ fn describe(config: &SimConfig) -> String {
         format!("  keys: {keys}"),
         format!("  faults: {faults}"),
     ];
-    if config.url_prefix != "/v1"
-        || !config.model_route
-        || !config.models_routes
-        || config.model_info
-        || config.bare_listing
-    {
-        lines.push(format!(
-            "  routes under {:?}{}{}{}",
-            config.url_prefix,
-            if !config.models_routes {
-                ", no GET /models nor /models/{id}"
-            } else if config.model_route {
-                ""
-            } else {
-                ", no GET /models/{id}"
-            },
-            if config.model_info {
-                ", LiteLLM's GET /model/info"
-            } else {
-                ""
-            },
-            if config.bare_listing {
-                ", a listing without window or price"
-            } else {
-                ""
-            }
-        ));
-    }
+    lines.extend(describe_routes(config));
     if config.billing != Billing::default() {
         lines.push(format!(
             "  usage counts {:?} tokens times {}",
@@ -342,6 +364,7 @@ fn describe(config: &SimConfig) -> String {
             config.latency_per_input_ms
         ));
     }
+    lines.extend(describe_capacity(&config.capacity));
     let mut limits = Vec::new();
     if let Some(max) = config.max_inputs_per_request {
         limits.push(format!("{max} inputs"));

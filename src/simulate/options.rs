@@ -1,5 +1,6 @@
 //! The `embedjob simulate` flags, as typed, and the [`SimConfig`] built from them.
 
+use super::capacity::CapacityConfig;
 use super::config::{Billing, DimensionsParam, Faults, KeySpec, ModelSpec, SimConfig, TokenCount};
 use super::quota::QuotaConfig;
 use super::window::ServerWindow;
@@ -60,6 +61,33 @@ pub struct SimulateOptions {
     /// Multiply each input's billed tokens by this (rounded up)
     #[arg(long, value_name = "F", default_value_t = 1.0)]
     pub bill_factor: f64,
+
+    /// Compute embeddings requests on this many workers, as a self-hosted
+    /// server does: more wait in a queue, and each is computed and billed
+    /// even when its client has hung up
+    #[arg(long, value_name = "K")]
+    pub capacity: Option<usize>,
+
+    /// With --capacity: the milliseconds a request takes on a worker
+    #[arg(long, value_name = "MS", default_value_t = 10.0)]
+    pub service_ms: f64,
+
+    /// With --capacity: the milliseconds a request takes per 1000 tokens, on top of --service-ms
+    #[arg(long, value_name = "MS", default_value_t = 0.0)]
+    pub service_ms_per_1k_tokens: f64,
+
+    /// With --capacity: requests waiting for a worker beyond which more get a 503
+    #[arg(long, value_name = "N", default_value_t = 1024)]
+    pub queue_limit: usize,
+
+    /// With --capacity: after this many embeddings requests, the workers
+    /// become --capacity-then (another client arrives, or leaves)
+    #[arg(long, value_name = "N")]
+    pub capacity_change_after: Option<u64>,
+
+    /// The workers after --capacity-change-after
+    #[arg(long, value_name = "K", default_value_t = 1)]
+    pub capacity_then: usize,
 
     /// Answer 429 to embeddings requests beyond this many at once
     #[arg(long, value_name = "N")]
@@ -261,6 +289,18 @@ impl SimulateOptions {
                 .window
                 .as_deref()
                 .and_then(|spec| ServerWindow::parse(spec).map_err(|p| problems.push(p)).ok()),
+            capacity: CapacityConfig {
+                workers: self.capacity,
+                base: milliseconds(self.service_ms, "--service-ms", &mut problems),
+                per_1k_tokens: milliseconds(
+                    self.service_ms_per_1k_tokens,
+                    "--service-ms-per-1k-tokens",
+                    &mut problems,
+                ),
+                queue: self.queue_limit,
+                change_after: self.capacity_change_after,
+                then: self.capacity_then,
+            },
             ..SimConfig::default()
         };
         if let Err(more) = config.validate() {
@@ -274,9 +314,25 @@ impl SimulateOptions {
     }
 }
 
+/// A duration typed in milliseconds, or a problem; at most an hour.
+fn milliseconds(ms: f64, flag: &str, problems: &mut Vec<String>) -> std::time::Duration {
+    if ms.is_finite() && (0.0..=3_600_000.0).contains(&ms) {
+        std::time::Duration::from_secs_f64(ms / 1000.0)
+    } else {
+        problems.push(format!(
+            "{flag} {ms}: expected milliseconds from 0 to 3600000"
+        ));
+        std::time::Duration::ZERO
+    }
+}
+
 /// Names the flags the user typed rather than the configuration fields.
 fn flag_names(line: &str) -> String {
-    const FIELDS: [&str; 20] = [
+    const FIELDS: [&str; 23] = [
+        "capacity_then",
+        "queue_limit",
+        // Not the start of capacity_then, which is named already.
+        "capacity must",
         "requests_per_minute",
         "tokens_per_minute",
         "quota_window_ms",

@@ -14,7 +14,9 @@ use crate::backend::{fitted_chunking, BackendKind, Embedding, EmbeddingBackend, 
 use crate::chunk::{Chunker, TokenChunker};
 use crate::client::{discover, ApiKey, Client, ClientConfig, DiscoveryError};
 use crate::exit::Failure;
-use crate::job::{BackendParams, BackendShared, ChunkingConfig, Job, KindTable, Shard};
+use crate::job::{
+    BackendParams, BackendShared, ChunkingConfig, Concurrency, Job, KindTable, Shard,
+};
 use crate::rate::RetryPolicy;
 
 pub const DEFAULT_API_KEY_ENV: &str = "EMBEDJOB_API_KEY";
@@ -310,6 +312,7 @@ async fn build(job: &Job) -> Result<Embedding, Failure> {
     config.timeout =
         crate::job::seconds_in_range(Some(b.timeout_seconds)).unwrap_or(Duration::from_secs(60));
     config.api_path.clone_from(&api.api_path);
+    let timeout = config.timeout;
     let client = Client::new(config).map_err(Failure::usage)?;
     let retry = RetryPolicy::with_max_retries(api.max_retries);
     let discovery = discover(&client, &model, &retry)
@@ -346,7 +349,9 @@ async fn build(job: &Job) -> Result<Embedding, Failure> {
     let settings = ApiSettings {
         special_tokens,
         dimensions: b.dimensions,
-        concurrency: b.concurrency,
+        concurrency: b.most_in_flight(),
+        adaptive: b.concurrency == Concurrency::Auto,
+        timeout: Some(timeout),
         requests_per_minute: api.requests_per_minute,
         tokens_per_minute: api.tokens_per_minute,
         max_tokens_per_request: b.max_tokens_per_request as u64,

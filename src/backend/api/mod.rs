@@ -7,8 +7,9 @@
 //! failed inputs are sent again (if that fails, the good vectors go with
 //! the error, [`BackendError::Partial`]); an answer whose vectors all have another
 //! length than expected stops the run, as sending it again would only be
-//! billed again. A request that times out is not sent again whole: the
-//! server may still compute and bill it.
+//! billed again. A request that times out lowers the requests in flight;
+//! it is split only when it was alone in flight, since only then was its
+//! own size the cause.
 
 mod config;
 mod window;
@@ -46,7 +47,12 @@ pub struct ApiSettings {
     /// `backend.dimensions`: the length asked for (sent as `dimensions`
     /// when it is not the model's known length).
     pub dimensions: Option<usize>,
+    /// The most requests in flight: fixed, or `auto`'s ceiling.
     pub concurrency: usize,
+    /// `backend.concurrency = "auto"`: the limit is found below `concurrency`.
+    pub adaptive: bool,
+    /// The client's timeout, which `auto` keeps every answer well within.
+    pub timeout: Option<Duration>,
     pub requests_per_minute: u32,
     pub tokens_per_minute: u64,
     /// The largest request the batcher makes, in tokens: the token bucket must hold one.
@@ -85,6 +91,8 @@ impl ApiSettings {
             model: model.into(),
             dimensions: None,
             concurrency: 1,
+            adaptive: false,
+            timeout: None,
             requests_per_minute: 0,
             tokens_per_minute: 0,
             max_tokens_per_request: 0,
@@ -265,6 +273,8 @@ impl ApiBackend {
         };
         let rate = RateControl::new(&RateSettings {
             concurrency: settings.concurrency,
+            adaptive: settings.adaptive,
+            timeout: settings.timeout,
             requests_per_minute: settings.requests_per_minute,
             tokens_per_minute: settings.tokens_per_minute,
             max_tokens_per_request: settings.max_tokens_per_request,
@@ -347,6 +357,7 @@ impl ApiBackend {
         let capacity = texts.len() * self.expected_dimensions().unwrap_or(0);
         loop {
             let admission = self.rate.admit(tokens).await.map_err(Attempt::Stop)?;
+            let alone = admission.alone();
             let base64 = self.base64.load(Ordering::Relaxed);
             let dimensions = self
                 .send_dimensions
@@ -386,10 +397,17 @@ impl ApiBackend {
                     }
                 }
             }
-            admission.failed(headers, error.timed_out);
+            if error.status == Some(503) {
+                admission.shed(headers);
+            } else {
+                admission.failed(headers, error.timed_out);
+            }
             if error.timed_out {
                 self.timeouts.fetch_add(1, Ordering::Relaxed);
-                if splittable && texts.len() > 1 {
+                // Beside others, the wait was theirs too: fewer in flight
+                // (above) and the request sent again whole. Alone, it is too
+                // large for the timeout: split.
+                if splittable && texts.len() > 1 && alone {
                     return Err(Attempt::TimedOut(error));
                 }
             }
@@ -720,6 +738,7 @@ impl EmbeddingBackend for ApiBackend {
             lowered_concurrency: self.rate.lowered(),
             window: self.learned_window,
             window_probe: self.probe_cost,
+            concurrency: self.rate.settled(),
         }
     }
 

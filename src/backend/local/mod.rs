@@ -193,7 +193,10 @@ impl LocalSettings {
             dimensions: shared.dimensions,
             threads: local.threads,
             batch_size: local.batch_size.unwrap_or(DEFAULT_BATCH_SIZE),
-            queue_capacity: shared.concurrency.max(1),
+            queue_capacity: match shared.concurrency {
+                crate::job::Concurrency::Auto => DEFAULT_QUEUE_CAPACITY,
+                crate::job::Concurrency::Fixed(n) => n.max(1),
+            },
             search: AssetSearch::from_env(),
         }
     }

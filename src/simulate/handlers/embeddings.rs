@@ -1,6 +1,7 @@
 //! `POST /v1/embeddings`: the inputs parsed, the size and quota checked,
 //! the fault drawn, the vectors sent and billed.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use axum::extract::rejection::BytesRejection;
@@ -96,6 +97,37 @@ fn token_input(param: &str, ids: &[Value]) -> Result<Input, ApiError> {
     })
 }
 
+/// Whether the client still waits for its answer: cleared when the handler
+/// is dropped before the answer (the client hung up).
+struct Listening {
+    client: Arc<AtomicBool>,
+    answered: bool,
+}
+
+impl Default for Listening {
+    fn default() -> Self {
+        Listening {
+            client: Arc::new(AtomicBool::new(true)),
+            answered: false,
+        }
+    }
+}
+
+impl Listening {
+    /// The answer is computed with the client still there.
+    fn answered(mut self) {
+        self.answered = true;
+    }
+}
+
+impl Drop for Listening {
+    fn drop(&mut self) {
+        if !self.answered {
+            self.client.store(false, Ordering::SeqCst);
+        }
+    }
+}
+
 /// An embeddings request after validation and the fault draw.
 struct Prepared {
     fault: Option<Fault>,
@@ -179,21 +211,37 @@ async fn embeddings_response(
             if prepared.fault == Some(Fault::Slow) {
                 compute = compute.saturating_add(shared.config.faults.slow_ms);
             }
-            if compute == 0 {
+            let queued = match &shared.capacity {
+                Some(capacity) => Some(capacity.enqueue().ok_or_else(ApiError::overloaded)?),
+                None => None,
+            };
+            if compute == 0 && queued.is_none() {
                 shared
                     .ledger()
                     .bill(prepared.tokens, prepared.hashes, prepared.partly_read);
             } else {
                 // A slow answer is computed, and billed, whether or not the
                 // client is still waiting for it.
+                let listening = Listening::default();
+                let client = Arc::clone(&listening.client);
                 let billing = Arc::clone(shared);
                 let billed = tokio::spawn(async move {
-                    sleep_ms(compute).await;
-                    billing
-                        .ledger()
-                        .bill(prepared.tokens, prepared.hashes, prepared.partly_read);
+                    let extra = std::time::Duration::from_millis(compute);
+                    match (&billing.capacity, queued) {
+                        (Some(capacity), Some(queued)) => {
+                            capacity.compute(queued, prepared.tokens, extra).await;
+                        }
+                        _ => sleep_ms(compute).await,
+                    }
+                    let mut ledger = billing.ledger();
+                    if !client.load(Ordering::SeqCst) {
+                        ledger.computed_after_hangup += 1;
+                        ledger.texts_after_hangup += prepared.hashes.len() as u64;
+                    }
+                    ledger.bill(prepared.tokens, prepared.hashes, prepared.partly_read);
                 });
                 let _ = billed.await;
+                listening.answered();
             }
             Ok(json_response(prepared.body.into()))
         }

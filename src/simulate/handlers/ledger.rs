@@ -2,7 +2,6 @@
 //! for unknown URLs and methods.
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use axum::extract::State;
@@ -21,7 +20,7 @@ pub(crate) async fn get_ledger(State(shared): State<Arc<Shared>>, uri: Uri) -> R
             .any(|pair| pair == "texts=false" || pair == "texts=0")
     });
     let body = {
-        let ledger = shared.ledger();
+        let ledger = &shared.ledger_snapshot();
         if without_texts {
             let mut value = serde_json::to_value(Ledger {
                 texts: HashMap::new(),
@@ -38,7 +37,7 @@ pub(crate) async fn get_ledger(State(shared): State<Arc<Shared>>, uri: Uri) -> R
             }
             value
         } else {
-            serde_json::to_value(&*ledger)
+            serde_json::to_value(ledger)
         }
     };
     match body {
@@ -48,8 +47,7 @@ pub(crate) async fn get_ledger(State(shared): State<Arc<Shared>>, uri: Uri) -> R
 }
 
 pub(crate) async fn reset_ledger(State(shared): State<Arc<Shared>>) -> Response {
-    *shared.ledger() = Ledger::default();
-    shared.answered.store(false, Ordering::SeqCst);
+    shared.reset_ledger();
     axum::Json(Ledger::default()).into_response()
 }
 

@@ -14,6 +14,7 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use serde_json::{Map, Value};
 
+use super::capacity::Capacity;
 use super::config::{ModelSpec, SimConfig};
 use super::error::ApiError;
 use super::faults::{Fault, FaultDice};
@@ -42,6 +43,8 @@ pub(crate) struct Shared {
     /// An embeddings answer has left since the ledger was last reset.
     pub answered: AtomicBool,
     quotas: Quotas,
+    /// The workers and queue of the capacity model, when it is on.
+    pub capacity: Option<Arc<Capacity>>,
 }
 
 /// An embeddings request being served; frees its place when dropped, as its answer leaves.
@@ -59,6 +62,7 @@ impl Shared {
         Shared {
             dice: Mutex::new(FaultDice::new(&config.faults)),
             quotas: Quotas::new(config.quota.clone()),
+            capacity: Capacity::new(config.capacity.clone()),
             config,
             ledger: Mutex::new(Ledger::default()),
             chat_ids: AtomicU64::new(1),
@@ -97,6 +101,21 @@ impl Shared {
         let refused = answer.as_ref().err().map(|r| r.refusal.name());
         self.ledger().record_quota(key, refused);
         answer
+    }
+
+    /// The ledger with the capacity model's counts.
+    pub fn ledger_snapshot(&self) -> Ledger {
+        let mut ledger = self.ledger().clone();
+        ledger.capacity = self.capacity.as_ref().map(|c| c.snapshot());
+        ledger
+    }
+
+    pub fn reset_ledger(&self) {
+        *self.ledger() = Ledger::default();
+        self.answered.store(false, Ordering::SeqCst);
+        if let Some(capacity) = &self.capacity {
+            capacity.reset();
+        }
     }
 
     pub fn ledger(&self) -> MutexGuard<'_, Ledger> {

@@ -1,0 +1,164 @@
+"""The capacity section of scripts/bench: `backend.concurrency = "auto"`
+against a self-hosted server's capacity (`embedjob simulate --capacity K`:
+K workers, a service time per request and per token, a queue beyond K, and
+requests computed even after their client hung up), against a sweep of
+fixed concurrencies on the same server, in the same run.
+
+For each K in (1, 4, 32) and two service times: fixed concurrency 1, 2, 4,
+8, 16, 32 and 64, and `auto`. auto/best = auto's chunks/s over the best
+fixed concurrency's. A fixed concurrency below K can reach at most c/K of
+the server's rate, so it runs on c/K of the corpus (the same time, about);
+the others and auto run on the whole corpus. Then a server whose capacity
+halves mid-run (another client arrives): auto's timeouts, the concurrency
+it settled on, and how long after the halving requests stopped waiting
+longer than their own service time (the server's `queue_settled_ms`).
+
+timeouts and texts twice (texts the server computed more than once, the
+same text billed twice) are counted in every run; `auto` must have none.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import time
+
+from benchlib import corpus, log, run_embedjob, section_main, write_job
+
+BATCH = 8
+FIXED = (1, 2, 4, 8, 16, 32, 64)
+# name: (ms a request, ms per 1000 tokens); a request holds about 340 tokens.
+SERVICES = {"50 ms": (50, 0), "5 ms + 100 ms/1k tokens": (5, 100)}
+WORKERS = (1, 4, 32)
+
+
+class CapacitySimulator:
+    """`embedjob simulate --capacity` in its own process, short vectors."""
+
+    def __init__(self, embedjob, work, workers, service, change=None):
+        base_ms, per_1k = service
+        args = [embedjob, "simulate", "--port", "0", "--model", "small=16",
+                "--capacity", str(workers), "--service-ms", str(base_ms),
+                "--service-ms-per-1k-tokens", str(per_1k)]
+        if change:
+            after, then = change
+            args += ["--capacity-change-after", str(after), "--capacity-then", str(then)]
+        self.log = os.path.join(work, "simulator-capacity.log")
+        with open(self.log, "w") as log_file:
+            self.process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log_file, text=True)
+        self.url = self.process.stdout.readline().strip()
+        if not self.url.startswith("http"):
+            raise SystemExit(f"bench: the simulator did not print its URL (see {self.log})")
+
+    def ledger(self):
+        import urllib.request
+        with urllib.request.urlopen(f"{self.url}/_ledger") as reply:
+            return json.load(reply)
+
+    def stop(self):
+        self.process.terminate()
+        self.process.wait()
+
+
+def run_case(embedjob, work, name, records, workers, service, concurrency, change=None):
+    """One run: its summary and the server's ledger, reduced."""
+    sim = CapacitySimulator(embedjob, work, workers, service, change)
+    out_dir = os.path.join(work, "out", name)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    try:
+        job = write_job(work, name, corpus(work, records), base_url=sim.url, model="small",
+                        concurrency=concurrency, batch=BATCH,
+                        output=f'path = "{out_dir}/embeddings.parquet"\ninclude_text = false')
+        summary, = run_embedjob(embedjob, job)
+        ledger = sim.ledger()
+    finally:
+        sim.stop()
+    shutil.rmtree(out_dir, ignore_errors=True)
+    if summary is None or summary["written"] != records:
+        raise SystemExit(f"bench: {name} did not write its {records} chunks")
+    return {
+        "rate": records / summary["elapsed_seconds"],
+        "timeouts": summary["timeouts"],
+        "twice": sum(1 for n in ledger["texts"].values() if n > 1),
+        "hangups": ledger.get("computed_after_hangup", 0),
+        "concurrency": summary.get("concurrency"),
+        "capacity": ledger.get("capacity") or {},
+    }
+
+
+def settled(result):
+    c = result["concurrency"]
+    return f"{c['settled']} ({c['lowest']}-{c['highest']})" if c else ""
+
+
+def section(embedjob, work, _corpus_path):
+    started = time.perf_counter()
+    rows = []
+    for workers in WORKERS:
+        # About 60 requests per worker: auto's slow start (about 2 log2(K)
+        # round trips) is a few percent of the run.
+        records = BATCH * 60 * (workers + 1)
+        for service_name, service in SERVICES.items():
+            fixed = {}
+            for c in FIXED:
+                n = records if c >= workers else max(BATCH, records * c // workers)
+                fixed[c] = run_case(embedjob, work, f"cap-k{workers}-c{c}", n, workers, service, c)
+            auto = run_case(embedjob, work, f"cap-k{workers}-auto", records, workers, service,
+                            '"auto"')
+            best = max(fixed, key=lambda c: fixed[c]["rate"])
+            row = (workers, service_name, fixed, best, auto)
+            rows.append(row)
+            log(f"K={workers}, {service_name}: auto {auto['rate']:,.0f} chunks/s, best fixed "
+                f"c={best} {fixed[best]['rate']:,.0f} ({auto['rate'] / fixed[best]['rate']:.0%}); "
+                f"settled {settled(auto)}", prefix="bench capacity")
+
+    # Another client arrives: 16 workers become 8 after a third of the requests.
+    workers, then = 16, 8
+    records = BATCH * 60 * (workers + 1)
+    after = records // BATCH // 3
+    halving = run_case(embedjob, work, "cap-halving", records, workers, SERVICES["50 ms"],
+                       '"auto"', change=(after, then))
+    print_table(rows, halving, (workers, then, after))
+    log(f"done in {time.perf_counter() - started:.0f}s", prefix="bench capacity")
+
+
+def print_table(rows, halving, change):
+    header = ["K", "service"] + [f"c={c}" for c in FIXED] + [
+        "auto", "auto/best", "auto settled", "timeouts auto/fixed", "texts twice auto/fixed"]
+    lines = []
+    for workers, service, fixed, best, auto in rows:
+        lines.append([
+            str(workers), service,
+            *(f"{fixed[c]['rate']:,.0f}" + ("*" if c == best else "") for c in FIXED),
+            f"{auto['rate']:,.0f}",
+            f"{auto['rate'] / fixed[best]['rate']:.0%}",
+            settled(auto),
+            f"{auto['timeouts']}/{sum(r['timeouts'] for r in fixed.values())}",
+            f"{auto['twice']}/{sum(r['twice'] for r in fixed.values())}",
+        ])
+    widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(header)]
+
+    def fmt(cells):
+        return "  ".join(c.ljust(w) if i < 2 else c.rjust(w)
+                         for i, (c, w) in enumerate(zip(cells, widths)))
+
+    print()
+    print("capacity: chunks/s of fixed concurrencies and of auto against K workers")
+    print(fmt(header))
+    print(fmt(["-" * w for w in widths]))
+    for line in lines:
+        print(fmt(line))
+    workers, then, after = change
+    cap = halving["capacity"]
+    print()
+    print(f"halving: {workers} workers, {then} after request {after} (50 ms a request): auto "
+          f"{halving['rate']:,.0f} chunks/s, settled {settled(halving)}, "
+          f"{halving['timeouts']} timeouts, {halving['twice']} texts twice, "
+          f"{halving['hangups']} requests computed after a hang-up; requests stopped waiting "
+          f"longer than their service time {cap.get('queue_settled_ms')} ms after the halving")
+    print("* the best fixed concurrency; auto/best: auto's chunks/s over it; timeouts and texts")
+    print("twice: auto's, and all fixed runs' together; a fixed c below K runs on c/K of the corpus.")
+
+
+if __name__ == "__main__":
+    section_main(section)
