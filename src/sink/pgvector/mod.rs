@@ -58,9 +58,8 @@ use crate::warnings::Warnings;
 pub use self::config::{
     Kind, PgvectorOutput, VectorIndex, HNSW_MAX_DIMENSIONS, METADATA_TABLE_SUFFIX,
 };
-pub use self::db::finishing_lock_key;
-pub use self::search::search;
 pub use self::split::rows_of as shard_condition;
+pub use self::{db::finishing_lock_key, search::search};
 
 /// The temporary table a run stages its rows in.
 const STAGING: &str = "pg_temp.embedjob_staging";
@@ -634,12 +633,7 @@ impl Merge<'_> {
                 });
             }
         }
-        let generation = spaces
-            .of(self.shard)
-            .and_then(|keys| keys.get(GENERATION_KEY))
-            .and_then(|g| g.parse::<u64>().ok())
-            .unwrap_or(0)
-            + 1;
+        let generation = spaces.next_generation(self.shard);
         let conflicts = spaces.conflicts(self.shard, self.metadata.extra.get(FINGERPRINT_KEY));
         if !conflicts.is_empty() && self.builds_on.is_some() {
             let others: Vec<String> = conflicts.iter().map(|o| split::describe(*o)).collect();

@@ -17,7 +17,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::contract::{FINGERPRINT_KEY, INPUT_KEY, JOB_KEY, METADATA_COLUMNS_KEY};
+use crate::contract::{FINGERPRINT_KEY, GENERATION_KEY, INPUT_KEY, JOB_KEY, METADATA_COLUMNS_KEY};
 use crate::job::Shard;
 
 /// Whose keys: a shard's, or (`None`) a run of the whole job's.
@@ -49,6 +49,16 @@ impl Namespaces {
             Some(shard) => format!("{}:{key}", shard.name()),
             None => key.to_string(),
         }
+    }
+
+    /// The generation a run of `owner` finishing now writes: one past the
+    /// last it wrote.
+    pub fn next_generation(&self, owner: Owner) -> u64 {
+        self.of(owner)
+            .and_then(|keys| keys.get(GENERATION_KEY))
+            .and_then(|g| g.parse::<u64>().ok())
+            .unwrap_or(0)
+            + 1
     }
 
     /// What `owner` recorded, when it recorded anything.
