@@ -34,28 +34,10 @@ def log(message):
 
 
 def job(work, name, corpus_path, concurrency):
-    path = os.path.join(work, f"job-{name}.toml")
-    with open(path, "w") as f:
-        f.write(f"""name = "ab-{name}"
-[source]
-kind = "jsonl"
-path = "{corpus_path}"
-text_field = "text"
-id_field = "id"
-[chunking]
-max_tokens = 256
-overlap_tokens = 0
-[backend]
-kind = "api"
-base_url = "http://127.0.0.1:1"
-model = "{MODEL}"
-concurrency = {concurrency}
-max_inputs_per_request = 128
-[output]
-path = "{os.path.join(work, name + '.parquet')}"
-include_text = false
-""")
-    return path
+    return benchlib.write_job(
+        work, name, corpus_path, base_url="http://127.0.0.1:1", model=MODEL,
+        concurrency=concurrency, batch=128,
+        output=f'path = "{os.path.join(work, name + ".parquet")}"\ninclude_text = false')
 
 
 def run(command, env=None):

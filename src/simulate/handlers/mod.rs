@@ -152,6 +152,14 @@ impl Shared {
         sleep_ms(self.config.latency_ms).await;
     }
 
+    /// The models the caller may see, in the configuration's order.
+    pub fn visible_models(&self, caller: Caller) -> impl Iterator<Item = &ModelSpec> {
+        self.config
+            .models
+            .iter()
+            .filter(move |model| caller.sees(&self.config, &model.id))
+    }
+
     /// The model `id`, if it exists and the caller may see it.
     pub fn visible_model(&self, caller: Caller, id: &str) -> Result<&ModelSpec, ApiError> {
         self.config

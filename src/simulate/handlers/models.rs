@@ -41,10 +41,7 @@ pub(crate) async fn list_models(State(shared): State<Arc<Shared>>, headers: Head
         Err(error) => return shared.fail(error),
     };
     let data: Vec<Value> = shared
-        .config
-        .models
-        .iter()
-        .filter(|model| caller.sees(&shared.config, &model.id))
+        .visible_models(caller)
         .map(|model| model_json(model, shared.config.bare_listing))
         .collect();
     axum::Json(json!({ "object": "list", "data": data })).into_response()
@@ -84,10 +81,7 @@ pub(crate) async fn model_info(State(shared): State<Arc<Shared>>, headers: Heade
         Err(error) => return shared.fail(error),
     };
     let data: Vec<Value> = shared
-        .config
-        .models
-        .iter()
-        .filter(|model| caller.sees(&shared.config, &model.id))
+        .visible_models(caller)
         .map(|model| {
             json!({
                 "model_name": model.id,
