@@ -50,6 +50,20 @@ pub const START: usize = 1;
 pub const TOLERANCE: f64 = 0.25;
 /// An answer that took this share of the timeout halves the limit.
 pub const TIMEOUT_SHARE: f64 = 0.5;
+
+/// The band `auto` settles in against a server of `workers` workers: at
+/// least the workers (none idle), at most `max(K + 1, K / (1 - TOLERANCE))`
+/// (the queue within the tolerance; see the module's docs).
+#[allow(
+    clippy::cast_precision_loss,
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss
+)]
+pub fn band(workers: usize) -> std::ops::RangeInclusive<usize> {
+    let high = (workers + 1).max((workers as f64 / (1.0 - TOLERANCE)).floor() as usize);
+    workers..=high
+}
+
 /// No increase while an answer of the window took this share of the timeout.
 const GROWTH_SHARE: f64 = 0.25;
 /// Size classes per octave of tokens.
@@ -615,18 +629,6 @@ mod tests {
 
     fn auto(most: usize) -> Concurrency {
         Concurrency::new(Limit::Auto { most }, Some(Duration::from_secs(60)))
-    }
-
-    /// The band the limit settles in for `workers`: at least the workers,
-    /// at most `max(K + 1, K / (1 - TOLERANCE))` (see the module's docs).
-    #[allow(
-        clippy::cast_precision_loss,
-        clippy::cast_possible_truncation,
-        clippy::cast_sign_loss
-    )]
-    fn band(workers: usize) -> std::ops::RangeInclusive<usize> {
-        let high = (workers + 1).max((workers as f64 / (1.0 - TOLERANCE)).floor() as usize);
-        workers..=high
     }
 
     #[tokio::test(start_paused = true)]

@@ -25,7 +25,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-pub use self::concurrency::{Limit as ConcurrencyLimit, Settled as SettledConcurrency};
+pub use self::concurrency::{
+    band as auto_band, Limit as ConcurrencyLimit, Settled as SettledConcurrency,
+};
 pub use self::headers::{retry_after, QuotaHeader, RateLimitHeaders};
 pub use self::limits::RateLimits;
 pub use self::pacing::QuotaStop;

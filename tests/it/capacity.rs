@@ -5,7 +5,7 @@
 //! No assertion reads a clock. Throughput is asserted through the limit the
 //! controller settled on: at least K keeps every worker busy (a closed loop
 //! of c ≥ K requests in flight leaves no worker idle), and at most
-//! `max(K + 1, K / (1 - TOLERANCE))` keeps the queue, and so the latency,
+//! `max(K + 1, K / (1 - TOLERANCE))` (`rate::auto_band`) keeps the queue, and so the latency,
 //! within the controller's tolerance: with c in flight and K workers, c - K
 //! wait, and the controller cuts once the estimated queue is over
 //! `max(1, TOLERANCE × c)` (src/rate/concurrency.rs). A cut lands at the
@@ -18,8 +18,6 @@ use std::time::Duration;
 
 use crate::support::{files_source, json, run_job, simulator, text, write_job};
 
-/// `auto`'s allowed queue, as a share of the requests in flight.
-const TOLERANCE: f64 = 0.25;
 /// Requests the settled limit may stray from the band by: the estimate of
 /// the queue is a mean over one window, and RTTs on a loaded test machine
 /// jitter by a few milliseconds around service times of 20.
@@ -40,14 +38,10 @@ fn corpus(dir: &std::path::Path, documents: usize) -> std::path::PathBuf {
     root
 }
 
-#[allow(
-    clippy::cast_precision_loss,
-    clippy::cast_possible_truncation,
-    clippy::cast_sign_loss
-)]
+/// `auto`'s band for `workers`, with `SLACK` on each side.
 fn band(workers: usize) -> std::ops::RangeInclusive<usize> {
-    let high = (workers + 1).max((workers as f64 / (1.0 - TOLERANCE)).floor() as usize);
-    workers.saturating_sub(SLACK).max(1)..=high + SLACK
+    let band = embedjob::rate::auto_band(workers);
+    band.start().saturating_sub(SLACK).max(1)..=band.end() + SLACK
 }
 
 /// Runs a job of `documents` requests (one input each) against a server of
