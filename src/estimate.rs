@@ -167,11 +167,13 @@ pub fn estimate(
     let mut count = Counts::default();
     while let Some(document) = source.next_document()? {
         for chunk in chunker.chunk(&document) {
-            if classifier.classify(&chunk) != Class::Send {
-                continue;
-            }
-            if let Some(batch) = batcher.push(chunk) {
-                count.request(&batch, &limits);
+            for chunk in classifier.fit(chunk) {
+                if classifier.classify(&chunk) != Class::Send {
+                    continue;
+                }
+                if let Some(batch) = batcher.push(chunk) {
+                    count.request(&batch, &limits);
+                }
             }
         }
     }

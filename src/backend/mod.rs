@@ -206,24 +206,17 @@ impl LearnedWindow {
 }
 
 impl LearnedWindow {
-    /// As the output's metadata records it, with the tokenizer that counts `tokens`.
-    pub fn to_json(&self, tokenizer: &str) -> String {
+    /// As an output records it, without the tokenizer.
+    fn to_value(self) -> serde_json::Value {
         serde_json::json!({
             "tokens": self.tokens,
-            "tokenizer": tokenizer,
             "server_tokens": self.server_tokens,
             "from": self.from,
         })
-        .to_string()
     }
 
-    /// A window recorded by [`LearnedWindow::to_json`], when it is counted
-    /// in `tokenizer`; anything else is no window.
-    pub fn from_json(json: &str, tokenizer: &str) -> Option<LearnedWindow> {
-        let value: serde_json::Value = serde_json::from_str(json).ok()?;
-        if value.get("tokenizer")?.as_str()? != tokenizer {
-            return None;
-        }
+    /// A window as [`LearnedWindow::to_value`] records it; anything else is none.
+    fn from_value(value: &serde_json::Value) -> Option<LearnedWindow> {
         let from = match value.get("from")?.as_str()? {
             "refusal" => WindowSource::Refusal,
             "truncation" => WindowSource::Truncation,
@@ -236,6 +229,68 @@ impl LearnedWindow {
                 .and_then(serde_json::Value::as_u64),
             from,
         })
+    }
+}
+
+/// The windows a finished run learned, as its output records them
+/// (`embedjob.context_window`), so that the next run chunks as it did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RecordedWindow {
+    /// The window chunks were cut to from the start (a probe found it).
+    pub chunks: Option<LearnedWindow>,
+    /// The window the chunks refused during the run were cut to: the next
+    /// run cuts the chunks over it into the same pieces before it sends them.
+    pub pieces: Option<LearnedWindow>,
+}
+
+impl RecordedWindow {
+    /// As the output's metadata records it, with the tokenizer that counts
+    /// the tokens: the chunks' window at the top, the pieces' under `pieces`;
+    /// `None` when there is neither.
+    pub fn to_json(&self, tokenizer: &str) -> Option<String> {
+        let mut value = match self.chunks {
+            Some(chunks) => chunks.to_value(),
+            None if self.pieces.is_some() => serde_json::json!({}),
+            None => return None,
+        };
+        value["tokenizer"] = tokenizer.into();
+        if let Some(pieces) = self.pieces {
+            value["pieces"] = pieces.to_value();
+        }
+        Some(value.to_string())
+    }
+
+    /// The windows recorded by [`RecordedWindow::to_json`], when counted in
+    /// `tokenizer`; anything else is none.
+    pub fn from_json(json: &str, tokenizer: &str) -> RecordedWindow {
+        let Ok(value) = serde_json::from_str::<serde_json::Value>(json) else {
+            return RecordedWindow::default();
+        };
+        if value.get("tokenizer").and_then(serde_json::Value::as_str) != Some(tokenizer) {
+            return RecordedWindow::default();
+        }
+        RecordedWindow {
+            chunks: LearnedWindow::from_value(&value),
+            pieces: value.get("pieces").and_then(LearnedWindow::from_value),
+        }
+    }
+
+    /// The windows an output's metadata records, when `model` made it and
+    /// they are counted in `tokenizer`.
+    pub fn of_output(
+        metadata: &std::collections::BTreeMap<String, String>,
+        model: &str,
+        tokenizer: &str,
+    ) -> RecordedWindow {
+        match (
+            metadata.get(crate::contract::MODEL_KEY),
+            metadata.get(crate::contract::CONTEXT_WINDOW_KEY),
+        ) {
+            (Some(made_by), Some(json)) if made_by == model => {
+                RecordedWindow::from_json(json, tokenizer)
+            }
+            _ => RecordedWindow::default(),
+        }
     }
 }
 

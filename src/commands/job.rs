@@ -3,10 +3,10 @@
 use tokio::sync::watch;
 
 use super::{messages, print_json, Outcome};
-use crate::backend::Embedding;
+use crate::backend::{Embedding, RecordedWindow};
 use crate::cli::{EstimateArgs, RunArgs};
 use crate::exit::{Exit, Failure};
-use crate::pipeline::{Classifier, Failed, RunOptions, StopRequest, Summary};
+use crate::pipeline::{Classifier, Failed, Rechunker, RunOptions, StopRequest, Summary};
 use crate::state::{Fingerprint, JobState, StateError, StateLocation};
 
 pub async fn run(args: &RunArgs) -> Outcome {
@@ -289,13 +289,20 @@ pub async fn estimate(args: &EstimateArgs) -> Outcome {
         let fingerprint = Fingerprint::new(&job, &info);
         let mut reuse = crate::state::Reuse::default();
         let mut ratio = None;
+        let mut pieces = None;
         let mut keeps_rows = false;
+        let tokenizer = crate::backend::tokenizer_name(&job.chunking);
         for (part, sink) in parts.iter().zip(&sinks) {
             let held = sink.held().map_err(Failure::failed)?;
             ratio = ratio.or_else(|| {
                 held.as_ref()
                     .and_then(|held| learned_ratio(held.metadata(), &fingerprint))
             });
+            // The chunks the last run cut mid-run, cut as a run would cut them.
+            if let Some(held) = held.as_ref().filter(|_| !fresh) {
+                let recorded = RecordedWindow::of_output(held.metadata(), &info.model, tokenizer);
+                pieces = pieces.or(recorded.pieces);
+            }
             let held = if fresh { None } else { held };
             let location = StateLocation::for_job(part);
             crate::state::peek_into(&mut reuse, &part.name, &location, &fingerprint, held, fresh)
@@ -303,7 +310,9 @@ pub async fn estimate(args: &EstimateArgs) -> Outcome {
             messages::warn_all(reuse.warnings.drain(..));
             keeps_rows = sink.keeps_rows();
         }
-        let classifier = Classifier::new(reuse.store, reuse.held_ids, keeps_rows);
+        let rechunk = Rechunker::new(std::sync::Arc::clone(&chunker), pieces);
+        let classifier = Classifier::new(reuse.store, reuse.held_ids, keeps_rows)
+            .cutting(std::sync::Arc::new(rechunk));
         crate::estimate::estimate(&job, chunker.as_ref(), &info, classifier)
             .map(|e| crate::estimate::Estimate {
                 warnings,

@@ -4,9 +4,11 @@
 //! counts exactly what a run sends.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 
 use serde::Serialize;
 
+use super::rechunk::Rechunker;
 use crate::store::{hash_key, hash_prefix, HeldIds, Location, Origin, Store};
 use crate::types::{id_key, Chunk};
 
@@ -58,6 +60,8 @@ pub struct Classifier {
     /// text is never taken for a repeat of another.
     scheduled: HashSet<u128>,
     counts: Counts,
+    /// Cuts the chunks over the window refusals taught, before they are sent.
+    rechunk: Option<Arc<Rechunker>>,
 }
 
 impl Classifier {
@@ -68,7 +72,30 @@ impl Classifier {
             keeps_rows,
             scheduled: HashSet::new(),
             counts: Counts::default(),
+            rechunk: None,
         }
+    }
+
+    /// A classifier that cuts, with `rechunk`, the chunks over the window
+    /// refusals taught (see [`Classifier::fit`]).
+    #[must_use]
+    pub fn cutting(mut self, rechunk: Arc<Rechunker>) -> Classifier {
+        self.rechunk = Some(rechunk);
+        self
+    }
+
+    /// `chunk`, or, when no vector of its text is at hand and it is over
+    /// the window refusals taught, the pieces a refusal would cut it into:
+    /// the pieces an earlier run paid for are then reused, as the chunks
+    /// the server took whole are. Classify what it returns.
+    pub fn fit(&self, chunk: Chunk) -> Vec<Chunk> {
+        let pieces = match &self.rechunk {
+            Some(rechunk) if self.store.locate(&chunk.content_hash).is_none() => {
+                rechunk.cut(&chunk)
+            }
+            _ => None,
+        };
+        pieces.unwrap_or_else(|| vec![chunk])
     }
 
     /// A classifier with nothing stored: every distinct text is sent.

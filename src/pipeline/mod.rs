@@ -22,13 +22,14 @@ mod summary;
 mod tests;
 mod write;
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, watch};
 
-use crate::backend::{BackendError, EmbeddingBackend};
+use crate::backend::{BackendError, EmbeddingBackend, RecordedWindow};
 use crate::batch::{Batch, Batcher};
 use crate::chunk::Chunker;
 use crate::contract::TOKEN_RATIO_KEY;
@@ -45,6 +46,7 @@ use crate::warnings::Warnings;
 
 pub use self::build::build;
 pub use self::classify::{Class, Classifier, Counts};
+pub use self::rechunk::Rechunker;
 pub use self::stop::StopRequest;
 pub use self::summary::{LearnedLimits, Summary};
 
@@ -151,7 +153,7 @@ pub async fn execute(
     let backend = Arc::clone(&stages.backend);
     let target = stages.sink.target();
     let limits = Arc::new(Limits::default());
-    let rechunk = Arc::new(rechunk::Rechunker::new(Arc::clone(&stages.chunker)));
+    let rechunk = Arc::new(Rechunker::new(Arc::clone(&stages.chunker), None));
     let mut report = Report::default();
     let result = run_stages(
         job,
@@ -206,7 +208,7 @@ async fn run_stages(
     stages: Stages,
     state: JobState,
     (options, started): (RunOptions, Instant),
-    (limits, rechunk): (Arc<Limits>, Arc<rechunk::Rechunker>),
+    (limits, rechunk): (Arc<Limits>, Arc<Rechunker>),
     report: &mut Report,
 ) -> Result<(), RunError> {
     let Stages {
@@ -219,7 +221,16 @@ async fn run_stages(
     let info = backend.info().clone();
     let fingerprint = Fingerprint::new(job, &info);
     tell_sink(sink.as_mut(), job, source.as_ref(), options.fresh);
-    let (mut reuse, sink, state, previous_ratio) = load_reuse(sink, state, options.fresh).await?;
+    let (mut reuse, sink, state, recorded) = load_reuse(sink, state, options.fresh).await?;
+    let previous_ratio = recorded
+        .get(TOKEN_RATIO_KEY)
+        .and_then(|r| r.parse::<f64>().ok())
+        .filter(|r| r.is_finite() && *r > 0.0);
+    // The chunks an earlier run cut mid-run are cut the same way before they are sent.
+    let tokenizer = crate::backend::tokenizer_name(&job.chunking);
+    if let Some(pieces) = RecordedWindow::of_output(&recorded, &info.model, tokenizer).pieces {
+        rechunk.remember(pieces);
+    }
     let keeps_rows = sink.keeps_rows();
     for warning in reuse.warnings.drain(..) {
         options.warnings.warn(warning);
@@ -243,7 +254,8 @@ async fn run_stages(
     let (batch_tx, batch_rx) = mpsc::channel::<Result<Batch, RunError>>(capacity);
     let gate = repeats::RepeatGate::new();
     let reading = Reading {
-        classifier: Classifier::new(reuse.store, reuse.held_ids, keeps_rows),
+        classifier: Classifier::new(reuse.store, reuse.held_ids, keeps_rows)
+            .cutting(Arc::clone(&rechunk)),
         batcher: Batcher::for_backend(&job.backend),
         removes_rows: keeps_rows,
         halt: Arc::clone(&halt),
@@ -356,15 +368,18 @@ fn budget(job: &Job, info: &crate::backend::BackendInfo) -> Option<Arc<Budget>> 
         .map(|max_cost| Arc::new(Budget::new(max_cost, prices)))
 }
 
-/// The window the output records, as JSON: the one the chunks were cut to
-/// from the start, else the one refusals taught.
+/// The windows the output records, as JSON: the one the chunks were cut to
+/// from the start, and the one chunks refused mid-run were cut to.
 fn recorded_window(
     job: &Job,
     stats: &crate::backend::BackendStats,
-    rechunk: &rechunk::Rechunker,
+    rechunk: &Rechunker,
 ) -> Option<String> {
-    let window = stats.window.or_else(|| rechunk.learned())?;
-    Some(window.to_json(crate::backend::tokenizer_name(&job.chunking)))
+    let windows = RecordedWindow {
+        chunks: stats.window,
+        pieces: rechunk.learned(),
+    };
+    windows.to_json(crate::backend::tokenizer_name(&job.chunking))
 }
 
 /// The limits the service's answers lowered during the run; the window, the
@@ -404,21 +419,20 @@ fn tell_sink(sink: &mut dyn Sink, job: &Job, source: &dyn Source, fresh: bool) {
 }
 
 /// What the sink holds and the checkpoint's parts, indexed off the runtime,
-/// with the token ratio the held output recorded.
+/// with the metadata the held output recorded (empty when none is held).
 async fn load_reuse(
     sink: Box<dyn Sink>,
     state: JobState,
     fresh: bool,
-) -> Result<(Reuse, Box<dyn Sink>, JobState, Option<f64>), RunError> {
+) -> Result<(Reuse, Box<dyn Sink>, JobState, BTreeMap<String, String>), RunError> {
     tokio::task::spawn_blocking(move || {
         let held = if fresh { None } else { sink.held()? };
-        let ratio = held
+        let recorded = held
             .as_ref()
-            .and_then(|h| h.metadata().get(TOKEN_RATIO_KEY))
-            .and_then(|r| r.parse::<f64>().ok())
-            .filter(|r| r.is_finite() && *r > 0.0);
+            .map(|h| h.metadata().clone())
+            .unwrap_or_default();
         let reuse = state.reuse(held, fresh)?;
-        Ok((reuse, sink, state, ratio))
+        Ok((reuse, sink, state, recorded))
     })
     .await
     .map_err(|e| {

@@ -79,8 +79,10 @@ impl Reading {
                 break;
             };
             for chunk in chunker.chunk(&document) {
-                if !self.route(chunk, reuse, kept)? {
-                    return Ok(());
+                for piece in self.classifier.fit(chunk) {
+                    if !self.route(piece, reuse, kept)? {
+                        return Ok(());
+                    }
                 }
             }
         }

@@ -1,8 +1,15 @@
 //! A chunk the model refused as over its window, cut again to fit instead
 //! of quarantined: the refusal's limit (OpenAI, TEI and vLLM say it) scaled
 //! by the server's count of the chunk over the local one, less a margin.
-//! The pieces are cut by the run's own chunker at that size, so the same
-//! refusal cuts the same pieces, with the same ids, in every run.
+//!
+//! The first refusal of a run sets the window (or the output records one
+//! from an earlier run): every chunk over it is cut to it by the run's own
+//! chunker, the refused ones and, before they are sent, those read after it
+//! whose vector is not at hand (see `Classifier::fit`). So the next run,
+//! chunking as this one did, cuts the same pieces, with the same ids and
+//! texts, and reuses their vectors. A chunk refused within the window (the
+//! server counts its text more densely), or a piece refused again, is cut
+//! to its own refusal's fit.
 
 use std::sync::{Arc, Mutex};
 
@@ -11,26 +18,38 @@ use crate::chunk::Chunker;
 use crate::client::window_refusal;
 use crate::types::{Chunk, Document};
 
-/// Cuts refused chunks, and keeps the smallest window their refusals taught.
-pub(super) struct Rechunker {
+/// Cuts chunks over the window refusals taught, and keeps that window.
+pub struct Rechunker {
     chunker: Arc<dyn Chunker>,
     learned: Mutex<Option<LearnedWindow>>,
 }
 
 impl Rechunker {
-    pub(super) fn new(chunker: Arc<dyn Chunker>) -> Rechunker {
+    /// Cuts with `chunker` (the run's), to the window an earlier run cut
+    /// refused chunks to, when its output records one.
+    pub fn new(chunker: Arc<dyn Chunker>, recorded: Option<LearnedWindow>) -> Rechunker {
         Rechunker {
             chunker,
-            learned: Mutex::new(None),
+            learned: Mutex::new(recorded),
         }
     }
 
-    /// The smallest window a refusal taught during the run.
-    pub(super) fn learned(&self) -> Option<LearnedWindow> {
+    /// The window chunks over it are cut to: the first refusal's of the run,
+    /// or the one an earlier run recorded.
+    pub fn learned(&self) -> Option<LearnedWindow> {
         *self
             .learned
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Takes the window an earlier run cut refused chunks to, as its output
+    /// records it, unless a refusal of this run came first.
+    pub(super) fn remember(&self, window: LearnedWindow) {
+        self.learned
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get_or_insert(window);
     }
 
     /// `chunk` cut in pieces that fit the window `message` states, ids
@@ -49,22 +68,39 @@ impl Rechunker {
         }
         let window = LearnedWindow::from_refusal(refusal.limit, Some(given), local);
         // Smaller than the chunk, whatever the server said, so that cutting ends.
-        let size = window.tokens.min(local - 1);
+        let own = window.tokens.min(local - 1);
+        let learned = *self
+            .learned
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get_or_insert(LearnedWindow {
+                tokens: own,
+                ..window
+            });
+        // Over the run's window, cut to it, as the next run cuts before sending.
+        let size = if local > learned.tokens {
+            learned.tokens
+        } else {
+            own
+        };
+        self.cut_to(chunk, size)
+    }
+
+    /// `chunk` cut to the window refusals taught, when it is over it: the
+    /// pieces a refusal of it cuts.
+    pub fn cut(&self, chunk: &Chunk) -> Option<Vec<Chunk>> {
+        let window = self.learned()?;
+        if u64::from(chunk.token_count) <= window.tokens {
+            return None;
+        }
+        self.cut_to(chunk, window.tokens)
+    }
+
+    /// `chunk` cut by the run's chunker to `size` tokens, in more than one piece.
+    fn cut_to(&self, chunk: &Chunk, size: u64) -> Option<Vec<Chunk>> {
         let narrower = self
             .chunker
             .narrower(usize::try_from(size).unwrap_or(usize::MAX))?;
-        {
-            let mut learned = self
-                .learned
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            if learned.is_none_or(|l| size < l.tokens) {
-                *learned = Some(LearnedWindow {
-                    tokens: size,
-                    ..window
-                });
-            }
-        }
         let document = Document {
             doc_id: chunk.doc_id.to_string(),
             source: Arc::clone(&chunk.source),
@@ -117,7 +153,7 @@ mod tests {
         let chunker: Arc<dyn Chunker> = Arc::new(TokenChunker::cl100k(&config).unwrap());
         let refused = chunk(&"word ".repeat(150), chunker.as_ref());
         let local = u64::from(refused.token_count);
-        let rechunker = Rechunker::new(Arc::clone(&chunker));
+        let rechunker = Rechunker::new(Arc::clone(&chunker), None);
         // The server counts twice as many tokens as we do, and takes 100:
         // 50 of ours, less a tenth.
         let message = format!(
@@ -152,5 +188,50 @@ mod tests {
         ] {
             assert!(rechunker.pieces(&refused, other).is_none(), "{other}");
         }
+    }
+
+    #[test]
+    fn the_next_run_cuts_the_pieces_a_refusal_cut_without_a_refusal() {
+        let config = ChunkingConfig {
+            tokenizer: None,
+            max_tokens: 200,
+            overlap_tokens: 20,
+            markdown: Some(false),
+        };
+        let chunker: Arc<dyn Chunker> = Arc::new(TokenChunker::cl100k(&config).unwrap());
+        let refused = chunk(&"word ".repeat(150), chunker.as_ref());
+        let local = u64::from(refused.token_count);
+        let refusal = |factor: u64| {
+            format!(
+                "maximum context length is 100 tokens, however you requested {} tokens",
+                local * factor
+            )
+        };
+        let rechunker = Rechunker::new(Arc::clone(&chunker), None);
+        // Nothing refused yet: nothing is cut before it is sent.
+        assert!(rechunker.cut(&refused).is_none());
+        let pieces = rechunker.pieces(&refused, &refusal(2)).unwrap();
+        let learned = rechunker.learned().unwrap();
+        assert_eq!(rechunker.cut(&refused).unwrap(), pieces);
+        // A later refusal that counts more densely keeps the run's window,
+        // so that every chunk over it is cut to it, as the next run cuts.
+        assert_eq!(rechunker.pieces(&refused, &refusal(4)).unwrap(), pieces);
+        assert_eq!(rechunker.learned(), Some(learned));
+        // A chunk within the window is not cut; refused, it is cut to its
+        // own refusal's fit.
+        let within = chunk(&"word ".repeat(30), chunker.as_ref());
+        assert!(u64::from(within.token_count) <= learned.tokens);
+        assert!(rechunker.cut(&within).is_none());
+        let message = format!(
+            "maximum context length is 10 tokens, however you requested {} tokens",
+            within.token_count * 2
+        );
+        let small = rechunker.pieces(&within, &message).unwrap();
+        // 10 of its tokens, 5 of ours, less a tenth (nothing of 5).
+        assert!(small.iter().all(|p| p.token_count <= 5), "{small:?}");
+        // The next run, given the window the output recorded, cuts the same
+        // pieces before anything is sent.
+        let next = Rechunker::new(Arc::clone(&chunker), Some(learned));
+        assert_eq!(next.cut(&refused).unwrap(), pieces);
     }
 }

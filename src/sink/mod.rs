@@ -20,6 +20,7 @@ pub mod pgvector {
     };
 }
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
@@ -59,6 +60,21 @@ pub trait SinkKind: crate::job::Kind<dyn OutputParams> {
         _model: &str,
     ) -> Result<(), SinkError> {
         Ok(())
+    }
+
+    /// The `embedjob.*` keys the output's last finished run recorded, for
+    /// `shard`'s part: a file's footer here; empty when there is no output yet.
+    fn recorded<'a>(
+        &'a self,
+        params: &'a dyn OutputParams,
+        _shard: Option<Shard>,
+    ) -> BoxFuture<'a, Result<BTreeMap<String, String>, SinkError>> {
+        Box::pin(async move {
+            match params.output_file().filter(|file| file.exists()) {
+                Some(file) => Ok(crate::parquet_io::read_key_values(file)?),
+                None => Ok(BTreeMap::new()),
+            }
+        })
     }
 
     /// The `k` rows of the output nearest to `vector`, after checking that
@@ -199,6 +215,17 @@ pub fn check(
     model: &str,
 ) -> Result<(), SinkError> {
     kind_of(output)?.check(output.params.as_ref(), dimensions, model)
+}
+
+/// The `embedjob.*` keys the output's last finished run recorded (see
+/// [`SinkKind::recorded`]).
+pub async fn recorded(
+    output: &OutputConfig,
+    shard: Option<Shard>,
+) -> Result<BTreeMap<String, String>, SinkError> {
+    kind_of(output)?
+        .recorded(output.params.as_ref(), shard)
+        .await
 }
 
 /// The `k` rows of the output nearest to `vector` (see [`SinkKind::search`]).

@@ -1360,3 +1360,115 @@ async fn a_run_behind_a_database_that_stopped_answering_stops_sending_and_a_kill
         "{billed_twice} texts billed twice after one kill, more than {bound}"
     );
 }
+
+/// A job over `root` into `table` of `db`, with the default chunking, against
+/// a server that lists no window (see `window.rs`).
+fn window_pg_job(
+    dir: &Path,
+    base_url: &str,
+    root: &Path,
+    db: &TestDb,
+    table: &str,
+    backend_extra: &str,
+) -> std::path::PathBuf {
+    let job = format!(
+        r#"name = "window"
+[source]
+{source}
+[backend]
+kind = "api"
+base_url = "{base_url}"
+api_path = ""
+model = "svc-embed-1"
+concurrency = 4
+max_retries = 3
+timeout_seconds = 10
+{backend_extra}
+[output]
+kind = "pgvector"
+url = "{url}"
+password_env = "{PASSWORD_ENV}"
+table = "{table}"
+state_dir = "{state}"
+"#,
+        source = files_source(root),
+        url = db.url,
+        state = dir.join("state").display()
+    );
+    let path = dir.join(format!("{table}.toml"));
+    std::fs::write(&path, job).unwrap();
+    path
+}
+
+/// The window a run learned is kept in the table's metadata, as a Parquet
+/// footer keeps it, and read back: the next run and `estimate` chunk as the
+/// first run did (to the window the probe found, or as the job says with
+/// the chunks refused mid-run cut into the same pieces), and nothing is sent
+/// again, neither a probe nor a text.
+#[tokio::test]
+async fn the_window_a_run_learned_is_read_back_from_the_table() {
+    let db = TestDb::new().await;
+    for (table, backend_extra) in [("probed", ""), ("refused", "probe_window = false")] {
+        let dir = tempfile::tempdir().unwrap();
+        let root = crate::window::prose(dir.path());
+        let sim = simulator(crate::window::unlisted("tei")).await;
+        let job = window_pg_job(
+            dir.path(),
+            &sim.base_url(),
+            &root,
+            &db,
+            table,
+            backend_extra,
+        );
+        let output = run_pg(&job, &db, &["--json"]).await;
+        expect_exit(&output, 0);
+        let first = summary(&output);
+        let window = first["learned_limits"]["context_window"].clone();
+        assert_eq!(window["server_tokens"], 256, "{table}: {first}");
+        assert_eq!(first["quarantined"], 0, "{table}: {first}");
+        let rows = db.rows(table).await;
+        let recorded = db.metadata(table).await["embedjob.context_window"].clone();
+        assert!(
+            recorded.contains("\"tokenizer\":\"cl100k_base\""),
+            "{recorded}"
+        );
+        let ledger = sim.ledger();
+
+        let mut command = bin();
+        command
+            .env("EMBEDJOB_API_KEY", KEY)
+            .env(PASSWORD_ENV, &db.password)
+            .args(["estimate", job.to_str().unwrap(), "--json"]);
+        let output = run_command(command).await;
+        expect_exit(&output, 0);
+        let estimate = summary(&output);
+        assert_eq!(estimate["chunks"], rows.len() as u64, "{table}: {estimate}");
+        assert_eq!(estimate["tokens"], 0, "{table}: {estimate}");
+        if backend_extra.is_empty() {
+            assert_eq!(estimate["context_window"], window["tokens"], "{estimate}");
+        }
+
+        let output = run_pg(&job, &db, &["--json"]).await;
+        expect_exit(&output, 0);
+        let again = summary(&output);
+        assert_eq!(again["requests"], 0, "{table}: {again}");
+        assert_eq!(again["unchanged"], rows.len() as u64, "{table}: {again}");
+        assert_eq!(again["learned_limits"]["context_window"], window, "{again}");
+        assert_eq!(again["learned_limits"]["window_probe"], Value::Null);
+        let after = sim.ledger();
+        assert_eq!(
+            (after.embedding_requests, after.prompt_tokens, after.texts),
+            (
+                ledger.embedding_requests,
+                ledger.prompt_tokens,
+                ledger.texts
+            ),
+            "{table}: nothing was sent again"
+        );
+        assert_eq!(db.rows(table).await, rows, "{table}");
+        assert_eq!(
+            db.metadata(table).await["embedjob.context_window"],
+            recorded
+        );
+    }
+}

@@ -14,7 +14,7 @@ const WINDOW: u64 = 256;
 
 /// A server as infinity is run: routes at the root, no model route, a
 /// listing without a window; and a window of [`WINDOW`] tokens.
-fn unlisted(over: &str) -> SimConfig {
+pub(crate) fn unlisted(over: &str) -> SimConfig {
     SimConfig {
         url_prefix: String::new(),
         model_route: false,
@@ -26,7 +26,7 @@ fn unlisted(over: &str) -> SimConfig {
 
 /// Prose of ordinary words and punctuation, documents of several default
 /// (512-token) chunks each.
-fn prose(dir: &Path) -> PathBuf {
+pub(crate) fn prose(dir: &Path) -> PathBuf {
     const WORDS: &[&str] = &[
         "river",
         "levels",
@@ -307,6 +307,64 @@ async fn a_chunk_refused_during_the_run_is_cut_to_the_window_it_states() {
             rows.ids
         );
     }
+}
+
+/// A window taught mid-run: the refused chunks were cut into pieces and
+/// paid for. The next run over the same input, and its estimate, chunk as
+/// the first run did and cut the chunks it holds no vector for into the same
+/// pieces before sending anything: nothing is sent again, not even a
+/// request the server refuses, and the output is the same.
+#[tokio::test]
+async fn pieces_cut_during_a_run_are_not_sent_again_by_the_next_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = prose(dir.path());
+    let sim = simulator(unlisted("vllm")).await;
+    let job = job(dir.path(), &sim, &root, "probe_window = false");
+    let first = summary_of(&run_job(&job, &["--json"]).await);
+    assert_eq!(first["quarantined"], 0, "{first}");
+    let out = dir.path().join("out/result.parquet");
+    let rows = read_output(&out);
+    assert!(
+        rows.ids.iter().any(|id| id.ends_with("#0.1")),
+        "{:?}",
+        rows.ids
+    );
+    let ledger = sim.ledger();
+
+    let estimate = crate::support::json(
+        &crate::support::embedjob(&["estimate", crate::support::path_arg(&job), "--json"]).await,
+    );
+    assert_eq!(estimate["chunks"], rows.ids.len() as u64, "{estimate}");
+    assert_eq!(estimate["chunks_to_send"], 0, "{estimate}");
+    assert_eq!(estimate["tokens"], 0, "{estimate}");
+
+    let again = summary_of(&run_job(&job, &["--json"]).await);
+    assert_eq!(again["embedded"], 0, "{again}");
+    assert_eq!(again["requests"], 0, "{again}");
+    assert_eq!(again["unchanged"], rows.ids.len() as u64, "{again}");
+    assert_eq!(
+        again["learned_limits"]["context_window"],
+        first["learned_limits"]["context_window"]
+    );
+    let after = sim.ledger();
+    assert_eq!(
+        (after.embedding_requests, after.prompt_tokens, after.texts),
+        (
+            ledger.embedding_requests,
+            ledger.prompt_tokens,
+            ledger.texts
+        ),
+        "nothing was sent, and no text billed again"
+    );
+    let same = read_output(&out);
+    assert_eq!(
+        (&same.ids, &same.texts, &same.vectors),
+        (&rows.ids, &rows.texts, &rows.vectors)
+    );
+    assert_eq!(
+        same.metadata["embedjob.context_window"],
+        rows.metadata["embedjob.context_window"]
+    );
 }
 
 /// With `chunking.tokenizer` a model's `tokenizer.json`, a window of 256

@@ -271,16 +271,18 @@ impl ApiParams {
     }
 }
 
-/// The window an earlier run of the job learned for `model`, as its
-/// Parquet output records it, when counted in the job's tokenizer.
-fn earlier_window(job: &Job, model: &str) -> Option<crate::backend::LearnedWindow> {
-    let file = job.output.params.output_file()?;
-    let metadata = crate::parquet_io::read_key_values(file).ok()?;
-    if metadata.get(crate::contract::MODEL_KEY)? != model {
-        return None;
-    }
-    let json = metadata.get(crate::contract::CONTEXT_WINDOW_KEY)?;
-    crate::backend::LearnedWindow::from_json(json, crate::backend::tokenizer_name(&job.chunking))
+/// The windows an earlier run of the job learned for `model`, as its
+/// output records them (a Parquet file's footer, a table's metadata); none
+/// when the output cannot be read yet, which its sink then reports.
+async fn earlier_window(job: &Job, model: &str) -> crate::backend::RecordedWindow {
+    let metadata = crate::sink::recorded(&job.output, job.shard)
+        .await
+        .unwrap_or_default();
+    crate::backend::RecordedWindow::of_output(
+        &metadata,
+        model,
+        crate::backend::tokenizer_name(&job.chunking),
+    )
 }
 
 /// A listed window is counted in the model's own tokens, chunks in the
@@ -332,11 +334,12 @@ async fn build(job: &Job) -> Result<Embedding, Failure> {
          than the model takes, so keep `chunking.max_tokens` within it"
     );
     let earlier = if window.is_none() {
-        earlier_window(job, &model)
+        earlier_window(job, &model).await
     } else {
-        None
+        crate::backend::RecordedWindow::default()
     };
-    if window.is_none() && earlier.is_none() && !api.probe_window {
+    let remembered = earlier.chunks.is_some() || earlier.pieces.is_some();
+    if window.is_none() && !remembered && !api.probe_window {
         warnings.push(unknown.clone());
     }
     let special_tokens = crate::chunk::special_tokens(&job.chunking).map_err(Failure::usage)?;
@@ -378,8 +381,12 @@ async fn build(job: &Job) -> Result<Embedding, Failure> {
             }
         })
     };
-    if let Some(earlier) = earlier {
-        backend.remember_window(earlier, &job.chunking);
+    // Chunks cut as the earlier run cut them, to reuse what it paid for:
+    // no probe, which could find another window.
+    if let Some(chunks) = earlier.chunks {
+        backend.remember_window(chunks, &job.chunking);
+    } else if let Some(pieces) = earlier.pieces {
+        backend.remember_pieces(pieces, &job.chunking);
     } else if window.is_none() && api.probe_window {
         let unfitted = job.chunking_for(None);
         let counter = chunker_for(&unfitted)?;

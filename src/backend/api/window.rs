@@ -210,6 +210,20 @@ impl ApiBackend {
         ));
     }
 
+    /// Takes the window an earlier run cut the chunks the model refused
+    /// to, as its output records it: chunks are cut as the job says, and
+    /// those over the window into the same pieces, before they are sent.
+    pub(super) fn remember_pieces(&mut self, window: LearnedWindow, chunking: &ChunkingConfig) {
+        self.warn(format!(
+            "model {} lists no context window: chunks over {} {} tokens are cut to that before \
+             they are sent, as an earlier run cut those it refused (the output records it); set \
+             `backend.context_window` to choose the window",
+            self.info.model,
+            window.tokens,
+            tokenizer_name(chunking)
+        ));
+    }
+
     /// Takes what the probe found: the window chunks are cut to, and a
     /// warning that says it, in which tokens, and how to choose another;
     /// `unknown` says the window is unknown, when the probe found none.
@@ -258,6 +272,7 @@ impl ApiBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::RecordedWindow;
 
     #[test]
     fn the_margin_is_a_tenth_and_leaves_at_least_one_token() {
@@ -270,9 +285,32 @@ mod tests {
     #[test]
     fn a_recorded_window_is_read_back_only_in_its_tokenizer() {
         let window = LearnedWindow::from_refusal(256, Some(300), 280);
-        let json = window.to_json("cl100k_base");
-        assert_eq!(LearnedWindow::from_json(&json, "cl100k_base"), Some(window));
-        assert_eq!(LearnedWindow::from_json(&json, "o200k_base"), None);
+        let pieces = LearnedWindow {
+            tokens: 200,
+            ..window
+        };
+        for recorded in [
+            RecordedWindow {
+                chunks: Some(window),
+                pieces: None,
+            },
+            RecordedWindow {
+                chunks: None,
+                pieces: Some(pieces),
+            },
+            RecordedWindow {
+                chunks: Some(window),
+                pieces: Some(pieces),
+            },
+        ] {
+            let json = recorded.to_json("cl100k_base").unwrap();
+            assert_eq!(RecordedWindow::from_json(&json, "cl100k_base"), recorded);
+            assert_eq!(
+                RecordedWindow::from_json(&json, "o200k_base"),
+                RecordedWindow::default()
+            );
+        }
+        assert_eq!(RecordedWindow::default().to_json("cl100k_base"), None);
         for hostile in [
             "",
             "{",
@@ -283,10 +321,12 @@ mod tests {
             r#"{"tokens":99999999999999999999999,"tokenizer":"cl100k_base","from":"refusal"}"#,
             r#"{"tokens":5,"tokenizer":"cl100k_base","from":"guess"}"#,
             r#"{"tokens":5,"from":"refusal"}"#,
+            r#"{"tokenizer":"cl100k_base","pieces":{"tokens":0,"from":"refusal"}}"#,
+            r#"{"tokenizer":"cl100k_base","pieces":[5]}"#,
         ] {
             assert_eq!(
-                LearnedWindow::from_json(hostile, "cl100k_base"),
-                None,
+                RecordedWindow::from_json(hostile, "cl100k_base"),
+                RecordedWindow::default(),
                 "{hostile}"
             );
         }

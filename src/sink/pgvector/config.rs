@@ -3,6 +3,7 @@
 //! name, how it opens and how its table is searched (cargo feature
 //! `pgvector`).
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use futures::future::BoxFuture;
@@ -108,6 +109,18 @@ impl SinkKind for Kind {
         }
     }
 
+    /// The job's keys in the table's metadata table.
+    fn recorded<'a>(
+        &'a self,
+        params: &'a dyn OutputParams,
+        shard: Option<Shard>,
+    ) -> BoxFuture<'a, Result<BTreeMap<String, String>, SinkError>> {
+        Box::pin(async move {
+            let pg: &PgvectorOutput = params_of(params)?;
+            recorded(pg, shard).await
+        })
+    }
+
     fn search<'a>(
         &'a self,
         params: &'a dyn OutputParams,
@@ -129,6 +142,22 @@ async fn open(params: &PgvectorOutput, shard: Option<Shard>) -> Result<Box<dyn S
 
 #[cfg(not(feature = "pgvector"))]
 async fn open(_params: &PgvectorOutput, _shard: Option<Shard>) -> Result<Box<dyn Sink>, SinkError> {
+    Err(SinkError::NotBuilt("pgvector"))
+}
+
+#[cfg(feature = "pgvector")]
+async fn recorded(
+    pg: &PgvectorOutput,
+    shard: Option<Shard>,
+) -> Result<BTreeMap<String, String>, SinkError> {
+    Ok(super::recorded(pg, shard).await?)
+}
+
+#[cfg(not(feature = "pgvector"))]
+async fn recorded(
+    _pg: &PgvectorOutput,
+    _shard: Option<Shard>,
+) -> Result<BTreeMap<String, String>, SinkError> {
     Err(SinkError::NotBuilt("pgvector"))
 }
 

@@ -59,7 +59,10 @@ pub use self::config::{
     Kind, PgvectorOutput, VectorIndex, HNSW_MAX_DIMENSIONS, METADATA_TABLE_SUFFIX,
 };
 pub use self::split::rows_of as shard_condition;
-pub use self::{db::finishing_lock_key, search::search};
+pub use self::{
+    db::finishing_lock_key,
+    search::{recorded, search},
+};
 
 /// The temporary table a run stages its rows in.
 const STAGING: &str = "pg_temp.embedjob_staging";

@@ -1,6 +1,6 @@
 //! The nearest rows of a pgvector output, found by the database itself with
 //! pgvector's cosine distance operator (and its HNSW index, when the table
-//! has one).
+//! has one); and what the last run on it recorded.
 
 use std::collections::BTreeMap;
 
@@ -10,6 +10,22 @@ use super::PgError;
 use super::PgvectorOutput;
 use crate::contract::METADATA_COLUMNS_KEY;
 use crate::query::{Found, Hit};
+
+/// The keys `shard`'s last finished run (or, without one, the whole job's)
+/// recorded in the metadata table; empty before its first.
+pub async fn recorded(
+    params: &PgvectorOutput,
+    shard: Option<crate::job::Shard>,
+) -> Result<BTreeMap<String, String>, PgError> {
+    let database = Database::new(params)?;
+    let names = Names::new(params);
+    let client = database.connect().await?;
+    let all = db::read_metadata(&database, &client, &names).await?;
+    Ok(super::split::Namespaces::new(all)
+        .of(shard)
+        .cloned()
+        .unwrap_or_default())
+}
 
 /// The `k` rows nearest to `query` by cosine distance, best first, with the
 /// table's metadata. `hnsw.ef_search` is raised to `k` so that an index
