@@ -222,15 +222,7 @@ async fn run_stages(
     let fingerprint = Fingerprint::new(job, &info);
     tell_sink(sink.as_mut(), job, source.as_ref(), options.fresh);
     let (mut reuse, sink, state, recorded) = load_reuse(sink, state, options.fresh).await?;
-    let previous_ratio = recorded
-        .get(TOKEN_RATIO_KEY)
-        .and_then(|r| r.parse::<f64>().ok())
-        .filter(|r| r.is_finite() && *r > 0.0);
-    // The chunks an earlier run cut mid-run are cut the same way before they are sent.
-    let tokenizer = crate::backend::tokenizer_name(&job.chunking);
-    if let Some(pieces) = RecordedWindow::of_output(&recorded, &info.model, tokenizer).pieces {
-        rechunk.remember(pieces);
-    }
+    let previous_ratio = recall(&recorded, job, &info.model, &rechunk);
     let keeps_rows = sink.keeps_rows();
     for warning in reuse.warnings.drain(..) {
         options.warnings.warn(warning);
@@ -240,12 +232,7 @@ async fn run_stages(
     report.earlier = earlier;
     let checkpoint_dimensions = reuse.store.dimensions().filter(|_| earlier.parts > 0);
     let capacity = job.pipeline.channel_capacity;
-    let mode = match Mode::for_stderr(options.progress) {
-        // The bars of a job's shards, on one terminal, would overwrite each other.
-        Mode::Bar if job.shard.is_some() => Mode::Lines,
-        mode => mode,
-    };
-    let mut display = Progress::new(mode, job.pipeline.progress_seconds).for_shard(job.shard);
+    let mut display = progress_display(job, options.progress);
     let chunker = display.counting(chunker);
     let halt = Arc::new(AtomicBool::new(false));
     let settled = Arc::new(AtomicU64::new(0));
@@ -322,6 +309,16 @@ async fn run_stages(
     }
     state.close();
     Ok(())
+}
+
+/// The run's progress on stderr, as `progress` and the terminal allow.
+fn progress_display(job: &Job, progress: bool) -> Progress {
+    let mode = match Mode::for_stderr(progress) {
+        // The bars of a job's shards, on one terminal, would overwrite each other.
+        Mode::Bar if job.shard.is_some() => Mode::Lines,
+        mode => mode,
+    };
+    Progress::new(mode, job.pipeline.progress_seconds).for_shard(job.shard)
 }
 
 /// The writing stage: the sink, the checkpoint's parts (which carry billing
@@ -440,6 +437,25 @@ async fn load_reuse(
             "reading the stored vectors stopped unexpectedly: {e}"
         ))
     })?
+}
+
+/// What the held output recorded for this run: the ratio of billed to local
+/// tokens, returned; and the window it cut chunks refused mid-run to, given
+/// to `rechunk`, which cuts the same chunks the same way before they are sent.
+fn recall(
+    recorded: &BTreeMap<String, String>,
+    job: &Job,
+    model: &str,
+    rechunk: &Rechunker,
+) -> Option<f64> {
+    let tokenizer = crate::backend::tokenizer_name(&job.chunking);
+    if let Some(pieces) = RecordedWindow::of_output(recorded, model, tokenizer).pieces {
+        rechunk.remember(pieces);
+    }
+    recorded
+        .get(TOKEN_RATIO_KEY)
+        .and_then(|r| r.parse::<f64>().ok())
+        .filter(|r| r.is_finite() && *r > 0.0)
 }
 
 /// The reading stage's report; a reading stage that failed to finish makes
