@@ -116,7 +116,7 @@ path = "{out}"
 
 fn summary_of(output: &std::process::Output) -> Value {
     let (stdout, stderr) = no_key(output, KEY);
-    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    assert_eq!(output.status.code(), Some(0), "{stderr}\n{stdout}");
     serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}\n{stderr}"))
 }
 
@@ -365,6 +365,101 @@ async fn pieces_cut_during_a_run_are_not_sent_again_by_the_next_run() {
         same.metadata["embedjob.context_window"],
         rows.metadata["embedjob.context_window"]
     );
+}
+
+/// Documents of long common words: one cl100k token each, two or three of
+/// the simulated server's (a piece per 6 letters), about twice the probe
+/// text's ratio, so that chunks cut to the probed window are refused.
+fn dense(dir: &Path) -> PathBuf {
+    const WORDS: &[&str] = &[
+        "government",
+        "development",
+        "information",
+        "community",
+        "important",
+        "everything",
+        "different",
+        "available",
+        "education",
+        "experience",
+        "management",
+        "performance",
+        "environment",
+        "technology",
+        "particular",
+        "especially",
+    ];
+    let root = dir.join("dense");
+    std::fs::create_dir_all(&root).unwrap();
+    // Words drawn by a linear congruential generator: no two chunks alike,
+    // so no chunk repeats one refused before it.
+    let mut state: u64 = 12345;
+    for doc in 0..3 {
+        let words: Vec<&str> = (0..(700 + doc * 200))
+            .map(|_| {
+                state = state
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                WORDS[(state >> 33) as usize % WORDS.len()]
+            })
+            .collect();
+        std::fs::write(root.join(format!("dense{doc}.txt")), words.join(" ")).unwrap();
+    }
+    root
+}
+
+/// The probe finds a window, and chunks cut to it still count more of the
+/// server's tokens than the probe text did: they are refused and cut during
+/// the run. The next run chunks to the probed window and cuts those chunks
+/// into the same pieces before sending: nothing is sent again.
+#[tokio::test]
+async fn pieces_cut_after_the_probe_are_not_sent_again_by_the_next_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dense(dir.path());
+    let sim = simulator(unlisted("tei")).await;
+    let job = job(dir.path(), &sim, &root, "");
+    let first = summary_of(&run_job(&job, &["--json"]).await);
+    assert_eq!(first["quarantined"], 0, "{first}");
+    assert_eq!(first["learned_limits"]["window_probe"]["requests"], 1);
+    let out = dir.path().join("out/result.parquet");
+    let rows = read_output(&out);
+    assert_read_whole(&rows, &sim.ledger());
+    assert!(
+        rows.ids.iter().any(|id| id.ends_with("#0.1")),
+        "{:?}",
+        rows.ids
+    );
+    let ledger = sim.ledger();
+
+    let estimate = crate::support::json(
+        &crate::support::embedjob(&["estimate", crate::support::path_arg(&job), "--json"]).await,
+    );
+    assert_eq!(estimate["chunks"], rows.ids.len() as u64, "{estimate}");
+    assert_eq!(estimate["tokens"], 0, "{estimate}");
+
+    let again = summary_of(&run_job(&job, &["--json"]).await);
+    assert_eq!(again["requests"], 0, "{again}");
+    assert_eq!(again["unchanged"], rows.ids.len() as u64, "{again}");
+    assert_eq!(
+        again["learned_limits"]["context_window"],
+        first["learned_limits"]["context_window"]
+    );
+    let after = sim.ledger();
+    assert_eq!(
+        (after.embedding_requests, after.prompt_tokens, after.texts),
+        (
+            ledger.embedding_requests,
+            ledger.prompt_tokens,
+            ledger.texts
+        ),
+        "nothing was sent, and no text billed again"
+    );
+    let same = read_output(&out);
+    assert_eq!((&same.ids, &same.vectors), (&rows.ids, &rows.vectors));
+    // The output records both windows: the probe's, and the pieces'.
+    let recorded = &rows.metadata["embedjob.context_window"];
+    assert!(recorded.contains("\"pieces\""), "{recorded}");
+    assert_eq!(&same.metadata["embedjob.context_window"], recorded);
 }
 
 /// With `chunking.tokenizer` a model's `tokenizer.json`, a window of 256
