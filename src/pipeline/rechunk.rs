@@ -54,9 +54,9 @@ impl Rechunker {
 
     /// `chunk` cut in pieces that fit the window `message` states, ids
     /// `{chunk id}.{n}`; `None` when the message states none, or counts
-    /// the chunk within it, or the chunk cannot be cut smaller. Each cut is
-    /// to at most 9/10 of the chunk, so a piece refused again is cut again
-    /// smaller, and the cutting ends.
+    /// the chunk within it, or the chunk cannot be cut smaller. A chunk over
+    /// the run's window is cut to it, one within it to at most 9/10 of
+    /// itself: a piece refused again is cut again smaller, and the cutting ends.
     pub(super) fn pieces(&self, chunk: &Chunk, message: &str) -> Option<Vec<Chunk>> {
         let refusal = window_refusal(message)?;
         // A count within the limit says nothing of the window: the refusal
