@@ -87,10 +87,15 @@ impl Classifier {
     /// `chunk`, or, when no vector of its text is at hand and it is over
     /// the window refusals taught, the pieces a refusal would cut it into:
     /// the pieces an earlier run paid for are then reused, as the chunks
-    /// the server took whole are. Classify what it returns.
+    /// the server took whole are. A repeat of a text sent whole in this run
+    /// stays whole, to share its vector (or its fate). Classify what it returns.
     pub fn fit(&self, chunk: Chunk) -> Vec<Chunk> {
+        let hash = &chunk.content_hash;
         let pieces = match &self.rechunk {
-            Some(rechunk) if self.store.locate(&chunk.content_hash).is_none() => {
+            Some(rechunk)
+                if self.store.locate(hash).is_none()
+                    && !self.scheduled.contains(&hash_key(hash)) =>
+            {
                 rechunk.cut(&chunk)
             }
             _ => None,
@@ -253,5 +258,54 @@ mod tests {
         ));
         let gone = classifier.finish();
         assert!(gone.contains_key(&id_key("a#1")));
+    }
+
+    #[test]
+    fn a_chunk_over_the_taught_window_is_cut_unless_its_vector_is_at_hand() {
+        use crate::chunk::{Chunker, TokenChunker};
+        let config = crate::job::ChunkingConfig {
+            tokenizer: None,
+            max_tokens: 1000,
+            overlap_tokens: 0,
+            markdown: Some(false),
+        };
+        let chunker: Arc<dyn Chunker> = Arc::new(TokenChunker::cl100k(&config).unwrap());
+        // Distinct words, so that no two pieces are alike.
+        let words: Vec<String> = (0..150).map(|i| format!("item{i}")).collect();
+        let long = |doc: &str| {
+            let document = crate::types::Document {
+                doc_id: doc.to_string(),
+                source: Arc::from(doc),
+                text: words.join(" "),
+                metadata: None,
+            };
+            chunker.chunk(&document).pop().unwrap()
+        };
+        let window = crate::backend::LearnedWindow {
+            tokens: 40,
+            server_tokens: Some(100),
+            from: crate::backend::WindowSource::Refusal,
+        };
+        let rechunk = Arc::new(Rechunker::new(Arc::clone(&chunker), Some(window)));
+        // A text held whole by the output is reused whole.
+        let dir = tempfile::tempdir().unwrap();
+        let (store, ids) = held(dir.path(), &[long("held")]);
+        let classifier = Classifier::new(store, ids, false).cutting(Arc::clone(&rechunk));
+        assert_eq!(classifier.fit(long("held")), vec![long("held")]);
+        // Another is cut into the pieces a refusal cuts, ids `{id}.{n}`.
+        let mut classifier = Classifier::fresh().cutting(rechunk);
+        let pieces = classifier.fit(long("a"));
+        assert!(pieces.len() >= 4, "{}", pieces.len());
+        assert!(pieces.iter().all(|p| p.token_count <= 40));
+        assert_eq!(pieces[1].id, format!("{}.1", long("a").id));
+        // A repeat of a text already sent whole in this run stays whole.
+        let mut sent = long("b");
+        sent.text.push('!');
+        sent.content_hash = content_hash(&sent.text);
+        assert_eq!(classifier.classify(&sent), Class::Send);
+        assert_eq!(classifier.fit(sent.clone()), vec![sent]);
+        for piece in &pieces {
+            assert_eq!(classifier.classify(piece), Class::Send);
+        }
     }
 }
