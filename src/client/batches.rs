@@ -612,3 +612,6 @@ fn metadata<'de, D: Deserializer<'de>>(
         })
         .collect())
 }
+
+#[cfg(test)]
+mod tests;
