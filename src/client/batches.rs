@@ -333,7 +333,7 @@ impl Client {
             let mut error =
                 ApiError::transient(&endpoint, format!("cannot read {}: {e}", path.display()));
             error.kind = ErrorKind::Permanent;
-            error
+            error.redact(&self.scrubber)
         };
         let file = tokio::fs::File::open(path).await.map_err(unreadable)?;
         let length = file.metadata().await.map_err(unreadable)?.len();

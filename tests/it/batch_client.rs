@@ -339,6 +339,33 @@ async fn file_lines_end_with_an_error_when_cut_off_or_too_long() {
 }
 
 #[tokio::test]
+async fn a_body_reset_midway_ends_the_lines_with_an_error() {
+    let mut reply = Scripted::json(200, "");
+    reply.pieces = vec![b"{\"custom_id\":\"a\"}\n{\"custom_id\":\"b\"}\n".to_vec()];
+    reply.abort = true;
+    let (base_url, seen) = scripted_server(vec![reply]).await;
+    let items: Vec<_> = client(&base_url)
+        .file_lines("file-r", 1024)
+        .await
+        .unwrap()
+        .collect()
+        .await;
+    // The server may reset before its last piece is flushed: whatever lines
+    // came, the stream ends with the error, never silently short.
+    let (error, lines) = items.split_last().unwrap();
+    let ids: Vec<&str> = lines
+        .iter()
+        .map(|l| l.as_ref().unwrap().custom_id.as_str())
+        .collect();
+    assert!(["a", "b"].starts_with(&ids), "{ids:?}");
+    let error = error.as_ref().unwrap_err();
+    assert_eq!(error.kind, ErrorKind::Transient, "{error}");
+    assert_eq!(error.endpoint, "GET /v1/files/file-r/content");
+    let sent = seen.lock().unwrap()[0]["authorization"].clone();
+    assert_eq!(sent.to_str().unwrap(), format!("Bearer {KEY}"));
+}
+
+#[tokio::test]
 async fn a_bad_line_is_named_and_the_rest_still_come() {
     let mut reply = Scripted::json(200, "");
     reply.pieces = vec![b"{\"custom_id\":\"a\"}\nnot json\n{\"custom_id\":\"c\"}\n".to_vec()];
