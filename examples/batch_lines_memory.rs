@@ -2,7 +2,8 @@
 //! 200 MB body of output lines (eight 1024-dimension vectors in base64 each)
 //! served from 127.0.0.1, read line by line with every line's vectors
 //! decoded, against the same process reading a 2 MB body the same way (the
-//! baseline) and the 200 MB body read whole (what streaming avoids).
+//! baseline) and the 200 MB body read whole (what streaming avoids); and
+//! the memory `Client::upload_batch_file` takes to send a file of that size.
 //!
 //! ```text
 //! cargo run --release --example batch_lines_memory -- [MEGABYTES]
@@ -41,9 +42,17 @@ fn line(n: usize, vector_base64: &str) -> Vec<u8> {
     text.into_bytes()
 }
 
-/// Serves each of `bodies` (in lines) to one connection, in order, then stops.
-async fn serve(listener: TcpListener, bodies: Vec<usize>, vector: String) -> anyhow::Result<()> {
-    for lines in bodies {
+/// What the server does with one connection.
+enum Answer {
+    /// Sends this many output lines.
+    Lines(usize),
+    /// Reads an upload to its end, keeping nothing, and answers with a file.
+    Upload,
+}
+
+/// Serves each of `answers` to one connection, in order, then stops.
+async fn serve(listener: TcpListener, answers: Vec<Answer>, vector: String) -> anyhow::Result<()> {
+    for answer in answers {
         let (mut socket, _) = listener.accept().await?;
         // The request's head, up to its blank line, within 64 KiB.
         let mut head = Vec::new();
@@ -54,6 +63,30 @@ async fn serve(listener: TcpListener, bodies: Vec<usize>, vector: String) -> any
             }
             head.push(byte[0]);
         }
+        let lines = match answer {
+            Answer::Lines(lines) => lines,
+            Answer::Upload => {
+                let head = String::from_utf8_lossy(&head).to_ascii_lowercase();
+                let length: u64 = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:"))
+                    .context("an upload without a length")?
+                    .trim()
+                    .parse()?;
+                tokio::io::copy(&mut (&mut socket).take(length), &mut tokio::io::sink()).await?;
+                let file = json!({"id": "file-up", "object": "file", "bytes": length,
+                                  "filename": "up.jsonl", "purpose": "batch"})
+                .to_string();
+                let response = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\
+                     content-length: {}\r\nconnection: close\r\n\r\n{file}",
+                    file.len()
+                );
+                socket.write_all(response.as_bytes()).await?;
+                socket.shutdown().await?;
+                continue;
+            }
+        };
         let length: usize = (0..lines).map(|n| line(n, &vector).len()).sum();
         let response = format!(
             "HTTP/1.1 200 OK\r\ncontent-type: application/octet-stream\r\n\
@@ -117,7 +150,13 @@ async fn main() -> anyhow::Result<()> {
 
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
-    let server = tokio::spawn(serve(listener, vec![small, large, large], vector));
+    let answers = vec![
+        Answer::Lines(small),
+        Answer::Lines(large),
+        Answer::Upload,
+        Answer::Lines(large),
+    ];
+    let server = tokio::spawn(serve(listener, answers, vector.clone()));
     let mut config = ClientConfig::new(format!("http://{addr}"), ApiKey::new("sk-bench"));
     config.timeout = Duration::from_secs(60);
     let client = Client::new(config)?;
@@ -126,6 +165,16 @@ async fn main() -> anyhow::Result<()> {
     let baseline = peak_mib()?;
     let (decoded, streamed_lines) = stream(&client).await?;
     let streamed = peak_mib()?;
+    let dir = tempfile::tempdir()?;
+    let upload = dir.path().join("requests.jsonl");
+    let mut file = std::io::BufWriter::new(std::fs::File::create(&upload)?);
+    for n in 0..large {
+        std::io::Write::write_all(&mut file, &line(n, &vector))?;
+    }
+    std::io::Write::flush(&mut file)?;
+    drop(file);
+    let uploaded = client.upload_batch_file(&upload, "up.jsonl").await?.bytes;
+    let after_upload = peak_mib()?;
     let whole = reqwest::get(format!("http://{addr}/v1/files/file-bench/content"))
         .await?
         .bytes()
@@ -144,6 +193,8 @@ async fn main() -> anyhow::Result<()> {
             "vector_bytes_decoded": decoded,
             "peak_mib_after_2mb_streamed": baseline,
             "peak_mib_after_large_streamed": streamed,
+            "upload_request_bytes": uploaded,
+            "peak_mib_after_large_uploaded": after_upload,
             "peak_mib_after_large_read_whole": read_whole,
             "whole_body_bytes": whole_len,
             "streamed_over_baseline": streamed / baseline,
