@@ -24,7 +24,7 @@ use reqwest::Method;
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::Value;
 
-use super::{body, classify, encode_path_segment, flat, unparseable, ApiError, Client, ErrorKind};
+use super::{body, encode_path_segment, flat, unparseable, ApiError, Client, ErrorKind};
 use crate::types::RawVectors;
 
 /// What is read of a file at a time while it is uploaded.
@@ -253,16 +253,13 @@ const LINE_ENDPOINT: &str = "POST /v1/embeddings (a batch line)";
 
 impl BatchLine {
     /// Why this line has no answer to use, as the synchronous route would
-    /// have failed: its `error` (`batch_expired` is transient), or a
-    /// response whose status is not a success; `None` for a successful one.
+    /// have failed: a response whose status is not a success, sorted as that
+    /// status is (a 400 refuses the input for good, a 500 is transient); or
+    /// its `error` without a status (`batch_expired`, `batch_cancelled`:
+    /// the request never ran), transient. `None` for a successful answer.
     pub fn api_error(&self) -> Option<ApiError> {
         if let Some(error) = &self.error {
-            let expired = error.code.as_deref() == Some("batch_expired");
-            let mut failed = ApiError::transient(LINE_ENDPOINT, error_text(error));
-            if !expired {
-                failed.kind = ErrorKind::Permanent;
-            }
-            return Some(failed);
+            return Some(ApiError::transient(LINE_ENDPOINT, error_text(error)));
         }
         let Some(response) = &self.response else {
             return Some(ApiError::transient(
@@ -273,20 +270,22 @@ impl BatchLine {
                 ),
             ));
         };
-        if (200..300).contains(&response.status_code) {
-            return None;
+        match response.status_code {
+            200..=299 => None,
+            0 => Some(ApiError::transient(
+                LINE_ENDPOINT,
+                format!("line {:?} has a response without a status", self.custom_id),
+            )),
+            status => {
+                let body = serde_json::to_vec(&response.body).unwrap_or_default();
+                Some(ApiError::from_response(
+                    LINE_ENDPOINT,
+                    status,
+                    &HeaderMap::new(),
+                    &body,
+                ))
+            }
         }
-        let body = serde_json::to_vec(&response.body).unwrap_or_default();
-        Some(ApiError::from_response(
-            LINE_ENDPOINT,
-            response.status_code,
-            &HeaderMap::new(),
-            &body,
-        ))
-        .map(|mut e| {
-            e.kind = classify(response.status_code, &e.message);
-            e
-        })
     }
 }
 

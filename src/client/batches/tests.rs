@@ -199,6 +199,15 @@ fn a_line_has_a_response_or_an_error() {
     assert_eq!(failing.api_error().unwrap().kind, ErrorKind::Transient);
     let neither = lines::parse_line(br#"{"custom_id":"p0-5"}"#).unwrap();
     assert!(neither.api_error().is_some());
+    let cancelled = lines::parse_line(
+        br#"{"custom_id":"p0-6","response":null,"error":{"code":"batch_cancelled","message":"cancelled"}}"#,
+    )
+    .unwrap();
+    assert_eq!(cancelled.api_error().unwrap().kind, ErrorKind::Transient);
+    let no_status =
+        lines::parse_line(br#"{"custom_id":"p0-7","response":{"body":{"data":[]}}}"#).unwrap();
+    let error = no_status.api_error().unwrap();
+    assert_eq!((error.kind, error.status), (ErrorKind::Transient, None));
     assert!(
         lines::parse_line(br#"{"response":null}"#).is_err(),
         "no custom_id"
