@@ -55,11 +55,10 @@ use axum::Router;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-pub use batches::{BatchConfig, MAX_BATCH_FILE_BYTES, MAX_BATCH_INPUTS, MAX_BATCH_LINES};
 pub use capacity::{CapacityConfig, CapacityStats};
 pub use config::{
-    Billing, DimensionsParam, Faults, KeySpec, ModelKind, ModelSpec, SimConfig, TokenCount,
-    DEFAULT_MAX_BODY_BYTES,
+    BatchConfig, Billing, DimensionsParam, Faults, KeySpec, ModelKind, ModelSpec, SimConfig,
+    TokenCount, DEFAULT_MAX_BODY_BYTES, MAX_BATCH_FILE_BYTES, MAX_BATCH_INPUTS, MAX_BATCH_LINES,
 };
 pub use ledger::Ledger;
 pub use options::SimulateOptions;
