@@ -348,10 +348,10 @@ impl Client {
             .request(Method::POST, &route)
             .timeout(self.stream_timeout.max(self.timeout))
             .multipart(form);
-        let response = self
-            .dispatch(&endpoint, request)
-            .await
-            .map_err(with_route_hint)?;
+        let response = match self.dispatch(&endpoint, request).await {
+            Ok(response) => response,
+            Err(error) => return Err(self.upload_error(with_route_hint(error)).await),
+        };
         self.decode_body(&endpoint, response, body::ERROR_BODY_BYTES, |bytes| {
             json(&endpoint, bytes)
         })
@@ -468,6 +468,32 @@ impl Client {
     }
 }
 
+impl Client {
+    /// An upload's error, saying whether the server has the Batch API when
+    /// the connection failed under it: a server without the route answers
+    /// before it reads the body and closes, so the write fails before the
+    /// answer is read. The listing, sent without a body, tells.
+    async fn upload_error(&self, error: ApiError) -> ApiError {
+        if error.status.is_some() || error.timed_out || error.message.starts_with("could not") {
+            return error;
+        }
+        let probe = self.route("/batches?limit=1");
+        match self.call::<Value>(Method::GET, &probe, None::<&()>).await {
+            Err(answer) if route_missing(&answer) => {
+                let mut error = error;
+                error.kind = ErrorKind::Permanent;
+                error.message = format!(
+                    "{} (the server has no route GET {probe} either: it does not offer the \
+                     Batch API there; check `backend.base_url` and `backend.api_path`)",
+                    error.message
+                );
+                error
+            }
+            _ => error,
+        }
+    }
+}
+
 fn json<T: serde::de::DeserializeOwned>(endpoint: &str, bytes: &[u8]) -> Result<T, ApiError> {
     serde_json::from_slice(bytes).map_err(|e| unparseable(endpoint, &e, bytes))
 }
@@ -482,11 +508,11 @@ fn file_chunks(file: tokio::fs::File) -> impl Stream<Item = std::io::Result<Byte
     })
 }
 
-/// A batch call's error, saying so when the server has no such route: a
-/// 404 with no message of the service's own, a 405 or a 501.
-fn with_route_hint(mut error: ApiError) -> ApiError {
+/// Whether the server said it has no such route: a 404 with no message of
+/// the service's own, a 405 or a 501.
+fn route_missing(error: &ApiError) -> bool {
     let message = error.message.to_ascii_lowercase();
-    let missing = match error.status {
+    match error.status {
         Some(405 | 501) => true,
         Some(404) => {
             message.contains("with an empty body")
@@ -496,8 +522,12 @@ fn with_route_hint(mut error: ApiError) -> ApiError {
                 || message.trim() == "not found"
         }
         _ => false,
-    };
-    if missing {
+    }
+}
+
+/// A batch call's error, saying so when the server has no such route.
+fn with_route_hint(mut error: ApiError) -> ApiError {
+    if route_missing(&error) {
         error.kind = ErrorKind::Permanent;
         error.message = format!(
             "{} (the server has no route {}: it does not offer the Batch API there; check \

@@ -275,10 +275,14 @@ async fn an_unknown_batch_and_a_missing_route_say_which() {
         .upload_batch_file(&path, "embedjob-x-0.jsonl")
         .await
         .unwrap_err();
+    // The server answers before it reads the body: the answer, or when the
+    // write failed first, the listing asked after, says the route is missing.
     assert!(
-        missing.message.contains("has no route POST /v2/files"),
+        missing.message.contains("has no route") && missing.message.contains("/v2/"),
         "{missing}"
     );
+    assert_eq!(missing.endpoint, "POST /v2/files");
+    assert_eq!(missing.kind, ErrorKind::Permanent);
     for error in [&unknown, &missing] {
         assert!(!error.to_string().contains(KEY));
     }
@@ -289,6 +293,64 @@ async fn an_unknown_batch_and_a_missing_route_say_which() {
         .unwrap_err();
     assert_eq!(absent.kind, ErrorKind::Permanent);
     assert!(absent.message.contains("absent.jsonl"), "{absent}");
+}
+
+/// A server on 127.0.0.1 for two connections: the first (the upload) is
+/// closed once its head is read, unanswered; the second (the listing) gets
+/// `listing`, a whole HTTP response.
+async fn cut_upload_server(listing: &'static str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        for answer in [None, Some(listing)] {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1];
+            // A request head is a few hundred bytes; 64 KiB bounds the loop.
+            while !head.ends_with(b"\r\n\r\n") && head.len() < 64 * 1024 {
+                if socket.read(&mut byte).await.unwrap_or(0) == 0 {
+                    break;
+                }
+                head.push(byte[0]);
+            }
+            if let Some(answer) = answer {
+                let _ = socket.write_all(answer.as_bytes()).await;
+            }
+        }
+    });
+    format!("http://{addr}")
+}
+
+#[tokio::test]
+async fn an_upload_cut_off_asks_the_listing_whether_the_route_exists() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = request_file(dir.path(), &[("p0-0", &["alpha"], true)]);
+    let missing = "HTTP/1.1 404 Not Found\r\ncontent-type: application/json\r\n\
+                   content-length: 82\r\nconnection: close\r\n\r\n\
+                   {\"error\":{\"message\":\"Unknown request URL: GET /v1/batches.\",\"code\":\"unknown_url\"}}";
+    let error = client(&cut_upload_server(missing).await)
+        .upload_batch_file(&path, "embedjob-x-0.jsonl")
+        .await
+        .unwrap_err();
+    assert_eq!(error.endpoint, "POST /v1/files");
+    assert_eq!(error.kind, ErrorKind::Permanent, "{error}");
+    assert!(
+        error
+            .message
+            .contains("has no route GET /v1/batches?limit=1 either"),
+        "{error}"
+    );
+
+    let listed = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\
+                  content-length: 28\r\nconnection: close\r\n\r\n\
+                  {\"data\":[],\"has_more\":false}";
+    let error = client(&cut_upload_server(listed).await)
+        .upload_batch_file(&path, "embedjob-x-0.jsonl")
+        .await
+        .unwrap_err();
+    assert_eq!(error.kind, ErrorKind::Transient, "{error}");
+    assert!(!error.message.contains("no route"), "{error}");
 }
 
 /// A scripted file content's lines, and the error that ends them if any.
