@@ -710,3 +710,57 @@ fn the_batch_flags_build_the_configuration_and_bad_ones_are_named() {
         assert!(problems.contains(flag), "{flag} in {problems}");
     }
 }
+
+/// The official `openai` Python package's Batch API calls against the simulator.
+#[tokio::test]
+async fn the_openai_python_client_runs_a_batch_against_the_simulator() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let python = std::env::var_os("EMBEDJOB_REFERENCE_PYTHON").map_or_else(
+        || root.join(".cache/venv/bin/python"),
+        std::path::PathBuf::from,
+    );
+    assert!(
+        python.exists(),
+        "{} is missing: run scripts/setup-python (scripts/test does)",
+        python.display()
+    );
+    let api = Api::start(instant()).await;
+    let mut command = std::process::Command::new(python);
+    command
+        .arg(root.join("tests/reference/openai_batch.py"))
+        .env("OPENAI_BASE_URL", api.url(""))
+        .env("OPENAI_API_KEY", KEY)
+        .env_remove("OPENAI_ORG_ID")
+        .env_remove("HTTPS_PROXY")
+        .env_remove("HTTP_PROXY")
+        .env_remove("ALL_PROXY");
+    let output = crate::support::run(command).await;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let report: Value = serde_json::from_slice(&output.stdout).expect("a JSON report");
+    assert_eq!(report["file"]["bytes"], report["file"]["expected"]);
+    assert_eq!(report["created_status"], "validating");
+    assert_eq!(report["status"], "completed");
+    assert_eq!(
+        report["counts"],
+        json!({"total": 5, "completed": 5, "failed": 0})
+    );
+    assert_eq!(report["metadata"], json!({"embedjob_part": "0"}));
+    let lines = report["lines"].as_object().unwrap();
+    assert_eq!(lines.len(), 5);
+    for (custom_id, vector) in lines {
+        // The client asked for floats: the default encoding.
+        let text = format!("text {}", &custom_id[1..]);
+        let vector: Vec<f32> = serde_json::from_value(vector.clone()).unwrap();
+        assert_eq!(vector, embedjob::simulate::embedding_vector(1024, &text));
+    }
+    assert_eq!(report["cancel_status"], "cancelling");
+    let mut created = report["batches"].as_array().unwrap().clone();
+    created.reverse();
+    assert_eq!(
+        report["listed"],
+        Value::Array(created),
+        "newest first, every page"
+    );
+    assert_eq!(report["deleted"], true);
+}
