@@ -764,3 +764,44 @@ async fn the_openai_python_client_runs_a_batch_against_the_simulator() {
     );
     assert_eq!(report["deleted"], true);
 }
+
+#[tokio::test]
+async fn files_are_listed_newest_first_by_purpose() {
+    let api = Api::start(instant()).await;
+    let mut uploaded = Vec::new();
+    for n in 1..=3 {
+        uploaded.push(api.upload(&file(n)).await);
+    }
+    uploaded.reverse();
+    let list = |query: String| {
+        let request = api.http.get(api.url(&format!("/files?{query}")));
+        api.send(request)
+    };
+    let (status, first) = list("purpose=batch&limit=2".to_string()).await;
+    assert_eq!(status, 200, "{first}");
+    let ids = |page: &Value| -> Vec<String> {
+        page["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|file| file["id"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(ids(&first), uploaded[..2]);
+    assert_eq!(first["has_more"], true);
+    let after = first["last_id"].as_str().unwrap();
+    let (_, second) = list(format!("purpose=batch&limit=2&after={after}")).await;
+    assert_eq!(ids(&second), uploaded[2..]);
+    assert_eq!(second["has_more"], false);
+
+    let batch = api.create(&uploaded[0], Value::Null).await;
+    let done = api.finished(batch["id"].as_str().unwrap()).await;
+    let (_, outputs) = list("purpose=batch_output".to_string()).await;
+    assert_eq!(ids(&outputs), [done["output_file_id"].as_str().unwrap()]);
+    let (status, _) = api
+        .send(api.http.delete(api.url(&format!("/files/{}", uploaded[1]))))
+        .await;
+    assert_eq!(status, 200);
+    let (_, left) = list("purpose=batch".to_string()).await;
+    assert_eq!(ids(&left), [uploaded[0].clone(), uploaded[2].clone()]);
+}
