@@ -17,6 +17,7 @@ mod read;
 mod rechunk;
 mod repeats;
 mod stop;
+mod submit;
 mod summary;
 #[cfg(test)]
 mod tests;
