@@ -43,6 +43,15 @@ pub fn decode(body: &[u8], capacity: usize) -> serde_json::Result<RawVectors> {
     })
 }
 
+/// Decodes an embeddings body already parsed as JSON (a line of a batch's
+/// output file), as [`decode`] decodes its bytes.
+///
+/// # Errors
+/// Whatever [`decode`] would reject in the same body.
+pub fn decode_value(body: &serde_json::Value) -> serde_json::Result<RawVectors> {
+    ResponseSeed { capacity: 0 }.deserialize(body)
+}
+
 /// The body with every bare `NaN`, `Infinity` and `-Infinity` outside a
 /// string quoted, so that `serde_json` reads it; borrowed when there is none.
 pub fn with_non_finite_quoted(body: &[u8]) -> Cow<'_, [u8]> {

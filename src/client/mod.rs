@@ -6,6 +6,7 @@
 //! delay the server asked for. The API key is sent as a bearer token and is
 //! scrubbed from every message that comes back.
 
+mod batches;
 mod body;
 mod discovery;
 mod error;
@@ -28,6 +29,10 @@ use crate::rate::RateLimitHeaders;
 use crate::secret::Scrubber;
 use crate::types::Usage;
 
+pub use batches::{
+    embeddings_from_body, BatchError, BatchLine, BatchLineResponse, BatchObject, BatchPage,
+    BatchStatus, FileObject, NewBatch, RequestCounts,
+};
 pub use body::embeddings_limit;
 pub use discovery::{discover, Discovery, DiscoveryError};
 pub use error::{
@@ -447,13 +452,25 @@ impl Client {
     ) -> Result<T, ApiError> {
         let endpoint = format!("{method} {path}");
         let response = self.send(method, path, body, true).await?;
+        self.decode_body(&endpoint, response, limit, decode).await
+    }
+
+    /// Reads a successful response's body, of at most `limit` bytes, and
+    /// decodes it with `decode`.
+    async fn decode_body<T>(
+        &self,
+        endpoint: &str,
+        response: reqwest::Response,
+        limit: usize,
+        decode: impl FnOnce(&[u8]) -> Result<T, ApiError>,
+    ) -> Result<T, ApiError> {
         let status = response.status().as_u16();
         let bytes = body::read(response, limit).await.map_err(|e| {
             let error = match e {
-                body::BodyError::Transport(e) => ApiError::from_transport(&endpoint, &e),
+                body::BodyError::Transport(e) => ApiError::from_transport(endpoint, &e),
                 body::BodyError::TooLarge { limit } => {
                     let mut error = ApiError::transient(
-                        &endpoint,
+                        endpoint,
                         format!(
                             "the response body is longer than {limit} bytes, more than the \
                              answer to this request can take; it was dropped"
@@ -467,7 +484,7 @@ impl Client {
         })?;
         decode(&bytes).map_err(|e| {
             // Some gateways answer 200 with an error object instead of a status.
-            ApiError::from_error_body(&endpoint, &bytes)
+            ApiError::from_error_body(endpoint, &bytes)
                 .unwrap_or(e)
                 .redact(&self.scrubber)
         })
@@ -482,20 +499,33 @@ impl Client {
         whole_request_timeout: bool,
     ) -> Result<reqwest::Response, ApiError> {
         let endpoint = format!("{method} {path}");
-        let mut request = self
-            .http
-            .request(method, format!("{}{}", self.base, path))
-            .bearer_auth(self.key.expose());
+        let mut request = self.request(method, path);
         if whole_request_timeout {
             request = request.timeout(self.timeout);
         }
         if let Some(body) = body {
             request = request.json(body);
         }
+        self.dispatch(&endpoint, request).await
+    }
+
+    /// A request to `path` with the key.
+    fn request(&self, method: Method, path: &str) -> reqwest::RequestBuilder {
+        self.http
+            .request(method, format!("{}{}", self.base, path))
+            .bearer_auth(self.key.expose())
+    }
+
+    /// Sends a built request and returns the response if its status is a success.
+    async fn dispatch(
+        &self,
+        endpoint: &str,
+        request: reqwest::RequestBuilder,
+    ) -> Result<reqwest::Response, ApiError> {
         let response = request
             .send()
             .await
-            .map_err(|e| ApiError::from_transport(&endpoint, &e).redact(&self.scrubber))?;
+            .map_err(|e| ApiError::from_transport(endpoint, &e).redact(&self.scrubber))?;
         let status = response.status();
         if let Some(observe) = &self.observer {
             observe(status.as_u16(), response.headers());
@@ -508,7 +538,7 @@ impl Client {
         // error body still yields the status.
         let body = body::prefix(response, body::ERROR_BODY_BYTES).await;
         Err(
-            ApiError::from_response(&endpoint, status.as_u16(), &headers, &body)
+            ApiError::from_response(endpoint, status.as_u16(), &headers, &body)
                 .redact(&self.scrubber),
         )
     }
