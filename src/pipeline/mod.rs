@@ -8,10 +8,13 @@
 //! arrives, and chunks whose vector is already stored (held by the sink, or
 //! in the checkpoint, see [`crate::state`]) are not sent again.
 
+mod batch_mode;
 mod bill;
 mod build;
 mod classify;
+mod collect;
 mod dispatch;
+mod enqueue;
 pub(crate) mod input_ids;
 mod read;
 mod rechunk;
@@ -44,6 +47,7 @@ use crate::state::{Fingerprint, JobState, Reuse, StateError};
 use crate::store::StoreError;
 use crate::warnings::Warnings;
 
+pub use self::batch_mode::BatchSummary;
 pub use self::build::build;
 pub use self::classify::{Class, Classifier, Counts};
 pub use self::stop::StopRequest;
@@ -219,6 +223,18 @@ async fn run_stages(
     } = stages;
     let info = backend.info().clone();
     let fingerprint = Fingerprint::new(job, &info);
+    let mut state = state;
+    let batch_mode = match backend.batch() {
+        Some(service) => {
+            let mode =
+                batch_mode::BatchMode::collect(service, job, &fingerprint, &mut state).await?;
+            for warning in mode.warnings() {
+                options.warnings.warn(warning);
+            }
+            Some(mode)
+        }
+        None => None,
+    };
     tell_sink(sink.as_mut(), job, source.as_ref(), options.fresh);
     let (mut reuse, sink, state, previous_ratio) = load_reuse(sink, state, options.fresh).await?;
     let keeps_rows = sink.keeps_rows();
@@ -243,6 +259,10 @@ async fn run_stages(
     let (sink_tx, sink_rx) = mpsc::channel::<SinkMessage>(capacity);
     let (batch_tx, batch_rx) = mpsc::channel::<Result<Batch, RunError>>(capacity);
     let gate = repeats::RepeatGate::new();
+    if batch_mode.is_some() {
+        // No repeat's first copy is answered in this run: none may hold the reader up.
+        gate.close();
+    }
     let reading = Reading {
         classifier: Classifier::new(reuse.store, reuse.held_ids, keeps_rows),
         batcher: Batcher::for_backend(&job.backend),
@@ -277,9 +297,14 @@ async fn run_stages(
     };
     let stops = Stops::new(options.stop, started, options.max_duration);
     let finished = || reader.is_finished();
-    let dispatched = dispatch
-        .run(batch_rx, &sink_tx, stops, &mut display, &finished)
-        .await;
+    let dispatched = match batch_mode {
+        Some(mode) => mode.submit(batch_rx, &sink_tx).await,
+        None => {
+            dispatch
+                .run(batch_rx, &sink_tx, stops, &mut display, &finished)
+                .await
+        }
+    };
     let read = reader
         .await
         .map_err(|e| RunError::stage_stopped("reading", &e));
