@@ -2,6 +2,7 @@
 
 use std::collections::HashSet;
 
+use super::batches::BatchConfig;
 use super::capacity::CapacityConfig;
 use super::quota::QuotaConfig;
 use super::window::ServerWindow;
@@ -64,6 +65,8 @@ pub struct SimConfig {
     pub window: Option<ServerWindow>,
     /// A self-hosted server's workers and queue (off by default).
     pub capacity: CapacityConfig,
+    /// The Batch API's clock, limits and faults.
+    pub batches: BatchConfig,
 }
 
 impl Default for SimConfig {
@@ -90,6 +93,7 @@ impl Default for SimConfig {
             quota: QuotaConfig::default(),
             window: None,
             capacity: CapacityConfig::default(),
+            batches: BatchConfig::default(),
         }
     }
 }
@@ -140,6 +144,7 @@ impl SimConfig {
             problems.push("max_body_bytes must be at least 1".to_string());
         }
         self.capacity.problems(&mut problems);
+        self.batches.problems(&mut problems);
         let mut ids = HashSet::new();
         for model in &self.models {
             if model.id.is_empty() {

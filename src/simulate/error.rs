@@ -204,21 +204,25 @@ impl ApiError {
     }
 }
 
+impl ApiError {
+    /// The body the error is sent with.
+    pub fn body_json(&self) -> serde_json::Value {
+        self.body.as_deref().cloned().unwrap_or_else(|| {
+            serde_json::json!({
+                "error": {
+                    "message": self.message,
+                    "type": self.kind,
+                    "param": self.param,
+                    "code": self.code,
+                }
+            })
+        })
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = self.body.map_or_else(
-            || {
-                serde_json::json!({
-                    "error": {
-                        "message": self.message,
-                        "type": self.kind,
-                        "param": self.param,
-                        "code": self.code,
-                    }
-                })
-            },
-            |body| *body,
-        );
+        let body = self.body_json();
         let mut response = (self.status, axum::Json(body)).into_response();
         if let Some(seconds) = self.retry_after_seconds {
             let headers = response.headers_mut();

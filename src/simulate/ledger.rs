@@ -53,6 +53,18 @@ pub struct Ledger {
     pub computed_after_hangup: u64,
     /// The texts of those requests.
     pub texts_after_hangup: u64,
+    /// Batches created through `POST /v1/batches`, dropped answers included.
+    pub batches_created: u64,
+    /// Of them, those whose answer was dropped (`--batch-create-drop`).
+    pub batch_creates_dropped: u64,
+    /// Lines of batches completed and billed (also counted in `billed_requests`).
+    pub batch_lines_billed: u64,
+    /// Tokens of those lines, billed at the batch price (also counted in `prompt_tokens`).
+    pub batch_tokens: u64,
+    /// Lines of batches that failed (error file), not billed.
+    pub batch_lines_failed: u64,
+    /// Lines of batches that expired unprocessed (`batch_expired`), not billed.
+    pub batch_lines_expired: u64,
     /// What the capacity model saw, when it is on.
     pub capacity: Option<CapacityStats>,
     /// Refusals in a row so far, by key.
@@ -91,6 +103,18 @@ impl Ledger {
 
     pub(crate) fn record_fault(&mut self, name: &str) {
         *self.faults.entry(name.to_string()).or_insert(0) += 1;
+    }
+
+    /// Bills one completed line of a batch, as [`Ledger::bill`] bills a request.
+    pub(crate) fn bill_batch_line(
+        &mut self,
+        tokens: u64,
+        text_hashes: Vec<String>,
+        partly_read: Vec<String>,
+    ) {
+        self.batch_lines_billed += 1;
+        self.batch_tokens += tokens;
+        self.bill(tokens, text_hashes, partly_read);
     }
 
     /// Bills one embeddings request: its tokens and each input's hash;

@@ -31,6 +31,7 @@
 //! `GET /_ledger` returns the ledger as JSON (`?texts=false` leaves out the
 //! per-text counts) and `POST /_ledger/reset` zeroes it; neither needs a key.
 
+mod batches;
 mod capacity;
 mod chat;
 mod config;
@@ -54,6 +55,7 @@ use axum::Router;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
+pub use batches::{BatchConfig, MAX_BATCH_FILE_BYTES, MAX_BATCH_INPUTS, MAX_BATCH_LINES};
 pub use capacity::{CapacityConfig, CapacityStats};
 pub use config::{
     Billing, DimensionsParam, Faults, KeySpec, ModelKind, ModelSpec, SimConfig, TokenCount,
@@ -184,6 +186,7 @@ fn router(shared: Arc<Shared>) -> Router {
         router = router.route(&format!("{prefix}/model/info"), get(handlers::model_info));
     }
     router
+        .merge(batch_routes(&shared))
         .route("/_ledger", get(handlers::get_ledger))
         .route("/_ledger/reset", post(handlers::reset_ledger))
         .fallback(handlers::unknown_url)
@@ -194,6 +197,31 @@ fn router(shared: Arc<Shared>) -> Router {
             handlers::count_requests,
         ))
         .with_state(shared)
+}
+
+/// The Batch API's routes, with their own state: the files and batches.
+fn batch_routes<S: Clone + Send + Sync + 'static>(shared: &Arc<Shared>) -> Router<S> {
+    let prefix = shared.config.url_prefix.clone();
+    Router::new()
+        .route(&format!("{prefix}/files"), post(batches::upload_file))
+        .route(
+            &format!("{prefix}/files/{{id}}"),
+            get(batches::get_file).delete(batches::delete_file),
+        )
+        .route(
+            &format!("{prefix}/files/{{id}}/content"),
+            get(batches::file_content),
+        )
+        .route(
+            &format!("{prefix}/batches"),
+            post(batches::create_batch).get(batches::list_batches),
+        )
+        .route(&format!("{prefix}/batches/{{id}}"), get(batches::get_batch))
+        .route(
+            &format!("{prefix}/batches/{{id}}/cancel"),
+            post(batches::cancel_batch),
+        )
+        .with_state(Arc::new(batches::Batches::new(Arc::clone(shared))))
 }
 
 /// Runs `embedjob simulate`: starts the simulator, prints its base URL as one line

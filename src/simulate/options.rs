@@ -1,5 +1,6 @@
 //! The `embedjob simulate` flags, as typed, and the [`SimConfig`] built from them.
 
+use super::batches::{BatchConfig, MAX_BATCH_FILE_BYTES, MAX_BATCH_INPUTS, MAX_BATCH_LINES};
 use super::capacity::CapacityConfig;
 use super::config::{Billing, DimensionsParam, Faults, KeySpec, ModelSpec, SimConfig, TokenCount};
 use super::quota::QuotaConfig;
@@ -206,6 +207,58 @@ pub struct SimulateOptions {
     /// Inject at most this many faults in total
     #[arg(long, value_name = "N")]
     pub fault_limit: Option<u64>,
+
+    /// Batch API: seconds from a batch's creation to `completed` (a tenth validating,
+    /// eight tenths in progress, a tenth finalizing)
+    #[arg(long, value_name = "S", default_value_t = 1.0)]
+    pub batch_seconds: f64,
+
+    /// Batch API: each model's enqueued-token quota; a batch that would pass it
+    /// fails with `token_limit_exceeded`
+    #[arg(long, value_name = "N")]
+    pub batch_enqueued_tokens: Option<u64>,
+
+    /// Batch API: the first N batches fail validation
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub batch_fail_validation: u64,
+
+    /// Batch API: probability that a line fails with a 500 (drawn from --seed)
+    #[arg(long, value_name = "P", default_value_t = 0.0)]
+    pub batch_line_failures: f64,
+
+    /// Batch API: a batch expires this many seconds after its creation, the lines
+    /// done by then in its output file and the rest `batch_expired`
+    #[arg(long, value_name = "S")]
+    pub batch_expire_after: Option<f64>,
+
+    /// Batch API: with --batch-expire-after, only the first N batches expire
+    #[arg(long, value_name = "N")]
+    pub batch_expire_first: Option<u64>,
+
+    /// Batch API: the first N batches stay in_progress, half their lines done, until cancelled
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub batch_stuck: u64,
+
+    /// Batch API: write output lines in the input's order (by default they are shuffled)
+    #[arg(long)]
+    pub batch_in_order: bool,
+
+    /// Batch API: the first N `POST /v1/batches` create the batch, then drop the
+    /// connection without an answer
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub batch_create_drop: u64,
+
+    /// Batch API: the most lines of a batch
+    #[arg(long, value_name = "N", default_value_t = MAX_BATCH_LINES)]
+    pub batch_max_lines: usize,
+
+    /// Batch API: the most embedding inputs of a batch
+    #[arg(long, value_name = "N", default_value_t = MAX_BATCH_INPUTS)]
+    pub batch_max_inputs: u64,
+
+    /// Batch API: the largest input file, in bytes
+    #[arg(long, value_name = "BYTES", default_value_t = MAX_BATCH_FILE_BYTES)]
+    pub batch_max_file_bytes: u64,
 }
 
 impl SimulateOptions {
@@ -301,6 +354,23 @@ impl SimulateOptions {
                 change_after: self.capacity_change_after,
                 then: self.capacity_then,
             },
+            batches: BatchConfig {
+                duration: seconds(self.batch_seconds, "--batch-seconds", &mut problems),
+                enqueued_tokens: self.batch_enqueued_tokens,
+                fail_validation: self.batch_fail_validation,
+                line_failures: self.batch_line_failures,
+                expire_after: self
+                    .batch_expire_after
+                    .map(|s| seconds(s, "--batch-expire-after", &mut problems)),
+                expire_first: self.batch_expire_first,
+                stuck: self.batch_stuck,
+                in_order: self.batch_in_order,
+                create_drop: self.batch_create_drop,
+                max_lines: self.batch_max_lines,
+                max_inputs: self.batch_max_inputs,
+                max_file_bytes: self.batch_max_file_bytes,
+                ..BatchConfig::default()
+            },
             ..SimConfig::default()
         };
         if let Err(more) = config.validate() {
@@ -326,9 +396,20 @@ fn milliseconds(ms: f64, flag: &str, problems: &mut Vec<String>) -> std::time::D
     }
 }
 
+/// A duration typed in seconds, or a problem; at most a day, the completion window.
+fn seconds(s: f64, flag: &str, problems: &mut Vec<String>) -> std::time::Duration {
+    if s.is_finite() && (0.0..=86_400.0).contains(&s) {
+        std::time::Duration::from_secs_f64(s)
+    } else {
+        problems.push(format!("{flag} {s}: expected seconds from 0 to 86400"));
+        std::time::Duration::ZERO
+    }
+}
+
 /// Names the flags the user typed rather than the configuration fields.
 fn flag_names(line: &str) -> String {
-    const FIELDS: [&str; 23] = [
+    const FIELDS: [&str; 24] = [
+        "batch_line_failures",
         "capacity_then",
         "queue_limit",
         // Not the start of capacity_then, which is named already.

@@ -305,7 +305,34 @@ fn billed_tokens(config: &SimConfig, input: &Input, cl100k: u32) -> u64 {
     scaled
 }
 
-fn prepare_embeddings(shared: &Shared, caller: Caller, body: &[u8]) -> Result<Prepared, ApiError> {
+/// An embeddings request that passed validation and the size checks: what
+/// the synchronous route and a line of a batch both answer from.
+pub(crate) struct Checked {
+    model_id: String,
+    inputs: Vec<Input>,
+    base64: bool,
+    model_dimensions: usize,
+    dimensions: usize,
+    /// The tokens `usage` reports and the bill counts.
+    pub billed: u64,
+}
+
+/// The answer to a checked request, with what it bills.
+pub(crate) struct Answer {
+    pub body: Vec<u8>,
+    /// Hex SHA-256 of each input the model read whole.
+    pub hashes: Vec<String>,
+    /// Of the inputs, those the model read only the start of.
+    pub partly_read: Vec<String>,
+}
+
+/// Parses an embeddings request body and refuses it as the service would:
+/// unknown model, bad parameters, too many inputs or tokens, over the window.
+pub(crate) fn check_request(
+    shared: &Shared,
+    caller: Caller,
+    body: &[u8],
+) -> Result<Checked, ApiError> {
     let config = &shared.config;
     let mut object = parse_object(body)?;
     let model_id = required_string(&object, "model")?;
@@ -335,8 +362,73 @@ fn prepare_embeddings(shared: &Shared, caller: Caller, body: &[u8]) -> Result<Pr
         .zip(&counts)
         .map(|(input, &n)| billed_tokens(config, input, n))
         .sum();
+    Ok(Checked {
+        model_id,
+        inputs,
+        base64,
+        model_dimensions,
+        dimensions,
+        billed,
+    })
+}
 
-    let count = inputs.len();
+/// The response body of a checked request, its items written in `order`,
+/// one of them damaged when `damaged` says so.
+pub(crate) fn answer(
+    config: &SimConfig,
+    checked: &Checked,
+    order: Vec<usize>,
+    damaged: Option<(usize, Damage)>,
+) -> Answer {
+    let read = crate::simulate::window::read(
+        config.window.as_ref(),
+        checked.inputs.iter().map(|input| input.text.as_str()),
+    );
+    let digests = &read.digests;
+    let items: Vec<Item> = order
+        .into_iter()
+        .map(|index| Item {
+            index,
+            digest: digests[index],
+            damage: match damaged {
+                Some((at, damage)) if at == index => damage,
+                _ => Damage::None,
+            },
+        })
+        .collect();
+    let shape = Shape {
+        model: &checked.model_id,
+        model_dimensions: checked.model_dimensions,
+        dimensions: checked.dimensions,
+        base64: checked.base64,
+    };
+    Answer {
+        body: embeddings_body(&shape, &items, checked.billed),
+        hashes: read.whole,
+        partly_read: read.partly_read,
+    }
+}
+
+/// The fault-free answer to one request body, as the synchronous route
+/// gives it: a batch line's answer.
+pub(crate) fn answer_fault_free(
+    shared: &Shared,
+    caller: Caller,
+    body: &[u8],
+) -> Result<(Answer, u64), ApiError> {
+    let checked = check_request(shared, caller, body)?;
+    let order = (0..checked.inputs.len()).collect();
+    Ok((
+        answer(&shared.config, &checked, order, None),
+        checked.billed,
+    ))
+}
+
+fn prepare_embeddings(shared: &Shared, caller: Caller, body: &[u8]) -> Result<Prepared, ApiError> {
+    let checked = check_request(shared, caller, body)?;
+    let billed = checked.billed;
+    let dimensions = checked.dimensions;
+    let count = checked.inputs.len();
     let (fault, order, damaged) = {
         let mut dice = shared.dice();
         let fault = dice.roll(true);
@@ -373,39 +465,16 @@ fn prepare_embeddings(shared: &Shared, caller: Caller, body: &[u8]) -> Result<Pr
             inputs: count,
         });
     }
-
-    let read = crate::simulate::window::read(
-        config.window.as_ref(),
-        inputs.iter().map(|input| input.text.as_str()),
-    );
-    let digests = &read.digests;
-    let items: Vec<Item> = order
-        .into_iter()
-        .map(|index| Item {
-            index,
-            digest: digests[index],
-            damage: match damaged {
-                Some((at, damage)) if at == index => damage,
-                _ => Damage::None,
-            },
-        })
-        .collect();
-    let shape = Shape {
-        model: &model_id,
-        model_dimensions,
-        dimensions,
-        base64,
-    };
-    let body = embeddings_body(&shape, &items, billed);
+    let answer = answer(&shared.config, &checked, order, damaged);
     // A response that arrives whole is billed, whatever the client makes of it.
     let (hashes, partly_read) = if fault == Some(Fault::Truncate) {
         (Vec::new(), Vec::new())
     } else {
-        (read.whole, read.partly_read)
+        (answer.hashes, answer.partly_read)
     };
     Ok(Prepared {
         fault,
-        body,
+        body: answer.body,
         tokens: billed,
         hashes,
         partly_read,

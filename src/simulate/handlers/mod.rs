@@ -25,7 +25,7 @@ mod embeddings;
 mod ledger;
 mod models;
 
-pub(crate) use embeddings::embeddings;
+pub(crate) use embeddings::{answer_fault_free, embeddings};
 pub(crate) use ledger::{get_ledger, method_not_allowed, reset_ledger, unknown_url};
 pub(crate) use models::{get_model, list_models, model_info, no_model_route};
 

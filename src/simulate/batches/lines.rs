@@ -1,0 +1,114 @@
+//! One line of a batch run: its answer, by the synchronous route's own
+//! code, written to the output file and billed, or its error written to
+//! the error file.
+
+use std::io::{self, Write};
+
+use serde_json::{json, Value};
+
+use crate::simulate::error::ApiError;
+use crate::simulate::handlers::{answer_fault_free, Caller, Shared};
+
+/// What became of a line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// Answered and billed these tokens.
+    Completed(u64),
+    Failed,
+}
+
+/// The ids of a line in the output: its own and its request's.
+fn ids(batch_id: &str, index: usize) -> (String, String) {
+    let tail = batch_id.trim_start_matches("batch_");
+    (
+        format!("batch_req_{tail}_{index}"),
+        format!("req_{tail}_{index}"),
+    )
+}
+
+/// The `custom_id` and `body` of a line validation accepted.
+fn parts(raw: &[u8]) -> (String, Vec<u8>) {
+    let mut value: Value = serde_json::from_slice(raw).unwrap_or(Value::Null);
+    let custom_id = value["custom_id"].as_str().unwrap_or_default().to_string();
+    let body = serde_json::to_vec(&value["body"].take()).unwrap_or_default();
+    (custom_id, body)
+}
+
+/// Runs line `index` (its bytes `raw`): a 500 when `fail`, else the
+/// synchronous route's answer, billed, or its refusal.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn run_line(
+    shared: &Shared,
+    caller: Caller,
+    batch_id: &str,
+    index: usize,
+    raw: &[u8],
+    fail: bool,
+    output: &mut impl Write,
+    errors: &mut impl Write,
+) -> io::Result<Outcome> {
+    let (custom_id, body) = parts(raw);
+    let (id, request_id) = ids(batch_id, index);
+    let answered = if fail {
+        Err(ApiError::internal())
+    } else {
+        answer_fault_free(shared, caller, &body)
+    };
+    match answered {
+        Ok((answer, tokens)) => {
+            // The body goes in as the bytes the synchronous route sends.
+            let head = json!({"id": id, "custom_id": custom_id}).to_string();
+            output.write_all(&head.as_bytes()[..head.len() - 1])?;
+            write!(
+                output,
+                r#","response":{{"status_code":200,"request_id":{},"body":"#,
+                Value::String(request_id)
+            )?;
+            output.write_all(&answer.body)?;
+            output.write_all(b"},\"error\":null}\n")?;
+            shared
+                .ledger()
+                .bill_batch_line(tokens, answer.hashes, answer.partly_read);
+            Ok(Outcome::Completed(tokens))
+        }
+        Err(error) => {
+            let line = json!({
+                "id": id,
+                "custom_id": custom_id,
+                "response": {
+                    "status_code": error.status.as_u16(),
+                    "request_id": request_id,
+                    "body": error.body_json(),
+                },
+                "error": null,
+            });
+            writeln!(errors, "{line}")?;
+            shared.ledger().batch_lines_failed += 1;
+            Ok(Outcome::Failed)
+        }
+    }
+}
+
+/// Writes line `index` as expired: not run, not billed.
+pub(crate) fn expire_line(
+    shared: &Shared,
+    batch_id: &str,
+    index: usize,
+    raw: &[u8],
+    errors: &mut impl Write,
+) -> io::Result<()> {
+    let (custom_id, _) = parts(raw);
+    let (id, _) = ids(batch_id, index);
+    let line = json!({
+        "id": id,
+        "custom_id": custom_id,
+        "response": null,
+        "error": {
+            "code": "batch_expired",
+            "message": "This request could not be executed before the completion window expired.",
+        },
+    });
+    writeln!(errors, "{line}")?;
+    shared.ledger().batch_lines_expired += 1;
+    Ok(())
+}
