@@ -105,7 +105,7 @@ async fn run_once(
         Ok(state) => state,
         Err(e) => {
             return Err(failed_before_work(
-                &job,
+                job,
                 Some(&info),
                 state_failure(e),
                 args.json,

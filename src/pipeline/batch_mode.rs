@@ -61,6 +61,22 @@ pub(super) struct BatchMode {
 }
 
 impl BatchMode {
+    /// In batch mode (`service`), adopts and collects.
+    pub(super) async fn start(
+        service: Option<Arc<BatchService>>,
+        job: &crate::job::Job,
+        fingerprint: &Fingerprint,
+        state: &mut JobState,
+        options: &super::RunOptions,
+    ) -> Result<Option<BatchMode>, RunError> {
+        match service {
+            Some(service) => Ok(Some(
+                Self::collect(service, job, fingerprint, state, options).await?,
+            )),
+            None => Ok(None),
+        }
+    }
+
     /// Adopts and collects before the run reads anything; the parts
     /// committed are then listed for reuse.
     pub(super) async fn collect(
@@ -68,6 +84,7 @@ impl BatchMode {
         job: &crate::job::Job,
         fingerprint: &Fingerprint,
         state: &mut JobState,
+        options: &super::RunOptions,
     ) -> Result<BatchMode, RunError> {
         let dir = state.batch_dir()?;
         let mut record = BatchRecord::load(&dir)?;
@@ -80,6 +97,9 @@ impl BatchMode {
         );
         let collected = collect(&service, &dir, &mut record, &mut parts, state.parts()).await?;
         state.relist_parts()?;
+        for warning in &collected.warnings {
+            options.warnings.warn(warning.clone());
+        }
         let summary = BatchSummary {
             input_per_1k: service.input_per_1k,
             sync_input_per_1k: service.sync_input_per_1k,
@@ -97,11 +117,6 @@ impl BatchMode {
             record,
             summary,
         })
-    }
-
-    /// What collection found worth a warning.
-    pub(super) fn warnings(&self) -> Vec<String> {
-        self.summary.collected.warnings.clone()
     }
 
     /// The sending stage: request files from the reader's batches, then

@@ -209,7 +209,7 @@ pub async fn execute(
 async fn run_stages(
     job: &Job,
     stages: Stages,
-    state: JobState,
+    mut state: JobState,
     (options, started): (RunOptions, Instant),
     (limits, rechunk): (Arc<Limits>, Arc<rechunk::Rechunker>),
     report: &mut Report,
@@ -223,18 +223,9 @@ async fn run_stages(
     } = stages;
     let info = backend.info().clone();
     let fingerprint = Fingerprint::new(job, &info);
-    let mut state = state;
-    let batch_mode = match backend.batch() {
-        Some(service) => {
-            let mode =
-                batch_mode::BatchMode::collect(service, job, &fingerprint, &mut state).await?;
-            for warning in mode.warnings() {
-                options.warnings.warn(warning);
-            }
-            Some(mode)
-        }
-        None => None,
-    };
+    let batch_mode =
+        batch_mode::BatchMode::start(backend.batch(), job, &fingerprint, &mut state, &options)
+            .await?;
     tell_sink(sink.as_mut(), job, source.as_ref(), options.fresh);
     let (mut reuse, sink, state, previous_ratio) = load_reuse(sink, state, options.fresh).await?;
     let keeps_rows = sink.keeps_rows();
@@ -259,10 +250,8 @@ async fn run_stages(
     let (sink_tx, sink_rx) = mpsc::channel::<SinkMessage>(capacity);
     let (batch_tx, batch_rx) = mpsc::channel::<Result<Batch, RunError>>(capacity);
     let gate = repeats::RepeatGate::new();
-    if batch_mode.is_some() {
-        // No repeat's first copy is answered in this run: none may hold the reader up.
-        gate.close();
-    }
+    // In batch mode no repeat's first copy is answered in this run: none may hold the reader up.
+    batch_mode.is_some().then(|| gate.close());
     let reading = Reading {
         classifier: Classifier::new(reuse.store, reuse.held_ids, keeps_rows),
         batcher: Batcher::for_backend(&job.backend),
@@ -283,25 +272,14 @@ async fn run_stages(
         .with_exposure(committed_tx, most_uncommitted);
     let writer = tokio::task::spawn_blocking(move || writing.run(sink_rx));
 
-    let dispatch = Dispatch {
-        backend: Arc::clone(&backend),
-        concurrency: job.backend.shared.most_in_flight(),
-        budget: budget(job, &info),
-        halt,
-        drain: crate::job::seconds_in_range(Some(job.backend.shared.timeout_seconds))
-            .unwrap_or_default(),
-        settled,
-        limits,
-        rechunk: Arc::clone(&rechunk),
-        exposure: dispatch::Exposure::new(committed_rx, most_uncommitted),
-    };
+    let exposure = (committed_rx, most_uncommitted);
+    let d = dispatcher(job, &backend, &rechunk, (halt, settled, limits), exposure);
     let stops = Stops::new(options.stop, started, options.max_duration);
     let finished = || reader.is_finished();
     let dispatched = match batch_mode {
         Some(mode) => mode.submit(batch_rx, &sink_tx).await,
         None => {
-            dispatch
-                .run(batch_rx, &sink_tx, stops, &mut display, &finished)
+            d.run(batch_rx, &sink_tx, stops, &mut display, &finished)
                 .await
         }
     };
@@ -336,6 +314,28 @@ async fn run_stages(
     }
     state.close();
     Ok(())
+}
+
+/// The dispatching stage, but for what the pipeline shares with the reader.
+fn dispatcher(
+    job: &Job,
+    backend: &Arc<dyn EmbeddingBackend>,
+    rechunk: &Arc<rechunk::Rechunker>,
+    (halt, settled, limits): (Arc<AtomicBool>, Arc<AtomicU64>, Arc<Limits>),
+    (committed, most_uncommitted): (watch::Receiver<u64>, u64),
+) -> Dispatch {
+    Dispatch {
+        backend: Arc::clone(backend),
+        concurrency: job.backend.shared.most_in_flight(),
+        budget: budget(job, backend.info()),
+        halt,
+        drain: crate::job::seconds_in_range(Some(job.backend.shared.timeout_seconds))
+            .unwrap_or_default(),
+        settled,
+        limits,
+        rechunk: Arc::clone(rechunk),
+        exposure: dispatch::Exposure::new(committed, most_uncommitted),
+    }
 }
 
 /// The writing stage: the sink, the checkpoint's parts (which carry billing

@@ -529,6 +529,25 @@ pub(super) fn cost(info: &BackendInfo, usage: Usage) -> Option<f64> {
     info.cost(usage)
 }
 
+/// Batch mode's line: collected at the batch price, sent, pending.
+fn batch_text(b: &super::BatchSummary, out: &mut String) {
+    let price = |p: Option<f64>| p.map_or_else(|| "unknown".to_string(), |p| format!("${p}"));
+    let _ = writeln!(
+        out,
+        "  batch mode: {} collected ({} stored, {} tokens billed at {} per 1k, sync {}), \
+         {} created, {} adopted, {} pending ({})",
+        count(b.collected.batches, "batch", "batches"),
+        counted(b.collected.vectors, "vector"),
+        b.collected.usage.prompt_tokens,
+        price(b.input_per_1k),
+        price(b.sync_input_per_1k),
+        b.created,
+        b.adopted,
+        b.pending_batches,
+        counted(b.pending_chunks, "chunk"),
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -922,23 +941,4 @@ mod tests {
         assert!((per_minute(30, 60.0) - 30.0).abs() < 1e-12);
         assert!(per_minute(30, 0.0).abs() < f64::EPSILON);
     }
-}
-
-/// Batch mode's line: collected at the batch price, sent, pending.
-fn batch_text(b: &super::BatchSummary, out: &mut String) {
-    let price = |p: Option<f64>| p.map_or_else(|| "unknown".to_string(), |p| format!("${p}"));
-    let _ = writeln!(
-        out,
-        "  batch mode: {} collected ({} stored, {} tokens billed at {} per 1k, sync {}), \
-         {} created, {} adopted, {} pending ({})",
-        count(b.collected.batches, "batch", "batches"),
-        counted(b.collected.vectors, "vector"),
-        b.collected.usage.prompt_tokens,
-        price(b.input_per_1k),
-        price(b.sync_input_per_1k),
-        b.created,
-        b.adopted,
-        b.pending_batches,
-        counted(b.pending_chunks, "chunk"),
-    );
 }

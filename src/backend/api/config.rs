@@ -361,6 +361,26 @@ fn units_warning(job: &Job, model: &str, listed: u64) -> Option<String> {
     })
 }
 
+/// Batch mode's settings: the request's, and the batch price.
+fn batch_service(
+    api: &ApiParams,
+    b: &BackendShared,
+    client: Client,
+    info: &crate::backend::BackendInfo,
+) -> super::BatchService {
+    super::BatchService {
+        client,
+        model: info.model.clone(),
+        dimensions: b.dimensions,
+        expected_dimensions: info.dimensions,
+        completion_window: api.batch_completion_window.clone(),
+        input_per_1k: super::batch_price(api.batch_input_per_1k, info.input_per_1k),
+        sync_input_per_1k: info.input_per_1k,
+        max_enqueued_tokens: api.batch_max_enqueued_tokens,
+        poll: Duration::from_secs(api.batch_poll_seconds),
+    }
+}
+
 /// Checks the key and the model with the service, and makes the chunker
 /// that counts as `chunking.tokenizer` says.
 async fn build(job: &Job) -> Result<Embedding, Failure> {
@@ -430,18 +450,8 @@ async fn build(job: &Job) -> Result<Embedding, Failure> {
     let batch_client = client.clone();
     let mut backend = ApiBackend::new(client, settings, listed);
     if api.mode == Mode::Batch {
-        let sync = backend.info().input_per_1k;
-        backend.for_batch(super::BatchService {
-            client: batch_client,
-            model: backend.info().model.clone(),
-            dimensions: b.dimensions,
-            expected_dimensions: backend.info().dimensions,
-            completion_window: api.batch_completion_window.clone(),
-            input_per_1k: super::batch_price(api.batch_input_per_1k, sync),
-            sync_input_per_1k: sync,
-            max_enqueued_tokens: api.batch_max_enqueued_tokens,
-            poll: Duration::from_secs(api.batch_poll_seconds),
-        });
+        let service = batch_service(&api, b, batch_client, backend.info());
+        backend.for_batch(service);
     }
     let chunker_for = |chunking: &ChunkingConfig| {
         TokenChunker::for_config(chunking).map_err(|e| {

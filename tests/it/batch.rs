@@ -1,0 +1,245 @@
+//! Batch mode (`backend.mode = "batch"`) against the simulator's Batch API on
+//! its compressed clock: a run submits, later runs collect; the output equals
+//! sync mode's, billed at half price, never twice, through kills and faults.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::Output;
+use std::time::Duration;
+
+use embedjob::simulate::{BatchConfig, SimConfig, Simulator};
+use rand::{Rng, SeedableRng};
+use serde_json::Value;
+
+use crate::support::{
+    assert_complete, corpus, expected_chunks, files_source, no_key, read_output, run_job,
+    simulator, spawn_job, text, wait, write_job, Rows, KEY,
+};
+
+/// The simulator with batches that complete `millis` after their creation.
+fn batch_sim(millis: u64, tweak: impl FnOnce(&mut BatchConfig)) -> SimConfig {
+    let mut batches = BatchConfig {
+        duration: Duration::from_millis(millis),
+        ..BatchConfig::default()
+    };
+    tweak(&mut batches);
+    SimConfig {
+        batches,
+        ..SimConfig::default()
+    }
+}
+
+fn json(output: &Output) -> Value {
+    let (stdout, stderr) = no_key(output, KEY);
+    serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}\n{stderr}"))
+}
+
+const BATCH: &str = "mode = \"batch\"";
+
+/// Runs the job until it exits 0 or 3, at most `runs` times, `pause` apart;
+/// the summaries of every run.
+async fn run_until_done(job: &Path, runs: usize, pause: Duration) -> Vec<Value> {
+    let mut summaries = Vec::new();
+    for _ in 0..runs {
+        let output = run_job(job, &["--quiet", "--json"]).await;
+        let code = output.status.code();
+        assert!(
+            matches!(code, Some(0 | 3 | 4)),
+            "exit {code:?}: {}",
+            text(&output.stderr)
+        );
+        summaries.push(json(&output));
+        if code != Some(4) {
+            return summaries;
+        }
+        tokio::time::sleep(pause).await;
+    }
+    panic!("the job was not done after {runs} runs: {summaries:#?}");
+}
+
+fn vectors_by_id(rows: &Rows) -> HashMap<String, Vec<f32>> {
+    rows.ids
+        .iter()
+        .cloned()
+        .zip(rows.vectors.iter().cloned())
+        .collect()
+}
+
+/// The output's billed prompt tokens and cost, from its `embedjob.*` keys.
+fn billed(rows: &Rows) -> (u64, f64) {
+    let tokens = rows.metadata["embedjob.usage.prompt_tokens"]
+        .parse()
+        .unwrap();
+    let cost = rows.metadata["embedjob.cost"].parse().unwrap();
+    (tokens, cost)
+}
+
+async fn sync_output(dir: &Path, root: &Path) -> Rows {
+    let sim = simulator(SimConfig::default()).await;
+    let job = write_job(dir, &sim.base_url(), &files_source(root), "");
+    let output = run_job(&job, &["--quiet"]).await;
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    read_output(&dir.join("out/result.parquet"))
+}
+
+#[tokio::test]
+async fn a_batch_job_submits_then_collects_the_sync_rows_at_half_price() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = corpus(dir.path(), 30);
+    let expected = expected_chunks(&root);
+    let sync = sync_output(&dir.path().join("sync"), &root).await;
+    let sim = simulator(batch_sim(300, |_| {})).await;
+    let job = write_job(dir.path(), &sim.base_url(), &files_source(&root), BATCH);
+
+    let first = run_job(&job, &["--quiet", "--json"]).await;
+    assert_eq!(first.status.code(), Some(4), "{}", text(&first.stderr));
+    let first = json(&first);
+    let pending = &first["batch"];
+    assert!(pending["pending_batches"].as_u64().unwrap() >= 1, "{first}");
+    assert_eq!(
+        pending["pending_chunks"].as_u64().unwrap(),
+        pending["submitted_chunks"].as_u64().unwrap()
+    );
+    assert!(first["stopped"]
+        .as_str()
+        .unwrap()
+        .contains("pending on the service"));
+    assert!(!dir.path().join("out/result.parquet").exists());
+
+    // Each run either waits (exit 4) or collects; 300 ms batches need few.
+    let summaries = run_until_done(&job, 40, Duration::from_millis(200)).await;
+    let rows = read_output(&dir.path().join("out/result.parquet"));
+    assert_complete(&rows, &expected, 1024);
+    assert_eq!(vectors_by_id(&rows), vectors_by_id(&sync));
+
+    let ledger = sim.ledger();
+    assert_eq!(ledger.texts_billed_twice(), 0);
+    assert_eq!(
+        ledger.embedding_requests, 0,
+        "batch mode sends no sync request"
+    );
+    let (tokens, cost) = billed(&rows);
+    assert_eq!(tokens, ledger.batch_tokens);
+    let (sync_tokens, sync_cost) = billed(&sync);
+    assert_eq!(tokens, sync_tokens);
+    // Half the price of the same tokens: the listing has no batch price.
+    assert!(
+        (cost - sync_cost / 2.0).abs() < 1e-12,
+        "{cost} vs {sync_cost}"
+    );
+    let collected: u64 = summaries
+        .iter()
+        .map(|s| {
+            s["batch"]["collected"]["usage"]["prompt_tokens"]
+                .as_u64()
+                .unwrap()
+        })
+        .sum();
+    assert_eq!(collected, ledger.batch_tokens);
+    // The uploaded files are deleted once collected.
+    assert!(!dir.path().join("out/result.parquet.checkpoint").exists());
+}
+
+#[tokio::test]
+async fn run_wait_polls_until_the_job_is_done() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = corpus(dir.path(), 10);
+    let sim = simulator(batch_sim(300, |_| {})).await;
+    let job = write_job(
+        dir.path(),
+        &sim.base_url(),
+        &files_source(&root),
+        &format!("{BATCH}\nbatch_poll_seconds = 1"),
+    );
+    let output = run_job(&job, &["--quiet", "--wait", "--max-duration", "60s"]).await;
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    let rows = read_output(&dir.path().join("out/result.parquet"));
+    assert_complete(&rows, &expected_chunks(&root), 1024);
+    assert_eq!(sim.ledger().texts_billed_twice(), 0);
+}
+
+/// Kills the binary at seeded random moments while it submits and collects,
+/// with the first batch creations answered by a dropped connection (created,
+/// never recorded), then runs it to the end.
+#[tokio::test]
+async fn kills_and_lost_creations_never_pay_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = corpus(dir.path(), 40);
+    let expected = expected_chunks(&root);
+    let sync = sync_output(&dir.path().join("sync"), &root).await;
+    let sim = simulator(batch_sim(400, |b| b.create_drop = 2)).await;
+    // Small request files, so that there are many batches to be killed among.
+    let job = write_job(
+        dir.path(),
+        &sim.base_url(),
+        &files_source(&root),
+        &format!("{BATCH}\nbatch_max_enqueued_tokens = 1500"),
+    );
+    let mut rng = rand::rngs::StdRng::seed_from_u64(25);
+    for _ in 0..8 {
+        let mut child = spawn_job(&job, &["--quiet"]);
+        let delay = rng.random_range(5..120);
+        tokio::time::sleep(Duration::from_millis(delay)).await;
+        let _ = child.kill();
+        let _ = wait(child).await;
+    }
+    run_until_done(&job, 60, Duration::from_millis(200)).await;
+    let rows = read_output(&dir.path().join("out/result.parquet"));
+    assert_complete(&rows, &expected, 1024);
+    assert_eq!(vectors_by_id(&rows), vectors_by_id(&sync));
+    let ledger = sim.ledger();
+    assert!(ledger.batch_creates_dropped >= 1, "{ledger:?}");
+    assert_eq!(ledger.texts_billed_twice(), 0, "{ledger:?}");
+    assert_eq!(billed(&rows).0, ledger.batch_tokens);
+}
+
+async fn ends_complete(tweak: impl FnOnce(&mut BatchConfig), extra: &str) -> Simulator {
+    let dir = tempfile::tempdir().unwrap();
+    let root = corpus(dir.path(), 20);
+    let expected = expected_chunks(&root);
+    let sim = simulator(batch_sim(300, tweak)).await;
+    let job = write_job(
+        dir.path(),
+        &sim.base_url(),
+        &files_source(&root),
+        &format!("{BATCH}\n{extra}"),
+    );
+    run_until_done(&job, 60, Duration::from_millis(200)).await;
+    let rows = read_output(&dir.path().join("out/result.parquet"));
+    assert_complete(&rows, &expected, 1024);
+    let ledger = sim.ledger();
+    assert_eq!(ledger.texts_billed_twice(), 0, "{ledger:?}");
+    assert_eq!(billed(&rows).0, ledger.batch_tokens);
+    sim
+}
+
+#[tokio::test]
+async fn failed_lines_go_again_until_the_output_is_complete() {
+    let sim = ends_complete(|b| b.line_failures = 0.3, "").await;
+    assert!(sim.ledger().batch_lines_failed > 0);
+}
+
+#[tokio::test]
+async fn an_expired_batch_gives_its_partial_results_and_the_rest_goes_again() {
+    let sim = ends_complete(
+        |b| {
+            b.expire_after = Some(Duration::from_millis(150));
+            b.expire_first = Some(1);
+        },
+        "",
+    )
+    .await;
+    assert!(sim.ledger().batch_lines_expired > 0);
+}
+
+#[tokio::test]
+async fn a_batch_that_fails_validation_is_sent_again() {
+    let sim = ends_complete(|b| b.fail_validation = 1, "").await;
+    assert!(sim.ledger().batches_created >= 2);
+}
+
+#[tokio::test]
+async fn the_enqueued_token_quota_is_learned_and_kept_under() {
+    let sim = ends_complete(|b| b.enqueued_tokens = Some(1200), "").await;
+    assert!(sim.ledger().batches_created >= 2);
+}
