@@ -75,6 +75,7 @@ fn billed(rows: &Rows) -> (u64, f64) {
 }
 
 async fn sync_output(dir: &Path, root: &Path) -> Rows {
+    std::fs::create_dir_all(dir).unwrap();
     let sim = simulator(SimConfig::default()).await;
     let job = write_job(dir, &sim.base_url(), &files_source(root), "");
     let output = run_job(&job, &["--quiet"]).await;
