@@ -256,10 +256,11 @@ fn collected_chunk(custom_id: &str, i: usize, hash: [u8; 32], tokens: u32) -> Ch
     }
 }
 
-/// A refusal of the line itself (400, `invalid_request_error`), which
-/// sending it again would only repeat; not a size or window refusal.
+/// A refusal of the line itself (400 `invalid_request_error`, an input over
+/// the window, a request too large), which sending it again would only
+/// repeat: its texts go alone, and a text refused alone is quarantined.
 fn refused_as_bad_input(error: &ApiError) -> bool {
-    error.status == Some(400) && error.kind == crate::client::ErrorKind::Permanent
+    matches!(error.status, Some(400 | 413 | 422)) && !error.is_transient()
 }
 
 /// A failed batch whose failure is the enqueued-token quota teaches the cap:

@@ -250,3 +250,45 @@ async fn the_enqueued_token_quota_is_learned_and_kept_under() {
     let sim = ends_complete(|b| b.enqueued_tokens = Some(1200), "").await;
     assert!(sim.ledger().batches_created >= 2);
 }
+
+#[tokio::test]
+async fn a_text_the_service_refuses_is_quarantined_as_in_sync_mode() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = corpus(dir.path(), 12);
+    let expected = expected_chunks(&root);
+    let poison = "POISONED-TEXT";
+    assert!(expected.values().any(|text| text.contains("document 4 ")));
+    // Document 4's chunks carry the text the simulator refuses.
+    let doc = root.join("doc004.md");
+    let body = std::fs::read_to_string(&doc).unwrap();
+    std::fs::write(
+        &doc,
+        body.replace("document 4 ", &format!("document 4 {poison} ")),
+    )
+    .unwrap();
+    let expected = expected_chunks(&root);
+    let poisoned: Vec<&String> = expected
+        .iter()
+        .filter(|(_, text)| text.contains(poison))
+        .map(|(id, _)| id)
+        .collect();
+    assert!(!poisoned.is_empty());
+    let config = SimConfig {
+        poison: Some(poison.to_string()),
+        ..batch_sim(300, |_| {})
+    };
+    let sim = simulator(config).await;
+    let job = write_job(dir.path(), &sim.base_url(), &files_source(&root), BATCH);
+    let summaries = run_until_done(&job, 60, Duration::from_millis(200)).await;
+    let last = summaries.last().unwrap();
+    assert_eq!(last["exit_code"], 3, "{last}");
+    assert_eq!(last["quarantined"].as_u64().unwrap(), poisoned.len() as u64);
+    let failures =
+        std::fs::read_to_string(dir.path().join("out/result.parquet.failures.jsonl")).unwrap();
+    for id in &poisoned {
+        assert!(failures.contains(id.as_str()), "{id} not in {failures}");
+    }
+    let rows = read_output(&dir.path().join("out/result.parquet"));
+    assert_eq!(rows.ids.len(), expected.len() - poisoned.len());
+    assert_eq!(sim.ledger().texts_billed_twice(), 0);
+}
