@@ -314,6 +314,7 @@ pub async fn estimate(args: &EstimateArgs) -> Outcome {
     let warnings = backend.warnings();
     messages::warn_all(&warnings);
     let price_source = backend.price_source();
+    let sync_price = backend.batch().map(|service| service.sync_input_per_1k);
     let fresh = args.fresh;
     // A job not split, over a directory of shards: what all of them hold.
     let parts = parts_of(&job)?;
@@ -350,7 +351,7 @@ pub async fn estimate(args: &EstimateArgs) -> Outcome {
                 warnings,
                 price_source,
                 shards,
-                ..e.with_billed_ratio(ratio)
+                ..e.with_billed_ratio(ratio).with_sync_price(sync_price)
             })
             .map_err(|e| Failure {
                 exit: e.exit(),

@@ -292,3 +292,65 @@ async fn a_text_the_service_refuses_is_quarantined_as_in_sync_mode() {
     assert_eq!(rows.ids.len(), expected.len() - poisoned.len());
     assert_eq!(sim.ledger().texts_billed_twice(), 0);
 }
+
+#[tokio::test]
+async fn estimate_shows_the_batch_price_beside_the_sync_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = corpus(dir.path(), 5);
+    let sim = simulator(SimConfig::default()).await;
+    let job = write_job(dir.path(), &sim.base_url(), &files_source(&root), BATCH);
+    let mut command = crate::support::bin();
+    command
+        .env("EMBEDJOB_API_KEY", KEY)
+        .args(["estimate", job.to_str().unwrap(), "--json"]);
+    let output = crate::support::run(command).await;
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    let estimate = json(&output);
+    let (batch, sync) = (
+        estimate["input_per_1k"].as_f64().unwrap(),
+        estimate["sync"]["input_per_1k"].as_f64().unwrap(),
+    );
+    // The simulator lists no batch price: half the synchronous one.
+    assert!((batch - sync / 2.0).abs() < 1e-15, "{estimate}");
+    let cost = estimate["cost"].as_f64().unwrap();
+    assert!((estimate["sync"]["cost"].as_f64().unwrap() - 2.0 * cost).abs() < 1e-12);
+    let mut command = crate::support::bin();
+    command
+        .env("EMBEDJOB_API_KEY", KEY)
+        .args(["estimate", job.to_str().unwrap()]);
+    let table = text(&crate::support::run(command).await.stdout);
+    assert!(table.contains("in batch mode (sync: "), "{table}");
+}
+
+#[tokio::test]
+async fn batch_mode_is_for_the_api_kind_and_its_keys_are_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = corpus(dir.path(), 2);
+    let sim = simulator(SimConfig::default()).await;
+    let job = write_job(
+        dir.path(),
+        &sim.base_url(),
+        &files_source(&root),
+        "mode = \"batch\"\nbatch_completion_window = \"1h\"\nbatch_poll_seconds = 0\n\
+         batch_max_enqueued_tokens = 0\nbatch_input_per_1k = -1.0",
+    );
+    let output = run_job(&job, &["--quiet"]).await;
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = text(&output.stderr);
+    for key in [
+        "backend.batch_completion_window",
+        "backend.batch_poll_seconds",
+        "backend.batch_max_enqueued_tokens",
+        "backend.batch_input_per_1k",
+    ] {
+        assert!(stderr.contains(key), "{key} not named in {stderr}");
+    }
+    let job = write_job(
+        dir.path(),
+        &sim.base_url(),
+        &files_source(&root),
+        "mode = \"later\"",
+    );
+    let stderr = text(&run_job(&job, &["--quiet"]).await.stderr);
+    assert!(stderr.contains("backend.mode"), "{stderr}");
+}
