@@ -137,6 +137,19 @@ async fn a_batch_job_submits_then_collects_the_sync_rows_at_half_price() {
         })
         .sum();
     assert_eq!(collected, ledger.batch_tokens);
+    let price: f64 = rows.metadata["embedjob.batch.input_per_1k"]
+        .parse()
+        .unwrap();
+    assert!((cost - tokens as f64 / 1000.0 * price).abs() < 1e-12);
+    let mut inspect = crate::support::bin();
+    inspect
+        .arg("inspect")
+        .arg(dir.path().join("out/result.parquet"));
+    let shown = text(&crate::support::run(inspect).await.stdout);
+    assert!(
+        shown.contains(&format!("(batch mode, {price} per 1k tokens)")),
+        "{shown}"
+    );
     // The uploaded files are deleted once collected.
     assert!(!dir.path().join("out/result.parquet.checkpoint").exists());
 }
