@@ -367,3 +367,117 @@ async fn batch_mode_is_for_the_api_kind_and_its_keys_are_checked() {
     let stderr = text(&run_job(&job, &["--quiet"]).await.stderr);
     assert!(stderr.contains("backend.mode"), "{stderr}");
 }
+
+/// Runs `embedjob run JOB --json --quiet` under `/usr/bin/time -v`: the exit
+/// code, the summary, wall seconds and peak RSS in MiB.
+async fn timed_run(job: &Path) -> (Option<i32>, Value, f64, f64) {
+    let mut command = std::process::Command::new("/usr/bin/time");
+    command
+        .arg("-v")
+        .arg(env!("CARGO_BIN_EXE_embedjob"))
+        .args(["run", job.to_str().unwrap(), "--json", "--quiet"])
+        .env("EMBEDJOB_API_KEY", KEY);
+    let started = std::time::Instant::now();
+    let output = crate::support::run(command).await;
+    let seconds = started.elapsed().as_secs_f64();
+    let stderr = text(&output.stderr);
+    let rss_kib: f64 = stderr
+        .lines()
+        .find_map(|l| {
+            l.trim()
+                .strip_prefix("Maximum resident set size (kbytes): ")
+        })
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no peak RSS in {stderr}"));
+    (
+        output.status.code(),
+        json(&output),
+        seconds,
+        rss_kib / 1024.0,
+    )
+}
+
+/// The 100,000-chunk job of the issue: sync and batch give the same rows,
+/// batch at half the price; prints the figures (run it with `--ignored
+/// --nocapture`; minutes in a debug build).
+#[tokio::test]
+#[ignore = "100,000 chunks: minutes; run by hand for the figures"]
+async fn a_hundred_thousand_chunks_in_batch_mode_equal_sync_at_half_price() {
+    const RECORDS: usize = 100_000;
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("records.jsonl");
+    let mut lines = String::new();
+    for i in 0..RECORDS {
+        lines.push_str(&format!(
+            "{{\"id\":\"r{i}\",\"text\":\"record {i} on vector indexes and batch windows\"}}\n"
+        ));
+    }
+    std::fs::write(&input, lines).unwrap();
+    let source = format!(
+        "kind = \"jsonl\"\npath = \"{}\"\ntext_field = \"text\"\nid_field = \"id\"",
+        input.display()
+    );
+    let sync_sim = simulator(SimConfig::default()).await;
+    let sync_dir = dir.path().join("sync");
+    std::fs::create_dir_all(&sync_dir).unwrap();
+    let sync_job = write_job(
+        &sync_dir,
+        &sync_sim.base_url(),
+        &source,
+        "max_inputs_per_request = 256",
+    );
+    let (code, sync, sync_seconds, sync_rss) = timed_run(&sync_job).await;
+    assert_eq!(code, Some(0), "{sync}");
+
+    let sim = simulator(batch_sim(2000, |_| {})).await;
+    let job = write_job(
+        dir.path(),
+        &sim.base_url(),
+        &source,
+        &format!("{BATCH}\nmax_inputs_per_request = 256"),
+    );
+    let (code, submitted, submit_seconds, submit_rss) = timed_run(&job).await;
+    assert_eq!(code, Some(4), "{submitted}");
+    // 100,000 inputs, at most 50,000 a batch.
+    assert!(submitted["batch"]["pending_batches"].as_u64().unwrap() >= 2);
+    let client = crate::support::client(&sim.base_url());
+    for _ in 0..600 {
+        let page = client.batches(None, 100).await.unwrap();
+        if page.data.iter().all(|b| b.status.is_terminal()) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let (code, collected, collect_seconds, collect_rss) = timed_run(&job).await;
+    assert_eq!(code, Some(0), "{collected}");
+    assert_eq!(collected["written"].as_u64().unwrap(), RECORDS as u64);
+    let key = |path: &Path, name: &str| -> String {
+        embedjob::parquet_io::read_key_values(path).unwrap()[name].clone()
+    };
+    let (sync_out, batch_out) = (
+        sync_dir.join("out/result.parquet"),
+        dir.path().join("out/result.parquet"),
+    );
+    // The checksum covers every row's content hash and vector, in order.
+    assert_eq!(
+        key(&sync_out, "embedjob.checksum"),
+        key(&batch_out, "embedjob.checksum")
+    );
+    let ledger = sim.ledger();
+    assert_eq!(ledger.texts_billed_twice(), 0);
+    let tokens: u64 = key(&batch_out, "embedjob.usage.prompt_tokens")
+        .parse()
+        .unwrap();
+    assert_eq!(tokens, ledger.batch_tokens);
+    let sync_cost: f64 = key(&sync_out, "embedjob.cost").parse().unwrap();
+    let batch_cost: f64 = key(&batch_out, "embedjob.cost").parse().unwrap();
+    assert!((batch_cost - sync_cost / 2.0).abs() < 1e-9);
+    eprintln!(
+        "100k chunks: cost sync {sync_cost:.6} vs batch {batch_cost:.6}; \
+         sync run {sync_seconds:.1}s ({sync_rss:.0} MiB peak); \
+         submitting run {submit_seconds:.1}s ({submit_rss:.0} MiB); \
+         collecting run {collect_seconds:.1}s ({collect_rss:.0} MiB); \
+         {} batches, {} batch tokens",
+        ledger.batches_created, ledger.batch_tokens
+    );
+}
