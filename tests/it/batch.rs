@@ -368,6 +368,14 @@ async fn batch_mode_is_for_the_api_kind_and_its_keys_are_checked() {
     assert!(stderr.contains("backend.mode"), "{stderr}");
 }
 
+/// The job at `path` with requests of 256 inputs, as a large job would send.
+fn wide_requests(path: std::path::PathBuf) -> std::path::PathBuf {
+    let job = std::fs::read_to_string(&path).unwrap();
+    let job = job.replace("max_inputs_per_request = 8", "max_inputs_per_request = 256");
+    std::fs::write(&path, job).unwrap();
+    path
+}
+
 /// Runs `embedjob run JOB --json --quiet` under `/usr/bin/time -v`: the exit
 /// code, the summary, wall seconds and peak RSS in MiB.
 async fn timed_run(job: &Path) -> (Option<i32>, Value, f64, f64) {
@@ -420,22 +428,12 @@ async fn a_hundred_thousand_chunks_in_batch_mode_equal_sync_at_half_price() {
     let sync_sim = simulator(SimConfig::default()).await;
     let sync_dir = dir.path().join("sync");
     std::fs::create_dir_all(&sync_dir).unwrap();
-    let sync_job = write_job(
-        &sync_dir,
-        &sync_sim.base_url(),
-        &source,
-        "max_inputs_per_request = 256",
-    );
+    let sync_job = wide_requests(write_job(&sync_dir, &sync_sim.base_url(), &source, ""));
     let (code, sync, sync_seconds, sync_rss) = timed_run(&sync_job).await;
     assert_eq!(code, Some(0), "{sync}");
 
     let sim = simulator(batch_sim(2000, |_| {})).await;
-    let job = write_job(
-        dir.path(),
-        &sim.base_url(),
-        &source,
-        &format!("{BATCH}\nmax_inputs_per_request = 256"),
-    );
+    let job = wide_requests(write_job(dir.path(), &sim.base_url(), &source, BATCH));
     let (code, submitted, submit_seconds, submit_rss) = timed_run(&job).await;
     assert_eq!(code, Some(4), "{submitted}");
     // 100,000 inputs, at most 50,000 a batch.
