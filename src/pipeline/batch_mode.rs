@@ -9,10 +9,9 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use serde::Serialize;
 use tokio::sync::mpsc;
 
-use super::collect::{collect, Collected};
+use super::collect::{collect, BatchSummary};
 use super::dispatch::Dispatched;
 use super::enqueue::{adopt, send, Tag};
 use super::submit::{FileLimits, RequestBody, Submit};
@@ -22,34 +21,6 @@ use crate::backend::api::BatchService;
 use crate::batch::Batch;
 use crate::state::batches::BatchRecord;
 use crate::state::{Fingerprint, JobState};
-
-/// What batch mode did in a run, for its summary.
-#[derive(Debug, Default, Clone, Serialize)]
-pub struct BatchSummary {
-    /// Price per 1000 input tokens in batch mode, when known.
-    pub input_per_1k: Option<f64>,
-    /// The synchronous price, for comparison.
-    pub sync_input_per_1k: Option<f64>,
-    /// Batches that ended and were read in this run.
-    pub collected: Collected,
-    /// What the collected lines cost at the batch price.
-    pub collected_cost: Option<f64>,
-    /// Batches created in this run, and adopted (created by a run killed
-    /// before it recorded them).
-    pub created: u64,
-    pub adopted: u64,
-    /// Chunks written to new request files in this run.
-    pub submitted_chunks: u64,
-    /// Chunks left for a later run by the enqueued-token cap.
-    pub held_back_chunks: u64,
-    /// Batches (and their chunks) left on the service, or not yet sent.
-    pub pending_batches: u64,
-    pub pending_chunks: u64,
-    /// When the last pending batch's window ends (Unix seconds).
-    pub window_ends_at: Option<u64>,
-    /// The enqueued-token cap in force.
-    pub enqueued_token_cap: Option<u64>,
-}
 
 /// What the batch stages work with, once collection is done.
 pub(super) struct BatchMode {

@@ -51,6 +51,34 @@ pub struct Collected {
     pub warnings: Vec<String>,
 }
 
+/// What batch mode did in a run, for its summary.
+#[derive(Debug, Default, Clone, serde::Serialize)]
+pub struct BatchSummary {
+    /// Price per 1000 input tokens in batch mode, when known.
+    pub input_per_1k: Option<f64>,
+    /// The synchronous price, for comparison.
+    pub sync_input_per_1k: Option<f64>,
+    /// Batches that ended and were read in this run.
+    pub collected: Collected,
+    /// What the collected lines cost at the batch price.
+    pub collected_cost: Option<f64>,
+    /// Batches created in this run, and adopted (created by a run killed
+    /// before it recorded them).
+    pub created: u64,
+    pub adopted: u64,
+    /// Chunks written to new request files in this run.
+    pub submitted_chunks: u64,
+    /// Chunks left for a later run by the enqueued-token cap.
+    pub held_back_chunks: u64,
+    /// Batches (and their chunks) left on the service, or not yet sent.
+    pub pending_batches: u64,
+    pub pending_chunks: u64,
+    /// When the last pending batch's window ends (Unix seconds).
+    pub window_ends_at: Option<u64>,
+    /// The enqueued-token cap in force.
+    pub enqueued_token_cap: Option<u64>,
+}
+
 /// Collects every recorded batch that has ended, saving the record after each.
 pub(super) async fn collect(
     service: &BatchService,

@@ -106,7 +106,7 @@ pub(super) struct Dispatched {
     /// The writer stopped taking messages: it failed.
     pub writer_stopped: bool,
     /// In batch mode, what was collected, sent and left pending.
-    pub batch: Option<super::batch_mode::BatchSummary>,
+    pub batch: Option<super::collect::BatchSummary>,
 }
 
 /// What the dispatching stage works with.

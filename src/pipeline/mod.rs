@@ -47,9 +47,9 @@ use crate::state::{Fingerprint, JobState, Reuse, StateError};
 use crate::store::StoreError;
 use crate::warnings::Warnings;
 
-pub use self::batch_mode::BatchSummary;
 pub use self::build::build;
 pub use self::classify::{Class, Classifier, Counts};
+pub use self::collect::BatchSummary;
 pub use self::stop::StopRequest;
 pub use self::summary::{LearnedLimits, Summary};
 
