@@ -368,6 +368,38 @@ async fn batch_mode_is_for_the_api_kind_and_its_keys_are_checked() {
     assert!(stderr.contains("backend.mode"), "{stderr}");
 }
 
+/// Each row's id and a digest of its vector's bits, read a batch of rows at a time.
+fn vector_digests(path: &Path) -> HashMap<String, u64> {
+    use arrow::array::{Array, AsArray};
+    use std::hash::{Hash, Hasher};
+    let file = std::fs::File::open(path).unwrap();
+    let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
+        .unwrap()
+        .build()
+        .unwrap();
+    let mut digests = HashMap::new();
+    for batch in reader {
+        let batch = batch.unwrap();
+        let ids = batch.column_by_name("id").unwrap().as_string::<i32>();
+        let embeddings = batch
+            .column_by_name("embedding")
+            .unwrap()
+            .as_fixed_size_list();
+        for i in 0..batch.num_rows() {
+            let values = embeddings.value(i);
+            let mut hasher = std::collections::hash_map::DefaultHasher::new();
+            for v in values
+                .as_primitive::<arrow::datatypes::Float32Type>()
+                .values()
+            {
+                v.to_bits().hash(&mut hasher);
+            }
+            digests.insert(ids.value(i).to_string(), hasher.finish());
+        }
+    }
+    digests
+}
+
 /// The job at `path` with requests of 256 inputs, as a large job would send.
 fn wide_requests(path: std::path::PathBuf) -> std::path::PathBuf {
     let job = std::fs::read_to_string(&path).unwrap();
@@ -456,11 +488,8 @@ async fn a_hundred_thousand_chunks_in_batch_mode_equal_sync_at_half_price() {
         sync_dir.join("out/result.parquet"),
         dir.path().join("out/result.parquet"),
     );
-    // The checksum covers every row's content hash and vector, in order.
-    assert_eq!(
-        key(&sync_out, "embedjob.checksum"),
-        key(&batch_out, "embedjob.checksum")
-    );
+    // Rows in another order (sync writes answers as they come), the same vector for each id.
+    assert_eq!(vector_digests(&sync_out), vector_digests(&batch_out));
     let ledger = sim.ledger();
     assert_eq!(ledger.texts_billed_twice(), 0);
     let tokens: u64 = key(&batch_out, "embedjob.usage.prompt_tokens")
