@@ -24,7 +24,7 @@ use reqwest::Method;
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::Value;
 
-use super::{body, classify, encode_path_segment, flat, unparseable, ApiError, Client, ErrorKind};
+use super::{body, encode_path_segment, flat, unparseable, ApiError, Client, ErrorKind};
 use crate::types::RawVectors;
 
 /// What is read of a file at a time while it is uploaded.
@@ -253,16 +253,13 @@ const LINE_ENDPOINT: &str = "POST /v1/embeddings (a batch line)";
 
 impl BatchLine {
     /// Why this line has no answer to use, as the synchronous route would
-    /// have failed: its `error` (`batch_expired` is transient), or a
-    /// response whose status is not a success; `None` for a successful one.
+    /// have failed: a response whose status is not a success, sorted as that
+    /// status is (a 400 refuses the input for good, a 500 is transient); or
+    /// its `error` without a status (`batch_expired`, `batch_cancelled`:
+    /// the request never ran), transient. `None` for a successful answer.
     pub fn api_error(&self) -> Option<ApiError> {
         if let Some(error) = &self.error {
-            let expired = error.code.as_deref() == Some("batch_expired");
-            let mut failed = ApiError::transient(LINE_ENDPOINT, error_text(error));
-            if !expired {
-                failed.kind = ErrorKind::Permanent;
-            }
-            return Some(failed);
+            return Some(ApiError::transient(LINE_ENDPOINT, error_text(error)));
         }
         let Some(response) = &self.response else {
             return Some(ApiError::transient(
@@ -273,20 +270,22 @@ impl BatchLine {
                 ),
             ));
         };
-        if (200..300).contains(&response.status_code) {
-            return None;
+        match response.status_code {
+            200..=299 => None,
+            0 => Some(ApiError::transient(
+                LINE_ENDPOINT,
+                format!("line {:?} has a response without a status", self.custom_id),
+            )),
+            status => {
+                let body = serde_json::to_vec(&response.body).unwrap_or_default();
+                Some(ApiError::from_response(
+                    LINE_ENDPOINT,
+                    status,
+                    &HeaderMap::new(),
+                    &body,
+                ))
+            }
         }
-        let body = serde_json::to_vec(&response.body).unwrap_or_default();
-        Some(ApiError::from_response(
-            LINE_ENDPOINT,
-            response.status_code,
-            &HeaderMap::new(),
-            &body,
-        ))
-        .map(|mut e| {
-            e.kind = classify(response.status_code, &e.message);
-            e
-        })
     }
 }
 
@@ -333,7 +332,7 @@ impl Client {
             let mut error =
                 ApiError::transient(&endpoint, format!("cannot read {}: {e}", path.display()));
             error.kind = ErrorKind::Permanent;
-            error
+            error.redact(&self.scrubber)
         };
         let file = tokio::fs::File::open(path).await.map_err(unreadable)?;
         let length = file.metadata().await.map_err(unreadable)?.len();
@@ -349,10 +348,10 @@ impl Client {
             .request(Method::POST, &route)
             .timeout(self.stream_timeout.max(self.timeout))
             .multipart(form);
-        let response = self
-            .dispatch(&endpoint, request)
-            .await
-            .map_err(with_route_hint)?;
+        let response = match self.dispatch(&endpoint, request).await {
+            Ok(response) => response,
+            Err(error) => return Err(self.upload_error(with_route_hint(error)).await),
+        };
         self.decode_body(&endpoint, response, body::ERROR_BODY_BYTES, |bytes| {
             json(&endpoint, bytes)
         })
@@ -469,6 +468,32 @@ impl Client {
     }
 }
 
+impl Client {
+    /// An upload's error, saying whether the server has the Batch API when
+    /// the connection failed under it: a server without the route answers
+    /// before it reads the body and closes, so the write fails before the
+    /// answer is read. The listing, sent without a body, tells.
+    async fn upload_error(&self, error: ApiError) -> ApiError {
+        if error.status.is_some() || error.timed_out || error.message.starts_with("could not") {
+            return error;
+        }
+        let probe = self.route("/batches?limit=1");
+        match self.call::<Value>(Method::GET, &probe, None::<&()>).await {
+            Err(answer) if route_missing(&answer) => {
+                let mut error = error;
+                error.kind = ErrorKind::Permanent;
+                error.message = format!(
+                    "{} (the server has no route GET {probe} either: it does not offer the \
+                     Batch API there; check `backend.base_url` and `backend.api_path`)",
+                    error.message
+                );
+                error
+            }
+            _ => error,
+        }
+    }
+}
+
 fn json<T: serde::de::DeserializeOwned>(endpoint: &str, bytes: &[u8]) -> Result<T, ApiError> {
     serde_json::from_slice(bytes).map_err(|e| unparseable(endpoint, &e, bytes))
 }
@@ -483,11 +508,11 @@ fn file_chunks(file: tokio::fs::File) -> impl Stream<Item = std::io::Result<Byte
     })
 }
 
-/// A batch call's error, saying so when the server has no such route: a
-/// 404 with no message of the service's own, a 405 or a 501.
-fn with_route_hint(mut error: ApiError) -> ApiError {
+/// Whether the server said it has no such route: a 404 with no message of
+/// the service's own, a 405 or a 501.
+fn route_missing(error: &ApiError) -> bool {
     let message = error.message.to_ascii_lowercase();
-    let missing = match error.status {
+    match error.status {
         Some(405 | 501) => true,
         Some(404) => {
             message.contains("with an empty body")
@@ -497,8 +522,12 @@ fn with_route_hint(mut error: ApiError) -> ApiError {
                 || message.trim() == "not found"
         }
         _ => false,
-    };
-    if missing {
+    }
+}
+
+/// A batch call's error, saying so when the server has no such route.
+fn with_route_hint(mut error: ApiError) -> ApiError {
+    if route_missing(&error) {
         error.kind = ErrorKind::Permanent;
         error.message = format!(
             "{} (the server has no route {}: it does not offer the Batch API there; check \
@@ -612,3 +641,6 @@ fn metadata<'de, D: Deserializer<'de>>(
         })
         .collect())
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,5 +1,5 @@
-//! A typed async client for the model service: embeddings, model listing and
-//! chat (plain or streamed).
+//! A typed async client for the model service: embeddings, model listing,
+//! chat (plain or streamed) and the Batch API (`batches`).
 //!
 //! Every failure comes back as an [`ApiError`] sorted into transient,
 //! permanent or too-large, carrying the status, the server's message and the

@@ -1,8 +1,8 @@
 //! What the simulator serves and which faults it injects.
 
 use std::collections::HashSet;
+use std::time::Duration;
 
-use super::batches::BatchConfig;
 use super::capacity::CapacityConfig;
 use super::quota::QuotaConfig;
 use super::window::ServerWindow;
@@ -430,5 +430,98 @@ impl Faults {
             ));
         }
         problems
+    }
+}
+
+/// The largest file the Batch API takes: 200 MB.
+pub const MAX_BATCH_FILE_BYTES: u64 = 200 * 1_000_000;
+/// The most lines of a batch's input file.
+pub const MAX_BATCH_LINES: usize = 50_000;
+/// The most embedding inputs across all lines of one batch.
+pub const MAX_BATCH_INPUTS: u64 = 50_000;
+
+/// How the Batch API behaves: its clock, limits and faults.
+///
+/// Faults that name "the first N batches" count batches in the order they
+/// were created since the simulator started, dropped creations included.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BatchConfig {
+    /// How long a batch takes from creation to `completed`: a tenth
+    /// validating, eight tenths in progress (its lines done evenly over that
+    /// time), a tenth finalizing.
+    pub duration: Duration,
+    /// The enqueued-token quota of each model: a batch whose tokens, with
+    /// those of the model's batches not yet finished, would pass it fails
+    /// with `token_limit_exceeded`.
+    pub enqueued_tokens: Option<u64>,
+    /// The first N batches fail validation.
+    pub fail_validation: u64,
+    /// Probability that a line fails with a 500 (not billed), drawn from `--seed`.
+    pub line_failures: f64,
+    /// A batch expires this long after its creation: the lines done by
+    /// then in its output file, the rest `batch_expired` in its error file.
+    pub expire_after: Option<Duration>,
+    /// Only the first N batches expire; `None`: every batch.
+    pub expire_first: Option<u64>,
+    /// The first N batches stay `in_progress`, half their lines done, until cancelled.
+    pub stuck: u64,
+    /// Output lines in the input's order; otherwise shuffled, as OpenAI
+    /// promises no order.
+    pub in_order: bool,
+    /// The first N `POST /v1/batches` create the batch, then drop the connection unanswered.
+    pub create_drop: u64,
+    /// The largest file accepted.
+    pub max_file_bytes: u64,
+    /// The most lines of one batch.
+    pub max_lines: usize,
+    /// The most embedding inputs of one batch.
+    pub max_inputs: u64,
+    /// The most bytes of files kept at once; an upload beyond it is refused.
+    pub max_stored_bytes: u64,
+}
+
+impl Default for BatchConfig {
+    fn default() -> Self {
+        BatchConfig {
+            duration: Duration::from_secs(1),
+            enqueued_tokens: None,
+            fail_validation: 0,
+            line_failures: 0.0,
+            expire_after: None,
+            expire_first: None,
+            stuck: 0,
+            in_order: false,
+            create_drop: 0,
+            max_file_bytes: MAX_BATCH_FILE_BYTES,
+            max_lines: MAX_BATCH_LINES,
+            max_inputs: MAX_BATCH_INPUTS,
+            max_stored_bytes: 10 * 1024 * 1024 * 1024,
+        }
+    }
+}
+
+impl BatchConfig {
+    pub(crate) fn problems(&self, problems: &mut Vec<String>) {
+        if !(0.0..=1.0).contains(&self.line_failures) {
+            problems.push(format!(
+                "batch_line_failures must be between 0 and 1, got {}",
+                self.line_failures
+            ));
+        }
+        for (name, value) in [
+            ("batch_max_lines", self.max_lines as u64),
+            ("batch_max_inputs", self.max_inputs),
+            ("batch_max_file_bytes", self.max_file_bytes),
+        ] {
+            if value == 0 {
+                problems.push(format!("{name} must be at least 1"));
+            }
+        }
+    }
+
+    /// Whether the batch created `seq`-th (from 0) expires.
+    pub(crate) fn expires(&self, seq: u64) -> Option<Duration> {
+        self.expire_after
+            .filter(|_| self.expire_first.is_none_or(|first| seq < first))
     }
 }

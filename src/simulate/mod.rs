@@ -1,7 +1,8 @@
 //! An in-process simulator of the model service, with fault injection.
 //!
 //! It serves the four endpoints of the service (`/v1/embeddings`, `/v1/models`,
-//! `/v1/models/{id}`, `/v1/chat/completions`) on 127.0.0.1, returns a deterministic
+//! `/v1/models/{id}`, `/v1/chat/completions`) and the Batch API (`/v1/files`,
+//! `/v1/batches`) on 127.0.0.1, returns a deterministic
 //! vector for each text (see [`embedding_vector`]), injects faults by seeded
 //! probability (see [`Faults`]), and keeps a [`Ledger`] of what it received and
 //! billed. Users run it as `embedjob simulate`; tests start it on a free port:
@@ -55,11 +56,10 @@ use axum::Router;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-pub use batches::{BatchConfig, MAX_BATCH_FILE_BYTES, MAX_BATCH_INPUTS, MAX_BATCH_LINES};
 pub use capacity::{CapacityConfig, CapacityStats};
 pub use config::{
-    Billing, DimensionsParam, Faults, KeySpec, ModelKind, ModelSpec, SimConfig, TokenCount,
-    DEFAULT_MAX_BODY_BYTES,
+    BatchConfig, Billing, DimensionsParam, Faults, KeySpec, ModelKind, ModelSpec, SimConfig,
+    TokenCount, DEFAULT_MAX_BODY_BYTES, MAX_BATCH_FILE_BYTES, MAX_BATCH_INPUTS, MAX_BATCH_LINES,
 };
 pub use ledger::Ledger;
 pub use options::SimulateOptions;
@@ -337,6 +337,35 @@ fn describe_capacity(c: &CapacityConfig) -> Option<String> {
     Some(line)
 }
 
+/// The Batch API's clock and faults, when they are not the defaults.
+fn describe_batches(b: &BatchConfig) -> Option<String> {
+    if *b == BatchConfig::default() {
+        return None;
+    }
+    let mut parts = vec![format!("a batch takes {:?}", b.duration)];
+    if let Some(n) = b.enqueued_tokens {
+        parts.push(format!("{n} enqueued tokens a model"));
+    }
+    let firsts = [
+        (b.fail_validation, "fail validation"),
+        (b.stuck, "stay in_progress until cancelled"),
+        (b.create_drop, "are created without an answer"),
+    ];
+    for (n, what) in firsts.into_iter().filter(|(n, _)| *n > 0) {
+        parts.push(format!("the first {n} {what}"));
+    }
+    if b.line_failures > 0.0 {
+        parts.push(format!("lines fail at {}", b.line_failures));
+    }
+    if let Some(after) = b.expire_after {
+        parts.push(format!("expire after {after:?}"));
+    }
+    if b.in_order {
+        parts.push("output in order".to_string());
+    }
+    Some(format!("  batches: {}", parts.join(", ")))
+}
+
 /// A few lines on what the simulator serves; never the keys themselves.
 fn describe(config: &SimConfig) -> String {
     let models: Vec<String> = config
@@ -393,6 +422,7 @@ fn describe(config: &SimConfig) -> String {
         ));
     }
     lines.extend(describe_capacity(&config.capacity));
+    lines.extend(describe_batches(&config.batches));
     let mut limits = Vec::new();
     if let Some(max) = config.max_inputs_per_request {
         limits.push(format!("{max} inputs"));

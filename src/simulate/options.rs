@@ -1,8 +1,10 @@
 //! The `embedjob simulate` flags, as typed, and the [`SimConfig`] built from them.
 
-use super::batches::{BatchConfig, MAX_BATCH_FILE_BYTES, MAX_BATCH_INPUTS, MAX_BATCH_LINES};
 use super::capacity::CapacityConfig;
-use super::config::{Billing, DimensionsParam, Faults, KeySpec, ModelSpec, SimConfig, TokenCount};
+use super::config::{
+    BatchConfig, Billing, DimensionsParam, Faults, KeySpec, ModelSpec, SimConfig, TokenCount,
+    MAX_BATCH_FILE_BYTES, MAX_BATCH_INPUTS, MAX_BATCH_LINES,
+};
 use super::quota::QuotaConfig;
 use super::window::ServerWindow;
 
@@ -354,23 +356,7 @@ impl SimulateOptions {
                 change_after: self.capacity_change_after,
                 then: self.capacity_then,
             },
-            batches: BatchConfig {
-                duration: seconds(self.batch_seconds, "--batch-seconds", &mut problems),
-                enqueued_tokens: self.batch_enqueued_tokens,
-                fail_validation: self.batch_fail_validation,
-                line_failures: self.batch_line_failures,
-                expire_after: self
-                    .batch_expire_after
-                    .map(|s| seconds(s, "--batch-expire-after", &mut problems)),
-                expire_first: self.batch_expire_first,
-                stuck: self.batch_stuck,
-                in_order: self.batch_in_order,
-                create_drop: self.batch_create_drop,
-                max_lines: self.batch_max_lines,
-                max_inputs: self.batch_max_inputs,
-                max_file_bytes: self.batch_max_file_bytes,
-                ..BatchConfig::default()
-            },
+            batches: self.batch_config(&mut problems),
             ..SimConfig::default()
         };
         if let Err(more) = config.validate() {
@@ -380,6 +366,27 @@ impl SimulateOptions {
             Ok(config)
         } else {
             Err(problems.join("\n"))
+        }
+    }
+
+    /// The Batch API's part of the configuration.
+    fn batch_config(&self, problems: &mut Vec<String>) -> BatchConfig {
+        BatchConfig {
+            duration: seconds(self.batch_seconds, "--batch-seconds", problems),
+            enqueued_tokens: self.batch_enqueued_tokens,
+            fail_validation: self.batch_fail_validation,
+            line_failures: self.batch_line_failures,
+            expire_after: self
+                .batch_expire_after
+                .map(|s| seconds(s, "--batch-expire-after", problems)),
+            expire_first: self.batch_expire_first,
+            stuck: self.batch_stuck,
+            in_order: self.batch_in_order,
+            create_drop: self.batch_create_drop,
+            max_lines: self.batch_max_lines,
+            max_inputs: self.batch_max_inputs,
+            max_file_bytes: self.batch_max_file_bytes,
+            ..BatchConfig::default()
         }
     }
 }
@@ -408,8 +415,11 @@ fn seconds(s: f64, flag: &str, problems: &mut Vec<String>) -> std::time::Duratio
 
 /// Names the flags the user typed rather than the configuration fields.
 fn flag_names(line: &str) -> String {
-    const FIELDS: [&str; 24] = [
+    const FIELDS: [&str; 27] = [
         "batch_line_failures",
+        "batch_max_lines",
+        "batch_max_inputs",
+        "batch_max_file_bytes",
         "capacity_then",
         "queue_limit",
         // Not the start of capacity_then, which is named already.

@@ -2,6 +2,8 @@
 //! 127.0.0.1, each in its own temporary directory where it writes files.
 
 mod batch;
+mod batch_client;
+mod batch_sim;
 mod capacity;
 mod cli;
 mod client;

@@ -213,3 +213,129 @@ pub(super) fn stream(
         Some((item, lines))
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Feeds `pieces` in order, then ends the body: the lines, or the first error.
+    fn split(max: usize, pieces: &[&[u8]]) -> Result<Vec<(u64, Vec<u8>)>, SplitError> {
+        let mut splitter = LineSplitter::new(max);
+        let mut lines = Vec::new();
+        for piece in pieces {
+            splitter.push(Bytes::copy_from_slice(piece));
+            while let Some((number, line)) = splitter.next_line()? {
+                lines.push((number, line.to_vec()));
+            }
+            assert!(splitter.partial.len() <= max + 1, "held past the bound");
+        }
+        splitter.finish()?;
+        Ok(lines)
+    }
+
+    fn owned(lines: &[(u64, &str)]) -> Vec<(u64, Vec<u8>)> {
+        lines
+            .iter()
+            .map(|(n, l)| (*n, l.as_bytes().to_vec()))
+            .collect()
+    }
+
+    #[test]
+    fn lines_across_pieces_with_either_ending() {
+        let got = split(16, &[b"ab", b"c\r", b"\nde\nf", b"g\r\n"]).unwrap();
+        assert_eq!(got, owned(&[(1, "abc"), (2, "de"), (3, "fg")]));
+    }
+
+    #[test]
+    fn blank_lines_are_skipped_but_counted() {
+        let got = split(16, &[b"\na\n\r\n  \nb\n\n"]).unwrap();
+        assert_eq!(got, owned(&[(2, "a"), (5, "b")]));
+        assert_eq!(split(16, &[b""]).unwrap(), owned(&[]));
+    }
+
+    #[test]
+    fn a_line_at_the_bound_passes_and_one_past_it_fails() {
+        assert_eq!(split(3, &[b"abc\n"]).unwrap(), owned(&[(1, "abc")]));
+        assert_eq!(
+            split(3, &[b"ab", b"c\r", b"\n"]).unwrap(),
+            owned(&[(1, "abc")])
+        );
+        let too_long = SplitError::TooLong { line: 2, max: 3 };
+        assert_eq!(split(3, &[b"abc\nabcd\n"]), Err(too_long.clone()));
+        // Found before the line ends: a line with no end is not held whole.
+        assert_eq!(
+            split(3, &[b"abc\nab", b"cd", b"efgh"]),
+            Err(too_long.clone())
+        );
+        assert_eq!(split(3, &[b"abc\nabc\r\r\n"]), Err(too_long));
+    }
+
+    #[test]
+    fn a_body_cut_inside_a_line_is_truncated() {
+        assert_eq!(
+            split(16, &[b"a\nb", b"c"]),
+            Err(SplitError::Truncated { line: 2 })
+        );
+        assert_eq!(split(16, &[b"a\n  "]).unwrap(), owned(&[(1, "a")]));
+    }
+
+    #[test]
+    fn hostile_lines_do_not_panic() {
+        for line in [
+            &b""[..],
+            b"null",
+            b"[]",
+            b"{}",
+            b"{\"custom_id\":5}",
+            b"{\"custom_id\":\"a\",\"response\":7}",
+            b"{\"custom_id\":\"a\",\"error\":[1]}",
+            b"\xff\xfe",
+            b"{\"custom_id\":\"a\",\"response\":{\"body\":{\"data\":[NaN]}}}",
+        ] {
+            let _ = parse_line(line);
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn any_cut_of_the_body_gives_the_same_lines(
+            lines in proptest::collection::vec("[a-z {}\":,]{0,12}", 0..12),
+            crlf in proptest::collection::vec(any::<bool>(), 12),
+            cuts in proptest::collection::vec(0usize..200, 0..8),
+        ) {
+            let mut body = Vec::new();
+            let mut expected = Vec::new();
+            for (i, line) in lines.iter().enumerate() {
+                body.extend_from_slice(line.as_bytes());
+                body.extend_from_slice(if crlf[i] { b"\r\n" } else { b"\n" });
+                if !line.trim().is_empty() {
+                    expected.push((i as u64 + 1, line.as_bytes().to_vec()));
+                }
+            }
+            let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c.min(body.len())).collect();
+            cuts.sort_unstable();
+            let mut pieces = Vec::new();
+            let mut from = 0;
+            for cut in cuts.into_iter().chain([body.len()]) {
+                pieces.push(&body[from..cut]);
+                from = cut;
+            }
+            prop_assert_eq!(split(12, &pieces).unwrap(), expected);
+        }
+
+        #[test]
+        fn any_bytes_split_or_fail_without_panic(
+            pieces in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..64), 0..8),
+            max in 0usize..32,
+        ) {
+            let pieces: Vec<&[u8]> = pieces.iter().map(Vec::as_slice).collect();
+            if let Ok(lines) = split(max, &pieces) {
+                for (_, line) in lines {
+                    prop_assert!(line.len() <= max);
+                    let _ = parse_line(&line);
+                }
+            }
+        }
+    }
+}

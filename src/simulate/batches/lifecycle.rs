@@ -312,12 +312,12 @@ pub(crate) async fn run(api: Weak<Batches>, id: String, input: Arc<StoredFile>, 
             return;
         }
         if done && seq >= batches.config.stuck {
-            if now >= clock.end() {
-                batches.end(&id, Some(work), Status::Completed);
-                return;
-            }
+            // Every batch passes through finalizing, however short its time.
             if status == Status::InProgress {
                 batches.with_batch(&id, |batch| batch.stamp(Status::Finalizing));
+            } else if status == Status::Finalizing && now >= clock.end() {
+                batches.end(&id, Some(work), Status::Completed);
+                return;
             }
         }
         drop(batches);

@@ -83,7 +83,8 @@ impl Reader {
 enum Sink {
     File(tokio::fs::File, u64),
     Field(Vec<u8>),
-    Ignored,
+    /// Another field: dropped, its length still bounded.
+    Ignored(usize),
 }
 
 impl Sink {
@@ -102,7 +103,12 @@ impl Sink {
                 }
                 value.extend_from_slice(bytes);
             }
-            Sink::Ignored => {}
+            Sink::Ignored(length) => {
+                *length += bytes.len();
+                if *length > MAX_SMALL {
+                    return Err(MultipartError::Malformed("a form field is too long".into()));
+                }
+            }
         }
         Ok(())
     }
@@ -152,7 +158,7 @@ pub(crate) async fn receive(
                 Sink::File(tokio::fs::File::create(dest).await?, 0)
             }
             Some("purpose") => Sink::Field(Vec::new()),
-            _ => Sink::Ignored,
+            _ => Sink::Ignored(0),
         };
         loop {
             if let Some(at) = memmem::find(&reader.buf, &delimiter) {
@@ -181,7 +187,7 @@ pub(crate) async fn receive(
             Sink::Field(value) => {
                 upload.purpose = Some(String::from_utf8_lossy(&value).trim().to_string());
             }
-            Sink::Ignored => {}
+            Sink::Ignored(_) => {}
         }
     }
 }
@@ -256,5 +262,15 @@ mod tests {
         assert!(matches!(over, Err(MultipartError::TooLarge(5))), "{over:?}");
         let cut = receive("b", body(""), &dest, 100).await;
         assert!(matches!(cut, Err(MultipartError::Malformed(_))), "{cut:?}");
+        // Any other field is bounded too, whatever its length.
+        let other = format!(
+            "--b\r\nContent-Disposition: form-data; name=\"other\"\r\n\r\n{}\r\n--b--",
+            "x".repeat(MAX_SMALL + 1)
+        );
+        let long = receive("b", Body::from(other), &dest, 100).await;
+        assert!(
+            matches!(long, Err(MultipartError::Malformed(_))),
+            "{long:?}"
+        );
     }
 }

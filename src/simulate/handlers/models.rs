@@ -89,6 +89,8 @@ pub(crate) async fn model_info(State(shared): State<Arc<Shared>>, headers: Heade
                 "model_info": {
                     "id": model.id,
                     "input_cost_per_token": model.input_per_1k / 1000.0,
+                    // LiteLLM lists the Batch API's price too: half, as OpenAI's.
+                    "input_cost_per_token_batches": model.input_per_1k / 2000.0,
                     "output_cost_per_token": model.output_per_1k / 1000.0,
                     "max_input_tokens": model.context_window,
                     "max_tokens": model.context_window,
