@@ -13,7 +13,7 @@ use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 
 use super::files::StoredFile;
-use super::lines::{expire_line, run_line, Outcome};
+use super::lines::{expire_line, record, run_line, Outcome};
 use super::validate::{validate, LineError, Span, Valid};
 use super::{unix_now, Batches};
 use crate::simulate::handlers::Caller;
@@ -390,32 +390,39 @@ impl Batches {
         })
     }
 
-    /// Runs the lines of `work` up to position `until` of its order.
+    /// Runs the lines of `work` up to position `until` of its order, as many
+    /// at once as there are cores, each written and billed in that order.
     fn step(&self, id: &str, work: &mut Work, caller: Caller, until: usize) -> std::io::Result<()> {
+        let threads = std::thread::available_parallelism().map_or(1, usize::from);
         let (mut completed, mut failed, mut tokens) = (0, 0, 0);
         while work.done < until {
-            let index = work.order[work.done];
-            let raw = work.read_line(index)?;
-            let fail = self.config.line_failures > 0.0
-                && work.rng.random::<f64>() < self.config.line_failures;
-            let outcome = run_line(
-                &self.shared,
-                caller,
-                id,
-                index,
-                &raw,
-                fail,
-                &mut work.output.2,
-                &mut work.errors.2,
-            )?;
-            match outcome {
-                Outcome::Completed(billed) => {
-                    completed += 1;
-                    tokens += billed;
-                }
-                Outcome::Failed => failed += 1,
+            let mut round = Vec::new();
+            for position in work.done..until.min(work.done + threads) {
+                let index = work.order[position];
+                let fail = self.config.line_failures > 0.0
+                    && work.rng.random::<f64>() < self.config.line_failures;
+                round.push((index, work.read_line(index)?, fail));
             }
-            work.done += 1;
+            let ran: Vec<_> = std::thread::scope(|scope| {
+                let running: Vec<_> = round
+                    .iter()
+                    .map(|(index, raw, fail)| {
+                        scope.spawn(move || run_line(&self.shared, caller, id, *index, raw, *fail))
+                    })
+                    .collect();
+                running.into_iter().map(|thread| thread.join()).collect()
+            });
+            for ran in ran {
+                let ran = ran.map_err(|_| std::io::Error::other("a line's thread panicked"))?;
+                match record(&self.shared, ran, &mut work.output.2, &mut work.errors.2)? {
+                    Outcome::Completed(billed) => {
+                        completed += 1;
+                        tokens += billed;
+                    }
+                    Outcome::Failed => failed += 1,
+                }
+                work.done += 1;
+            }
         }
         self.with_batch(id, |batch| {
             batch.completed += completed;

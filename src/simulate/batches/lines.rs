@@ -34,9 +34,16 @@ fn parts(raw: &[u8]) -> (String, Vec<u8>) {
     (custom_id, body)
 }
 
+/// A line run, not yet written nor billed.
+pub(crate) struct Ran {
+    /// The line of the output file, or of the error file when `answer` is `None`.
+    line: Vec<u8>,
+    /// What the line bills: its tokens, and its texts read whole and in part.
+    answer: Option<(u64, Vec<String>, Vec<String>)>,
+}
+
 /// Runs line `index` (its bytes `raw`): a 500 when `fail`, else the
-/// synchronous route's answer, billed, or its refusal.
-#[allow(clippy::too_many_arguments)]
+/// synchronous route's answer or its refusal. Nothing is billed yet.
 pub(crate) fn run_line(
     shared: &Shared,
     caller: Caller,
@@ -44,9 +51,7 @@ pub(crate) fn run_line(
     index: usize,
     raw: &[u8],
     fail: bool,
-    output: &mut impl Write,
-    errors: &mut impl Write,
-) -> io::Result<Outcome> {
+) -> Ran {
     let (custom_id, body) = parts(raw);
     let (id, request_id) = ids(batch_id, index);
     let answered = if fail {
@@ -58,18 +63,17 @@ pub(crate) fn run_line(
         Ok((answer, tokens)) => {
             // The body goes in as the bytes the synchronous route sends.
             let head = json!({"id": id, "custom_id": custom_id}).to_string();
-            output.write_all(&head.as_bytes()[..head.len() - 1])?;
-            write!(
-                output,
-                r#","response":{{"status_code":200,"request_id":{},"body":"#,
-                Value::String(request_id)
-            )?;
-            output.write_all(&answer.body)?;
-            output.write_all(b"},\"error\":null}\n")?;
-            shared
-                .ledger()
-                .bill_batch_line(tokens, answer.hashes, answer.partly_read);
-            Ok(Outcome::Completed(tokens))
+            let mut line = Vec::with_capacity(answer.body.len() + head.len() + 128);
+            line.extend_from_slice(&head.as_bytes()[..head.len() - 1]);
+            line.extend_from_slice(br#","response":{"status_code":200,"request_id":"#);
+            line.extend_from_slice(Value::String(request_id).to_string().as_bytes());
+            line.extend_from_slice(br#","body":"#);
+            line.extend_from_slice(&answer.body);
+            line.extend_from_slice(b"},\"error\":null}\n");
+            Ran {
+                line,
+                answer: Some((tokens, answer.hashes, answer.partly_read)),
+            }
         }
         Err(error) => {
             let line = json!({
@@ -82,7 +86,29 @@ pub(crate) fn run_line(
                 },
                 "error": null,
             });
-            writeln!(errors, "{line}")?;
+            Ran {
+                line: format!("{line}\n").into_bytes(),
+                answer: None,
+            }
+        }
+    }
+}
+
+/// Writes a line run to its file and bills it.
+pub(crate) fn record(
+    shared: &Shared,
+    ran: Ran,
+    output: &mut impl Write,
+    errors: &mut impl Write,
+) -> io::Result<Outcome> {
+    match ran.answer {
+        Some((tokens, hashes, partly_read)) => {
+            output.write_all(&ran.line)?;
+            shared.ledger().bill_batch_line(tokens, hashes, partly_read);
+            Ok(Outcome::Completed(tokens))
+        }
+        None => {
+            errors.write_all(&ran.line)?;
             shared.ledger().batch_lines_failed += 1;
             Ok(Outcome::Failed)
         }
