@@ -370,7 +370,7 @@ async fn batch_mode_is_for_the_api_kind_and_its_keys_are_checked() {
 
 /// Each row's id and a digest of its vector's bits, read a batch of rows at a time.
 fn vector_digests(path: &Path) -> HashMap<String, u64> {
-    use arrow::array::{Array, AsArray};
+    use arrow::array::AsArray;
     use std::hash::{Hash, Hasher};
     let file = std::fs::File::open(path).unwrap();
     let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
