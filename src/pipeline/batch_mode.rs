@@ -157,26 +157,25 @@ impl BatchMode {
     }
 }
 
-/// The line a run that leaves batches pending ends with.
+/// Why a run that leaves batches pending stops: what waits, and until when.
 fn pending_text(s: &BatchSummary) -> String {
-    let mut text = format!(
-        "{} pending on the service ({}), in batch mode",
-        crate::display::count(s.pending_batches, "batch", "batches"),
-        crate::display::count(s.pending_chunks, "chunk", "chunks"),
-    );
+    let mut what = vec![crate::display::count(s.pending_chunks, "chunk", "chunks")];
     if let Some(end) = s.window_ends_at {
         let at = std::time::UNIX_EPOCH + std::time::Duration::from_secs(end);
-        text.push_str(&format!(
-            "; their window ends by {}",
+        what.push(format!(
+            "window ending by {}",
             humantime::format_rfc3339_seconds(at)
         ));
     }
     if s.held_back_chunks > 0 {
-        text.push_str(&format!(
-            "; {} wait for room under the enqueued-token cap",
+        what.push(format!(
+            "{} more to send as they end",
             crate::display::count(s.held_back_chunks, "chunk", "chunks")
         ));
     }
-    text.push_str("; run the job again to collect them");
-    text
+    format!(
+        "waiting for {} on the service in batch mode ({})",
+        crate::display::count(s.pending_batches, "batch", "batches"),
+        what.join(", ")
+    )
 }

@@ -534,12 +534,14 @@ fn batch_text(b: &super::BatchSummary, out: &mut String) {
     let price = |p: Option<f64>| p.map_or_else(|| "unknown".to_string(), |p| format!("${p}"));
     let _ = writeln!(
         out,
-        "  batch mode: {} collected ({} stored, {} tokens billed at {} per 1k, sync {}), \
+        "  batch mode: {} collected ({} stored, {} tokens billed at {} per 1k{}, sync {}), \
          {} created, {} adopted, {} pending ({})",
         count(b.collected.batches, "batch", "batches"),
         counted(b.collected.vectors, "vector"),
         b.collected.usage.prompt_tokens,
         price(b.input_per_1k),
+        b.collected_cost
+            .map_or_else(String::new, |c| format!(": ${c:.6}")),
         price(b.sync_input_per_1k),
         b.created,
         b.adopted,

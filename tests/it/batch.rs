@@ -101,10 +101,13 @@ async fn a_batch_job_submits_then_collects_the_sync_rows_at_half_price() {
         pending["pending_chunks"].as_u64().unwrap(),
         pending["submitted_chunks"].as_u64().unwrap()
     );
-    assert!(first["stopped"]
-        .as_str()
-        .unwrap()
-        .contains("pending on the service"));
+    let stopped = first["stopped"].as_str().unwrap();
+    let chunks = pending["pending_chunks"].as_u64().unwrap();
+    assert!(stopped.starts_with("waiting for "), "{stopped}");
+    assert!(
+        stopped.contains(&format!("({chunks} chunks, window ending by 20")),
+        "{stopped}"
+    );
     assert!(!dir.path().join("out/result.parquet").exists());
 
     // Each run either waits (exit 4) or collects; 300 ms batches need few.
