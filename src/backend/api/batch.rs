@@ -25,8 +25,8 @@ pub struct BatchService {
     pub poll: Duration,
 }
 
-/// The batch price: the job's, else half the synchronous price (as OpenAI
-/// prices its Batch API).
+/// The batch price: `set` (the job's, else the listing's), else half the
+/// synchronous price (as OpenAI prices its Batch API).
 #[must_use]
 pub fn batch_price(set: Option<f64>, sync: Option<f64>) -> Option<f64> {
     set.or(sync.map(|p| p / 2.0))

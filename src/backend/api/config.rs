@@ -367,6 +367,7 @@ fn batch_service(
     b: &BackendShared,
     client: Client,
     info: &crate::backend::BackendInfo,
+    listed: Option<f64>,
 ) -> super::BatchService {
     super::BatchService {
         client,
@@ -374,7 +375,7 @@ fn batch_service(
         dimensions: b.dimensions,
         expected_dimensions: info.dimensions,
         completion_window: api.batch_completion_window.clone(),
-        input_per_1k: super::batch_price(api.batch_input_per_1k, info.input_per_1k),
+        input_per_1k: super::batch_price(api.batch_input_per_1k.or(listed), info.input_per_1k),
         sync_input_per_1k: info.input_per_1k,
         max_enqueued_tokens: api.batch_max_enqueued_tokens,
         poll: Duration::from_secs(api.batch_poll_seconds),
@@ -450,7 +451,10 @@ async fn build(job: &Job) -> Result<Embedding, Failure> {
     let batch_client = client.clone();
     let mut backend = ApiBackend::new(client, settings, listed);
     if api.mode == Mode::Batch {
-        let service = batch_service(&api, b, batch_client, backend.info());
+        let listed_batch = listed
+            .and_then(|m| m.pricing)
+            .and_then(|p| p.batch_input_per_1k);
+        let service = batch_service(&api, b, batch_client, backend.info(), listed_batch);
         backend.for_batch(service);
     }
     let chunker_for = |chunking: &ChunkingConfig| {
