@@ -203,7 +203,10 @@ fn router(shared: Arc<Shared>) -> Router {
 fn batch_routes<S: Clone + Send + Sync + 'static>(shared: &Arc<Shared>) -> Router<S> {
     let prefix = shared.config.url_prefix.clone();
     Router::new()
-        .route(&format!("{prefix}/files"), post(batches::upload_file))
+        .route(
+            &format!("{prefix}/files"),
+            post(batches::upload_file).get(batches::list_files),
+        )
         .route(
             &format!("{prefix}/files/{{id}}"),
             get(batches::get_file).delete(batches::delete_file),

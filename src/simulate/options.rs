@@ -1,10 +1,8 @@
 //! The `embedjob simulate` flags, as typed, and the [`SimConfig`] built from them.
 
 use super::capacity::CapacityConfig;
-use super::config::{
-    BatchConfig, Billing, DimensionsParam, Faults, KeySpec, ModelSpec, SimConfig, TokenCount,
-    MAX_BATCH_FILE_BYTES, MAX_BATCH_INPUTS, MAX_BATCH_LINES,
-};
+use super::config::{BatchConfig, MAX_BATCH_FILE_BYTES, MAX_BATCH_INPUTS, MAX_BATCH_LINES};
+use super::config::{Billing, DimensionsParam, Faults, KeySpec, ModelSpec, SimConfig, TokenCount};
 use super::quota::QuotaConfig;
 use super::window::ServerWindow;
 
@@ -368,27 +366,6 @@ impl SimulateOptions {
             Err(problems.join("\n"))
         }
     }
-
-    /// The Batch API's part of the configuration.
-    fn batch_config(&self, problems: &mut Vec<String>) -> BatchConfig {
-        BatchConfig {
-            duration: seconds(self.batch_seconds, "--batch-seconds", problems),
-            enqueued_tokens: self.batch_enqueued_tokens,
-            fail_validation: self.batch_fail_validation,
-            line_failures: self.batch_line_failures,
-            expire_after: self
-                .batch_expire_after
-                .map(|s| seconds(s, "--batch-expire-after", problems)),
-            expire_first: self.batch_expire_first,
-            stuck: self.batch_stuck,
-            in_order: self.batch_in_order,
-            create_drop: self.batch_create_drop,
-            max_lines: self.batch_max_lines,
-            max_inputs: self.batch_max_inputs,
-            max_file_bytes: self.batch_max_file_bytes,
-            ..BatchConfig::default()
-        }
-    }
 }
 
 /// A duration typed in milliseconds, or a problem; at most an hour.
@@ -399,16 +376,6 @@ fn milliseconds(ms: f64, flag: &str, problems: &mut Vec<String>) -> std::time::D
         problems.push(format!(
             "{flag} {ms}: expected milliseconds from 0 to 3600000"
         ));
-        std::time::Duration::ZERO
-    }
-}
-
-/// A duration typed in seconds, or a problem; at most a day, the completion window.
-fn seconds(s: f64, flag: &str, problems: &mut Vec<String>) -> std::time::Duration {
-    if s.is_finite() && (0.0..=86_400.0).contains(&s) {
-        std::time::Duration::from_secs_f64(s)
-    } else {
-        problems.push(format!("{flag} {s}: expected seconds from 0 to 86400"));
         std::time::Duration::ZERO
     }
 }
@@ -507,4 +474,37 @@ fn parse_key(spec: &str) -> Result<KeySpec, String> {
         key: key.to_string(),
         models,
     })
+}
+
+impl SimulateOptions {
+    /// The Batch API's part of the configuration.
+    fn batch_config(&self, problems: &mut Vec<String>) -> BatchConfig {
+        BatchConfig {
+            duration: seconds(self.batch_seconds, "--batch-seconds", problems),
+            enqueued_tokens: self.batch_enqueued_tokens,
+            fail_validation: self.batch_fail_validation,
+            line_failures: self.batch_line_failures,
+            expire_after: self
+                .batch_expire_after
+                .map(|s| seconds(s, "--batch-expire-after", problems)),
+            expire_first: self.batch_expire_first,
+            stuck: self.batch_stuck,
+            in_order: self.batch_in_order,
+            create_drop: self.batch_create_drop,
+            max_lines: self.batch_max_lines,
+            max_inputs: self.batch_max_inputs,
+            max_file_bytes: self.batch_max_file_bytes,
+            ..BatchConfig::default()
+        }
+    }
+}
+
+/// A duration typed in seconds, or a problem; at most a day, the completion window.
+fn seconds(s: f64, flag: &str, problems: &mut Vec<String>) -> std::time::Duration {
+    if s.is_finite() && (0.0..=86_400.0).contains(&s) {
+        std::time::Duration::from_secs_f64(s)
+    } else {
+        problems.push(format!("{flag} {s}: expected seconds from 0 to 86400"));
+        std::time::Duration::ZERO
+    }
 }

@@ -764,3 +764,111 @@ async fn the_openai_python_client_runs_a_batch_against_the_simulator() {
     );
     assert_eq!(report["deleted"], true);
 }
+
+#[tokio::test]
+async fn files_are_listed_newest_first_by_purpose() {
+    let api = Api::start(instant()).await;
+    let mut uploaded = Vec::new();
+    for n in 1..=3 {
+        uploaded.push(api.upload(&file(n)).await);
+    }
+    uploaded.reverse();
+    let list = |query: String| {
+        let request = api.http.get(api.url(&format!("/files?{query}")));
+        api.send(request)
+    };
+    let (status, first) = list("purpose=batch&limit=2".to_string()).await;
+    assert_eq!(status, 200, "{first}");
+    let ids = |page: &Value| -> Vec<String> {
+        page["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|file| file["id"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(ids(&first), uploaded[..2]);
+    assert_eq!(first["has_more"], true);
+    let after = first["last_id"].as_str().unwrap();
+    let (_, second) = list(format!("purpose=batch&limit=2&after={after}")).await;
+    assert_eq!(ids(&second), uploaded[2..]);
+    assert_eq!(second["has_more"], false);
+
+    let batch = api.create(&uploaded[0], Value::Null).await;
+    let done = api.finished(batch["id"].as_str().unwrap()).await;
+    let (_, outputs) = list("purpose=batch_output".to_string()).await;
+    assert_eq!(ids(&outputs), [done["output_file_id"].as_str().unwrap()]);
+    let (status, _) = api
+        .send(api.http.delete(api.url(&format!("/files/{}", uploaded[1]))))
+        .await;
+    assert_eq!(status, 200);
+    let (_, left) = list("purpose=batch".to_string()).await;
+    assert_eq!(ids(&left), [uploaded[0].clone(), uploaded[2].clone()]);
+}
+
+#[tokio::test]
+async fn hostile_files_and_lines_end_in_errors_not_panics() {
+    let api = Api::start(instant()).await;
+    // Lines validation accepts but the synchronous route refuses: each ends in the error file.
+    let refused = [
+        json!({"model": MODEL, "input": [[-1]]}),
+        json!({"model": MODEL, "input": [[4_294_967_296u64]]}),
+        json!({"model": MODEL, "input": []}),
+        json!({"model": MODEL, "input": ""}),
+        json!({"model": MODEL, "input": [null]}),
+        json!({"model": MODEL, "input": ["x"], "dimensions": 1e300}),
+        json!({"model": MODEL, "input": ["x"], "dimensions": 0}),
+        json!({"model": MODEL, "input": ["x"], "encoding_format": "hex"}),
+        json!({"model": MODEL}),
+    ];
+    let content: String = refused
+        .iter()
+        .enumerate()
+        .map(|(i, body)| line(&format!("r{i}"), body))
+        .collect();
+    let file_id = api.upload(&content).await;
+    let batch = api.create(&file_id, Value::Null).await;
+    let done = api.finished(batch["id"].as_str().unwrap()).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    let errors = api.lines(&done["error_file_id"]).await;
+    assert_eq!(errors.len(), refused.len());
+    for error in &errors {
+        assert_eq!(error["response"]["status_code"], 400, "{error}");
+        assert_eq!(
+            error["response"]["body"]["error"]["type"],
+            "invalid_request_error"
+        );
+    }
+    // Files validation refuses, whatever their bytes.
+    let files: [&[u8]; 6] = [
+        b"\xff\xfe\x00garbage\n",
+        b"[1, 2, 3]\n",
+        b"{\"custom_id\": 7, \"method\": \"POST\", \"url\": \"/v1/embeddings\", \"body\": {}}\n",
+        b"{\"custom_id\": \"a\", \"method\": \"GET\", \"url\": \"/v1/embeddings\", \"body\": {}}\n",
+        b"{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": \"/v1/embeddings\", \"body\": \"x\"}\n",
+        b"\n\n\n",
+    ];
+    for bytes in files {
+        let (status, file) = api.upload_as("batch", "in.jsonl", bytes).await;
+        assert_eq!(status, 200, "{file}");
+        let batch = api.create(file["id"].as_str().unwrap(), Value::Null).await;
+        let failed = api.finished(batch["id"].as_str().unwrap()).await;
+        assert_eq!(failed["status"], "failed", "{failed}");
+        assert_eq!(failed["errors"]["data"][0]["line"], 1, "{failed}");
+    }
+    // Uploads that are not multipart, or cut short, are refused.
+    for (content_type, body) in [
+        ("application/json", "{}"),
+        ("multipart/form-data; boundary=b", "--b\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.jsonl\"\r\n\r\nno end"),
+        ("multipart/form-data; boundary=b", "no boundary at all"),
+    ] {
+        let request = api
+            .http
+            .post(api.url("/files"))
+            .header("content-type", content_type)
+            .body(body);
+        let (status, error) = api.send(request).await;
+        assert_eq!(status, 400, "{content_type}: {error}");
+    }
+    assert_eq!(api.sim.ledger().batch_lines_billed, 0);
+}

@@ -278,7 +278,7 @@ pub(crate) async fn run(api: Weak<Batches>, id: String, input: Arc<StoredFile>, 
             return;
         };
         if status == Status::Cancelling {
-            batches.end(&id, Some(work), Status::Cancelled);
+            finish(batches, id, work, Status::Cancelled).await;
             return;
         }
         let horizon = clock.expire_at.map_or(now, |at| at.min(now));
@@ -307,8 +307,7 @@ pub(crate) async fn run(api: Weak<Batches>, id: String, input: Arc<StoredFile>, 
         }
         let done = work.done == work.lines.len();
         if !done && clock.expire_at.is_some_and(|at| now >= at) {
-            let ended = batches.expire_rest(&id, &mut work);
-            batches.end(&id, ended.ok().map(|()| work), Status::Expired);
+            finish(batches, id, work, Status::Expired).await;
             return;
         }
         if done && seq >= batches.config.stuck {
@@ -316,13 +315,23 @@ pub(crate) async fn run(api: Weak<Batches>, id: String, input: Arc<StoredFile>, 
             if status == Status::InProgress {
                 batches.with_batch(&id, |batch| batch.stamp(Status::Finalizing));
             } else if status == Status::Finalizing && now >= clock.end() {
-                batches.end(&id, Some(work), Status::Completed);
+                finish(batches, id, work, Status::Completed).await;
                 return;
             }
         }
         drop(batches);
         tokio::time::sleep(TICK).await;
     }
+}
+
+/// Ends the batch with `status` off the async threads: writing the lines an
+/// expiry leaves and flushing the files are blocking work.
+async fn finish(batches: Arc<Batches>, id: String, mut work: Work, status: Status) {
+    let _ = tokio::task::spawn_blocking(move || {
+        let written = status != Status::Expired || batches.expire_rest(&id, &mut work).is_ok();
+        batches.end(&id, written.then_some(work), status);
+    })
+    .await;
 }
 
 impl Batches {

@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 pub(crate) use routes::{
     cancel_batch, create_batch, delete_file, file_content, get_batch, get_file, list_batches,
-    upload_file,
+    list_files, upload_file,
 };
 
 use crate::simulate::config::BatchConfig;

@@ -101,6 +101,49 @@ async fn upload(api: &Batches, headers: &HeaderMap, body: Body) -> Answer {
     }
 }
 
+/// `GET /v1/files?purpose=&limit=&after=`: newest first, as OpenAI lists
+/// them by default; a job finds the request files it uploaded by their names.
+pub(crate) async fn list_files(
+    State(api): State<Arc<Batches>>,
+    headers: HeaderMap,
+    uri: Uri,
+) -> Response {
+    answer((|| {
+        authorize(&api.shared, &headers)?;
+        let (limit, after) = page_query(&uri, 10_000, 10_000)?;
+        let purpose = query_value(&uri, "purpose");
+        let mut files: Vec<_> = api
+            .state()
+            .files
+            .values()
+            .filter(|file| purpose.as_deref().is_none_or(|p| file.purpose == p))
+            .cloned()
+            .collect();
+        // Ids grow with each file: the newest has the greatest.
+        files.sort_by(|a, b| b.id.cmp(&a.id));
+        let rest = match &after {
+            None => &files[..],
+            Some(after) => {
+                let at = files
+                    .iter()
+                    .position(|file| &file.id == after)
+                    .ok_or_else(|| no_such_file(after))?;
+                &files[at + 1..]
+            }
+        };
+        let data: Vec<Value> = rest.iter().take(limit).map(|file| file.json()).collect();
+        let id = |value: Option<&Value>| value.map(|file| file["id"].clone());
+        Ok(axum::Json(json!({
+            "object": "list",
+            "data": data,
+            "first_id": id(data.first()),
+            "last_id": id(data.last()),
+            "has_more": rest.len() > limit,
+        }))
+        .into_response())
+    })())
+}
+
 /// `GET /v1/files/{id}`.
 pub(crate) async fn get_file(
     State(api): State<Arc<Batches>>,
@@ -298,20 +341,29 @@ pub(crate) async fn cancel_batch(
     })())
 }
 
-/// The `limit` and `after` of a listing's query.
-fn page_query(uri: &Uri) -> Result<(usize, Option<String>), ApiError> {
-    let (mut limit, mut after) = (20, None);
+/// A parameter of the query, if given and not empty.
+fn query_value(uri: &Uri, name: &str) -> Option<String> {
+    uri.query()?
+        .split('&')
+        .filter_map(|pair| pair.split_once('='))
+        .find(|(key, value)| *key == name && !value.is_empty())
+        .map(|(_, value)| value.to_string())
+}
+
+/// The `limit` (1 to `most`, `default` when absent) and `after` of a listing's query.
+fn page_query(uri: &Uri, default: usize, most: usize) -> Result<(usize, Option<String>), ApiError> {
+    let (mut limit, mut after) = (default, None);
     for pair in uri.query().unwrap_or_default().split('&') {
         match pair.split_once('=') {
             Some(("limit", value)) => {
                 limit = value
                     .parse()
                     .ok()
-                    .filter(|n| (1..=100).contains(n))
+                    .filter(|n| (1..=most).contains(n))
                     .ok_or_else(|| {
                         ApiError::invalid(
                             "limit",
-                            format!("Invalid 'limit': expected an integer from 1 to 100, got '{value}'."),
+                            format!("Invalid 'limit': expected an integer from 1 to {most}, got '{value}'."),
                         )
                     })?;
             }
@@ -330,7 +382,7 @@ pub(crate) async fn list_batches(
 ) -> Response {
     answer((|| {
         authorize(&api.shared, &headers)?;
-        let (limit, after) = page_query(&uri)?;
+        let (limit, after) = page_query(&uri, 20, 100)?;
         let state = api.state();
         let newest_first = state.batches.iter().rev();
         let rest: Vec<&Batch> = match &after {
