@@ -250,6 +250,10 @@ pub struct RunArgs {
     /// seconds), keeping what was done: exit 4, and the next run resumes.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub max_duration: Option<std::time::Duration>,
+    /// Batch mode: wait for the batches, collecting and submitting until
+    /// the job is done (or `--max-duration` passes: exit 4, resumable).
+    #[arg(long)]
+    pub wait: bool,
     /// The most this run may be billed (sets `budget.max_cost`): it stops
     /// before a request would go over, keeping what was done (exit 4). With
     /// --shard, the whole job's: each shard takes its part.

@@ -33,6 +33,9 @@ pub const TOTAL_TOKENS_KEY: &str = "embedjob.usage.total_tokens";
 pub const REQUESTS_KEY: &str = "embedjob.requests";
 /// Only when the model's price is known.
 pub const COST_KEY: &str = "embedjob.cost";
+/// Batch mode: the price per 1000 input tokens the batches were billed at
+/// (`embedjob.cost` is at this price).
+pub const BATCH_PRICE_KEY: &str = "embedjob.batch.input_per_1k";
 /// Of `embedjob.usage.prompt_tokens`, the tokens that paid for vectors that
 /// failed a check and were discarded.
 pub const DISCARDED_TOKENS_KEY: &str = "embedjob.usage.discarded_tokens";

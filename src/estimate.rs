@@ -88,6 +88,17 @@ pub struct Estimate {
     pub shortest_duration_seconds: Option<f64>,
     /// What the service does not tell (window, model), as a run would warn.
     pub warnings: Vec<String>,
+    /// In batch mode (`input_per_1k` and `cost` are then the batch's), the
+    /// synchronous price and cost beside them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sync: Option<SyncPrice>,
+}
+
+/// What the same job would cost sent synchronously.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct SyncPrice {
+    pub input_per_1k: Option<f64>,
+    pub cost: Option<f64>,
 }
 
 impl Estimate {
@@ -114,6 +125,20 @@ impl Estimate {
         self.cost = self
             .input_per_1k
             .map(|price| billed as f64 / 1000.0 * price);
+        self
+    }
+}
+
+impl Estimate {
+    /// In batch mode (`sync` is the synchronous price), the synchronous
+    /// cost of the same tokens beside the batch's.
+    #[must_use]
+    pub fn with_sync_price(mut self, sync: Option<Option<f64>>) -> Estimate {
+        let tokens = self.expected_billed_tokens.unwrap_or(self.tokens);
+        self.sync = sync.map(|price| SyncPrice {
+            input_per_1k: price,
+            cost: price.map(|p| tokens as f64 / 1000.0 * p),
+        });
         self
     }
 }
@@ -222,6 +247,7 @@ pub fn estimate(
             .shortest_duration(count.requests, count.token_cells)
             .map(|d| d.as_secs_f64()),
         warnings: Vec::new(),
+        sync: None,
     })
 }
 
@@ -289,13 +315,22 @@ pub fn table(e: &Estimate) -> String {
                 .map_or(String::new(), |source| format!(" (from {source})"));
             rows.push(("price per 1k tokens", format!("{price}{source}")));
         }
-        rows.push((
-            "cost",
-            e.cost.map_or_else(
-                || "unknown (no price listed)".to_string(),
-                |c| format!("{c:.6}"),
-            ),
-        ));
+        let cost = e.cost.map_or_else(
+            || "unknown (no price listed)".to_string(),
+            |c| format!("{c:.6}"),
+        );
+        match e.sync {
+            // Batch mode: the batch price, and the synchronous one beside it.
+            Some(sync) => rows.push((
+                "cost",
+                format!(
+                    "{cost} in batch mode (sync: {})",
+                    sync.cost
+                        .map_or_else(|| "unknown".to_string(), |c| format!("{c:.6}"))
+                ),
+            )),
+            None => rows.push(("cost", cost)),
+        }
     }
     if let Some(seconds) = e.shortest_duration_seconds {
         let mut limits = Vec::new();

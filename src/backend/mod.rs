@@ -379,4 +379,9 @@ pub trait EmbeddingBackend: Send + Sync {
     fn price_source(&self) -> Option<String> {
         None
     }
+
+    /// In batch mode (`backend.mode = "batch"`), the service's Batch API.
+    fn batch(&self) -> Option<std::sync::Arc<crate::backend::api::BatchService>> {
+        None
+    }
 }

@@ -142,6 +142,7 @@ fn with_model_info(found: &mut Discovery, model: &str, info: model_info::Info, s
         entry.pricing = Some(Pricing {
             input_per_1k: info.input_per_1k,
             output_per_1k: info.output_per_1k,
+            batch_input_per_1k: info.batch_input_per_1k,
         });
         found.price_source = Some(source);
     }

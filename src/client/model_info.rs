@@ -24,6 +24,8 @@ const MAX_PRICE_PER_TOKEN: f64 = 1.0;
 pub(super) struct Info {
     pub input_per_1k: Option<f64>,
     pub output_per_1k: Option<f64>,
+    /// `input_cost_per_token_batches`: the Batch API's price.
+    pub batch_input_per_1k: Option<f64>,
     pub context_window: Option<u64>,
     pub warnings: Vec<String>,
 }
@@ -65,6 +67,7 @@ pub(super) fn read(value: &Value, model: &str, endpoint: &str) -> Info {
     let mut warnings = Vec::new();
     let mut warn = |what: String| warnings.push(format!("{endpoint}: model {model}: {what}"));
     let (mut input, mut output, mut context_window) = (None, None, None);
+    let mut batch = None;
     let entries = value
         .get("data")
         .and_then(Value::as_array)
@@ -91,6 +94,8 @@ pub(super) fn read(value: &Value, model: &str, endpoint: &str) -> Info {
             if input.is_some() {
                 output = find("output_cost_per_token")
                     .and_then(|v| per_1k(v, "output_cost_per_token", &mut warn));
+                batch = find("input_cost_per_token_batches")
+                    .and_then(|v| per_1k(v, "input_cost_per_token_batches", &mut warn));
             }
         }
         if context_window.is_none() {
@@ -100,6 +105,7 @@ pub(super) fn read(value: &Value, model: &str, endpoint: &str) -> Info {
     Info {
         input_per_1k: input,
         output_per_1k: output,
+        batch_input_per_1k: batch,
         context_window,
         warnings,
     }
@@ -152,6 +158,20 @@ mod tests {
             {"model_name": "other", "model_info": {"input_cost_per_token": 5e-6}},
             {"model_name": "m", "litellm_params": {"model": "openai/m"}, "model_info": model_info},
         ]})
+    }
+
+    #[test]
+    fn the_batch_price_is_read_beside_the_input_price() {
+        let info = read(
+            &entry(json!({
+                "input_cost_per_token": 1e-7, "input_cost_per_token_batches": 5e-8
+            })),
+            "m",
+            "GET /v1/model/info",
+        );
+        assert!((info.batch_input_per_1k.unwrap() - 5e-5).abs() < 1e-15);
+        let none = read(&entry(json!({"input_cost_per_token": 1e-7})), "m", "x");
+        assert_eq!(none.batch_input_per_1k, None);
     }
 
     #[test]

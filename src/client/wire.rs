@@ -93,6 +93,10 @@ pub struct Pricing {
     pub input_per_1k: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output_per_1k: Option<f64>,
+    /// The Batch API's price per 1000 input tokens, when listed
+    /// (`pricing.batch_input_per_1k`, LiteLLM's `input_cost_per_token_batches`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch_input_per_1k: Option<f64>,
 }
 
 /// Where servers put a model's context window, in the order they are trusted:
@@ -164,9 +168,15 @@ impl Model {
         };
         let input_per_1k = price("input_per_1k", "input_cost_per_token", "prompt");
         let output_per_1k = price("output_per_1k", "output_cost_per_token", "completion");
+        let batch_input_per_1k = price(
+            "batch_input_per_1k",
+            "input_cost_per_token_batches",
+            "input_cost_per_token_batches",
+        );
         let pricing = (input_per_1k.is_some() || output_per_1k.is_some()).then_some(Pricing {
             input_per_1k,
             output_per_1k,
+            batch_input_per_1k,
         });
         Some(Model {
             id,
@@ -313,4 +323,23 @@ pub(crate) struct ChunkChoice {
 pub(crate) struct Delta {
     #[serde(default)]
     pub content: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_listed_batch_price_is_read_with_the_input_price() {
+        let listed = serde_json::json!({
+            "id": "m", "pricing": {"input_per_1k": 0.0002, "batch_input_per_1k": 0.0001}
+        });
+        let pricing = Model::from_json(&listed).unwrap().pricing.unwrap();
+        assert_eq!(pricing.batch_input_per_1k, Some(0.0001));
+        let litellm = serde_json::json!({
+            "id": "m", "input_cost_per_token": 2e-7, "input_cost_per_token_batches": 1e-7
+        });
+        let pricing = Model::from_json(&litellm).unwrap().pricing.unwrap();
+        assert!((pricing.batch_input_per_1k.unwrap() - 1e-4).abs() < 1e-15);
+    }
 }

@@ -28,9 +28,55 @@ pub async fn run(args: &RunArgs) -> Outcome {
             .claim(crate::fsio::parent_dir(file))
             .map_err(|e| Failure::usage(anyhow::anyhow!(e)))?;
     }
-    let stages = match crate::pipeline::build(&job).await {
+    let deadline = args.max_duration.map(|d| std::time::Instant::now() + d);
+    let mut interval: Option<std::time::Duration> = None;
+    let mut summary = loop {
+        let (summary, poll) = run_once(args, &job).await?;
+        let pending = summary.batch.as_ref().map_or(0, |b| b.pending_batches);
+        let (true, Some(poll)) = (args.wait && pending > 0 && summary.error.is_none(), poll) else {
+            break summary;
+        };
+        // Backing off: twice as long each time, up to ten minutes.
+        let wait = interval.map_or(poll, |i| (i * 2).min(std::time::Duration::from_secs(600)));
+        interval = Some(wait);
+        let wait = match deadline {
+            Some(end) => match end.checked_duration_since(std::time::Instant::now()) {
+                Some(left) if !left.is_zero() => wait.min(left),
+                _ => break summary,
+            },
+            None => wait,
+        };
+        if !args.quiet {
+            messages::note(&format!(
+                "{}; looking again in {}",
+                summary.stopped.as_deref().unwrap_or("batches pending"),
+                humantime::format_duration(std::time::Duration::from_secs(wait.as_secs().max(1)))
+            ));
+        }
+        let mut stop = stop_on_signals();
+        tokio::select! {
+            () = tokio::time::sleep(wait) => {}
+            _ = stop.changed() => break summary,
+        }
+    };
+    summary.carry_on = Some(carry_on_command(args, job.shard));
+    if args.json {
+        print_json(&serde_json::to_value(&summary).map_err(Failure::failed)?)?;
+    } else {
+        print!("{}", crate::secret::scrub(&summary.text()));
+    }
+    Ok(summary.exit())
+}
+
+/// One run of the job: its stages built, its state opened, the pipeline
+/// driven; with the first interval between polls in batch mode.
+async fn run_once(
+    args: &RunArgs,
+    job: &crate::job::Job,
+) -> Result<(Summary, Option<std::time::Duration>), Failure> {
+    let stages = match crate::pipeline::build(job).await {
         Ok(stages) => stages,
-        Err(failure) => return Err(failed_before_work(&job, None, failure, args.json)),
+        Err(failure) => return Err(failed_before_work(job, None, failure, args.json)),
     };
     messages::follow(&stages.backend.notices());
     messages::warn_all(stages.backend.warnings());
@@ -40,7 +86,7 @@ pub async fn run(args: &RunArgs) -> Outcome {
             "`budget.max_cost` is set, but model {} has no price to count it with",
             info.model
         ));
-        return Err(failed_before_work(&job, Some(&info), failure, args.json));
+        return Err(failed_before_work(job, Some(&info), failure, args.json));
     }
     let options = RunOptions {
         progress: !args.quiet,
@@ -49,17 +95,17 @@ pub async fn run(args: &RunArgs) -> Outcome {
         stop: Some(stop_on_signals()),
         warnings: messages::printed(),
     };
-    let fingerprint = Fingerprint::new(&job, &info);
+    let fingerprint = Fingerprint::new(job, &info);
     let state = match JobState::open(
         &job.name,
-        StateLocation::for_job(&job),
+        StateLocation::for_job(job),
         &fingerprint,
         args.fresh,
     ) {
         Ok(state) => state,
         Err(e) => {
             return Err(failed_before_work(
-                &job,
+                job,
                 Some(&info),
                 state_failure(e),
                 args.json,
@@ -73,7 +119,8 @@ pub async fn run(args: &RunArgs) -> Outcome {
             state.location().lock().display()
         ));
     }
-    let mut summary = match crate::pipeline::execute(&job, stages, state, options).await {
+    let poll = stages.backend.batch().map(|service| service.poll);
+    let summary = match crate::pipeline::execute(job, stages, state, options).await {
         Ok(summary) => summary,
         Err(Failed { error, summary }) => {
             if args.json {
@@ -85,13 +132,7 @@ pub async fn run(args: &RunArgs) -> Outcome {
             });
         }
     };
-    summary.carry_on = Some(carry_on_command(args, job.shard));
-    if args.json {
-        print_json(&serde_json::to_value(&summary).map_err(Failure::failed)?)?;
-    } else {
-        print!("{}", crate::secret::scrub(&summary.text()));
-    }
-    Ok(summary.exit())
+    Ok((summary, poll))
 }
 
 /// Loads the job file, and with `--shard`, makes the job that shard of it.
@@ -273,6 +314,7 @@ pub async fn estimate(args: &EstimateArgs) -> Outcome {
     let warnings = backend.warnings();
     messages::warn_all(&warnings);
     let price_source = backend.price_source();
+    let sync_price = backend.batch().map(|service| service.sync_input_per_1k);
     let fresh = args.fresh;
     // A job not split, over a directory of shards: what all of them hold.
     let parts = parts_of(&job)?;
@@ -318,7 +360,7 @@ pub async fn estimate(args: &EstimateArgs) -> Outcome {
                 warnings,
                 price_source,
                 shards,
-                ..e.with_billed_ratio(ratio)
+                ..e.with_billed_ratio(ratio).with_sync_price(sync_price)
             })
             .map_err(|e| Failure {
                 exit: e.exit(),

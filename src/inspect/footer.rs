@@ -78,6 +78,10 @@ pub(super) fn read_metadata(report: &mut FileReport, kv: &BTreeMap<String, Strin
             ),
         }
     }
+    report.batch_input_per_1k = kv
+        .get(crate::contract::BATCH_PRICE_KEY)
+        .and_then(|p| p.trim().parse::<f64>().ok())
+        .filter(|p| p.is_finite() && *p >= 0.0);
     if let Some(version) = report.schema_version.clone() {
         if version != SCHEMA_VERSION {
             report.problem(

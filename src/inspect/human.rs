@@ -101,8 +101,17 @@ fn file_text(out: &mut String, f: &FileReport) {
             f.requests
                 .map_or_else(|| "? requests".to_string(), |n| counted(n, "request"))
         );
-        if let Some(cost) = f.cost {
-            let _ = writeln!(out, "  cost        {cost:.6}");
+        match (f.cost, f.batch_input_per_1k) {
+            (Some(cost), Some(price)) => {
+                let _ = writeln!(
+                    out,
+                    "  cost        {cost:.6} (batch mode, {price} per 1k tokens)"
+                );
+            }
+            (Some(cost), None) => {
+                let _ = writeln!(out, "  cost        {cost:.6}");
+            }
+            _ => {}
         }
     }
     problems_text(out, f);

@@ -143,6 +143,9 @@ pub struct FileReport {
     pub total_tokens: Option<u64>,
     pub requests: Option<u64>,
     pub cost: Option<f64>,
+    /// Batch mode: the price per 1000 tokens `cost` is at.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub batch_input_per_1k: Option<f64>,
     pub include_text: bool,
     /// The job that wrote the file (`embedjob.job`), when it says.
     pub job: Option<String>,

@@ -92,6 +92,12 @@ pub(super) fn output_metadata(e: &Ending<'_>) -> OutputMetadata {
     if let Some(window) = &e.window {
         extra.insert(CONTEXT_WINDOW_KEY.to_string(), window.clone());
     }
+    if let Some(price) = e.dispatched.batch.as_ref().and(e.info.input_per_1k) {
+        extra.insert(
+            crate::contract::BATCH_PRICE_KEY.to_string(),
+            price.to_string(),
+        );
+    }
     OutputMetadata {
         model: e.info.model.clone(),
         // The vectors' length, set by the writer; the model's when it wrote none.

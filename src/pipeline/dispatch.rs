@@ -105,6 +105,8 @@ pub(super) struct Dispatched {
     pub failure: Option<RunError>,
     /// The writer stopped taking messages: it failed.
     pub writer_stopped: bool,
+    /// In batch mode, what was collected, sent and left pending.
+    pub batch: Option<super::collect::BatchSummary>,
 }
 
 /// What the dispatching stage works with.

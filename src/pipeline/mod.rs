@@ -8,15 +8,19 @@
 //! arrives, and chunks whose vector is already stored (held by the sink, or
 //! in the checkpoint, see [`crate::state`]) are not sent again.
 
+mod batch_mode;
 mod bill;
 mod build;
 mod classify;
+mod collect;
 mod dispatch;
+mod enqueue;
 pub(crate) mod input_ids;
 mod read;
 mod rechunk;
 mod repeats;
 mod stop;
+mod submit;
 mod summary;
 #[cfg(test)]
 mod tests;
@@ -46,6 +50,7 @@ use crate::warnings::Warnings;
 
 pub use self::build::build;
 pub use self::classify::{Class, Classifier, Counts};
+pub use self::collect::BatchSummary;
 pub use self::rechunk::Rechunker;
 pub use self::stop::StopRequest;
 pub use self::summary::{LearnedLimits, Summary};
@@ -206,7 +211,7 @@ pub async fn execute(
 async fn run_stages(
     job: &Job,
     stages: Stages,
-    state: JobState,
+    mut state: JobState,
     (options, started): (RunOptions, Instant),
     (limits, rechunk): (Arc<Limits>, Arc<Rechunker>),
     report: &mut Report,
@@ -220,6 +225,9 @@ async fn run_stages(
     } = stages;
     let info = backend.info().clone();
     let fingerprint = Fingerprint::new(job, &info);
+    let batch_mode =
+        batch_mode::BatchMode::start(backend.batch(), job, &fingerprint, &mut state, &options)
+            .await?;
     tell_sink(sink.as_mut(), job, source.as_ref(), options.fresh);
     let (mut reuse, sink, state, recorded) = load_reuse(sink, state, options.fresh).await?;
     let previous_ratio = recall(&recorded, job, &info.model, &rechunk);
@@ -240,6 +248,8 @@ async fn run_stages(
     let (sink_tx, sink_rx) = mpsc::channel::<SinkMessage>(capacity);
     let (batch_tx, batch_rx) = mpsc::channel::<Result<Batch, RunError>>(capacity);
     let gate = repeats::RepeatGate::new();
+    // In batch mode no repeat's first copy is answered in this run: none may hold the reader up.
+    batch_mode.is_some().then(|| gate.close());
     let reading = Reading {
         classifier: Classifier::new(reuse.store, reuse.held_ids, keeps_rows)
             .cutting(Arc::clone(&rechunk)),
@@ -261,23 +271,17 @@ async fn run_stages(
         .with_exposure(committed_tx, most_uncommitted);
     let writer = tokio::task::spawn_blocking(move || writing.run(sink_rx));
 
-    let dispatch = Dispatch {
-        backend: Arc::clone(&backend),
-        concurrency: job.backend.shared.most_in_flight(),
-        budget: budget(job, &info),
-        halt,
-        drain: crate::job::seconds_in_range(Some(job.backend.shared.timeout_seconds))
-            .unwrap_or_default(),
-        settled,
-        limits,
-        rechunk: Arc::clone(&rechunk),
-        exposure: dispatch::Exposure::new(committed_rx, most_uncommitted),
-    };
+    let exposure = (committed_rx, most_uncommitted);
+    let d = dispatcher(job, &backend, &rechunk, (halt, settled, limits), exposure);
     let stops = Stops::new(options.stop, started, options.max_duration);
     let finished = || reader.is_finished();
-    let dispatched = dispatch
-        .run(batch_rx, &sink_tx, stops, &mut display, &finished)
-        .await;
+    let dispatched = match batch_mode {
+        Some(mode) => mode.submit(batch_rx, &sink_tx).await,
+        None => {
+            d.run(batch_rx, &sink_tx, stops, &mut display, &finished)
+                .await
+        }
+    };
     let read = reader
         .await
         .map_err(|e| RunError::stage_stopped("reading", &e));
@@ -319,6 +323,28 @@ fn progress_display(job: &Job, progress: bool) -> Progress {
         mode => mode,
     };
     Progress::new(mode, job.pipeline.progress_seconds).for_shard(job.shard)
+}
+
+/// The dispatching stage, but for what the pipeline shares with the reader.
+fn dispatcher(
+    job: &Job,
+    backend: &Arc<dyn EmbeddingBackend>,
+    rechunk: &Arc<rechunk::Rechunker>,
+    (halt, settled, limits): (Arc<AtomicBool>, Arc<AtomicU64>, Arc<Limits>),
+    (committed, most_uncommitted): (watch::Receiver<u64>, u64),
+) -> Dispatch {
+    Dispatch {
+        backend: Arc::clone(backend),
+        concurrency: job.backend.shared.most_in_flight(),
+        budget: budget(job, backend.info()),
+        halt,
+        drain: crate::job::seconds_in_range(Some(job.backend.shared.timeout_seconds))
+            .unwrap_or_default(),
+        settled,
+        limits,
+        rechunk: Arc::clone(rechunk),
+        exposure: dispatch::Exposure::new(committed, most_uncommitted),
+    }
 }
 
 /// The writing stage: the sink, the checkpoint's parts (which carry billing

@@ -97,6 +97,9 @@ pub struct Summary {
     pub warnings: Vec<String>,
     /// Why the run stopped before the end, when it did.
     pub stopped: Option<String>,
+    /// Batch mode: what was collected at the batch price, sent, and left pending.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub batch: Option<super::BatchSummary>,
     /// Vectors the checkpoint holds for the next run when this one stopped
     /// (this run's and earlier runs'); 0 when the run finished.
     pub committed: u64,
@@ -232,6 +235,7 @@ impl Summary {
                 0
             },
             carry_on: None,
+            batch: o.dispatched.batch.clone(),
             stopped,
             error: o.error.map(|e| error_text(&e.to_string())),
             elapsed_seconds: o.elapsed_seconds,
@@ -339,6 +343,9 @@ impl Summary {
             counted(s.tokens_saved, "token")
         );
         self.skipped_text(&mut out);
+        if let Some(batch) = &s.batch {
+            batch_text(batch, &mut out);
+        }
         if s.quarantined > 0 {
             let _ = writeln!(
                 out,
@@ -520,6 +527,27 @@ const MAX_ERROR_CHARS: usize = 2000;
 /// What `usage` costs at the model's prices, when it has them.
 pub(super) fn cost(info: &BackendInfo, usage: Usage) -> Option<f64> {
     info.cost(usage)
+}
+
+/// Batch mode's line: collected at the batch price, sent, pending.
+fn batch_text(b: &super::BatchSummary, out: &mut String) {
+    let price = |p: Option<f64>| p.map_or_else(|| "unknown".to_string(), |p| format!("${p}"));
+    let _ = writeln!(
+        out,
+        "  batch mode: {} collected ({} stored, {} tokens billed at {} per 1k{}, sync {}), \
+         {} created, {} adopted, {} pending ({})",
+        count(b.collected.batches, "batch", "batches"),
+        counted(b.collected.vectors, "vector"),
+        b.collected.usage.prompt_tokens,
+        price(b.input_per_1k),
+        b.collected_cost
+            .map_or_else(String::new, |c| format!(": ${c:.6}")),
+        price(b.sync_input_per_1k),
+        b.created,
+        b.adopted,
+        b.pending_batches,
+        counted(b.pending_chunks, "chunk"),
+    );
 }
 
 #[cfg(test)]

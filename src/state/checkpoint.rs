@@ -208,6 +208,14 @@ impl Checkpoint {
         self.dir.join(MANIFEST).exists()
     }
 
+    /// Lists the parts on disk again.
+    pub(super) fn relist(&mut self) -> Result<(), StateError> {
+        if self.dir.exists() && self.damaged.is_none() {
+            self.parts = list_parts(&self.dir)?;
+        }
+        Ok(())
+    }
+
     /// Parts committed by earlier runs.
     pub fn parts(&self) -> &[PathBuf] {
         &self.parts

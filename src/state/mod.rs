@@ -25,6 +25,7 @@
 //! dimensions, chunking): a checkpoint or an output made under another one
 //! is refused rather than mixed in, unless the run is told to start afresh.
 
+pub mod batches;
 mod checkpoint;
 mod failures;
 mod fingerprint;
@@ -239,6 +240,24 @@ impl JobState {
     /// The writer of this run's checkpoint parts.
     pub fn part_writer(&self, model: &str, backend: &str, row_group_bytes: u64) -> PartWriter {
         PartWriter::new(self.checkpoint.clone(), model, backend, row_group_bytes)
+    }
+
+    /// The checkpoint directory, created with its manifest, for batch
+    /// mode's record and request files.
+    pub fn batch_dir(&self) -> Result<PathBuf, StateError> {
+        self.checkpoint.create()?;
+        Ok(self.checkpoint.dir().to_path_buf())
+    }
+
+    /// The checkpoint's committed parts.
+    pub fn parts(&self) -> &[PathBuf] {
+        self.checkpoint.parts()
+    }
+
+    /// Lists the checkpoint's parts again, after this run committed some
+    /// before reading what it may reuse (batch mode's collection).
+    pub fn relist_parts(&mut self) -> Result<(), StateError> {
+        self.checkpoint.relist()
     }
 
     /// The failures file of this run.

@@ -159,6 +159,12 @@ impl PartWriter {
         Ok(())
     }
 
+    /// Sets a key the parts committed from now on carry in their metadata
+    /// (batch mode: the batch a part's rows came from).
+    pub fn set_extra(&mut self, key: &str, value: String) {
+        self.template.extra.insert(key.to_string(), value);
+    }
+
     /// Records billing that no vector carries, in the next part committed.
     pub fn add_billed(&mut self, billed: Billed) -> Result<(), StateError> {
         if billed == Billed::default() {

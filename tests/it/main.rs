@@ -1,6 +1,7 @@
 //! One integration binary: every test runs against in-process servers on
 //! 127.0.0.1, each in its own temporary directory where it writes files.
 
+mod batch;
 mod batch_client;
 mod batch_sim;
 mod capacity;

@@ -83,7 +83,34 @@ pub struct ApiParams {
     /// When the service lists no window and the job sets none, a few
     /// requests before the run find where the model stops reading.
     pub probe_window: bool,
+    /// `sync`: requests answered at once; `batch`: the service's Batch API,
+    /// at its batch price, collected by a later run.
+    pub mode: Mode,
+    /// The batch's completion window, as the service names it.
+    pub batch_completion_window: String,
+    /// The price per 1000 input tokens in batch mode, over the listing's.
+    pub batch_input_per_1k: Option<f64>,
+    /// The most tokens the job keeps enqueued in batches at once.
+    pub batch_max_enqueued_tokens: Option<u64>,
+    /// How often `run --wait` asks about the batches at first.
+    pub batch_poll_seconds: u64,
 }
+
+/// `backend.mode`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    #[default]
+    Sync,
+    Batch,
+}
+
+/// `backend.batch_poll_seconds` when the job does not set it.
+pub const DEFAULT_BATCH_POLL_SECONDS: u64 = 30;
+/// The longest `backend.batch_poll_seconds`: an hour.
+pub const MAX_BATCH_POLL_SECONDS: u64 = 3600;
+/// The completion windows the Batch API offers.
+pub const BATCH_COMPLETION_WINDOWS: &[&str] = &["24h"];
 
 impl Default for ApiParams {
     fn default() -> Self {
@@ -101,6 +128,11 @@ impl Default for ApiParams {
             server_renames_models: false,
             stall_timeout_seconds: DEFAULT_STALL_TIMEOUT_SECONDS,
             probe_window: true,
+            mode: Mode::Sync,
+            batch_completion_window: "24h".to_string(),
+            batch_input_per_1k: None,
+            batch_max_enqueued_tokens: None,
+            batch_poll_seconds: DEFAULT_BATCH_POLL_SECONDS,
         }
     }
 }
@@ -127,6 +159,11 @@ impl crate::job::Kind<dyn BackendParams> for Kind {
             "server_renames_models",
             "stall_timeout_seconds",
             "probe_window",
+            "mode",
+            "batch_completion_window",
+            "batch_input_per_1k",
+            "batch_max_enqueued_tokens",
+            "batch_poll_seconds",
         ]
     }
 
@@ -221,9 +258,11 @@ impl ApiParams {
                 MAX_STALL_TIMEOUT_SECONDS, self.stall_timeout_seconds
             ));
         }
+        self.batch_problems(p);
         for (key, price) in [
             ("input_per_1k", self.input_per_1k),
             ("output_per_1k", self.output_per_1k),
+            ("batch_input_per_1k", self.batch_input_per_1k),
         ] {
             if let Some(price) = price.filter(|p| !p.is_finite() || *p < 0.0) {
                 p.push(format!(
@@ -271,6 +310,27 @@ impl ApiParams {
     }
 }
 
+impl ApiParams {
+    fn batch_problems(&self, p: &mut Vec<String>) {
+        if !BATCH_COMPLETION_WINDOWS.contains(&self.batch_completion_window.as_str()) {
+            p.push(format!(
+                "`backend.batch_completion_window` must be one of {}, not {:?}",
+                BATCH_COMPLETION_WINDOWS.join(", "),
+                self.batch_completion_window
+            ));
+        }
+        if self.batch_max_enqueued_tokens == Some(0) {
+            p.push("`backend.batch_max_enqueued_tokens` must be at least 1".to_string());
+        }
+        if !(1..=MAX_BATCH_POLL_SECONDS).contains(&self.batch_poll_seconds) {
+            p.push(format!(
+                "`backend.batch_poll_seconds` must be between 1 and {MAX_BATCH_POLL_SECONDS}, not {}",
+                self.batch_poll_seconds
+            ));
+        }
+    }
+}
+
 /// The windows an earlier run of the job learned for `model`, as its
 /// output records them (a Parquet file's footer, a table's metadata); none
 /// when the output cannot be read yet, which its sink then reports.
@@ -301,6 +361,44 @@ fn units_warning(job: &Job, model: &str, listed: u64) -> Option<String> {
              `backend.context_window` to the window in {tokenizer} tokens"
         )
     })
+}
+
+/// Batch mode's settings: the request's, and the batch price.
+fn batch_service(
+    api: &ApiParams,
+    b: &BackendShared,
+    client: Client,
+    info: &crate::backend::BackendInfo,
+    listed: Option<f64>,
+) -> super::BatchService {
+    super::BatchService {
+        client,
+        model: info.model.clone(),
+        dimensions: b.dimensions,
+        expected_dimensions: info.dimensions,
+        completion_window: api.batch_completion_window.clone(),
+        input_per_1k: super::batch_price(api.batch_input_per_1k.or(listed), info.input_per_1k),
+        sync_input_per_1k: info.input_per_1k,
+        max_enqueued_tokens: api.batch_max_enqueued_tokens,
+        poll: Duration::from_secs(api.batch_poll_seconds),
+    }
+}
+
+/// In batch mode, the backend gets the Batch API to submit to, priced by
+/// the job, else the listing's batch price.
+fn in_batch_mode(
+    backend: &mut ApiBackend,
+    (api, b): (&ApiParams, &BackendShared),
+    client: Client,
+    listed: Option<&crate::client::Model>,
+) {
+    if api.mode == Mode::Batch {
+        let listed_batch = listed
+            .and_then(|m| m.pricing)
+            .and_then(|p| p.batch_input_per_1k);
+        let service = batch_service(api, b, client, backend.info(), listed_batch);
+        backend.for_batch(service);
+    }
 }
 
 /// Checks the key and the model with the service, and makes the chunker
@@ -370,7 +468,9 @@ async fn build(job: &Job) -> Result<Embedding, Failure> {
         sharing: job.shard.map_or(1, |shard| shard.count),
         ..ApiSettings::new(model)
     };
+    let batch_client = client.clone();
     let mut backend = ApiBackend::new(client, settings, listed);
+    in_batch_mode(&mut backend, (&api, b), batch_client, listed);
     let chunker_for = |chunking: &ChunkingConfig| {
         TokenChunker::for_config(chunking).map_err(|e| {
             let tokenizer = chunking.tokenizer.as_deref();

@@ -11,13 +11,16 @@
 //! it is split only when it was alone in flight, since only then was its
 //! own size the cause.
 
+mod batch;
 mod config;
 mod window;
+
+pub use self::batch::{batch_price, BatchService};
 
 pub use self::window::tokenizer_name;
 
 pub use self::config::{
-    ApiParams, EncodingFormat, Kind, DEFAULT_API_KEY_ENV, DEFAULT_STALL_TIMEOUT_SECONDS,
+    ApiParams, EncodingFormat, Kind, Mode, DEFAULT_API_KEY_ENV, DEFAULT_STALL_TIMEOUT_SECONDS,
     MAX_STALL_TIMEOUT_SECONDS,
 };
 
@@ -139,6 +142,8 @@ impl UsageCounter {
 
 pub struct ApiBackend {
     client: Client,
+    /// `backend.mode = "batch"`: what the batch stages need.
+    batch: Option<std::sync::Arc<BatchService>>,
     info: BackendInfo,
     /// The job's limits, the window of requests in flight, and the
     /// service's quota as its headers and refusals describe it.
@@ -239,6 +244,13 @@ fn price_of(
 }
 
 impl ApiBackend {
+    /// Batch mode: requests go through the Batch API, and the run is billed
+    /// at `service.input_per_1k`.
+    pub fn for_batch(&mut self, service: BatchService) {
+        self.info.input_per_1k = service.input_per_1k;
+        self.batch = Some(std::sync::Arc::new(service));
+    }
+
     /// `model` is the service's description of the model, when it gave one.
     pub fn new(
         client: Client,
@@ -284,6 +296,7 @@ impl ApiBackend {
         });
         ApiBackend {
             client,
+            batch: None,
             info,
             rate,
             learned_dimensions: OnceLock::new(),
@@ -755,5 +768,9 @@ impl EmbeddingBackend for ApiBackend {
 
     fn price_source(&self) -> Option<String> {
         self.price_source.clone()
+    }
+
+    fn batch(&self) -> Option<std::sync::Arc<BatchService>> {
+        self.batch.clone()
     }
 }

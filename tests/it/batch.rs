@@ -1,0 +1,513 @@
+//! Batch mode (`backend.mode = "batch"`) against the simulator's Batch API on
+//! its compressed clock: a run submits, later runs collect; the output equals
+//! sync mode's, billed at half price, never twice, through kills and faults.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::Output;
+use std::time::Duration;
+
+use embedjob::simulate::{BatchConfig, SimConfig, Simulator};
+use rand::{Rng, SeedableRng};
+use serde_json::Value;
+
+use crate::support::{
+    assert_complete, corpus, expected_chunks, files_source, no_key, read_output, run_job,
+    simulator, spawn_job, text, wait, write_job, Rows, KEY,
+};
+
+/// The simulator with batches that complete `millis` after their creation.
+fn batch_sim(millis: u64, tweak: impl FnOnce(&mut BatchConfig)) -> SimConfig {
+    let mut batches = BatchConfig {
+        duration: Duration::from_millis(millis),
+        ..BatchConfig::default()
+    };
+    tweak(&mut batches);
+    SimConfig {
+        batches,
+        ..SimConfig::default()
+    }
+}
+
+fn json(output: &Output) -> Value {
+    let (stdout, stderr) = no_key(output, KEY);
+    serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}\n{stderr}"))
+}
+
+const BATCH: &str = "mode = \"batch\"";
+
+/// Runs the job until it exits 0 or 3, at most `runs` times, `pause` apart;
+/// the summaries of every run.
+async fn run_until_done(job: &Path, runs: usize, pause: Duration) -> Vec<Value> {
+    let mut summaries = Vec::new();
+    for _ in 0..runs {
+        let output = run_job(job, &["--quiet", "--json"]).await;
+        let code = output.status.code();
+        assert!(
+            matches!(code, Some(0 | 3 | 4)),
+            "exit {code:?}: {}",
+            text(&output.stderr)
+        );
+        summaries.push(json(&output));
+        if code != Some(4) {
+            return summaries;
+        }
+        tokio::time::sleep(pause).await;
+    }
+    panic!("the job was not done after {runs} runs: {summaries:#?}");
+}
+
+fn vectors_by_id(rows: &Rows) -> HashMap<String, Vec<f32>> {
+    rows.ids
+        .iter()
+        .cloned()
+        .zip(rows.vectors.iter().cloned())
+        .collect()
+}
+
+/// The output's billed prompt tokens and cost, from its `embedjob.*` keys.
+fn billed(rows: &Rows) -> (u64, f64) {
+    let tokens = rows.metadata["embedjob.usage.prompt_tokens"]
+        .parse()
+        .unwrap();
+    let cost = rows.metadata["embedjob.cost"].parse().unwrap();
+    (tokens, cost)
+}
+
+async fn sync_output(dir: &Path, root: &Path) -> Rows {
+    std::fs::create_dir_all(dir).unwrap();
+    let sim = simulator(SimConfig::default()).await;
+    let job = write_job(dir, &sim.base_url(), &files_source(root), "");
+    let output = run_job(&job, &["--quiet"]).await;
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    read_output(&dir.join("out/result.parquet"))
+}
+
+#[tokio::test]
+async fn a_batch_job_submits_then_collects_the_sync_rows_at_half_price() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = corpus(dir.path(), 30);
+    let expected = expected_chunks(&root);
+    let sync = sync_output(&dir.path().join("sync"), &root).await;
+    let sim = simulator(batch_sim(300, |_| {})).await;
+    let job = write_job(dir.path(), &sim.base_url(), &files_source(&root), BATCH);
+
+    let first = run_job(&job, &["--quiet", "--json"]).await;
+    assert_eq!(first.status.code(), Some(4), "{}", text(&first.stderr));
+    let first = json(&first);
+    let pending = &first["batch"];
+    assert!(pending["pending_batches"].as_u64().unwrap() >= 1, "{first}");
+    assert_eq!(
+        pending["pending_chunks"].as_u64().unwrap(),
+        pending["submitted_chunks"].as_u64().unwrap()
+    );
+    let stopped = first["stopped"].as_str().unwrap();
+    let chunks = pending["pending_chunks"].as_u64().unwrap();
+    assert!(stopped.starts_with("waiting for "), "{stopped}");
+    assert!(
+        stopped.contains(&format!("({chunks} chunks, window ending by 20")),
+        "{stopped}"
+    );
+    assert!(!dir.path().join("out/result.parquet").exists());
+
+    // Each run either waits (exit 4) or collects; 300 ms batches need few.
+    let summaries = run_until_done(&job, 40, Duration::from_millis(200)).await;
+    let rows = read_output(&dir.path().join("out/result.parquet"));
+    assert_complete(&rows, &expected, 1024);
+    assert_eq!(vectors_by_id(&rows), vectors_by_id(&sync));
+
+    let ledger = sim.ledger();
+    assert_eq!(ledger.texts_billed_twice(), 0);
+    assert_eq!(
+        ledger.embedding_requests, 0,
+        "batch mode sends no sync request"
+    );
+    let (tokens, cost) = billed(&rows);
+    assert_eq!(tokens, ledger.batch_tokens);
+    let (sync_tokens, sync_cost) = billed(&sync);
+    assert_eq!(tokens, sync_tokens);
+    // Half the price of the same tokens: the listing has no batch price.
+    assert!(
+        (cost - sync_cost / 2.0).abs() < 1e-12,
+        "{cost} vs {sync_cost}"
+    );
+    let collected: u64 = summaries
+        .iter()
+        .map(|s| {
+            s["batch"]["collected"]["usage"]["prompt_tokens"]
+                .as_u64()
+                .unwrap()
+        })
+        .sum();
+    assert_eq!(collected, ledger.batch_tokens);
+    let price: f64 = rows.metadata["embedjob.batch.input_per_1k"]
+        .parse()
+        .unwrap();
+    assert!((cost - tokens as f64 / 1000.0 * price).abs() < 1e-12);
+    let mut inspect = crate::support::bin();
+    inspect
+        .arg("inspect")
+        .arg(dir.path().join("out/result.parquet"));
+    let shown = text(&crate::support::run(inspect).await.stdout);
+    assert!(
+        shown.contains(&format!("(batch mode, {price} per 1k tokens)")),
+        "{shown}"
+    );
+    // The uploaded files are deleted once collected.
+    assert!(!dir.path().join("out/result.parquet.checkpoint").exists());
+}
+
+#[tokio::test]
+async fn run_wait_polls_until_the_job_is_done() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = corpus(dir.path(), 10);
+    let sim = simulator(batch_sim(300, |_| {})).await;
+    let job = write_job(
+        dir.path(),
+        &sim.base_url(),
+        &files_source(&root),
+        &format!("{BATCH}\nbatch_poll_seconds = 1"),
+    );
+    let output = run_job(&job, &["--quiet", "--wait", "--max-duration", "60s"]).await;
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    let rows = read_output(&dir.path().join("out/result.parquet"));
+    assert_complete(&rows, &expected_chunks(&root), 1024);
+    assert_eq!(sim.ledger().texts_billed_twice(), 0);
+}
+
+/// Kills the binary at seeded random moments while it submits and collects,
+/// with the first batch creations answered by a dropped connection (created,
+/// never recorded), then runs it to the end.
+#[tokio::test]
+async fn kills_and_lost_creations_never_pay_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = corpus(dir.path(), 40);
+    let expected = expected_chunks(&root);
+    let sync = sync_output(&dir.path().join("sync"), &root).await;
+    let sim = simulator(batch_sim(400, |b| b.create_drop = 2)).await;
+    // Small request files, so that there are many batches to be killed among.
+    let job = write_job(
+        dir.path(),
+        &sim.base_url(),
+        &files_source(&root),
+        &format!("{BATCH}\nbatch_max_enqueued_tokens = 1500"),
+    );
+    let mut rng = rand::rngs::StdRng::seed_from_u64(25);
+    for _ in 0..8 {
+        let mut child = spawn_job(&job, &["--quiet"]);
+        let delay = rng.random_range(5..120);
+        tokio::time::sleep(Duration::from_millis(delay)).await;
+        let _ = child.kill();
+        let _ = wait(child).await;
+    }
+    run_until_done(&job, 60, Duration::from_millis(200)).await;
+    let rows = read_output(&dir.path().join("out/result.parquet"));
+    assert_complete(&rows, &expected, 1024);
+    assert_eq!(vectors_by_id(&rows), vectors_by_id(&sync));
+    let ledger = sim.ledger();
+    assert!(ledger.batch_creates_dropped >= 1);
+    // Without adoption, each lost creation's batch is created again: its texts billed twice.
+    assert_eq!(
+        ledger.texts_billed_twice(),
+        0,
+        "{} batches",
+        ledger.batches_created
+    );
+    assert_eq!(billed(&rows).0, ledger.batch_tokens);
+}
+
+async fn ends_complete(tweak: impl FnOnce(&mut BatchConfig), extra: &str) -> Simulator {
+    let dir = tempfile::tempdir().unwrap();
+    let root = corpus(dir.path(), 20);
+    let expected = expected_chunks(&root);
+    let sim = simulator(batch_sim(300, tweak)).await;
+    let job = write_job(
+        dir.path(),
+        &sim.base_url(),
+        &files_source(&root),
+        &format!("{BATCH}\n{extra}"),
+    );
+    run_until_done(&job, 60, Duration::from_millis(200)).await;
+    let rows = read_output(&dir.path().join("out/result.parquet"));
+    assert_complete(&rows, &expected, 1024);
+    let ledger = sim.ledger();
+    assert_eq!(ledger.texts_billed_twice(), 0);
+    assert_eq!(billed(&rows).0, ledger.batch_tokens);
+    sim
+}
+
+#[tokio::test]
+async fn failed_lines_go_again_until_the_output_is_complete() {
+    let sim = ends_complete(|b| b.line_failures = 0.3, "").await;
+    assert!(sim.ledger().batch_lines_failed > 0);
+}
+
+#[tokio::test]
+async fn an_expired_batch_gives_its_partial_results_and_the_rest_goes_again() {
+    let sim = ends_complete(
+        |b| {
+            b.expire_after = Some(Duration::from_millis(150));
+            b.expire_first = Some(1);
+        },
+        "",
+    )
+    .await;
+    assert!(sim.ledger().batch_lines_expired > 0);
+}
+
+#[tokio::test]
+async fn a_batch_that_fails_validation_is_sent_again() {
+    let sim = ends_complete(|b| b.fail_validation = 1, "").await;
+    assert!(sim.ledger().batches_created >= 2);
+}
+
+#[tokio::test]
+async fn the_enqueued_token_quota_is_learned_and_kept_under() {
+    let sim = ends_complete(|b| b.enqueued_tokens = Some(1200), "").await;
+    assert!(sim.ledger().batches_created >= 2);
+}
+
+#[tokio::test]
+async fn a_text_the_service_refuses_is_quarantined_as_in_sync_mode() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = corpus(dir.path(), 12);
+    let expected = expected_chunks(&root);
+    let poison = "POISONED-TEXT";
+    assert!(expected.values().any(|text| text.contains("document 4 ")));
+    // Document 4's chunks carry the text the simulator refuses.
+    let doc = root.join("doc004.md");
+    let body = std::fs::read_to_string(&doc).unwrap();
+    std::fs::write(
+        &doc,
+        body.replace("document 4 ", &format!("document 4 {poison} ")),
+    )
+    .unwrap();
+    let expected = expected_chunks(&root);
+    let poisoned: Vec<&String> = expected
+        .iter()
+        .filter(|(_, text)| text.contains(poison))
+        .map(|(id, _)| id)
+        .collect();
+    assert!(!poisoned.is_empty());
+    let config = SimConfig {
+        poison: Some(poison.to_string()),
+        ..batch_sim(300, |_| {})
+    };
+    let sim = simulator(config).await;
+    let job = write_job(dir.path(), &sim.base_url(), &files_source(&root), BATCH);
+    let summaries = run_until_done(&job, 60, Duration::from_millis(200)).await;
+    let last = summaries.last().unwrap();
+    assert_eq!(last["exit_code"], 3, "{last}");
+    assert_eq!(last["quarantined"].as_u64().unwrap(), poisoned.len() as u64);
+    let failures =
+        std::fs::read_to_string(dir.path().join("out/result.parquet.failures.jsonl")).unwrap();
+    for id in &poisoned {
+        assert!(failures.contains(id.as_str()), "{id} not in {failures}");
+    }
+    let rows = read_output(&dir.path().join("out/result.parquet"));
+    assert_eq!(rows.ids.len(), expected.len() - poisoned.len());
+    assert_eq!(sim.ledger().texts_billed_twice(), 0);
+}
+
+#[tokio::test]
+async fn estimate_shows_the_batch_price_beside_the_sync_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = corpus(dir.path(), 5);
+    let sim = simulator(SimConfig::default()).await;
+    let job = write_job(dir.path(), &sim.base_url(), &files_source(&root), BATCH);
+    let mut command = crate::support::bin();
+    command
+        .env("EMBEDJOB_API_KEY", KEY)
+        .args(["estimate", job.to_str().unwrap(), "--json"]);
+    let output = crate::support::run(command).await;
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    let estimate = json(&output);
+    let (batch, sync) = (
+        estimate["input_per_1k"].as_f64().unwrap(),
+        estimate["sync"]["input_per_1k"].as_f64().unwrap(),
+    );
+    // The simulator lists no batch price: half the synchronous one.
+    assert!((batch - sync / 2.0).abs() < 1e-15, "{estimate}");
+    let cost = estimate["cost"].as_f64().unwrap();
+    assert!((estimate["sync"]["cost"].as_f64().unwrap() - 2.0 * cost).abs() < 1e-12);
+    let mut command = crate::support::bin();
+    command
+        .env("EMBEDJOB_API_KEY", KEY)
+        .args(["estimate", job.to_str().unwrap()]);
+    let table = text(&crate::support::run(command).await.stdout);
+    assert!(table.contains("in batch mode (sync: "), "{table}");
+}
+
+#[tokio::test]
+async fn batch_mode_is_for_the_api_kind_and_its_keys_are_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = corpus(dir.path(), 2);
+    let sim = simulator(SimConfig::default()).await;
+    let job = write_job(
+        dir.path(),
+        &sim.base_url(),
+        &files_source(&root),
+        "mode = \"batch\"\nbatch_completion_window = \"1h\"\nbatch_poll_seconds = 0\n\
+         batch_max_enqueued_tokens = 0\nbatch_input_per_1k = -1.0",
+    );
+    let output = run_job(&job, &["--quiet"]).await;
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = text(&output.stderr);
+    for key in [
+        "backend.batch_completion_window",
+        "backend.batch_poll_seconds",
+        "backend.batch_max_enqueued_tokens",
+        "backend.batch_input_per_1k",
+    ] {
+        assert!(stderr.contains(key), "{key} not named in {stderr}");
+    }
+    let job = write_job(
+        dir.path(),
+        &sim.base_url(),
+        &files_source(&root),
+        "mode = \"later\"",
+    );
+    let stderr = text(&run_job(&job, &["--quiet"]).await.stderr);
+    assert!(stderr.contains("backend.mode"), "{stderr}");
+}
+
+/// Each row's id and a digest of its vector's bits, read a batch of rows at a time.
+fn vector_digests(path: &Path) -> HashMap<String, u64> {
+    use arrow::array::AsArray;
+    use std::hash::{Hash, Hasher};
+    let file = std::fs::File::open(path).unwrap();
+    let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
+        .unwrap()
+        .build()
+        .unwrap();
+    let mut digests = HashMap::new();
+    for batch in reader {
+        let batch = batch.unwrap();
+        let ids = batch.column_by_name("id").unwrap().as_string::<i32>();
+        let embeddings = batch
+            .column_by_name("embedding")
+            .unwrap()
+            .as_fixed_size_list();
+        for i in 0..batch.num_rows() {
+            let values = embeddings.value(i);
+            let mut hasher = std::collections::hash_map::DefaultHasher::new();
+            for v in values
+                .as_primitive::<arrow::datatypes::Float32Type>()
+                .values()
+            {
+                v.to_bits().hash(&mut hasher);
+            }
+            digests.insert(ids.value(i).to_string(), hasher.finish());
+        }
+    }
+    digests
+}
+
+/// The job at `path` with requests of 256 inputs, as a large job would send.
+fn wide_requests(path: std::path::PathBuf) -> std::path::PathBuf {
+    let job = std::fs::read_to_string(&path).unwrap();
+    let job = job.replace("max_inputs_per_request = 8", "max_inputs_per_request = 256");
+    std::fs::write(&path, job).unwrap();
+    path
+}
+
+/// Runs `embedjob run JOB --json --quiet` under `/usr/bin/time -v`: the exit
+/// code, the summary, wall seconds and peak RSS in MiB.
+async fn timed_run(job: &Path) -> (Option<i32>, Value, f64, f64) {
+    let mut command = std::process::Command::new("/usr/bin/time");
+    command
+        .arg("-v")
+        .arg(env!("CARGO_BIN_EXE_embedjob"))
+        .args(["run", job.to_str().unwrap(), "--json", "--quiet"])
+        .env("EMBEDJOB_API_KEY", KEY);
+    let started = std::time::Instant::now();
+    let output = crate::support::run(command).await;
+    let seconds = started.elapsed().as_secs_f64();
+    let stderr = text(&output.stderr);
+    let rss_kib: f64 = stderr
+        .lines()
+        .find_map(|l| {
+            l.trim()
+                .strip_prefix("Maximum resident set size (kbytes): ")
+        })
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no peak RSS in {stderr}"));
+    (
+        output.status.code(),
+        json(&output),
+        seconds,
+        rss_kib / 1024.0,
+    )
+}
+
+/// The 100,000-chunk job of the issue: sync and batch give the same rows,
+/// batch at half the price; prints the figures (run it with `--ignored
+/// --nocapture`; minutes in a debug build).
+#[tokio::test]
+#[ignore = "100,000 chunks: minutes; run by hand for the figures"]
+async fn a_hundred_thousand_chunks_in_batch_mode_equal_sync_at_half_price() {
+    const RECORDS: usize = 100_000;
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("records.jsonl");
+    let mut lines = String::new();
+    for i in 0..RECORDS {
+        lines.push_str(&format!(
+            "{{\"id\":\"r{i}\",\"text\":\"record {i} on vector indexes and batch windows\"}}\n"
+        ));
+    }
+    std::fs::write(&input, lines).unwrap();
+    let source = format!(
+        "kind = \"jsonl\"\npath = \"{}\"\ntext_field = \"text\"\nid_field = \"id\"",
+        input.display()
+    );
+    let sync_sim = simulator(SimConfig::default()).await;
+    let sync_dir = dir.path().join("sync");
+    std::fs::create_dir_all(&sync_dir).unwrap();
+    let sync_job = wide_requests(write_job(&sync_dir, &sync_sim.base_url(), &source, ""));
+    let (code, sync, sync_seconds, sync_rss) = timed_run(&sync_job).await;
+    assert_eq!(code, Some(0), "{sync}");
+
+    let sim = simulator(batch_sim(2000, |_| {})).await;
+    let job = wide_requests(write_job(dir.path(), &sim.base_url(), &source, BATCH));
+    let (code, submitted, submit_seconds, submit_rss) = timed_run(&job).await;
+    assert_eq!(code, Some(4), "{submitted}");
+    // 100,000 inputs, at most 50,000 a batch.
+    assert!(submitted["batch"]["pending_batches"].as_u64().unwrap() >= 2);
+    let client = crate::support::client(&sim.base_url());
+    for _ in 0..600 {
+        let page = client.batches(None, 100).await.unwrap();
+        if page.data.iter().all(|b| b.status.is_terminal()) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let (code, collected, collect_seconds, collect_rss) = timed_run(&job).await;
+    assert_eq!(code, Some(0), "{collected}");
+    assert_eq!(collected["written"].as_u64().unwrap(), RECORDS as u64);
+    let key = |path: &Path, name: &str| -> String {
+        embedjob::parquet_io::read_key_values(path).unwrap()[name].clone()
+    };
+    let (sync_out, batch_out) = (
+        sync_dir.join("out/result.parquet"),
+        dir.path().join("out/result.parquet"),
+    );
+    // Rows in another order (sync writes answers as they come), the same vector for each id.
+    assert_eq!(vector_digests(&sync_out), vector_digests(&batch_out));
+    let ledger = sim.ledger();
+    assert_eq!(ledger.texts_billed_twice(), 0);
+    let tokens: u64 = key(&batch_out, "embedjob.usage.prompt_tokens")
+        .parse()
+        .unwrap();
+    assert_eq!(tokens, ledger.batch_tokens);
+    let sync_cost: f64 = key(&sync_out, "embedjob.cost").parse().unwrap();
+    let batch_cost: f64 = key(&batch_out, "embedjob.cost").parse().unwrap();
+    assert!((batch_cost - sync_cost / 2.0).abs() < 1e-9);
+    eprintln!(
+        "100k chunks: cost sync {sync_cost:.6} vs batch {batch_cost:.6}; \
+         sync run {sync_seconds:.1}s ({sync_rss:.0} MiB peak); \
+         submitting run {submit_seconds:.1}s ({submit_rss:.0} MiB); \
+         collecting run {collect_seconds:.1}s ({collect_rss:.0} MiB); \
+         {} batches, {} batch tokens",
+        ledger.batches_created, ledger.batch_tokens
+    );
+}
