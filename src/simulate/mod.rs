@@ -205,7 +205,12 @@ fn batch_routes<S: Clone + Send + Sync + 'static>(shared: &Arc<Shared>) -> Route
     Router::new()
         .route(
             &format!("{prefix}/files"),
-            post(batches::upload_file).get(batches::list_files),
+            // The upload streams to disk: its body may be as large as a file may be.
+            post(batches::upload_file)
+                .layer(DefaultBodyLimit::max(batches::upload_body_limit(
+                    shared.config.batches.max_file_bytes,
+                )))
+                .get(batches::list_files),
         )
         .route(
             &format!("{prefix}/files/{{id}}"),

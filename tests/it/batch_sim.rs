@@ -872,3 +872,164 @@ async fn hostile_files_and_lines_end_in_errors_not_panics() {
     }
     assert_eq!(api.sim.ledger().batch_lines_billed, 0);
 }
+
+impl Api {
+    /// The answer to an upload of `body` (with the boundary `b`), sent whole
+    /// or in `pieces` of that many bytes.
+    async fn upload_raw(&self, body: Vec<u8>, pieces: Option<usize>) -> (u16, Value) {
+        let body = match pieces {
+            None => reqwest::Body::from(body),
+            Some(size) => {
+                let pieces: Vec<Result<Vec<u8>, std::io::Error>> =
+                    body.chunks(size).map(|piece| Ok(piece.to_vec())).collect();
+                reqwest::Body::wrap_stream(futures::stream::iter(pieces))
+            }
+        };
+        let request = self
+            .http
+            .post(self.url("/files"))
+            .header("content-type", "multipart/form-data; boundary=b")
+            .body(body);
+        self.send(request).await
+    }
+}
+
+/// A form of `parts`, each a part's headers and its value, with the boundary `b`.
+fn form(parts: &[(&str, &[u8])]) -> Vec<u8> {
+    let mut body = Vec::new();
+    for (headers, value) in parts {
+        body.extend_from_slice(format!("--b\r\n{headers}\r\n\r\n").as_bytes());
+        body.extend_from_slice(value);
+        body.extend_from_slice(b"\r\n");
+    }
+    body.extend_from_slice(b"--b--\r\n");
+    body
+}
+
+const PURPOSE: &str = "Content-Disposition: form-data; name=\"purpose\"";
+const FILE: &str = "Content-Disposition: form-data; name=\"file\"; filename=\"in.jsonl\"";
+
+#[tokio::test]
+async fn an_upload_split_anywhere_is_stored_whole_past_the_body_limit_of_other_routes() {
+    // Other routes refuse bodies over 1 KiB; the upload route takes files up to the file limit.
+    let api = Api::with(SimConfig {
+        max_body_bytes: 1024,
+        batches: instant(),
+        ..SimConfig::default()
+    })
+    .await;
+    // 200 lines (about 24 KiB) whose texts look like the boundary and its end.
+    let content: String = (0..200)
+        .map(|i| line(&format!("p{i}"), &body(&[&format!("--b--\n--b {i}")])))
+        .collect();
+    // 7-byte pieces cut the delimiter at every place.
+    let (status, file) = api
+        .upload_raw(
+            form(&[(PURPOSE, b"batch"), (FILE, content.as_bytes())]),
+            Some(7),
+        )
+        .await;
+    assert_eq!(status, 200, "{file}");
+    assert_eq!(file["bytes"], content.len());
+    assert_eq!(file["filename"], "in.jsonl");
+    // Every line came through whole: the batch answers each.
+    let batch = api.create(file["id"].as_str().unwrap(), Value::Null).await;
+    let done = api.finished(batch["id"].as_str().unwrap()).await;
+    assert_eq!(
+        done["request_counts"],
+        json!({"total": 200, "completed": 200, "failed": 0}),
+        "{done}"
+    );
+    assert_eq!(
+        by_custom_id(&api.lines(&done["output_file_id"]).await).len(),
+        200
+    );
+}
+
+#[tokio::test]
+async fn malformed_forms_end_in_a_400_naming_what_is_wrong() {
+    let api = Api::start(BatchConfig {
+        max_file_bytes: 100,
+        ..instant()
+    })
+    .await;
+    let small = 16 * 1024;
+    let long = vec![b'x'; small + 1];
+    let other = "Content-Disposition: form-data; name=\"other\"";
+    let cases: [(Vec<u8>, Value, &str); 7] = [
+        // No file part.
+        (
+            form(&[(PURPOSE, b"batch")]),
+            json!("file"),
+            "Missing required parameter",
+        ),
+        // No purpose.
+        (
+            form(&[(FILE, b"{}")]),
+            json!("purpose"),
+            "Missing required parameter",
+        ),
+        // A small field one byte past its 16 KiB, kept or dropped.
+        (
+            form(&[(PURPOSE, &long), (FILE, b"{}")]),
+            Value::Null,
+            "too long",
+        ),
+        (
+            form(&[(other, &long), (PURPOSE, b"batch"), (FILE, b"{}")]),
+            Value::Null,
+            "too long",
+        ),
+        // Two files.
+        (
+            form(&[(PURPOSE, b"batch"), (FILE, b"{}"), (FILE, b"{}")]),
+            Value::Null,
+            "more than one file",
+        ),
+        // A file one byte over the limit.
+        (
+            form(&[(PURPOSE, b"batch"), (FILE, &[b'x'; 101])]),
+            json!("file"),
+            "File is too large",
+        ),
+        // Part headers that never end, one byte past the body's limit (the file's 100
+        // bytes and 1 MiB of form), sent whole so that the server reads it all.
+        (
+            [
+                b"--b\r\nX-Long: ".as_slice(),
+                &vec![b'x'; (1 << 20) + 101 - 13],
+            ]
+            .concat(),
+            json!("file"),
+            "File is too large",
+        ),
+    ];
+    for (body, param, message) in cases {
+        let shown = String::from_utf8_lossy(&body[..body.len().min(120)]).into_owned();
+        let (status, error) = api.upload_raw(body, None).await;
+        assert_eq!(status, 400, "{shown}: {error}");
+        assert_eq!(error["error"]["type"], "invalid_request_error", "{error}");
+        assert_eq!(error["error"]["param"], param, "{shown}: {error}");
+        let text = error["error"]["message"].as_str().unwrap_or_default();
+        assert!(text.contains(message), "{shown}: {error}");
+    }
+    // A body that is not a form, or one cut short, names the multipart body.
+    for body in [
+        b"no boundary at all".to_vec(),
+        b"--b\r\nContent-Disposition: form-data; name=\"file\"\r\n\r\nno end".to_vec(),
+        b"--b\r\nno header end".to_vec(),
+        b"--b\r\n\x00\x01: bad header\r\n\r\nx\r\n--b--".to_vec(),
+    ] {
+        let (status, error) = api.upload_raw(body, Some(5)).await;
+        assert_eq!(status, 400, "{error}");
+        let text = error["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            text.starts_with("The multipart body could not be read"),
+            "{error}"
+        );
+    }
+    // Nothing refused was kept.
+    let (status, list) = api.send(api.http.get(api.url("/files"))).await;
+    assert_eq!(status, 200, "{list}");
+    assert_eq!(list["data"], json!([]), "{list}");
+}

@@ -28,6 +28,13 @@ use crate::simulate::handlers::Shared;
 use files::StoredFile;
 use lifecycle::Batch;
 
+/// The most bytes of an upload's body: the largest file a batch takes and
+/// its form's small fields; the route refuses more as a file too large.
+pub(crate) fn upload_body_limit(max_file_bytes: u64) -> usize {
+    let limit = max_file_bytes.saturating_add(multipart::FORM_OVERHEAD);
+    usize::try_from(limit).unwrap_or(usize::MAX)
+}
+
 /// The files and batches of the Batch API, the state of its routes.
 #[derive(Debug)]
 pub(crate) struct Batches {

@@ -3,9 +3,9 @@
 
 use std::sync::Arc;
 
-use axum::body::Body;
+use axum::extract::multipart::MultipartRejection;
 use axum::extract::rejection::{BytesRejection, PathRejection};
-use axum::extract::{Path, State};
+use axum::extract::{Multipart, Path, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
@@ -13,7 +13,7 @@ use serde_json::{json, Map, Value};
 
 use super::files::{content, no_such_file};
 use super::lifecycle::{run, Batch};
-use super::multipart::{boundary, receive, MultipartError};
+use super::multipart::{receive, MultipartError};
 use super::Batches;
 use crate::simulate::error::ApiError;
 use crate::simulate::faults::dropped_body;
@@ -42,22 +42,22 @@ fn path_id(id: Result<Path<String>, PathRejection>) -> Result<String, ApiError> 
 pub(crate) async fn upload_file(
     State(api): State<Arc<Batches>>,
     headers: HeaderMap,
-    body: Body,
+    form: Result<Multipart, MultipartRejection>,
 ) -> Response {
-    answer(upload(&api, &headers, body).await)
+    answer(upload(&api, &headers, form).await)
 }
 
-async fn upload(api: &Batches, headers: &HeaderMap, body: Body) -> Answer {
+async fn upload(
+    api: &Batches,
+    headers: &HeaderMap,
+    form: Result<Multipart, MultipartRejection>,
+) -> Answer {
     authorize(&api.shared, headers)?;
-    let boundary = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|value| value.to_str().ok())
-        .and_then(boundary)
-        .ok_or_else(|| {
-            ApiError::bad_request("The request must be multipart/form-data with a boundary.")
-        })?;
+    let form = form.map_err(|_| {
+        ApiError::bad_request("The request must be multipart/form-data with a boundary.")
+    })?;
     let (id, path) = api.new_path().map_err(|_| ApiError::internal())?;
-    let received = receive(&boundary, body, &path, api.config.max_file_bytes).await;
+    let received = receive(form, &path, api.config.max_file_bytes).await;
     let kept = received
         .map_err(|error| match error {
             MultipartError::TooLarge(max) => ApiError::invalid(
