@@ -19,6 +19,7 @@ mod headers;
 mod limits;
 mod pacing;
 mod retry;
+mod share;
 mod throttle;
 
 use std::future::Future;
