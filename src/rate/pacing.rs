@@ -561,7 +561,13 @@ impl State {
             .into_iter()
             .zip(own)
             .all(|((budget, cost), own)| {
-                budget.is_none_or(|b| self.pace.plenty(b.limit, b.level(now) + own, own + cost))
+                // A sliding window frees a burst's uses together a window
+                // later: only a steady pace keeps its processes from
+                // meeting in bursts.
+                budget.is_none_or(|b| {
+                    b.refill.sliding_rate(b.limit).is_none()
+                        && self.pace.plenty(b.limit, b.level(now) + own, own + cost)
+                })
             })
     }
 
