@@ -62,7 +62,7 @@ SCENARIOS = {
 CASES = [(window, scenario, case)
          for window, scenarios, cases in (
              ("bucket", ("tokens", "requests"),
-              ("alone", "limits configured", "cookbook", "cookbook 75%", "four shards",
+              ("alone", "cookbook", "cookbook 75%", "four shards",
                "four jobs")),
              ("sliding", ("tokens", "requests"),
               ("alone", "cookbook", "cookbook 75%", "four jobs")))

@@ -53,27 +53,29 @@ const SLIDING_SPREAD: f64 = 2.0;
 /// What the resets say of how a quota refills.
 #[derive(Debug, Clone, Copy, Default)]
 pub(super) struct Refill {
-    /// The least and the greatest rate the answers implied as a bucket's.
-    low: f64,
-    high: f64,
+    /// The rates a bucket could refill at to give every answer so far:
+    /// at least `floor`, at most `ceiling` (none yet: 0 and infinite).
+    floor: f64,
+    ceiling: Option<f64>,
     /// The longest reset seen, in seconds.
     longest: f64,
 }
 
 impl Refill {
-    /// Takes in a header with some of the quota used.
+    /// Takes in a header with some of the quota used. `remaining` is
+    /// rounded down and `reset` to the millisecond, so each answer allows
+    /// a range of rates: a bucket's ranges overlap, a sliding window's
+    /// (where reset is when the oldest use leaves) do not.
     pub(super) fn sample(&mut self, limit: f64, remaining: f64, reset: Duration) {
         let seconds = reset.as_secs_f64();
         let used = limit - remaining;
-        if seconds <= 0.0 || used <= 0.0 || remaining < 1.0 {
+        if seconds <= 0.0 || used <= 0.0 {
             return;
         }
-        let rate = used / seconds;
-        if self.high == 0.0 {
-            (self.low, self.high) = (rate, rate);
-        } else {
-            self.low = self.low.min(rate);
-            self.high = self.high.max(rate);
+        self.floor = self.floor.max((used - 1.0).max(0.0) / (seconds + 0.001));
+        if seconds > 0.001 {
+            let most = used / (seconds - 0.001);
+            self.ceiling = Some(self.ceiling.map_or(most, |c| c.min(most)));
         }
         self.longest = self.longest.max(seconds);
     }
@@ -81,7 +83,8 @@ impl Refill {
     /// The rate of a sliding window (its limit over its length), once the
     /// answers show it is one.
     pub(super) fn sliding_rate(&self, limit: f64) -> Option<f64> {
-        (self.high > self.low * SLIDING_SPREAD && self.longest > 0.0).then(|| limit / self.longest)
+        let ceiling = self.ceiling?;
+        (self.floor > ceiling * SLIDING_SPREAD && self.longest > 0.0).then(|| limit / self.longest)
     }
 }
 
@@ -201,11 +204,13 @@ mod tests {
 
     #[test]
     fn a_buckets_resets_agree_and_a_sliding_windows_do_not() {
-        // A bucket of 20 refilling at 10 a second: the reset is what is missing at that rate.
+        // A bucket of 20 refilling at 8 a second, its level rounded down in
+        // `remaining`: 7.95 left shows 7, whole again in 6 ms.
         let mut bucket = Refill::default();
-        for remaining in [19.0, 12.0, 3.0, 1.0] {
-            let reset = Duration::from_secs_f64((20.0 - remaining) / 10.0);
-            bucket.sample(20.0, remaining, reset);
+        for level in [19.5, 7.95, 12.2, 3.0, 1.01, 0.4] {
+            let reset = Duration::from_secs_f64((20.0 - level) / 8.0);
+            let reset = Duration::from_millis(reset.as_millis() as u64);
+            bucket.sample(20.0, f64::floor(level), reset);
         }
         assert_eq!(bucket.sliding_rate(20.0), None);
         // A window of 2 s: one use just made leaves in 2 s; with 19 used the
@@ -216,11 +221,11 @@ mod tests {
         sliding.sample(20.0, 1.0, ms(100));
         let rate = sliding.sliding_rate(20.0).unwrap();
         assert!((rate - 20.0 / 1.99).abs() < 1e-9, "{rate}");
-        // Nothing left or nothing used tells nothing of the refill.
+        // Nothing used, or no reset, tells nothing of the refill.
         let mut empty = Refill::default();
-        empty.sample(20.0, 0.0, ms(50));
-        empty.sample(20.0, 20.0, ms(0));
-        assert_eq!(empty.high, 0.0);
+        empty.sample(20.0, 20.0, ms(50));
+        empty.sample(20.0, 3.0, ms(0));
+        assert_eq!(empty.ceiling, None);
     }
 
     #[test]
