@@ -19,6 +19,7 @@ mod headers;
 mod limits;
 mod pacing;
 mod retry;
+mod share;
 
 use std::future::Future;
 use std::time::Duration;

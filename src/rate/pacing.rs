@@ -30,6 +30,7 @@ use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
 
 use super::headers::{QuotaHeader, RateLimitHeaders};
+use super::share::{Quota, Refill, Share};
 use super::Fault;
 
 /// The longest pause a service's `Retry-After` sets; a longer one is taken as this.
@@ -106,6 +107,8 @@ struct Budget {
     /// `rate` comes from a header with something left, where remaining and
     /// reset tell it exactly; with nothing left the quota may be in debt.
     rated: bool,
+    /// Whether the resets are a bucket's or a sliding window's.
+    refill: Refill,
 }
 
 impl Budget {
@@ -117,6 +120,7 @@ impl Budget {
             // Until a reset tells: a quota per minute.
             rate: header.limit / 60.0,
             rated: false,
+            refill: Refill::default(),
         };
         budget.update(header, at);
         budget
@@ -134,6 +138,15 @@ impl Budget {
         let missing = header.limit - header.remaining;
         if missing <= 0.0 {
             // A full quota's reset tells nothing of how fast it refills.
+            return;
+        }
+        self.refill.sample(header.limit, header.remaining, reset);
+        if let Some(rate) = self.refill.sliding_rate(header.limit) {
+            // A sliding window's reset is when its oldest use leaves: nothing
+            // is freed before, and after it about the rate.
+            self.rate = rate;
+            self.rated = true;
+            self.at = at.checked_add(reset).unwrap_or(at);
             return;
         }
         if header.remaining >= 1.0 {
@@ -230,6 +243,8 @@ struct State {
     /// The least share refusals lower it to.
     least_share: f64,
     share_lowered: Option<Instant>,
+    /// This process's part of the quota's rate among strangers on the key.
+    pace: Share,
     last_success: Instant,
     last_refusal: Option<String>,
     throttled: u64,
@@ -308,6 +323,7 @@ impl Pacing {
                 share: 1.0,
                 least_share: MIN_SHARE,
                 share_lowered: None,
+                pace: Share::new(1.0),
                 last_success: Instant::now(),
                 last_refusal: None,
                 throttled: 0,
@@ -331,6 +347,7 @@ impl Pacing {
             state.share = 1.0 / f64::from(processes.max(1));
             state.least_share = state.share.min(MIN_SHARE);
             state.probe = processes > 1;
+            state.pace = Share::new(state.share);
         }
         self
     }
@@ -410,6 +427,9 @@ impl Pacing {
         state.observe(ticket, headers);
         state.last_success = Instant::now();
         state.share = (state.share + SHARE_STEP).min(1.0);
+        if let Some(headers) = headers.filter(|_| !state.distrust) {
+            state.pace_by(&headers);
+        }
         if let Some(billed) = billed_tokens.filter(|_| ticket.local_tokens > 0) {
             #[allow(clippy::cast_precision_loss)]
             {
@@ -450,7 +470,12 @@ impl Pacing {
         let described = headers.is_some() && !state.distrust;
         let now = Instant::now();
         state.observe(ticket, headers);
-        state.yield_share(now);
+        let window = state.window();
+        state.pace.refused(now, ticket.sent_at, window);
+        if state.probe {
+            // Shards also count on less of the budget the headers show.
+            state.yield_share(now);
+        }
         if let (Some(headers), Some(asked)) = (headers.filter(|_| described), retry_after) {
             // The service says when the refused request fits: until then, nothing is ours.
             if let Some(until) = now.checked_add(asked.min(MAX_PAUSE)) {
@@ -521,7 +546,65 @@ impl State {
         if let Some(budget) = &self.tokens {
             wait = wait.max(budget.wait(now, tokens, self.share));
         }
-        wait
+        wait.max(self.pace.wait(now, self.plenty(now, tokens)))
+    }
+
+    /// Whether this process's share of what every quota holds above the
+    /// target covers a request of `tokens` and its own sends the headers
+    /// do not show yet: then the pace holds nothing back.
+    fn plenty(&self, now: Instant, tokens: f64) -> bool {
+        let own = [
+            self.uncovered.len() as f64,
+            self.uncovered.iter().map(|s| s.tokens).sum(),
+        ];
+        [(&self.requests, 1.0), (&self.tokens, tokens)]
+            .into_iter()
+            .zip(own)
+            .all(|((budget, cost), own)| {
+                // A sliding window frees a burst's uses together a window
+                // later: only a steady pace keeps its processes from
+                // meeting in bursts.
+                budget.is_none_or(|b| {
+                    b.refill.sliding_rate(b.limit).is_none()
+                        && self.pace.plenty(b.limit, b.level(now) + own, own + cost)
+                })
+            })
+    }
+
+    /// The quotas as the pace of this process's share sees them, for a
+    /// request of `tokens` (billed).
+    fn quotas(&self, tokens: f64) -> [Option<Quota>; 2] {
+        let quota =
+            |budget: &Option<Budget>, cost: f64| budget.map(|b| Quota { rate: b.rate, cost });
+        [quota(&self.requests, 1.0), quota(&self.tokens, tokens)]
+    }
+
+    /// Moves this process's share by what a success's headers show left of
+    /// the quotas (the least part of any).
+    fn pace_by(&mut self, headers: &RateLimitHeaders) {
+        let left = [
+            (self.requests.is_some(), headers.requests),
+            (self.tokens.is_some(), headers.tokens),
+        ]
+        .into_iter()
+        .filter_map(|(known, header)| header.filter(|h| known && h.limit > 0.0))
+        .map(|h| h.remaining / h.limit)
+        .reduce(f64::min);
+        if let Some(left) = left {
+            let window = self.window();
+            self.pace.answered(Instant::now(), left, window);
+        }
+    }
+
+    /// The longest of the quotas' windows (limit over rate).
+    fn window(&self) -> Duration {
+        [&self.requests, &self.tokens]
+            .into_iter()
+            .flatten()
+            .filter(|b| b.rate > 0.0)
+            .map(|b| Duration::try_from_secs_f64(b.limit / b.rate).unwrap_or(MAX_PAUSE))
+            .max()
+            .unwrap_or(Duration::ZERO)
     }
 
     /// A refusal raises the floor of the pause, unless its request went
@@ -540,6 +623,7 @@ impl State {
         if self.alone.is_some_and(|(seq, _)| seq == ticket.seq) {
             self.alone = None;
         }
+        self.uncovered.retain(|s| s.seq != ticket.seq);
     }
 
     /// A refusal: others on the quota took what this process counted on,
@@ -583,6 +667,10 @@ impl State {
         if self.refusals > 0 {
             self.alone = Some((seq, now));
         }
+        #[allow(clippy::cast_precision_loss)]
+        let tokens = local_tokens as f64 * self.ratio();
+        let plenty = self.plenty(now, tokens);
+        self.pace.sent(now, self.quotas(tokens), plenty);
         if self.requests.is_some() || self.tokens.is_some() {
             if self.uncovered.len() >= MAX_UNCOVERED {
                 self.uncovered.pop_front();
@@ -627,9 +715,18 @@ impl State {
                 }
             }
         }
-        while self.uncovered.front().is_some_and(|s| s.seq <= ticket.seq) {
+        // Requests sent a little before that one may reach the service
+        // after it: they count as not in the headers until answered, or
+        // sent a round trip before it.
+        let round_trip = Instant::now().saturating_duration_since(ticket.sent_at);
+        while self
+            .uncovered
+            .front()
+            .is_some_and(|s| s.seq <= ticket.seq && s.at + round_trip <= ticket.sent_at)
+        {
             self.uncovered.pop_front();
         }
+        self.uncovered.retain(|s| s.seq != ticket.seq);
         // What was sent after that request is not in the headers yet.
         let uncovered: Vec<Sent> = self.uncovered.iter().copied().collect();
         for sent in uncovered {
@@ -1058,11 +1155,13 @@ mod tests {
         let t = pacing.admit(1).await.unwrap();
         assert!(start.elapsed() >= FIRST_BACKOFF, "{:?}", start.elapsed());
         pacing.on_answer(t, None, None);
-        let _ = pacing.admit(1).await.unwrap();
+        // Two more take two seconds: the budget and the pace of the
+        // process's share (cut by the refusal) decide which of them waits.
         let start = Instant::now();
         let _ = pacing.admit(1).await.unwrap();
+        let _ = pacing.admit(1).await.unwrap();
         assert!(
-            start.elapsed() >= Duration::from_millis(900),
+            start.elapsed() >= Duration::from_millis(1800),
             "the earlier headers still pace: {:?}",
             start.elapsed()
         );

@@ -1,0 +1,87 @@
+//! Independent jobs on one key (not shards: four job files, four outputs,
+//! started at once) under a quota that is a refilling bucket or a sliding
+//! window: every text is stored by its job and billed once.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use embedjob::simulate::{QuotaConfig, QuotaWindow, SimConfig};
+use serde_json::Value;
+
+use crate::support::{expected_chunks, files_source, no_key, run_job, simulator, write_job, KEY};
+
+/// Documents of their own for job `job`: no text is shared between jobs.
+fn documents(dir: &Path, job: usize) -> PathBuf {
+    let root = dir.join("docs");
+    std::fs::create_dir_all(&root).unwrap();
+    for i in 0..12 {
+        let body = format!(
+            "# Job {job}, document {i}\n\nJob {job} writes document {i} about quotas shared \
+             with strangers. {}\n",
+            "Each process paces itself by what the headers say. ".repeat(1 + i % 4)
+        );
+        std::fs::write(root.join(format!("doc-{i}.md")), body).unwrap();
+    }
+    root
+}
+
+async fn four_jobs_on_one_key(kind: QuotaWindow) {
+    let sim = simulator(SimConfig {
+        latency_ms: 5,
+        quota: QuotaConfig {
+            requests_per_minute: Some(8),
+            window: Duration::from_secs(1),
+            kind,
+            ..QuotaConfig::default()
+        },
+        ..SimConfig::default()
+    })
+    .await;
+    let dirs: Vec<_> = (0..4).map(|_| tempfile::tempdir().unwrap()).collect();
+    let mut expected = 0;
+    let mut jobs = Vec::new();
+    for (job, dir) in dirs.iter().enumerate() {
+        let root = documents(dir.path(), job);
+        let chunks = expected_chunks(&root).len() as u64;
+        expected += chunks;
+        let path = write_job(dir.path(), &sim.base_url(), &files_source(&root), "");
+        jobs.push((path, chunks));
+    }
+    let outputs = futures::future::join_all(jobs.iter().map(|(job, _)| {
+        run_job(
+            job,
+            &["--json", "--set", "backend.max_inputs_per_request=2"],
+        )
+    }))
+    .await;
+    for (output, (_, chunks)) in outputs.iter().zip(&jobs) {
+        let (stdout, stderr) = no_key(output, KEY);
+        assert_eq!(output.status.code(), Some(0), "{kind:?}: {stderr}");
+        let summary: Value = serde_json::from_str(&stdout).unwrap();
+        assert_eq!(summary["written"].as_u64(), Some(*chunks), "{kind:?}");
+    }
+    let ledger = sim.ledger();
+    assert_eq!(
+        ledger.texts.len() as u64,
+        expected,
+        "{kind:?}: every text billed"
+    );
+    assert!(
+        ledger.texts.values().all(|&n| n == 1),
+        "{kind:?}: a text billed twice"
+    );
+    assert!(
+        ledger.billed_requests > 8,
+        "{kind:?}: more than a window's work"
+    );
+}
+
+#[tokio::test]
+async fn four_independent_jobs_on_a_bucket_store_and_bill_each_text_once() {
+    four_jobs_on_one_key(QuotaWindow::Bucket).await;
+}
+
+#[tokio::test]
+async fn four_independent_jobs_on_a_sliding_window_store_and_bill_each_text_once() {
+    four_jobs_on_one_key(QuotaWindow::Sliding).await;
+}
