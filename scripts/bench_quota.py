@@ -41,7 +41,9 @@ from benchlib import (KEY, WINDOW_MS, Simulator, job_file, log, run_embedjob, ru
                       section_main)
 
 LATENCY_MS = 20
-CONCURRENCY = 16
+# embedjob's concurrency: its default, "auto" (BENCH_QUOTA_CONCURRENCY=16 runs a fixed window).
+CONCURRENCY = os.environ.get("BENCH_QUOTA_CONCURRENCY", '"auto"')
+QUOTE = '"'
 BATCH = 32
 # The cookbook's pause after a 429, 15 s of a minute, scaled to the window.
 COOKBOOK_PAUSE = 15.0 * WINDOW_MS / 60_000
@@ -338,7 +340,7 @@ def print_quota_table(rows):
 
     print()
     print(f"Quotas: a window of {WINDOW_MS} ms standing for the minute, {LATENCY_MS} ms latency,")
-    print(f"concurrency {CONCURRENCY}, {BATCH} chunks a request; the token scenarios bill 1.25x the")
+    print(f"concurrency {CONCURRENCY.strip(QUOTE)}, {BATCH} chunks a request; the token scenarios bill 1.25x the")
     print("client's count. Quotas per window: " + "; ".join(
         f"{name}: " + ", ".join(p for p in (f"{r} requests" if r else "", f"{t:,} tokens" if t else "") if p)
         for name, (r, t, _, _) in SCENARIOS.items()))

@@ -20,6 +20,8 @@ mod limits;
 mod pacing;
 mod retry;
 mod share;
+#[cfg(test)]
+mod strangers;
 
 use std::future::Future;
 use std::time::Duration;

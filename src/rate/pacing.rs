@@ -109,6 +109,8 @@ struct Budget {
     rated: bool,
     /// Whether the resets are a bucket's or a sliding window's.
     refill: Refill,
+    /// The send the latest header describes the quota as of.
+    seen: Instant,
 }
 
 impl Budget {
@@ -121,6 +123,7 @@ impl Budget {
             rate: header.limit / 60.0,
             rated: false,
             refill: Refill::default(),
+            seen: at,
         };
         budget.update(header, at);
         budget
@@ -131,6 +134,7 @@ impl Budget {
         self.limit = header.limit;
         self.remaining = header.remaining;
         self.at = at;
+        self.seen = at;
         let Some(reset) = header.reset.filter(|r| !r.is_zero()) else {
             return;
         };
@@ -428,7 +432,7 @@ impl Pacing {
         state.last_success = Instant::now();
         state.share = (state.share + SHARE_STEP).min(1.0);
         if let Some(headers) = headers.filter(|_| !state.distrust) {
-            state.pace_by(&headers);
+            state.pace_by(ticket, &headers);
         }
         if let Some(billed) = billed_tokens.filter(|_| ticket.local_tokens > 0) {
             #[allow(clippy::cast_precision_loss)]
@@ -472,6 +476,7 @@ impl Pacing {
         state.observe(ticket, headers);
         let window = state.window();
         state.pace.refused(now, ticket.sent_at, window);
+        state.pace.untook_tokens(ticket.seq);
         if state.probe {
             // Shards also count on less of the budget the headers show.
             state.yield_share(now);
@@ -540,60 +545,63 @@ impl State {
         }
         #[allow(clippy::cast_precision_loss)]
         let tokens = local_tokens as f64 * self.ratio();
-        if let Some(budget) = &self.requests {
-            wait = wait.max(budget.wait(now, 1.0, self.share));
-        }
-        if let Some(budget) = &self.tokens {
-            wait = wait.max(budget.wait(now, tokens, self.share));
-        }
-        wait.max(self.pace.wait(now, self.plenty(now, tokens)))
-    }
-
-    /// Whether this process's share of what every quota holds above the
-    /// target covers a request of `tokens` and its own sends the headers
-    /// do not show yet: then the pace holds nothing back.
-    fn plenty(&self, now: Instant, tokens: f64) -> bool {
-        let own = [
-            self.uncovered.len() as f64,
-            self.uncovered.iter().map(|s| s.tokens).sum(),
-        ];
-        [(&self.requests, 1.0), (&self.tokens, tokens)]
+        for (k, (budget, cost)) in [(&self.requests, 1.0), (&self.tokens, tokens)]
             .into_iter()
-            .zip(own)
-            .all(|((budget, cost), own)| {
-                // A sliding window frees a burst's uses together a window
-                // later: only a steady pace keeps its processes from
-                // meeting in bursts.
-                budget.is_none_or(|b| {
-                    b.refill.sliding_rate(b.limit).is_none()
-                        && self.pace.plenty(b.limit, b.level(now) + own, own + cost)
-                })
-            })
+            .enumerate()
+        {
+            let Some(budget) = budget else { continue };
+            let share = self.counted_share();
+            let mut until = budget.wait(now, cost, share);
+            if !until.is_zero() && budget.refill.sliding_rate(budget.limit).is_some() {
+                // A sliding window frees this process's own uses a window
+                // after it sent them, all of them its own: its next burst
+                // need not wait for the rate.
+                let need = (cost + MARGIN * budget.limit).min(budget.limit * share);
+                let missing = need - budget.remaining * share;
+                let own = self.pace.freed_by(k, budget.seen, now, self.window(), missing);
+                until = until.min(own.unwrap_or(until));
+            }
+            wait = wait.max(until);
+        }
+        wait.max(self.pace.wait(now, self.quotas(tokens), self.window()))
     }
 
-    /// The quotas as the pace of this process's share sees them, for a
-    /// request of `tokens` (billed).
+    /// The part of what the headers show left that this process counts on:
+    /// a shard's part of the job, or its share among strangers. Under a
+    /// bucket that costs no rate (the level settles where the part covers
+    /// a request), and it keeps processes that see the same level from all
+    /// spending it.
+    fn counted_share(&self) -> f64 {
+        self.share.min(self.pace.share())
+    }
+
+    /// The quotas as this process's share sees them, for a request of
+    /// `tokens` (billed).
     fn quotas(&self, tokens: f64) -> [Option<Quota>; 2] {
-        let quota =
-            |budget: &Option<Budget>, cost: f64| budget.map(|b| Quota { rate: b.rate, cost });
+        let quota = |budget: &Option<Budget>, cost: f64| {
+            budget.map(|b| Quota {
+                limit: b.limit,
+                cost,
+            })
+        };
         [quota(&self.requests, 1.0), quota(&self.tokens, tokens)]
     }
 
-    /// Moves this process's share by what a success's headers show left of
-    /// the quotas (the least part of any).
-    fn pace_by(&mut self, headers: &RateLimitHeaders) {
-        let left = [
-            (self.requests.is_some(), headers.requests),
-            (self.tokens.is_some(), headers.tokens),
-        ]
-        .into_iter()
-        .filter_map(|(known, header)| header.filter(|h| known && h.limit > 0.0))
-        .map(|h| h.remaining / h.limit)
-        .reduce(f64::min);
-        if let Some(left) = left {
-            let window = self.window();
-            self.pace.answered(Instant::now(), left, window);
-        }
+    /// Moves this process's share by what the headers of the answer to
+    /// `ticket`'s request show used of the quotas.
+    fn pace_by(&mut self, ticket: Ticket, headers: &RateLimitHeaders) {
+        let quota = |known: bool, header: Option<QuotaHeader>| {
+            header
+                .filter(|_| known)
+                .map(|h| (h.limit, h.remaining))
+        };
+        let quotas = [
+            quota(self.requests.is_some(), headers.requests),
+            quota(self.tokens.is_some(), headers.tokens),
+        ];
+        let window = self.window();
+        self.pace
+            .answered(Instant::now(), ticket.sent_at, quotas, window);
     }
 
     /// The longest of the quotas' windows (limit over rate).
@@ -669,8 +677,8 @@ impl State {
         }
         #[allow(clippy::cast_precision_loss)]
         let tokens = local_tokens as f64 * self.ratio();
-        let plenty = self.plenty(now, tokens);
-        self.pace.sent(now, self.quotas(tokens), plenty);
+        let window = self.window();
+        self.pace.sent(seq, now, [1.0, tokens], window);
         if self.requests.is_some() || self.tokens.is_some() {
             if self.uncovered.len() >= MAX_UNCOVERED {
                 self.uncovered.pop_front();
@@ -738,7 +746,7 @@ impl State {
     /// the headers show: its own sends take from that share, so they weigh
     /// `1 / share` on the whole budget it models.
     fn spend(&mut self, sent: Sent) {
-        let weight = 1.0 / self.share;
+        let weight = 1.0 / self.counted_share();
         if let Some(budget) = self.requests.as_mut() {
             budget.spend(sent.at, weight);
         }
