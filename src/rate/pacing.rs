@@ -30,7 +30,7 @@ use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
 
 use super::headers::{QuotaHeader, RateLimitHeaders};
-use super::share::{Quota, Refill, Share};
+use super::share::{Quota, Refill, Share, Shown};
 use super::Fault;
 
 /// The longest pause a service's `Retry-After` sets; a longer one is taken as this.
@@ -563,7 +563,17 @@ impl State {
             }
             wait = wait.max(until);
         }
-        wait.max(self.pace.wait(now, self.quotas(tokens), self.window()))
+        // Under a sliding window the share is a window of the process's own;
+        // under a bucket, the part of the level counted on is enough.
+        let sliding = |budget: &Option<Budget>| {
+            budget.filter(|b| b.refill.sliding_rate(b.limit).is_some())
+        };
+        let quotas = self.quotas(tokens);
+        let quotas = [
+            quotas[0].filter(|_| sliding(&self.requests).is_some()),
+            quotas[1].filter(|_| sliding(&self.tokens).is_some()),
+        ];
+        wait.max(self.pace.wait(now, quotas, self.window()))
     }
 
     /// The part of what the headers show left that this process counts on:
@@ -590,14 +600,18 @@ impl State {
     /// Moves this process's share by what the headers of the answer to
     /// `ticket`'s request show used of the quotas.
     fn pace_by(&mut self, ticket: Ticket, headers: &RateLimitHeaders) {
-        let quota = |known: bool, header: Option<QuotaHeader>| {
-            header
-                .filter(|_| known)
-                .map(|h| (h.limit, h.remaining))
+        let shown = |budget: &Option<Budget>, header: Option<QuotaHeader>| {
+            let budget = budget.as_ref()?;
+            header.map(|h| Shown {
+                limit: h.limit,
+                remaining: h.remaining,
+                rate: budget.rate,
+                sliding: budget.refill.sliding_rate(budget.limit).is_some(),
+            })
         };
         let quotas = [
-            quota(self.requests.is_some(), headers.requests),
-            quota(self.tokens.is_some(), headers.tokens),
+            shown(&self.requests, headers.requests),
+            shown(&self.tokens, headers.tokens),
         ];
         let window = self.window();
         self.pace
@@ -746,7 +760,10 @@ impl State {
     /// the headers show: its own sends take from that share, so they weigh
     /// `1 / share` on the whole budget it models.
     fn spend(&mut self, sent: Sent) {
-        let weight = 1.0 / self.counted_share();
+        // A stranger's share only says how much of the level it counts on:
+        // its sends take their cost, and the level settles where the share
+        // of it covers the next request, the bucket's whole rate used.
+        let weight = 1.0 / self.share;
         if let Some(budget) = self.requests.as_mut() {
             budget.spend(sent.at, weight);
         }

@@ -125,6 +125,20 @@ pub(super) struct Share {
     /// The first send: in the first window the others' use so far, next to
     /// this process's, tells how many started with it.
     first: Option<Instant>,
+    /// For a bucket, by quota: the latest answer's send and what it showed
+    /// left, and the others' rate of use found between answers.
+    seen: [Option<(Instant, f64)>; 2],
+    others_rate: [Option<f64>; 2],
+}
+
+/// What an answer's headers show of one quota.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Shown {
+    pub limit: f64,
+    pub remaining: f64,
+    /// The quota's rate, and whether it is a sliding window.
+    pub rate: f64,
+    pub sliding: bool,
 }
 
 impl Share {
@@ -137,6 +151,8 @@ impl Share {
             round_trip: Duration::ZERO,
             sends: VecDeque::new(),
             first: None,
+            seen: [None; 2],
+            others_rate: [None; 2],
         }
     }
 
@@ -231,14 +247,53 @@ impl Share {
         }
     }
 
-    /// An answer to a request sent at `sent_at`, whose headers show each
-    /// quota's limit and remaining: the use beyond this process's own sends
-    /// is the others', and the share moves to what they leave.
+    /// The others' part of quota `k` as an answer to a request sent at
+    /// `sent_at` shows it. A sliding window counts every use of its
+    /// window: what is not this process's is the others'. A bucket
+    /// refills: the others used what it lost since the previous answer
+    /// beyond this process's sends, at a rate that is smoothed over half a
+    /// window.
+    fn others(&mut self, k: usize, sent_at: Instant, shown: Shown, window: Duration) -> f64 {
+        let own = self.used(k, sent_at, window);
+        if shown.sliding || shown.rate <= 0.0 {
+            return ((shown.limit - shown.remaining - own) / shown.limit).max(0.0);
+        }
+        // What the headers show used beyond this process's sends of the
+        // window: at least the others' (the refill only hides use).
+        let unexplained = ((shown.limit - shown.remaining - own) / shown.limit).max(0.0);
+        let previous = self.seen[k];
+        if previous.is_some_and(|(at, _)| at > sent_at) {
+            return unexplained.max(self.others_rate[k].unwrap_or(0.0) / shown.rate);
+        }
+        self.seen[k] = Some((sent_at, shown.remaining));
+        if let Some((at, left)) = previous {
+            let dt = sent_at.saturating_duration_since(at).as_secs_f64();
+            let refilled = left + shown.rate * dt;
+            // A full bucket's refill is lost: nothing is known of that span.
+            if dt > 0.0 && refilled < shown.limit {
+                let own: f64 = self
+                    .sends
+                    .iter()
+                    .filter(|s| s.at > at && s.at <= sent_at)
+                    .map(|s| s.took[k])
+                    .sum();
+                // Less the rounding of the two `remaining`: a unit.
+                let rate = ((refilled - own - shown.remaining - 1.0) / dt).max(0.0);
+                let weight = (dt / (window.as_secs_f64() * RISE)).min(1.0);
+                let smoothed = self.others_rate[k].map_or(rate, |r| r + (rate - r) * weight);
+                self.others_rate[k] = Some(smoothed);
+            }
+        }
+        unexplained.max(self.others_rate[k].unwrap_or(0.0) / shown.rate)
+    }
+
+    /// An answer to a request sent at `sent_at`, whose headers show the
+    /// quotas: the share moves to what the others leave of the most used.
     pub(super) fn answered(
         &mut self,
         now: Instant,
         sent_at: Instant,
-        quotas: [Option<(f64, f64)>; 2],
+        quotas: [Option<Shown>; 2],
         window: Duration,
     ) {
         self.round_trip = now.saturating_duration_since(sent_at);
@@ -246,28 +301,28 @@ impl Share {
             .moved_at
             .map_or(Duration::ZERO, |at| now.saturating_duration_since(at));
         self.moved_at = Some(now);
-        // For the most used quota: the others' part of it, and this
-        // process's part of what was used.
-        let Some((others, part)) = quotas
-            .iter()
-            .enumerate()
-            .filter_map(|(k, q)| q.filter(|(limit, _)| *limit > 0.0).map(|q| (k, q)))
-            .map(|(k, (limit, remaining))| {
-                let own = self.used(k, sent_at, window);
-                let others = (limit - remaining - own).max(0.0);
-                (others / limit, own / (own + others).max(f64::MIN_POSITIVE))
-            })
-            .reduce(|a, b| if b.0 > a.0 { b } else { a })
-        else {
-            return;
-        };
+        let mut most: Option<(f64, f64)> = None;
+        for (k, shown) in quotas.into_iter().enumerate() {
+            let Some(shown) = shown.filter(|q| q.limit > 0.0) else {
+                continue;
+            };
+            let others = self.others(k, sent_at, shown, window);
+            // This process's part of what the window shows used.
+            let own = self.used(k, sent_at, window);
+            let used = (shown.limit - shown.remaining).max(own);
+            let part = own / used.max(f64::MIN_POSITIVE);
+            if most.is_none_or(|(o, _)| others > o) {
+                most = Some((others, part));
+            }
+        }
+        let Some((others, part)) = most else { return };
         let mut allowed = (1.0 - (1.0 + HEADROOM) * others).clamp(LEAST, 1.0);
         if self
             .first
             .is_some_and(|first| sent_at.saturating_duration_since(first) < window)
         {
             // Processes that started together are still growing: each
-            // counts on its part of what they used so far.
+            // counts on its part of what was used so far.
             allowed = allowed.min(part.max(LEAST));
         }
         if allowed <= self.share || window.is_zero() {
