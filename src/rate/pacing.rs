@@ -558,16 +558,17 @@ impl State {
                 // need not wait for the rate.
                 let need = (cost + MARGIN * budget.limit).min(budget.limit * share);
                 let missing = need - budget.remaining * share;
-                let own = self.pace.freed_by(k, budget.seen, now, self.window(), missing);
+                let own = self
+                    .pace
+                    .freed_by(k, budget.seen, now, self.window(), missing);
                 until = until.min(own.unwrap_or(until));
             }
             wait = wait.max(until);
         }
         // Under a sliding window the share is a window of the process's own;
         // under a bucket, the part of the level counted on is enough.
-        let sliding = |budget: &Option<Budget>| {
-            budget.filter(|b| b.refill.sliding_rate(b.limit).is_some())
-        };
+        let sliding =
+            |budget: &Option<Budget>| budget.filter(|b| b.refill.sliding_rate(b.limit).is_some());
         let quotas = self.quotas(tokens);
         let quotas = [
             quotas[0].filter(|_| sliding(&self.requests).is_some()),

@@ -129,6 +129,9 @@ pub(super) struct Share {
     /// left, and the others' rate of use found between answers.
     seen: [Option<(Instant, f64)>; 2],
     others_rate: [Option<f64>; 2],
+    /// Under a sliding window, the others' part each answer of the last
+    /// window showed.
+    recent: VecDeque<(Instant, f64)>,
 }
 
 /// What an answer's headers show of one quota.
@@ -153,6 +156,7 @@ impl Share {
             first: None,
             seen: [None; 2],
             others_rate: [None; 2],
+            recent: VecDeque::new(),
         }
     }
 
@@ -198,7 +202,12 @@ impl Share {
 
     /// How long a request must wait for its sends of the last `window` to
     /// leave room for it within the share of each quota; zero if it may go now.
-    pub(super) fn wait(&self, now: Instant, quotas: [Option<Quota>; 2], window: Duration) -> Duration {
+    pub(super) fn wait(
+        &self,
+        now: Instant,
+        quotas: [Option<Quota>; 2],
+        window: Duration,
+    ) -> Duration {
         if window.is_zero() {
             return Duration::ZERO;
         }
@@ -211,7 +220,11 @@ impl Share {
             // A request larger than the share still goes, once the share is free.
             let allowed = (self.share * quota.limit).max(quota.cost);
             let mut excess = self.used(k, now, window) + quota.cost - allowed;
-            for send in self.sends.iter().filter(|s| now.saturating_duration_since(s.at) < span) {
+            for send in self
+                .sends
+                .iter()
+                .filter(|s| now.saturating_duration_since(s.at) < span)
+            {
                 if excess <= 1e-9 {
                     break;
                 }
@@ -229,9 +242,10 @@ impl Share {
         // count them. Sends are kept two windows, for what they free.
         let span = (window + self.round_trip) * 2;
         while self.sends.len() >= MAX_SENDS
-            || self.sends.front().is_some_and(|s| {
-                !window.is_zero() && now.saturating_duration_since(s.at) >= span
-            })
+            || self
+                .sends
+                .front()
+                .is_some_and(|s| !window.is_zero() && now.saturating_duration_since(s.at) >= span)
         {
             self.sends.pop_front();
         }
@@ -302,6 +316,7 @@ impl Share {
             .map_or(Duration::ZERO, |at| now.saturating_duration_since(at));
         self.moved_at = Some(now);
         let mut most: Option<(f64, f64)> = None;
+        let sliding = quotas.iter().flatten().any(|q| q.sliding);
         for (k, shown) in quotas.into_iter().enumerate() {
             let Some(shown) = shown.filter(|q| q.limit > 0.0) else {
                 continue;
@@ -315,7 +330,24 @@ impl Share {
                 most = Some((others, part));
             }
         }
-        let Some((others, part)) = most else { return };
+        let Some((mut others, part)) = most else {
+            return;
+        };
+        if sliding {
+            // Uses only add up within a window until they leave it: the
+            // others' use of the window is the most any answer of it showed,
+            // not what one early in their sends shows.
+            while self.recent.len() >= MAX_SENDS
+                || self
+                    .recent
+                    .front()
+                    .is_some_and(|(at, _)| sent_at.saturating_duration_since(*at) >= window)
+            {
+                self.recent.pop_front();
+            }
+            self.recent.push_back((sent_at, others));
+            others = self.recent.iter().map(|(_, o)| *o).fold(others, f64::max);
+        }
         let mut allowed = (1.0 - (1.0 + HEADROOM) * others).clamp(LEAST, 1.0);
         if self
             .first
@@ -328,7 +360,9 @@ impl Share {
         if allowed <= self.share || window.is_zero() {
             self.share = allowed.max(LEAST);
         } else {
-            let step = (since.as_secs_f64() / (window.as_secs_f64() * RISE)).min(1.0);
+            // At most a quarter of the way on one answer: a process that
+            // waited long saw nothing meanwhile.
+            let step = (since.as_secs_f64() / (window.as_secs_f64() * RISE)).min(0.25);
             self.share += (allowed - self.share) * step;
         }
     }

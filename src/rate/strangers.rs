@@ -83,7 +83,12 @@ pub(crate) async fn run(
                                     received.fetch_add(1, Ordering::SeqCst);
                                     let answer = quotas.admit("key", tokens);
                                     if std::env::var_os("STRANGERS_TRACE").is_some() {
-                                        println!("{:.3} {} {}", start.elapsed().as_secs_f64(), id, if answer.is_ok() { "ok" } else { "REFUSED" });
+                                        println!(
+                                            "{:.3} {} {}",
+                                            start.elapsed().as_secs_f64(),
+                                            id,
+                                            if answer.is_ok() { "ok" } else { "REFUSED" }
+                                        );
                                     }
                                     tokio::time::sleep(latency / 2).await;
                                     match answer {
@@ -95,7 +100,10 @@ pub(crate) async fn run(
                                                 std::time::SystemTime::now(),
                                             );
                                             (
-                                                Err(TestFault::refusal("Rate limit reached", asked)),
+                                                Err(TestFault::refusal(
+                                                    "Rate limit reached",
+                                                    asked,
+                                                )),
                                                 RateLimitHeaders::parse(&refusal.headers),
                                             )
                                         }
@@ -141,7 +149,8 @@ async fn report() {
             for processes in [1, 4] {
                 let (requests, tokens) = if by_tokens { (125, 1600) } else { (200, 1600) };
                 for concurrency in [None, Some(16)] {
-                    let label = format!("{kind:?} tokens={by_tokens} n={processes} c={concurrency:?}");
+                    let label =
+                        format!("{kind:?} tokens={by_tokens} n={processes} c={concurrency:?}");
                     if std::env::var("STRANGERS_ONLY").is_ok_and(|only| !label.contains(&only)) {
                         continue;
                     }

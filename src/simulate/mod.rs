@@ -61,9 +61,9 @@ pub use config::{
 };
 pub use ledger::Ledger;
 pub use options::SimulateOptions;
-pub use quota::{format_reset, QuotaConfig, QuotaWindow};
 #[cfg(test)]
 pub(crate) use quota::Quotas;
+pub use quota::{format_reset, QuotaConfig, QuotaWindow};
 pub use vectors::{
     count_tokens, embedding_vector, embedding_vector_shortened, embeddings_response_body,
     embeddings_response_body_base64,

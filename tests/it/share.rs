@@ -1,6 +1,7 @@
 //! Independent jobs on one key (not shards: four job files, four outputs,
 //! started at once) under a quota that is a refilling bucket or a sliding
-//! window: every text is stored by its job and billed once.
+//! window: every text is stored by its job and billed once, and under a
+//! bucket few requests are refused.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -14,7 +15,7 @@ use crate::support::{expected_chunks, files_source, no_key, run_job, simulator, 
 fn documents(dir: &Path, job: usize) -> PathBuf {
     let root = dir.join("docs");
     std::fs::create_dir_all(&root).unwrap();
-    for i in 0..12 {
+    for i in 0..24 {
         let body = format!(
             "# Job {job}, document {i}\n\nJob {job} writes document {i} about quotas shared \
              with strangers. {}\n",
@@ -25,7 +26,8 @@ fn documents(dir: &Path, job: usize) -> PathBuf {
     root
 }
 
-async fn four_jobs_on_one_key(kind: QuotaWindow) {
+/// Runs four independent jobs on one key; returns the simulator's ledger.
+async fn four_jobs_on_one_key(kind: QuotaWindow) -> embedjob::simulate::Ledger {
     let sim = simulator(SimConfig {
         latency_ms: 5,
         quota: QuotaConfig {
@@ -50,7 +52,13 @@ async fn four_jobs_on_one_key(kind: QuotaWindow) {
     let outputs = futures::future::join_all(jobs.iter().map(|(job, _)| {
         run_job(
             job,
-            &["--json", "--set", "backend.max_inputs_per_request=2"],
+            &[
+                "--json",
+                "--set",
+                "backend.max_inputs_per_request=2",
+                "--set",
+                "backend.concurrency=auto",
+            ],
         )
     }))
     .await;
@@ -74,11 +82,29 @@ async fn four_jobs_on_one_key(kind: QuotaWindow) {
         ledger.billed_requests > 8,
         "{kind:?}: more than a window's work"
     );
+    ledger
 }
 
 #[tokio::test]
-async fn four_independent_jobs_on_a_bucket_store_and_bill_each_text_once() {
-    four_jobs_on_one_key(QuotaWindow::Bucket).await;
+async fn four_independent_jobs_on_a_bucket_store_and_bill_each_text_once_with_few_refused() {
+    let ledger = four_jobs_on_one_key(QuotaWindow::Bucket).await;
+    // Before any answer each job sends one request (`auto` starts at one in
+    // flight): four, within the whole quota of 8. From the first answer on,
+    // each counts on its share of the level the headers show, its share at
+    // most what the others leave (its part of what was used, in its first
+    // window), so the shares add up to at most the whole and a request is
+    // refused only when two jobs spend the last of the level within one
+    // round trip; each refusal cuts the refused job's share by 30% and
+    // pauses it for the floor (250 ms), four round trips and more of the
+    // 5 ms simulator. Such meetings are a few, not a tenth of the requests.
+    // Counting on the whole level each sees, as every job did before, four
+    // jobs claim every level four times over: a fifth and more refused.
+    let refused = ledger.refused_total();
+    let received = ledger.embedding_requests;
+    assert!(
+        refused * 10 <= received,
+        "{refused} of {received} requests refused"
+    );
 }
 
 #[tokio::test]
