@@ -244,16 +244,7 @@ impl SimulateOptions {
                 TokenCount::Cl100k
             }
         };
-        let kind = match self.quota_window.as_str() {
-            "bucket" => QuotaWindow::Bucket,
-            "sliding" => QuotaWindow::Sliding,
-            other => {
-                problems.push(format!(
-                    "--quota-window {other}: expected bucket or sliding"
-                ));
-                QuotaWindow::Bucket
-            }
-        };
+        let kind = quota_window(&self.quota_window, &mut problems);
         let config = SimConfig {
             port: self.port,
             models,
@@ -326,6 +317,20 @@ impl SimulateOptions {
             Ok(config)
         } else {
             Err(problems.join("\n"))
+        }
+    }
+}
+
+/// `--quota-window`: a bucket or a sliding window, or a problem.
+fn quota_window(name: &str, problems: &mut Vec<String>) -> QuotaWindow {
+    match name {
+        "bucket" => QuotaWindow::Bucket,
+        "sliding" => QuotaWindow::Sliding,
+        other => {
+            problems.push(format!(
+                "--quota-window {other}: expected bucket or sliding"
+            ));
+            QuotaWindow::Bucket
         }
     }
 }
