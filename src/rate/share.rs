@@ -132,6 +132,8 @@ pub(super) struct Share {
     /// Under a sliding window, the others' part each answer of the last
     /// window showed.
     recent: VecDeque<(Instant, f64)>,
+    /// Whether the resets have shown a sliding window yet.
+    sliding: bool,
 }
 
 /// What an answer's headers show of one quota.
@@ -157,6 +159,7 @@ impl Share {
             seen: [None; 2],
             others_rate: [None; 2],
             recent: VecDeque::new(),
+            sliding: false,
         }
     }
 
@@ -277,7 +280,7 @@ impl Share {
         let unexplained = ((shown.limit - shown.remaining - own) / shown.limit).max(0.0);
         let previous = self.seen[k];
         if previous.is_some_and(|(at, _)| at > sent_at) {
-            return unexplained.max(self.others_rate[k].unwrap_or(0.0) / shown.rate);
+            return unexplained.max(self.others_rate[k].unwrap_or(0.0).max(0.0) / shown.rate);
         }
         self.seen[k] = Some((sent_at, shown.remaining));
         if let Some((at, left)) = previous {
@@ -291,14 +294,15 @@ impl Share {
                     .filter(|s| s.at > at && s.at <= sent_at)
                     .map(|s| s.took[k])
                     .sum();
-                // Less the rounding of the two `remaining`: a unit.
-                let rate = ((refilled - own - shown.remaining - 1.0) / dt).max(0.0);
+                // Not clipped at zero: `remaining` is rounded down at both
+                // ends, and only the smoothed rate is free of the rounding.
+                let rate = (refilled - own - shown.remaining) / dt;
                 let weight = (dt / (window.as_secs_f64() * RISE)).min(1.0);
                 let smoothed = self.others_rate[k].map_or(rate, |r| r + (rate - r) * weight);
                 self.others_rate[k] = Some(smoothed);
             }
         }
-        unexplained.max(self.others_rate[k].unwrap_or(0.0) / shown.rate)
+        unexplained.max(self.others_rate[k].unwrap_or(0.0).max(0.0) / shown.rate)
     }
 
     /// An answer to a request sent at `sent_at`, whose headers show the
@@ -356,6 +360,13 @@ impl Share {
             // Processes that started together are still growing: each
             // counts on its part of what was used so far.
             allowed = allowed.min(part.max(LEAST));
+        }
+        if sliding && !self.sliding {
+            // Until now the quota was read as a bucket, whose refill a
+            // sliding window does not give: what that read as the others'
+            // use was not.
+            self.sliding = true;
+            self.share = self.share.max(allowed);
         }
         if allowed <= self.share || window.is_zero() {
             self.share = allowed.max(LEAST);

@@ -61,6 +61,12 @@ pub(crate) async fn run(
         let quotas = quotas.clone();
         let (received, refused, done) = (received.clone(), refused.clone(), done.clone());
         async move {
+            // Processes started together still begin apart: what they read first differs.
+            let stagger: u64 = std::env::var("STRANGERS_STAGGER_MS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            tokio::time::sleep(Duration::from_millis(stagger * id as u64)).await;
             let control = Arc::new(RateControl::new(&RateSettings {
                 concurrency: concurrency.unwrap_or(16),
                 adaptive: concurrency.is_none(),
@@ -173,6 +179,35 @@ async fn report() {
                     );
                 }
             }
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn small() {
+    for kind in [QuotaWindow::Bucket, QuotaWindow::Sliding] {
+        for _ in 0..3 {
+            let o = run(
+                QuotaConfig {
+                    requests_per_minute: Some(8),
+                    window: Duration::from_secs(1),
+                    kind,
+                    ..QuotaConfig::default()
+                },
+                4,
+                16,
+                100,
+                None,
+                Duration::from_millis(5),
+            )
+            .await;
+            println!(
+                "small {kind:?}: {:.1}% used, {} of {} refused, {:.1}s",
+                o.utilisation * 100.0,
+                o.refused,
+                o.received,
+                o.seconds
+            );
         }
     }
 }
