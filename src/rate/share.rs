@@ -275,9 +275,9 @@ impl Share {
         if shown.sliding || shown.rate <= 0.0 {
             return ((shown.limit - shown.remaining - own) / shown.limit).max(0.0);
         }
-        // What the headers show used beyond this process's sends of the
-        // window: at least the others' (the refill only hides use).
-        let unexplained = ((shown.limit - shown.remaining - own) / shown.limit).max(0.0);
+        // A bucket's use beyond this process's sends may be what others
+        // used before it started: only the level lost since tells.
+        let unexplained = 0.0_f64;
         let previous = self.seen[k];
         if previous.is_some_and(|(at, _)| at > sent_at) {
             return unexplained.max(self.others_rate[k].unwrap_or(0.0).max(0.0) / shown.rate);
@@ -329,7 +329,11 @@ impl Share {
             // This process's part of what the window shows used.
             let own = self.used(k, sent_at, window);
             let used = (shown.limit - shown.remaining).max(own);
-            let part = own / used.max(f64::MIN_POSITIVE);
+            let part = if shown.sliding {
+                own / used.max(f64::MIN_POSITIVE)
+            } else {
+                1.0
+            };
             if most.is_none_or(|(o, _)| others > o) {
                 most = Some((others, part));
             }
