@@ -89,16 +89,18 @@ async fn four_jobs_on_one_key(kind: QuotaWindow) -> embedjob::simulate::Ledger {
 async fn four_independent_jobs_on_a_bucket_store_and_bill_each_text_once_with_few_refused() {
     let ledger = four_jobs_on_one_key(QuotaWindow::Bucket).await;
     // Before any answer each job sends one request (`auto` starts at one in
-    // flight): four, within the whole quota of 8. From the first answer on,
-    // each counts on its share of the level the headers show, its share at
-    // most what the others leave (its part of what was used, in its first
-    // window), so the shares add up to at most the whole and a request is
-    // refused only when two jobs spend the last of the level within one
-    // round trip; each refusal cuts the refused job's share by 30% and
-    // pauses it for the floor (250 ms), four round trips and more of the
-    // 5 ms simulator. Such meetings are a few, not a tenth of the requests.
-    // Counting on the whole level each sees, as every job did before, four
-    // jobs claim every level four times over: a fifth and more refused.
+    // flight): four, within the whole quota of 8. From then on each job
+    // counts on its share of the level the headers show, and its share is
+    // what the others leave of the bucket's rate, their use measured as the
+    // level the bucket lost beyond the job's own sends: the shares add up to
+    // at most the whole, so a request is refused only when two jobs spend
+    // the last of the level within one round trip, before either's answer
+    // shows the other's use. Each refusal cuts the refused job's share by
+    // 30% and pauses it for the floor of 250 ms, 50 round trips of the 5 ms
+    // simulator, so such meetings stay a few among 70 requests: a tenth is
+    // the bound (none were refused in three runs). Counting on the whole
+    // level each saw, as every job did before, the jobs claimed the same
+    // level together: 10 of 70 were refused.
     let refused = ledger.refused_total();
     let received = ledger.embedding_requests;
     assert!(
