@@ -2,24 +2,28 @@
 //! know of each other converge on parts of it that add up to nearly the
 //! whole, from what the headers and the 429s say.
 //!
-//! Each process keeps a quota of its own, of the service's kind: its sends of
-//! the last window (a request's use leaves it a window and a round trip after
-//! the send) stay within its share of each limit. Shares that add up to no
-//! more than the whole cannot be refused, whatever the order the sends meet
-//! the service in, bucket or sliding window; and a process alone, at a share
-//! of 1, spends the whole quota, in bursts if it likes (a sliding window then
-//! frees each burst's uses for the next one to take).
+//! The share comes from the others' use. Under a sliding window it is what
+//! the headers show used (`limit - remaining`) beyond this process's own
+//! sends of the window, the most any answer of the last window showed (uses
+//! only add up until they leave). Under a bucket, what was used before the
+//! process started refills and tells nothing: the others' use is the level
+//! the bucket lost between two answers beyond the process's sends, as a
+//! rate smoothed over half a window. A process takes what the others leave,
+//! less a headroom in proportion to their use, [`HEADROOM`]: `share = 1 -
+//! (1 + HEADROOM) x others`. Applied by every process, the shares of `n`
+//! busy processes add up to `n / (1 + (1 + HEADROOM)(n - 1))`: the whole
+//! quota alone, 96% of it for four. The share falls at once when the
+//! others' use grows and rises over half a window when it shrinks; a
+//! refusal cuts it further (sends that met before any header showed them).
+//! In its first window a process under a sliding window counts on no more
+//! than its part of what was used so far: processes started together are
+//! all still growing.
 //!
-//! The share comes from the headers: what the service counts as used
-//! (`limit - remaining`) beyond the process's own sends of the window is the
-//! others' use. A process takes what the others leave, less a headroom in
-//! proportion to their use, [`HEADROOM`]: `share = 1 - (1 + HEADROOM) x
-//! others`. Applied by every process, the shares of `n` busy processes add
-//! up to `n / (1 + (1 + HEADROOM)(n - 1))`: the whole quota alone, 96% of it
-//! for four. The share falls at once when the others' use grows and rises
-//! over half a window when it shrinks (a process between a use leaving and
-//! its next send looks idle for a round trip), and a refusal cuts it
-//! further: sends that met each other before any header showed them.
+//! Under a bucket, the pacing counts on the share of the level the headers
+//! show; under a sliding window, the process's sends of the last window
+//! (each leaving it a window and a round trip after the send) stay within
+//! its share of each limit, and what its own uses free is its to take at
+//! once: a process alone spends the whole window, in bursts if it likes.
 //!
 //! The rate of a quota comes from the resets. A refilling bucket's reset is
 //! the time until it is full, so every answer implies the same rate; a
@@ -426,5 +430,79 @@ mod tests {
         empty.sample(20.0, 20.0, ms(50));
         empty.sample(20.0, 3.0, ms(0));
         assert_eq!(empty.ceiling, None);
+    }
+
+    fn sliding(limit: f64, remaining: f64) -> [Option<Shown>; 2] {
+        let shown = Shown {
+            limit,
+            remaining,
+            rate: limit,
+            sliding: true,
+        };
+        [Some(shown), None]
+    }
+
+    #[test]
+    fn under_a_sliding_window_a_process_takes_what_the_others_leave() {
+        let start = Instant::now();
+        let window = Duration::from_secs(1);
+        let mut share = Share::new(1.0);
+        // Past its first window, 4 of its own requests in the window of 20,
+        // and the headers show 14 used: 10 are the others'.
+        share.first = Some(start);
+        let now = start + Duration::from_secs(3);
+        for n in 0..4 {
+            share.sent(n, now + ms(n * 10), [1.0, 0.0], window);
+        }
+        share.answered(now + ms(50), now + ms(30), sliding(20.0, 6.0), window);
+        let expected = 1.0 - (1.0 + HEADROOM) * 0.5;
+        assert!((share.share - expected).abs() < 1e-9, "{}", share.share);
+        // Its own window holds 4 of the 9.5 its share allows: 5 more go
+        // now, the 6th when its first use leaves (a window and the round
+        // trip of 20 ms after it went).
+        let quotas = [
+            Some(Quota {
+                limit: 20.0,
+                cost: 1.0,
+            }),
+            None,
+        ];
+        for n in 4..9 {
+            assert_eq!(share.wait(now + ms(50), quotas, window), Duration::ZERO);
+            share.sent(n, now + ms(50), [1.0, 0.0], window);
+        }
+        assert_eq!(share.wait(now + ms(50), quotas, window), ms(970));
+        // The others' use stays counted for a window, however little an
+        // answer early in their sends shows.
+        share.answered(now + ms(100), now + ms(80), sliding(20.0, 11.0), window);
+        assert!((share.share - expected).abs() < 1e-9, "{}", share.share);
+    }
+
+    #[test]
+    fn under_a_bucket_only_the_level_lost_beyond_its_sends_is_the_others() {
+        let start = Instant::now();
+        let window = Duration::from_secs(1);
+        let bucket = |remaining: f64| {
+            [
+                None,
+                Some(Shown {
+                    limit: 1000.0,
+                    remaining,
+                    rate: 1000.0,
+                    sliding: false,
+                }),
+            ]
+        };
+        let mut share = Share::new(1.0);
+        share.sent(0, start, [1.0, 100.0], window);
+        // 200 left of 1000 at the first answer: used before, it tells nothing.
+        share.answered(start + ms(20), start, bucket(200.0), window);
+        assert_eq!(share.share, 1.0);
+        // 100 ms later the bucket refilled 100 and this process took 100:
+        // 150 left shows the others used 50, at 500 a second, half the rate.
+        share.sent(1, start + ms(100), [1.0, 100.0], window);
+        share.answered(start + ms(120), start + ms(100), bucket(150.0), window);
+        let expected = 1.0 - (1.0 + HEADROOM) * 0.5;
+        assert!((share.share - expected).abs() < 1e-9, "{}", share.share);
     }
 }
