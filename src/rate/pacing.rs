@@ -431,6 +431,10 @@ impl Pacing {
         state.observe(ticket, headers);
         state.last_success = Instant::now();
         state.share = (state.share + SHARE_STEP).min(1.0);
+        if let Some(billed) = billed_tokens {
+            #[allow(clippy::cast_precision_loss)]
+            state.pace.billed(ticket.seq, billed as f64);
+        }
         if let Some(headers) = headers.filter(|_| !state.distrust) {
             state.pace_by(ticket, &headers);
         }

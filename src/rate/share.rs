@@ -260,6 +260,14 @@ impl Share {
         self.first.get_or_insert(now);
     }
 
+    /// Request `seq` was billed `tokens`: its use as the service counts it,
+    /// not as the local count scaled when it went.
+    pub(super) fn billed(&mut self, seq: u64, tokens: f64) {
+        if let Some(send) = self.sends.iter_mut().find(|s| s.seq == seq) {
+            send.took[1] = tokens;
+        }
+    }
+
     /// A refusal of request `seq` took its request (the service counts it)
     /// but none of its tokens.
     pub(super) fn untook_tokens(&mut self, seq: u64) {
