@@ -285,7 +285,16 @@ impl Share {
     fn others(&mut self, k: usize, sent_at: Instant, shown: Shown, window: Duration) -> f64 {
         let own = self.used(k, sent_at, window);
         if shown.sliding || shown.rate <= 0.0 {
-            return ((shown.limit - shown.remaining - own) / shown.limit).max(0.0);
+            // Up to two of its own requests unexplained are the process's
+            // own sends meeting the service a little off their count (a use
+            // merged with the next, a send just before a window's edge), not
+            // another process: a process alone keeps the whole window.
+            let request = self.sends.iter().map(|s| s.took[k]).fold(0.0, f64::max);
+            let others = shown.limit - shown.remaining - own;
+            if others <= 2.0 * request {
+                return 0.0;
+            }
+            return (others / shown.limit).max(0.0);
         }
         // A bucket's use beyond this process's sends may be what others
         // used before it started: only the level lost since tells.

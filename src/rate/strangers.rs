@@ -85,7 +85,9 @@ pub(crate) async fn run(
                                 let (quotas, received, refused) =
                                     (quotas.clone(), received.clone(), refused.clone());
                                 async move {
-                                    tokio::time::sleep(latency / 2).await;
+                                    // The simulator's latency comes before the quota, as in
+                                    // `embedjob simulate`.
+                                    tokio::time::sleep(latency).await;
                                     received.fetch_add(1, Ordering::SeqCst);
                                     let answer = quotas.admit("key", tokens);
                                     if std::env::var_os("STRANGERS_TRACE").is_some() {
@@ -96,7 +98,6 @@ pub(crate) async fn run(
                                             if answer.is_ok() { "ok" } else { "REFUSED" }
                                         );
                                     }
-                                    tokio::time::sleep(latency / 2).await;
                                     match answer {
                                         Ok(headers) => (Ok(()), RateLimitHeaders::parse(&headers)),
                                         Err(refusal) => {
