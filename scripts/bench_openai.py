@@ -1,7 +1,8 @@
 """The Python baseline of scripts/bench: what people write today.
 
 Reads a JSON Lines corpus (one chunk per record), sends batches of texts
-with the openai package's AsyncOpenAI (encoding_format="float"), at most
+with the openai package's AsyncOpenAI and its defaults (it asks for base64
+and decodes it to floats itself), at most
 CONCURRENCY requests in flight under asyncio, and writes the ids and vectors
 to Parquet with pyarrow, a record batch per response, as they arrive.
 
@@ -46,7 +47,6 @@ async def main():
             response = await client.embeddings.create(
                 model=model,
                 input=[r["text"] for r in batch],
-                encoding_format="float",
             )
         data = sorted(response.data, key=lambda d: d.index)
         table = pa.table(

@@ -1,24 +1,35 @@
 """The quota section of scripts/bench: runs against a service that enforces
 quotas as OpenAI documents them (`embedjob simulate --requests-per-minute /
 --tokens-per-minute`, refused requests counting against the request quota,
-x-ratelimit-* headers on every response), in a "minute" of a few seconds so
-that the section takes minutes.
+x-ratelimit-* headers on every response), as a refilling bucket and as a
+sliding window, in a "minute" of a few seconds so that the section takes
+minutes.
 
 Scenarios: a token quota (the service counting 1.25 tokens for each of the
-client's), a request quota, and both. Cases: embedjob with no limits
-configured; embedjob with `requests_per_minute` / `tokens_per_minute` set to
-the quota; the OpenAI cookbook's parallel processor (api_request_parallel_
-processor.py) reimplemented here as the baseline; the job run as four
-processes on one key (`--shard i/4`), started at once.
+client's), a request quota, and both. Cases: embedjob alone with no limits
+configured; with `requests_per_minute` / `tokens_per_minute` set to the
+quota; the OpenAI cookbook's parallel processor (api_request_parallel_
+processor.py) reimplemented here as the baseline, at the quota and at the 75%
+of it its documentation recommends; the job run as four processes on one key
+(`--shard i/4`); four independent jobs (four job files on four quarters of
+the corpus, four outputs) started at once on one key.
 
-utilisation = ideal time / actual time, where ideal = the work the service
-admitted (its ledger's requests and billed tokens) / the quota's rate. Each
-case starts on an empty quota (`--quota-start-empty`), so the free first
-minute does not count. refused = 429s / requests received.
+The service's quota starts whole, as a real one does, and so do the
+cookbook's buckets. utilisation is measured from the end of the first
+window, in the steady state: the useful work done from then to the end of
+the run over the quota's rate times that time. Useful work is the texts
+stored (each counted once, however often it was billed), in the quota's
+units: the service's tokens of those texts, or the texts / the texts a
+request holds. The first window is left out because the two kinds of quota
+differ there (a whole bucket gives a window's allowance on top of the rate;
+a sliding window, that allowance once per window), while from then on the
+quota's rate is what either sustains. refused = 429s / requests received;
+billed twice = texts the service billed more than once.
 """
 
 import asyncio
 import concurrent.futures
+import hashlib
 import http.client
 import json
 import os
@@ -26,14 +37,20 @@ import threading
 import time
 import urllib.parse
 
-from benchlib import KEY, WINDOW_MS, Simulator, job_file, log, quota_use, run_embedjob, section_main
+from benchlib import (KEY, WINDOW_MS, Simulator, job_file, log, run_embedjob, run_jobs,
+                      section_main)
 
 LATENCY_MS = 20
-CONCURRENCY = 16
+# embedjob's concurrency: its default, "auto" (BENCH_QUOTA_CONCURRENCY=16 runs a fixed window).
+CONCURRENCY = os.environ.get("BENCH_QUOTA_CONCURRENCY", '"auto"')
+QUOTE = '"'
 BATCH = 32
 # The cookbook's pause after a 429, 15 s of a minute, scaled to the window.
 COOKBOOK_PAUSE = 15.0 * WINDOW_MS / 60_000
 COOKBOOK_ATTEMPTS = 5
+
+# The cookbook's documentation: "leave headroom by setting this to 50% or 75% of your limit".
+COOKBOOK_HEADROOM = 0.75
 
 # name: (requests per window, tokens per window, bill factor, records)
 SCENARIOS = {
@@ -42,15 +59,27 @@ SCENARIOS = {
     "both": (20, 32_000, 1.25, 6_400),
 }
 
+# (window, scenario, case) in the order run; BENCH_QUOTA_ONLY=word,word runs
+# only the rows whose name contains every word.
+CASES = [(window, scenario, case)
+         for window, scenarios, cases in (
+             ("bucket", ("tokens", "requests"),
+              ("alone", "cookbook", "cookbook 75%", "four shards",
+               "four jobs")),
+             ("sliding", ("tokens", "requests"),
+              ("alone", "cookbook", "cookbook 75%", "four jobs")))
+         for scenario in scenarios for case in cases]
 
-def token_counts(embedjob, work, corpus_path, records):
-    """Each record's tokens as tiktoken counts them (cl100k), cached: the
-    cookbook's own estimate. Asked of a simulator without a quota."""
-    cache = os.path.join(work, f"quota-tokens-{records}.json")
+
+def token_counts(embedjob, work, corpus_path, records, factor):
+    """Each record's tokens as the service bills them (cl100k times its bill
+    factor), cached: the cookbook counts as the service does. Asked of a
+    simulator without a quota."""
+    cache = os.path.join(work, f"quota-tokens-{records}-{factor}.json")
     if os.path.exists(cache):
         with open(cache) as f:
             return json.load(f)
-    sim = Simulator(embedjob, work, LATENCY_MS, (None, None, 1.0))
+    sim = Simulator(embedjob, work, LATENCY_MS, (None, None, factor))
     try:
         host = urllib.parse.urlparse(sim.url)
         conn = http.client.HTTPConnection(host.hostname, host.port)
@@ -75,13 +104,13 @@ class Cookbook:
     a request sent when both cover it (tokens by tiktoken's count), a pause of
     15 s (scaled) after the last rate-limit error, and at most 5 attempts."""
 
-    def __init__(self, url, requests_per_window, tokens_per_window):
+    def __init__(self, url, requests_per_window, tokens_per_window, headroom=1.0):
         parsed = urllib.parse.urlparse(url)
         self.host, self.port = parsed.hostname, parsed.port
         window = WINDOW_MS / 1000
         # The cookbook needs both limits; an unset one is far above the work.
-        self.max_requests = requests_per_window or 1e9
-        self.max_tokens = tokens_per_window or 1e12
+        self.max_requests = requests_per_window * headroom if requests_per_window else 1e9
+        self.max_tokens = tokens_per_window * headroom if tokens_per_window else 1e12
         self.request_rate = self.max_requests / window
         self.token_rate = self.max_tokens / window
         self.local = threading.local()
@@ -117,9 +146,8 @@ class Cookbook:
         retry_queue = asyncio.Queue()
         pending = iter(requests)
         tasks = set()
-        # The cookbook starts with full buckets; here the service's quota
-        # starts empty, and so do the buckets, as the service's are.
-        available_requests, available_tokens = 0.0, 0.0
+        # The cookbook starts with full buckets, as the service's quota does.
+        available_requests, available_tokens = self.max_requests, self.max_tokens
         last_update = time.monotonic()
         next_request = None
         exhausted = False
@@ -158,14 +186,18 @@ def cookbook_requests(corpus_path, records, counts):
              "attempts_left": COOKBOOK_ATTEMPTS} for i in range(0, records, BATCH)]
 
 
-def run_case(embedjob, work, scenario, case, corpus_path):
+def run_case(embedjob, work, window, scenario, case, corpus_path):
     requests, tokens, factor, records = SCENARIOS[scenario]
-    counts = token_counts(embedjob, work, corpus_path, records) if case == "cookbook" else None
-    sim = Simulator(embedjob, work, LATENCY_MS, (requests, tokens, factor))
+    counts = token_counts(embedjob, work, corpus_path, records, factor)
+    sim = Simulator(embedjob, work, LATENCY_MS, (requests, tokens, factor), window=window,
+                    start_empty=False)
+    name = f"quota-{window}-{scenario}"
     try:
         started = time.perf_counter()
-        if case == "cookbook":
-            cookbook = Cookbook(sim.url, requests, tokens)
+        first_window = FirstWindow(sim)
+        if case.startswith("cookbook"):
+            headroom = COOKBOOK_HEADROOM if case.endswith("%") else 1.0
+            cookbook = Cookbook(sim.url, requests, tokens, headroom)
             asyncio.run(cookbook.run(cookbook_requests(corpus_path, records, counts)))
             failed, processes = (1 if cookbook.failed else 0), 1
         else:
@@ -176,25 +208,96 @@ def run_case(embedjob, work, scenario, case, corpus_path):
                     limits["requests_per_minute"] = int(requests * per_minute)
                 if tokens:
                     limits["tokens_per_minute"] = int(tokens * per_minute)
-            shards = 4 if case == "four processes" else None
-            job, _ = job_file(work, f"quota-{scenario}", head(work, corpus_path, records),
-                              sim.url, limits, concurrency=CONCURRENCY, batch=BATCH,
-                              sharded=bool(shards))
-            summaries = run_embedjob(embedjob, job, shards)
+            corpus = head(work, corpus_path, records)
+            if case == "four jobs":
+                jobs = [job_file(work, f"{name}-{i}", part, sim.url, limits,
+                                 concurrency=CONCURRENCY, batch=BATCH)[0]
+                        for i, part in enumerate(quarters(work, corpus))]
+                summaries = run_jobs(embedjob, jobs)
+            else:
+                shards = 4 if case == "four shards" else None
+                job, _ = job_file(work, name, corpus, sim.url, limits, concurrency=CONCURRENCY,
+                                  batch=BATCH, sharded=bool(shards))
+                summaries = run_embedjob(embedjob, job, shards)
             failed, processes = summaries.count(None), len(summaries)
         actual = time.perf_counter() - started
-        ledger = sim.ledger()
+        ledger = sim.ledger(texts=True)
+        at_first_window = first_window.result()
     finally:
         sim.stop()
-    utilisation, refused = quota_use(ledger, requests, tokens, actual)
+    use = useful_work(ledger, corpus_path, records, counts)
+    before = useful_work(at_first_window, corpus_path, records, counts)
+    utilisation = quota_utilisation(use, before, requests, tokens, actual - WINDOW_MS / 1000)
+    received = ledger["embedding_requests"]
+    refused = sum(ledger.get("refused", {}).values()) / received if received else 0.0
     row = {
-        "scenario": scenario, "case": case, "utilisation": utilisation, "refused": refused,
-        "requests": ledger["embedding_requests"], "longest": ledger.get("longest_refusal_run", 0),
-        "failed": failed, "processes": processes, "seconds": actual,
+        "window": window, "scenario": scenario, "case": case, "utilisation": utilisation,
+        "refused": refused, "requests": received, "longest": ledger.get("longest_refusal_run", 0),
+        "stored": use["texts"], "twice": use["twice"], "failed": failed, "processes": processes,
+        "seconds": actual,
     }
-    log(f"quota {scenario} / {case}: {utilisation:.1%} of the quota, {refused:.1%} of "
-        f"{row['requests']} refused, {failed} failed, {actual:.1f}s")
+    log(f"quota {window} {scenario} / {case}: {utilisation:.1%} of the quota, {refused:.1%} of "
+        f"{received} refused, {use['texts']} texts stored, {use['twice']} billed twice, "
+        f"{failed} failed, {actual:.1f}s")
     return row
+
+
+def useful_work(ledger, corpus_path, records, counts):
+    """The texts the service billed, each once, and their billed tokens; and
+    the texts it billed more than once."""
+    billed = ledger["texts"]
+    texts, useful_tokens = 0, 0
+    with open(corpus_path) as f:
+        for (_, line), count in zip(zip(range(records), f), counts):
+            digest = hashlib.sha256(json.loads(line)["text"].encode()).hexdigest()
+            if digest in billed:
+                texts += 1
+                useful_tokens += count
+    twice = sum(1 for n in billed.values() if n > 1)
+    return {"texts": texts, "tokens": useful_tokens, "twice": twice}
+
+
+class FirstWindow:
+    """The service's ledger as the first window ends, read while the run goes on."""
+
+    def __init__(self, sim):
+        self.ledger = None
+        self.thread = threading.Thread(target=self.read, args=(sim,), daemon=True)
+        self.thread.start()
+
+    def read(self, sim):
+        time.sleep(WINDOW_MS / 1000)
+        self.ledger = sim.ledger(texts=True)
+
+    def result(self):
+        self.thread.join()
+        return self.ledger
+
+
+def quota_utilisation(use, before, requests, tokens, seconds):
+    """The useful work done after the first window over the quota's rate
+    times the time it took, for the quota that binds (the larger figure)."""
+    window = WINDOW_MS / 1000
+    figures = []
+    if requests:
+        figures.append((use["texts"] - before["texts"]) / BATCH / (requests / window * seconds))
+    if tokens:
+        figures.append((use["tokens"] - before["tokens"]) / (tokens / window * seconds))
+    return max(figures)
+
+
+def quarters(work, corpus):
+    """The corpus in four files of a quarter each, for four independent jobs."""
+    with open(corpus) as f:
+        lines = f.readlines()
+    size = -(-len(lines) // 4)
+    paths = []
+    for i in range(4):
+        path = f"{corpus}.part{i}"
+        with open(path, "w") as f:
+            f.writelines(lines[i * size:(i + 1) * size])
+        paths.append(path)
+    return paths
 
 
 def head(work, corpus_path, records):
@@ -209,29 +312,35 @@ def head(work, corpus_path, records):
 
 def quota_section(embedjob, work, corpus_path):
     """Runs every case of every scenario and prints one table."""
+    only = [w for w in os.environ.get("BENCH_QUOTA_ONLY", "").split(",") if w]
     rows = []
-    for scenario in SCENARIOS:
-        for case in ("no limits", "limits configured", "cookbook", "four processes"):
-            rows.append(run_case(embedjob, work, scenario, case, corpus_path))
+    for window, scenario, case in CASES:
+        label = f"{window} {scenario} {case}"
+        if all(word in label for word in only):
+            rows.append(run_case(embedjob, work, window, scenario, case, corpus_path))
     print_quota_table(rows)
+    twice = [r for r in rows if r["twice"]]
+    if twice:
+        raise SystemExit(f"bench: texts billed twice in {len(twice)} case(s)")
     return rows
 
 
 def print_quota_table(rows):
-    header = ("scenario", "case", "utilisation", "refused", "requests", "longest refusal run",
-              "runs failed", "seconds")
-    lines = [(r["scenario"], r["case"], f"{r['utilisation']:.1%}", f"{r['refused']:.1%}",
-              str(r["requests"]), str(r["longest"]), f"{r['failed']} of {r['processes']}",
-              f"{r['seconds']:.1f}") for r in rows]
+    header = ("window", "scenario", "case", "utilisation", "refused", "requests",
+              "longest refusal run", "texts stored", "billed twice", "runs failed", "seconds")
+    lines = [(r["window"], r["scenario"], r["case"], f"{r['utilisation']:.1%}",
+              f"{r['refused']:.1%}", str(r["requests"]), str(r["longest"]), f"{r['stored']:,}",
+              str(r["twice"]), f"{r['failed']} of {r['processes']}", f"{r['seconds']:.1f}")
+             for r in rows]
     widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(header)]
 
     def fmt(cells):
-        return "  ".join(c.ljust(w) if i < 2 else c.rjust(w)
+        return "  ".join(c.ljust(w) if i < 3 else c.rjust(w)
                          for i, (c, w) in enumerate(zip(cells, widths)))
 
     print()
     print(f"Quotas: a window of {WINDOW_MS} ms standing for the minute, {LATENCY_MS} ms latency,")
-    print(f"concurrency {CONCURRENCY}, {BATCH} chunks a request; the token scenarios bill 1.25x the")
+    print(f"concurrency {CONCURRENCY.strip(QUOTE)}, {BATCH} chunks a request; the token scenarios bill 1.25x the")
     print("client's count. Quotas per window: " + "; ".join(
         f"{name}: " + ", ".join(p for p in (f"{r} requests" if r else "", f"{t:,} tokens" if t else "") if p)
         for name, (r, t, _, _) in SCENARIOS.items()))
@@ -239,8 +348,8 @@ def print_quota_table(rows):
     print(fmt(["-" * w for w in widths]))
     for line in lines:
         print(fmt(line))
-    print("utilisation: ideal time / actual time, ideal = the work admitted / the quota's rate;")
-    print("each case starts on an empty quota. refused: 429s / requests received.")
+    print("utilisation: texts stored after the first window, in the quota's units, / (the quota's")
+    print("rate x the seconds after it); the quota starts whole. refused: 429s / requests received.")
 
 
 if __name__ == "__main__":

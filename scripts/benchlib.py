@@ -71,15 +71,18 @@ max_inputs_per_request = {batch}
 class Simulator:
     """`embedjob simulate` in its own process, with its CPU time read from
     /proc. With `quota` = (requests, tokens, bill factor), it enforces quotas
-    (none when both are None) over WINDOW_MS, starting empty."""
+    (none when both are None) over WINDOW_MS, as a refilling bucket or a
+    sliding window (`window`), starting used up or whole (`start_empty`)."""
 
-    def __init__(self, embedjob, work, latency_ms, quota=None):
+    def __init__(self, embedjob, work, latency_ms, quota=None, *, window="bucket", start_empty=True):
         args = [embedjob, "simulate", "--port", "0", "--latency-ms", str(latency_ms)]
         name = "simulator.log"
         if quota:
             requests, tokens, factor = quota
-            args += ["--quota-window-ms", str(WINDOW_MS), "--quota-start-empty",
+            args += ["--quota-window-ms", str(WINDOW_MS), "--quota-window", window,
                      "--bill-factor", str(factor)]
+            if start_empty:
+                args.append("--quota-start-empty")
             if requests:
                 args += ["--requests-per-minute", str(requests)]
             if tokens:
@@ -115,9 +118,19 @@ class Simulator:
 def run_embedjob(embedjob, job, shards=None):
     """Runs the job as one process, or as `shards` processes started at once
     (`--shard i/N`); returns each run's summary, None for a run that failed."""
+    return run_commands([[embedjob, "run", job, "--json", "--quiet"]
+                         + (["--shard", f"{i}/{shards}"] if shards else [])
+                         for i in range(shards or 1)])
+
+
+def run_jobs(embedjob, jobs):
+    """Runs independent jobs (separate job files) at once, on the one key;
+    returns each run's summary, None for a run that failed."""
+    return run_commands([[embedjob, "run", job, "--json", "--quiet"] for job in jobs])
+
+
+def run_commands(commands):
     env = {**os.environ, "EMBEDJOB_API_KEY": KEY}
-    commands = [[embedjob, "run", job, "--json", "--quiet"]
-                + (["--shard", f"{i}/{shards}"] if shards else []) for i in range(shards or 1)]
     processes = [subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True) for command in commands]
     summaries = []

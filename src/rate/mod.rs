@@ -19,6 +19,9 @@ mod headers;
 mod limits;
 mod pacing;
 mod retry;
+mod share;
+#[cfg(test)]
+mod strangers;
 
 use std::future::Future;
 use std::time::Duration;

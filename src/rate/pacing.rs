@@ -30,6 +30,7 @@ use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
 
 use super::headers::{QuotaHeader, RateLimitHeaders};
+use super::share::{Quota, Refill, Share, Shown};
 use super::Fault;
 
 /// The longest pause a service's `Retry-After` sets; a longer one is taken as this.
@@ -106,6 +107,10 @@ struct Budget {
     /// `rate` comes from a header with something left, where remaining and
     /// reset tell it exactly; with nothing left the quota may be in debt.
     rated: bool,
+    /// Whether the resets are a bucket's or a sliding window's.
+    refill: Refill,
+    /// The send the latest header describes the quota as of.
+    seen: Instant,
 }
 
 impl Budget {
@@ -117,6 +122,8 @@ impl Budget {
             // Until a reset tells: a quota per minute.
             rate: header.limit / 60.0,
             rated: false,
+            refill: Refill::default(),
+            seen: at,
         };
         budget.update(header, at);
         budget
@@ -127,6 +134,7 @@ impl Budget {
         self.limit = header.limit;
         self.remaining = header.remaining;
         self.at = at;
+        self.seen = at;
         let Some(reset) = header.reset.filter(|r| !r.is_zero()) else {
             return;
         };
@@ -134,6 +142,15 @@ impl Budget {
         let missing = header.limit - header.remaining;
         if missing <= 0.0 {
             // A full quota's reset tells nothing of how fast it refills.
+            return;
+        }
+        self.refill.sample(header.limit, header.remaining, reset);
+        if let Some(rate) = self.refill.sliding_rate(header.limit) {
+            // A sliding window's reset is when its oldest use leaves: nothing
+            // is freed before, and after it about the rate.
+            self.rate = rate;
+            self.rated = true;
+            self.at = at.checked_add(reset).unwrap_or(at);
             return;
         }
         if header.remaining >= 1.0 {
@@ -230,6 +247,8 @@ struct State {
     /// The least share refusals lower it to.
     least_share: f64,
     share_lowered: Option<Instant>,
+    /// This process's part of the quota's rate among strangers on the key.
+    pace: Share,
     last_success: Instant,
     last_refusal: Option<String>,
     throttled: u64,
@@ -308,6 +327,7 @@ impl Pacing {
                 share: 1.0,
                 least_share: MIN_SHARE,
                 share_lowered: None,
+                pace: Share::new(1.0),
                 last_success: Instant::now(),
                 last_refusal: None,
                 throttled: 0,
@@ -331,6 +351,7 @@ impl Pacing {
             state.share = 1.0 / f64::from(processes.max(1));
             state.least_share = state.share.min(MIN_SHARE);
             state.probe = processes > 1;
+            state.pace = Share::new(state.share);
         }
         self
     }
@@ -410,6 +431,13 @@ impl Pacing {
         state.observe(ticket, headers);
         state.last_success = Instant::now();
         state.share = (state.share + SHARE_STEP).min(1.0);
+        if let Some(billed) = billed_tokens {
+            #[allow(clippy::cast_precision_loss)]
+            state.pace.billed(ticket.seq, billed as f64);
+        }
+        if let Some(headers) = headers.filter(|_| !state.distrust) {
+            state.pace_by(ticket, &headers);
+        }
         if let Some(billed) = billed_tokens.filter(|_| ticket.local_tokens > 0) {
             #[allow(clippy::cast_precision_loss)]
             {
@@ -450,7 +478,13 @@ impl Pacing {
         let described = headers.is_some() && !state.distrust;
         let now = Instant::now();
         state.observe(ticket, headers);
-        state.yield_share(now);
+        let window = state.window();
+        state.pace.refused(now, ticket.sent_at, window);
+        state.pace.untook_tokens(ticket.seq);
+        if state.probe {
+            // Shards also count on less of the budget the headers show.
+            state.yield_share(now);
+        }
         if let (Some(headers), Some(asked)) = (headers.filter(|_| described), retry_after) {
             // The service says when the refused request fits: until then, nothing is ours.
             if let Some(until) = now.checked_add(asked.min(MAX_PAUSE)) {
@@ -515,13 +549,89 @@ impl State {
         }
         #[allow(clippy::cast_precision_loss)]
         let tokens = local_tokens as f64 * self.ratio();
-        if let Some(budget) = &self.requests {
-            wait = wait.max(budget.wait(now, 1.0, self.share));
+        for (k, (budget, cost)) in [(&self.requests, 1.0), (&self.tokens, tokens)]
+            .into_iter()
+            .enumerate()
+        {
+            let Some(budget) = budget else { continue };
+            let share = self.counted_share();
+            let mut until = budget.wait(now, cost, share);
+            if !until.is_zero() && budget.refill.sliding_rate(budget.limit).is_some() {
+                // A sliding window frees this process's own uses a window
+                // after it sent them, all of them its own: its next burst
+                // need not wait for the rate.
+                let need = (cost + MARGIN * budget.limit).min(budget.limit * share);
+                let missing = need - budget.remaining * share;
+                let own = self
+                    .pace
+                    .freed_by(k, budget.seen, now, self.window(), missing);
+                until = until.min(own.unwrap_or(until));
+            }
+            wait = wait.max(until);
         }
-        if let Some(budget) = &self.tokens {
-            wait = wait.max(budget.wait(now, tokens, self.share));
-        }
-        wait
+        // Under a sliding window the share is a window of the process's own;
+        // under a bucket, the part of the level counted on is enough.
+        let sliding =
+            |budget: &Option<Budget>| budget.filter(|b| b.refill.sliding_rate(b.limit).is_some());
+        let quotas = self.quotas(tokens);
+        let quotas = [
+            quotas[0].filter(|_| sliding(&self.requests).is_some()),
+            quotas[1].filter(|_| sliding(&self.tokens).is_some()),
+        ];
+        wait.max(self.pace.wait(now, quotas, self.window()))
+    }
+
+    /// The part of what the headers show left that this process counts on:
+    /// a shard's part of the job, or its share among strangers. Under a
+    /// bucket that costs no rate (the level settles where the part covers
+    /// a request), and it keeps processes that see the same level from all
+    /// spending it.
+    fn counted_share(&self) -> f64 {
+        self.share.min(self.pace.share())
+    }
+
+    /// The quotas as this process's share sees them, for a request of
+    /// `tokens` (billed).
+    fn quotas(&self, tokens: f64) -> [Option<Quota>; 2] {
+        let quota = |budget: &Option<Budget>, cost: f64| {
+            budget.map(|b| Quota {
+                limit: b.limit,
+                cost,
+            })
+        };
+        [quota(&self.requests, 1.0), quota(&self.tokens, tokens)]
+    }
+
+    /// Moves this process's share by what the headers of the answer to
+    /// `ticket`'s request show used of the quotas.
+    fn pace_by(&mut self, ticket: Ticket, headers: &RateLimitHeaders) {
+        let shown = |budget: &Option<Budget>, header: Option<QuotaHeader>| {
+            let budget = budget.as_ref()?;
+            header.map(|h| Shown {
+                limit: h.limit,
+                remaining: h.remaining,
+                rate: budget.rate,
+                sliding: budget.refill.sliding_rate(budget.limit).is_some(),
+            })
+        };
+        let quotas = [
+            shown(&self.requests, headers.requests),
+            shown(&self.tokens, headers.tokens),
+        ];
+        let window = self.window();
+        self.pace
+            .answered(Instant::now(), ticket.sent_at, quotas, window);
+    }
+
+    /// The longest of the quotas' windows (limit over rate).
+    fn window(&self) -> Duration {
+        [&self.requests, &self.tokens]
+            .into_iter()
+            .flatten()
+            .filter(|b| b.rate > 0.0)
+            .map(|b| Duration::try_from_secs_f64(b.limit / b.rate).unwrap_or(MAX_PAUSE))
+            .max()
+            .unwrap_or(Duration::ZERO)
     }
 
     /// A refusal raises the floor of the pause, unless its request went
@@ -540,6 +650,7 @@ impl State {
         if self.alone.is_some_and(|(seq, _)| seq == ticket.seq) {
             self.alone = None;
         }
+        self.uncovered.retain(|s| s.seq != ticket.seq);
     }
 
     /// A refusal: others on the quota took what this process counted on,
@@ -583,6 +694,10 @@ impl State {
         if self.refusals > 0 {
             self.alone = Some((seq, now));
         }
+        #[allow(clippy::cast_precision_loss)]
+        let tokens = local_tokens as f64 * self.ratio();
+        let window = self.window();
+        self.pace.sent(seq, now, [1.0, tokens], window);
         if self.requests.is_some() || self.tokens.is_some() {
             if self.uncovered.len() >= MAX_UNCOVERED {
                 self.uncovered.pop_front();
@@ -627,9 +742,18 @@ impl State {
                 }
             }
         }
-        while self.uncovered.front().is_some_and(|s| s.seq <= ticket.seq) {
+        // Requests sent a little before that one may reach the service
+        // after it: they count as not in the headers until answered, or
+        // sent a round trip before it.
+        let round_trip = Instant::now().saturating_duration_since(ticket.sent_at);
+        while self
+            .uncovered
+            .front()
+            .is_some_and(|s| s.seq <= ticket.seq && s.at + round_trip <= ticket.sent_at)
+        {
             self.uncovered.pop_front();
         }
+        self.uncovered.retain(|s| s.seq != ticket.seq);
         // What was sent after that request is not in the headers yet.
         let uncovered: Vec<Sent> = self.uncovered.iter().copied().collect();
         for sent in uncovered {
@@ -641,6 +765,9 @@ impl State {
     /// the headers show: its own sends take from that share, so they weigh
     /// `1 / share` on the whole budget it models.
     fn spend(&mut self, sent: Sent) {
+        // A stranger's share only says how much of the level it counts on:
+        // its sends take their cost, and the level settles where the share
+        // of it covers the next request, the bucket's whole rate used.
         let weight = 1.0 / self.share;
         if let Some(budget) = self.requests.as_mut() {
             budget.spend(sent.at, weight);
@@ -1058,11 +1185,13 @@ mod tests {
         let t = pacing.admit(1).await.unwrap();
         assert!(start.elapsed() >= FIRST_BACKOFF, "{:?}", start.elapsed());
         pacing.on_answer(t, None, None);
-        let _ = pacing.admit(1).await.unwrap();
+        // Two more take two seconds: the budget and the pace of the
+        // process's share (cut by the refusal) decide which of them waits.
         let start = Instant::now();
         let _ = pacing.admit(1).await.unwrap();
+        let _ = pacing.admit(1).await.unwrap();
         assert!(
-            start.elapsed() >= Duration::from_millis(900),
+            start.elapsed() >= Duration::from_millis(1800),
             "the earlier headers still pace: {:?}",
             start.elapsed()
         );

@@ -63,7 +63,9 @@ pub use config::{
 };
 pub use ledger::Ledger;
 pub use options::SimulateOptions;
-pub use quota::{format_reset, QuotaConfig};
+#[cfg(test)]
+pub(crate) use quota::Quotas;
+pub use quota::{format_reset, QuotaConfig, QuotaWindow};
 pub use vectors::{
     count_tokens, embedding_vector, embedding_vector_shortened, embeddings_response_body,
     embeddings_response_body_base64,
@@ -281,9 +283,13 @@ fn describe_quota(quota: &QuotaConfig) -> String {
         String::new()
     } else {
         format!(
-            "{} per {} ms, per key",
+            "{} per {} ms{}, per key",
             parts.join(" and "),
-            quota.window.as_millis()
+            quota.window.as_millis(),
+            match quota.kind {
+                QuotaWindow::Bucket => "",
+                QuotaWindow::Sliding => " (sliding window)",
+            }
         )
     };
     if !quota.headers {

@@ -3,7 +3,7 @@
 use super::capacity::CapacityConfig;
 use super::config::{BatchConfig, MAX_BATCH_FILE_BYTES, MAX_BATCH_INPUTS, MAX_BATCH_LINES};
 use super::config::{Billing, DimensionsParam, Faults, KeySpec, ModelSpec, SimConfig, TokenCount};
-use super::quota::QuotaConfig;
+use super::quota::{QuotaConfig, QuotaWindow};
 use super::window::ServerWindow;
 
 /// Serve a simulator of the model service on 127.0.0.1, with fault injection.
@@ -185,11 +185,16 @@ pub struct SimulateOptions {
     #[arg(long, value_name = "MS", default_value_t = 60_000)]
     pub quota_window_ms: u64,
 
+    /// How the quotas count their minute: a bucket refilling continuously, or
+    /// a sliding window of the uses made in the last minute
+    #[arg(long, value_name = "bucket|sliding", default_value = "bucket")]
+    pub quota_window: String,
+
     /// Enforce the quotas without sending x-ratelimit headers, as many gateways do
     #[arg(long)]
     pub no_ratelimit_headers: bool,
 
-    /// Start each key's quotas empty rather than full (for benchmarks of the quota's rate)
+    /// Start each key's quotas used up rather than whole
     #[arg(long)]
     pub quota_start_empty: bool,
 
@@ -292,6 +297,7 @@ impl SimulateOptions {
                 TokenCount::Cl100k
             }
         };
+        let kind = quota_window(&self.quota_window, &mut problems);
         let config = SimConfig {
             port: self.port,
             models,
@@ -334,6 +340,7 @@ impl SimulateOptions {
                 requests_per_minute: self.requests_per_minute,
                 tokens_per_minute: self.tokens_per_minute,
                 window: std::time::Duration::from_millis(self.quota_window_ms),
+                kind,
                 headers: !self.no_ratelimit_headers,
                 insufficient_after: self.insufficient_quota_after,
                 start_empty: self.quota_start_empty,
@@ -364,6 +371,20 @@ impl SimulateOptions {
             Ok(config)
         } else {
             Err(problems.join("\n"))
+        }
+    }
+}
+
+/// `--quota-window`: a bucket or a sliding window, or a problem.
+fn quota_window(name: &str, problems: &mut Vec<String>) -> QuotaWindow {
+    match name {
+        "bucket" => QuotaWindow::Bucket,
+        "sliding" => QuotaWindow::Sliding,
+        other => {
+            problems.push(format!(
+                "--quota-window {other}: expected bucket or sliding"
+            ));
+            QuotaWindow::Bucket
         }
     }
 }

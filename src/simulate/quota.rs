@@ -1,17 +1,19 @@
 //! Quotas as OpenAI documents them: requests and tokens per minute, shared
 //! by every caller of one key.
 //!
-//! Each limit is a bucket that holds a minute's allowance and refills
-//! continuously; a request takes one request and its billed tokens. A request
-//! the bucket cannot cover gets a 429, and still takes its request from the
-//! request bucket (so a client that retries in a tight loop digs itself
-//! deeper, down to a minute's debt). Every embeddings response carries
-//! `x-ratelimit-limit-*`, `x-ratelimit-remaining-*` and
-//! `x-ratelimit-reset-*` (the time until the bucket is full again, written
-//! as OpenAI writes it: `6m0s`, `1.5s`, `120ms`). The minute can be
-//! shortened (`window`) so that tests and benchmarks run in seconds.
+//! Each limit is either a bucket that holds a minute's allowance and refills
+//! continuously, or a sliding window that admits a request when the uses of
+//! the last minute leave room for it. A request takes one request and its
+//! billed tokens. A request the quota cannot cover gets a 429, and still
+//! takes its request from the request quota (so a client that retries in a
+//! tight loop digs itself deeper, down to a minute's debt). Every embeddings
+//! response carries `x-ratelimit-limit-*`, `x-ratelimit-remaining-*` and
+//! `x-ratelimit-reset-*`, written as OpenAI writes it (`6m0s`, `1.5s`,
+//! `120ms`): for a bucket the time until it is full again, for a sliding
+//! window the time until the oldest use it counts leaves it. The minute can
+//! be shortened (`window`) so that tests and benchmarks run in seconds.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
@@ -23,6 +25,16 @@ use super::error::ApiError;
 /// Keys whose buckets are kept; past this many the buckets start over.
 const MAX_KEYS: usize = 4096;
 
+/// How a quota counts its minute.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum QuotaWindow {
+    /// A bucket holding a minute's allowance, refilling continuously.
+    #[default]
+    Bucket,
+    /// The uses of the last minute, each leaving it a minute after it was made.
+    Sliding,
+}
+
 /// The quotas a simulator enforces on `POST /v1/embeddings`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct QuotaConfig {
@@ -32,14 +44,16 @@ pub struct QuotaConfig {
     pub tokens_per_minute: Option<u64>,
     /// The length of the quota's "minute": 60 s, or shorter in tests.
     pub window: Duration,
+    /// A refilling bucket or a sliding window.
+    pub kind: QuotaWindow,
     /// Send the `x-ratelimit-*` headers (as OpenAI does); without them a
     /// client learns of the quota from 429s alone, as behind many gateways.
     pub headers: bool,
     /// After this many requests admitted, every request gets a 429 with code
     /// `insufficient_quota`: the account is out of credit.
     pub insufficient_after: Option<u64>,
-    /// A key's buckets start empty rather than full, so that a benchmark
-    /// measures the quota's rate and not the first minute's allowance.
+    /// A key's quotas start used up rather than whole (a bucket empty, a
+    /// sliding window full of uses made as the key was first seen).
     pub start_empty: bool,
 }
 
@@ -49,6 +63,7 @@ impl Default for QuotaConfig {
             requests_per_minute: None,
             tokens_per_minute: None,
             window: Duration::from_secs(60),
+            kind: QuotaWindow::Bucket,
             headers: true,
             insufficient_after: None,
             start_empty: false,
@@ -82,41 +97,146 @@ impl QuotaConfig {
     }
 }
 
-/// One limit's bucket.
-#[derive(Debug, Clone, Copy)]
+/// Uses of a sliding window closer together than this share of it are
+/// kept as one, made at the later time: the log stays short, and the
+/// quota errs on the strict side by at most this much.
+const SLIDING_GRAIN: u32 = 1000;
+
+/// One limit: a bucket, or the log of a sliding window's uses.
+#[derive(Debug, Clone)]
 struct Bucket {
     limit: f64,
-    /// What is left; below 0 after refused requests took from an empty bucket.
-    level: f64,
-    at: Instant,
+    window: Duration,
+    kind: Meter,
+}
+
+#[derive(Debug, Clone)]
+enum Meter {
+    /// What is left as of `at`; below 0 after refused requests took from an empty bucket.
+    Refilling { level: f64, at: Instant },
+    /// The uses of the last window, oldest first, and their sum.
+    Sliding {
+        uses: VecDeque<(Instant, f64)>,
+        used: f64,
+    },
 }
 
 impl Bucket {
     #[allow(clippy::cast_precision_loss)]
-    fn new(limit: u64, now: Instant, empty: bool) -> Bucket {
+    fn new(limit: u64, now: Instant, config: &QuotaConfig) -> Bucket {
+        let limit = limit as f64;
+        let kind = match config.kind {
+            QuotaWindow::Bucket => Meter::Refilling {
+                level: if config.start_empty { 0.0 } else { limit },
+                at: now,
+            },
+            QuotaWindow::Sliding => Meter::Sliding {
+                uses: if config.start_empty {
+                    VecDeque::from([(now, limit)])
+                } else {
+                    VecDeque::new()
+                },
+                used: if config.start_empty { limit } else { 0.0 },
+            },
+        };
         Bucket {
-            limit: limit as f64,
-            level: if empty { 0.0 } else { limit as f64 },
-            at: now,
+            limit,
+            window: config.window,
+            kind,
         }
     }
 
-    /// Refills at `limit` per `window` up to `limit`.
-    fn refill(&mut self, now: Instant, window: Duration) {
-        let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
-        self.level = (self.level + self.limit * elapsed / window.as_secs_f64()).min(self.limit);
-        self.at = now;
+    /// Brings the bucket to `now`: refilled at `limit` per window up to
+    /// `limit`, or the uses older than a window let go.
+    fn refill(&mut self, now: Instant) {
+        let (limit, window) = (self.limit, self.window);
+        match &mut self.kind {
+            Meter::Refilling { level, at } => {
+                let elapsed = now.saturating_duration_since(*at).as_secs_f64();
+                *level = (*level + limit * elapsed / window.as_secs_f64()).min(limit);
+                *at = now;
+            }
+            Meter::Sliding { uses, used } => {
+                while uses.front().is_some_and(|(at, _)| *at + window <= now) {
+                    if let Some((_, amount)) = uses.pop_front() {
+                        *used -= amount;
+                    }
+                }
+                if uses.is_empty() {
+                    *used = 0.0;
+                }
+            }
+        }
     }
 
-    /// The time until the bucket holds `amount`.
-    fn time_until(&self, amount: f64, window: Duration) -> Duration {
-        let missing = (amount - self.level).max(0.0);
-        Duration::from_secs_f64(missing / self.limit * window.as_secs_f64())
+    /// What is left now.
+    fn level(&self) -> f64 {
+        match &self.kind {
+            Meter::Refilling { level, .. } => *level,
+            Meter::Sliding { used, .. } => self.limit - used,
+        }
+    }
+
+    /// Takes `amount` at `now`, never below a window's debt.
+    fn take(&mut self, now: Instant, amount: f64) {
+        let grain = self.window / SLIDING_GRAIN;
+        let floor = -self.limit;
+        match &mut self.kind {
+            Meter::Refilling { level, .. } => *level = (*level - amount).max(floor),
+            Meter::Sliding { uses, used } => {
+                let amount = amount.min(self.limit - floor - *used);
+                if amount <= 0.0 {
+                    return;
+                }
+                *used += amount;
+                match uses.back_mut() {
+                    Some((at, last)) if now.saturating_duration_since(*at) < grain => {
+                        *at = now;
+                        *last += amount;
+                    }
+                    _ => uses.push_back((now, amount)),
+                }
+            }
+        }
+    }
+
+    /// The time from `now` until the bucket holds `amount`.
+    fn time_until(&self, now: Instant, amount: f64) -> Duration {
+        match &self.kind {
+            Meter::Refilling { level, .. } => {
+                let missing = (amount - level).max(0.0);
+                Duration::from_secs_f64(missing / self.limit * self.window.as_secs_f64())
+            }
+            Meter::Sliding { uses, used } => {
+                let mut excess = used + amount - self.limit;
+                for (at, use_) in uses {
+                    if excess <= 0.0 {
+                        break;
+                    }
+                    excess -= use_;
+                    if excess <= 0.0 {
+                        return (*at + self.window).saturating_duration_since(now);
+                    }
+                }
+                Duration::ZERO
+            }
+        }
+    }
+
+    /// The `x-ratelimit-reset-*` time: until the bucket is full, or until
+    /// the oldest use the window counts leaves it.
+    fn reset(&self, now: Instant) -> Duration {
+        match &self.kind {
+            Meter::Refilling { .. } => self.time_until(now, self.limit),
+            Meter::Sliding { uses, .. } => uses.front().map_or(Duration::ZERO, |(at, _)| {
+                (*at + self.window).saturating_duration_since(now)
+            }),
+        }
     }
 }
 
 /// The buckets of one key.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Buckets {
     requests: Option<Bucket>,
     tokens: Option<Bucket>,
@@ -184,16 +304,16 @@ impl Quotas {
             .or_insert_with(|| Buckets {
                 requests: config
                     .requests_per_minute
-                    .map(|l| Bucket::new(l, now, config.start_empty)),
+                    .map(|l| Bucket::new(l, now, config)),
                 tokens: config
                     .tokens_per_minute
-                    .map(|l| Bucket::new(l, now, config.start_empty)),
+                    .map(|l| Bucket::new(l, now, config)),
             });
         for bucket in [&mut buckets.requests, &mut buckets.tokens]
             .into_iter()
             .flatten()
         {
-            bucket.refill(now, config.window);
+            bucket.refill(now);
         }
         buckets
     }
@@ -203,27 +323,27 @@ impl Quotas {
         if !self.config.headers || !self.config.is_set() {
             return HeaderMap::new();
         }
+        let now = Instant::now();
         let mut state = self.state();
-        let buckets = *self.buckets(&mut state, key, Instant::now());
-        self.headers(&buckets)
+        let buckets = self.buckets(&mut state, key, now);
+        self.headers(buckets, now)
     }
 
     /// Takes a request of `tokens` billed tokens from `key`'s quota, or
     /// refuses it. The headers go on the response either way.
     pub(crate) fn admit(&self, key: &str, tokens: u64) -> Result<HeaderMap, Box<Refused>> {
         let now = Instant::now();
-        let window = self.config.window;
         let mut state = self.state();
         if self
             .config
             .insufficient_after
             .is_some_and(|n| state.admitted >= n)
         {
-            let buckets = *self.buckets(&mut state, key, now);
+            let buckets = self.buckets(&mut state, key, now);
             return Err(Box::new(Refused {
                 refusal: Refusal::InsufficientQuota,
                 error: insufficient_quota(),
-                headers: self.headers(&buckets),
+                headers: self.headers(buckets, now),
             }));
         }
         #[allow(clippy::cast_precision_loss)]
@@ -232,85 +352,87 @@ impl Quotas {
         let mut refusal = None;
         let mut wait = Duration::ZERO;
         if let Some(bucket) = buckets.requests.as_mut() {
-            let short = bucket.level < 1.0;
+            let short = bucket.level() < 1.0;
             // Refused requests count too, down to a minute's debt.
-            bucket.level = (bucket.level - 1.0).max(-bucket.limit);
+            bucket.take(now, 1.0);
             if short {
                 refusal = Some(Refusal::Requests);
-                wait = wait.max(bucket.time_until(1.0, window));
+                wait = wait.max(bucket.time_until(now, 1.0));
             }
         }
         let mut too_large = None;
         if let Some(bucket) = buckets.tokens.as_ref() {
             if tokens > bucket.limit {
                 too_large = Some(bucket.limit);
-            } else if bucket.level < tokens {
+            } else if bucket.level() < tokens {
                 refusal.get_or_insert(Refusal::Tokens);
-                wait = wait.max(bucket.time_until(tokens, window));
+                wait = wait.max(bucket.time_until(now, tokens));
             }
         }
-        let buckets = *buckets;
         if let Some(limit) = too_large {
             return Err(Box::new(Refused {
                 refusal: Refusal::Tokens,
                 error: request_too_large(limit, tokens),
-                headers: self.headers(&buckets),
+                headers: self.headers(buckets, now),
             }));
         }
         if let Some(refusal) = refusal {
-            let mut headers = self.headers(&buckets);
+            let mut headers = self.headers(buckets, now);
             retry_after(&mut headers, wait);
             return Err(Box::new(Refused {
                 refusal,
-                error: rate_limited(refusal, &buckets, tokens, wait),
+                error: rate_limited(refusal, buckets, tokens, wait),
                 headers,
             }));
         }
-        let buckets = self.buckets(&mut state, key, now);
         if let Some(bucket) = buckets.tokens.as_mut() {
-            bucket.level -= tokens;
+            bucket.take(now, tokens);
         }
-        let buckets = *buckets;
+        let headers = self.headers(buckets, now);
         state.admitted += 1;
-        Ok(self.headers(&buckets))
+        Ok(headers)
     }
 
     /// Headers that claim the whole quota is left (the configured limits, or
     /// a made-up generous quota when none is enforced), as a lying server sends.
     pub(crate) fn whole(&self) -> HeaderMap {
         let now = Instant::now();
+        let config = QuotaConfig {
+            kind: QuotaWindow::Bucket,
+            start_empty: false,
+            ..self.config.clone()
+        };
         let full = |limit: Option<u64>, made_up: u64| {
-            Some(Bucket::new(limit.unwrap_or(made_up), now, false))
+            Some(Bucket::new(limit.unwrap_or(made_up), now, &config))
         };
         let buckets = Buckets {
             requests: full(self.config.requests_per_minute, 10_000),
             tokens: full(self.config.tokens_per_minute, 10_000_000),
         };
-        quota_headers(&buckets, self.config.window)
+        quota_headers(&buckets, now)
     }
 
-    fn headers(&self, buckets: &Buckets) -> HeaderMap {
+    fn headers(&self, buckets: &Buckets, now: Instant) -> HeaderMap {
         if !self.config.headers {
             return HeaderMap::new();
         }
-        quota_headers(buckets, self.config.window)
+        quota_headers(buckets, now)
     }
 }
 
-/// The `x-ratelimit-*` headers that describe `buckets`.
-fn quota_headers(buckets: &Buckets, window: Duration) -> HeaderMap {
+/// The `x-ratelimit-*` headers that describe `buckets` at `now`.
+fn quota_headers(buckets: &Buckets, now: Instant) -> HeaderMap {
     let mut headers = HeaderMap::new();
-    for (name, bucket) in [("requests", buckets.requests), ("tokens", buckets.tokens)] {
+    for (name, bucket) in [("requests", &buckets.requests), ("tokens", &buckets.tokens)] {
         let Some(bucket) = bucket else { continue };
-        let reset = bucket.time_until(bucket.limit, window);
         #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
         let values = [
             ("limit", (bucket.limit as u64).to_string()),
             (
                 "remaining",
-                (bucket.level.max(0.0).floor() as u64).to_string(),
+                (bucket.level().max(0.0).floor() as u64).to_string(),
             ),
-            ("reset", format_reset(reset)),
+            ("reset", format_reset(bucket.reset(now))),
         ];
         for (what, value) in values {
             if let (Ok(name), Ok(value)) = (
@@ -365,11 +487,17 @@ pub fn format_reset(duration: Duration) -> String {
 fn rate_limited(refusal: Refusal, buckets: &Buckets, tokens: f64, wait: Duration) -> ApiError {
     let (limit, used, requested) = match refusal {
         Refusal::Tokens => {
-            let b = buckets.tokens.map_or((0.0, 0.0), |b| (b.limit, b.level));
+            let b = buckets
+                .tokens
+                .as_ref()
+                .map_or((0.0, 0.0), |b| (b.limit, b.level()));
             (b.0, b.0 - b.1, tokens)
         }
         _ => {
-            let b = buckets.requests.map_or((0.0, 0.0), |b| (b.limit, b.level));
+            let b = buckets
+                .requests
+                .as_ref()
+                .map_or((0.0, 0.0), |b| (b.limit, b.level()));
             (b.0, b.0 - b.1, 1.0)
         }
     };
@@ -477,6 +605,85 @@ mod tests {
         assert_eq!(header(&headers, "x-ratelimit-remaining-tokens"), "0");
         assert_eq!(header(&headers, "x-ratelimit-reset-tokens"), "1s");
         assert!(q.admit("k", 2000).is_err(), "larger than the quota");
+    }
+
+    fn sliding(requests: Option<u64>, tokens: Option<u64>) -> Quotas {
+        Quotas::new(QuotaConfig {
+            kind: QuotaWindow::Sliding,
+            ..quotas(requests, tokens).config
+        })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_sliding_window_counts_the_uses_of_the_last_window() {
+        let q = sliding(Some(3), None);
+        for (ms, remaining, reset) in [(0, "2", "1s"), (200, "1", "800ms"), (200, "0", "600ms")] {
+            tokio::time::advance(Duration::from_millis(ms)).await;
+            let headers = q.admit("k", 1).unwrap();
+            assert_eq!(
+                header(&headers, "x-ratelimit-remaining-requests"),
+                remaining
+            );
+            assert_eq!(header(&headers, "x-ratelimit-reset-requests"), reset);
+        }
+        tokio::time::advance(Duration::from_millis(100)).await;
+        let refused = q.admit("k", 1).unwrap_err();
+        assert_eq!(refused.refusal, Refusal::Requests);
+        // The refusal at 0.5 s counts: the next fits once the uses at 0
+        // and 0.2 s have left, at 1.2 s.
+        assert_eq!(header(&refused.headers, "retry-after-ms"), "700");
+        tokio::time::advance(Duration::from_millis(500)).await;
+        let at_one = q.peek("k");
+        assert_eq!(
+            header(&at_one, "x-ratelimit-remaining-requests"),
+            "0",
+            "at 1 s only the first use left"
+        );
+        assert_eq!(header(&at_one, "x-ratelimit-reset-requests"), "200ms");
+        tokio::time::advance(Duration::from_millis(200)).await;
+        let headers = q.admit("k", 1).unwrap();
+        assert_eq!(header(&headers, "x-ratelimit-remaining-requests"), "0");
+        // The oldest use counted now is the one at 0.4 s.
+        assert_eq!(header(&headers, "x-ratelimit-reset-requests"), "200ms");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_sliding_window_frees_tokens_only_as_their_uses_leave_it() {
+        let q = sliding(None, Some(1000));
+        assert!(q.admit("k", 800).is_ok());
+        tokio::time::advance(Duration::from_millis(500)).await;
+        let refused = q.admit("k", 300).unwrap_err();
+        assert_eq!(refused.refusal, Refusal::Tokens);
+        assert_eq!(
+            header(&refused.headers, "x-ratelimit-remaining-tokens"),
+            "200"
+        );
+        assert_eq!(
+            header(&refused.headers, "x-ratelimit-reset-tokens"),
+            "500ms"
+        );
+        assert_eq!(header(&refused.headers, "retry-after-ms"), "500");
+        // A bucket would have refilled by now; the window has not moved past the use.
+        tokio::time::advance(Duration::from_millis(490)).await;
+        assert!(q.admit("k", 300).is_err());
+        tokio::time::advance(Duration::from_millis(10)).await;
+        let headers = q.admit("k", 300).unwrap();
+        assert_eq!(header(&headers, "x-ratelimit-remaining-tokens"), "700");
+        assert_eq!(header(&headers, "x-ratelimit-reset-tokens"), "1s");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_sliding_window_in_debt_stops_at_one_window_of_refusals() {
+        let q = sliding(Some(2), None);
+        for _ in 0..100 {
+            let _ = q.admit("k", 1);
+        }
+        // 2 admitted and 2 more refused fill the debt: the log holds four
+        // uses, all of this instant, and leaves it whole a window later.
+        let refused = q.admit("k", 1).unwrap_err();
+        assert_eq!(header(&refused.headers, "retry-after-ms"), "1000");
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert!(q.admit("k", 1).is_ok());
     }
 
     #[tokio::test(start_paused = true)]

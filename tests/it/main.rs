@@ -24,6 +24,7 @@ mod run;
 mod secrets;
 mod servers;
 mod shards;
+mod share;
 mod simulator;
 mod source;
 mod storm;

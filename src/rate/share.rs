@@ -1,0 +1,525 @@
+//! A share of a quota used by strangers: processes on one key that do not
+//! know of each other converge on parts of it that add up to nearly the
+//! whole, from what the headers and the 429s say.
+//!
+//! The share comes from the others' use. Under a sliding window it is what
+//! the headers show used (`limit - remaining`) beyond this process's own
+//! sends of the window, the most any answer of the last window showed (uses
+//! only add up until they leave). Under a bucket, what was used before the
+//! process started refills and tells nothing: the others' use is the level
+//! the bucket lost between two answers beyond the process's sends, as a
+//! rate smoothed over half a window. A process takes what the others leave,
+//! less a headroom in proportion to their use, [`HEADROOM`]: `share = 1 -
+//! (1 + HEADROOM) x others`. Applied by every process, the shares of `n`
+//! busy processes add up to `n / (1 + (1 + HEADROOM)(n - 1))`: the whole
+//! quota alone, 96% of it for four. The share falls at once when the
+//! others' use grows and rises over half a window when it shrinks; a
+//! refusal cuts it further (sends that met before any header showed them).
+//! In its first window a process under a sliding window counts on no more
+//! than its part of what was used so far: processes started together are
+//! all still growing.
+//!
+//! Under a bucket, the pacing counts on the share of the level the headers
+//! show; under a sliding window, the process's sends of the last window
+//! (each leaving it a window and a round trip after the send) stay within
+//! its share of each limit, and what its own uses free is its to take at
+//! once: a process alone spends the whole window, in bursts if it likes.
+//!
+//! The rate of a quota comes from the resets. A refilling bucket's reset is
+//! the time until it is full, so every answer implies the same rate; a
+//! sliding window's is the time until the oldest use it counts leaves it, so
+//! the rates answers imply differ widely, and the longest reset seen is the
+//! window's length. [`Refill`] tells the two apart.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// The headroom each process leaves in proportion to the others' use: it
+/// absorbs what they send before their use shows in the headers.
+const HEADROOM: f64 = 0.05;
+
+/// A refusal keeps this much of the share, at most once per [`CUT_SPACING`]
+/// of the window (requests in flight are refused together).
+const REFUSAL_KEEPS: f64 = 0.7;
+const CUT_SPACING: f64 = 0.25;
+
+/// The part of a window over which the share rises to what the headers allow.
+const RISE: f64 = 0.5;
+
+/// The least share: a process is never starved.
+const LEAST: f64 = 1.0 / 32.0;
+
+/// Own sends remembered, at most.
+const MAX_SENDS: usize = 4096;
+
+/// Rates implied by a bucket's resets agree to rounding; a sliding
+/// window's differ by more than this factor.
+const SLIDING_SPREAD: f64 = 2.0;
+
+/// What the resets say of how a quota refills.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Refill {
+    /// The rates a bucket could refill at to give every answer so far:
+    /// at least `floor`, at most `ceiling` (none yet: 0 and infinite).
+    floor: f64,
+    ceiling: Option<f64>,
+    /// The longest reset seen, in seconds.
+    longest: f64,
+}
+
+impl Refill {
+    /// Takes in a header with some of the quota used. `remaining` is
+    /// rounded down and `reset` to the millisecond, so each answer allows
+    /// a range of rates: a bucket's ranges overlap, a sliding window's
+    /// (where reset is when the oldest use leaves) do not.
+    pub(super) fn sample(&mut self, limit: f64, remaining: f64, reset: Duration) {
+        let seconds = reset.as_secs_f64();
+        let used = limit - remaining;
+        if seconds <= 0.0 || used <= 0.0 {
+            return;
+        }
+        self.floor = self.floor.max((used - 1.0).max(0.0) / (seconds + 0.001));
+        if seconds > 0.001 {
+            let most = used / (seconds - 0.001);
+            self.ceiling = Some(self.ceiling.map_or(most, |c| c.min(most)));
+        }
+        self.longest = self.longest.max(seconds);
+    }
+
+    /// The rate of a sliding window (its limit over its length), once the
+    /// answers show it is one.
+    pub(super) fn sliding_rate(&self, limit: f64) -> Option<f64> {
+        let ceiling = self.ceiling?;
+        (self.floor > ceiling * SLIDING_SPREAD && self.longest > 0.0).then(|| limit / self.longest)
+    }
+}
+
+/// One quota as the share sees it: its limit, and what the request about
+/// to go takes of it.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Quota {
+    pub limit: f64,
+    pub cost: f64,
+}
+
+/// One of this process's sends: when, and what it took of the request and
+/// the token quota.
+#[derive(Debug, Clone, Copy)]
+struct Send {
+    seq: u64,
+    at: Instant,
+    took: [f64; 2],
+}
+
+/// This process's share of the quotas and its own sends of the last window.
+#[derive(Debug, Clone)]
+pub(super) struct Share {
+    share: f64,
+    /// When a refusal last cut the share: refusals of requests sent before
+    /// then tell of the share before the cut, and cut it no further.
+    cut_at: Option<Instant>,
+    /// When headers last moved the share.
+    moved_at: Option<Instant>,
+    /// The latest round trip: a use leaves the service's window that much
+    /// after it leaves the process's count of its sends.
+    round_trip: Duration,
+    sends: VecDeque<Send>,
+    /// The first send: in the first window the others' use so far, next to
+    /// this process's, tells how many started with it.
+    first: Option<Instant>,
+    /// For a bucket, by quota: the latest answer's send and what it showed
+    /// left, and the others' rate of use found between answers.
+    seen: [Option<(Instant, f64)>; 2],
+    others_rate: [Option<f64>; 2],
+    /// Under a sliding window, the others' part each answer of the last
+    /// window showed.
+    recent: VecDeque<(Instant, f64)>,
+    /// Whether the resets have shown a sliding window yet.
+    sliding: bool,
+}
+
+/// What an answer's headers show of one quota.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Shown {
+    pub limit: f64,
+    pub remaining: f64,
+    /// The quota's rate, and whether it is a sliding window.
+    pub rate: f64,
+    pub sliding: bool,
+}
+
+impl Share {
+    /// A process that counts on `share` of the quota to start with.
+    pub(super) fn new(share: f64) -> Share {
+        Share {
+            share: share.clamp(LEAST, 1.0),
+            cut_at: None,
+            moved_at: None,
+            round_trip: Duration::ZERO,
+            sends: VecDeque::new(),
+            first: None,
+            seen: [None; 2],
+            others_rate: [None; 2],
+            recent: VecDeque::new(),
+            sliding: false,
+        }
+    }
+
+    /// The part of the quotas this process counts on.
+    pub(super) fn share(&self) -> f64 {
+        self.share
+    }
+
+    /// This process's use of quota `k` counted at `now` by a window of `window`.
+    fn used(&self, k: usize, now: Instant, window: Duration) -> f64 {
+        let span = window + self.round_trip;
+        self.sends
+            .iter()
+            .filter(|s| s.at <= now && now.saturating_duration_since(s.at) < span)
+            .map(|s| s.took[k])
+            .sum()
+    }
+
+    /// How long from `now` until this process's sends leaving the
+    /// service's window since `since` free `missing` of quota `k`; `None`
+    /// if the sends of the last window do not hold that much.
+    pub(super) fn freed_by(
+        &self,
+        k: usize,
+        since: Instant,
+        now: Instant,
+        window: Duration,
+        missing: f64,
+    ) -> Option<Duration> {
+        let span = window + self.round_trip;
+        if window.is_zero() {
+            return None;
+        }
+        let mut freed = 0.0;
+        for send in self.sends.iter().filter(|s| s.at + span > since) {
+            freed += send.took[k];
+            if freed >= missing {
+                return Some((send.at + span).saturating_duration_since(now));
+            }
+        }
+        None
+    }
+
+    /// How long a request must wait for its sends of the last `window` to
+    /// leave room for it within the share of each quota; zero if it may go now.
+    pub(super) fn wait(
+        &self,
+        now: Instant,
+        quotas: [Option<Quota>; 2],
+        window: Duration,
+    ) -> Duration {
+        if window.is_zero() {
+            return Duration::ZERO;
+        }
+        let span = window + self.round_trip;
+        let mut wait = Duration::ZERO;
+        for (k, quota) in quotas.iter().enumerate() {
+            let Some(quota) = quota.filter(|q| q.limit > 0.0) else {
+                continue;
+            };
+            // A request larger than the share still goes, once the share is free.
+            let allowed = (self.share * quota.limit).max(quota.cost);
+            let mut excess = self.used(k, now, window) + quota.cost - allowed;
+            for send in self
+                .sends
+                .iter()
+                .filter(|s| now.saturating_duration_since(s.at) < span)
+            {
+                if excess <= 1e-9 {
+                    break;
+                }
+                excess -= send.took[k];
+                wait = wait.max((send.at + span).saturating_duration_since(now));
+            }
+        }
+        wait
+    }
+
+    /// Request `seq` went at `now`, taking `took` of the quotas; sends older
+    /// than `window` are let go.
+    pub(super) fn sent(&mut self, seq: u64, now: Instant, took: [f64; 2], window: Duration) {
+        // Before a window is known every send is kept: the first headers
+        // count them. Sends are kept two windows, for what they free.
+        let span = (window + self.round_trip) * 2;
+        while self.sends.len() >= MAX_SENDS
+            || self
+                .sends
+                .front()
+                .is_some_and(|s| !window.is_zero() && now.saturating_duration_since(s.at) >= span)
+        {
+            self.sends.pop_front();
+        }
+        self.sends.push_back(Send { seq, at: now, took });
+        self.first.get_or_insert(now);
+    }
+
+    /// Request `seq` was billed `tokens`: its use as the service counts it,
+    /// not as the local count scaled when it went.
+    pub(super) fn billed(&mut self, seq: u64, tokens: f64) {
+        if let Some(send) = self.sends.iter_mut().find(|s| s.seq == seq) {
+            send.took[1] = tokens;
+        }
+    }
+
+    /// A refusal of request `seq` took its request (the service counts it)
+    /// but none of its tokens.
+    pub(super) fn untook_tokens(&mut self, seq: u64) {
+        if let Some(send) = self.sends.iter_mut().find(|s| s.seq == seq) {
+            send.took[1] = 0.0;
+        }
+    }
+
+    /// The others' part of quota `k` as an answer to a request sent at
+    /// `sent_at` shows it. A sliding window counts every use of its
+    /// window: what is not this process's is the others'. A bucket
+    /// refills: the others used what it lost since the previous answer
+    /// beyond this process's sends, at a rate that is smoothed over half a
+    /// window.
+    fn others(&mut self, k: usize, sent_at: Instant, shown: Shown, window: Duration) -> f64 {
+        let own = self.used(k, sent_at, window);
+        if shown.sliding || shown.rate <= 0.0 {
+            // Up to two of its own requests unexplained are the process's
+            // own sends meeting the service a little off their count (a use
+            // merged with the next, a send just before a window's edge), not
+            // another process: a process alone keeps the whole window.
+            let request = self.sends.iter().map(|s| s.took[k]).fold(0.0, f64::max);
+            let others = shown.limit - shown.remaining - own;
+            if others <= 2.0 * request {
+                return 0.0;
+            }
+            return (others / shown.limit).max(0.0);
+        }
+        // A bucket's use beyond this process's sends may be what others
+        // used before it started: only the level lost since tells.
+        let unexplained = 0.0_f64;
+        let previous = self.seen[k];
+        if previous.is_some_and(|(at, _)| at > sent_at) {
+            return unexplained.max(self.others_rate[k].unwrap_or(0.0).max(0.0) / shown.rate);
+        }
+        self.seen[k] = Some((sent_at, shown.remaining));
+        if let Some((at, left)) = previous {
+            let dt = sent_at.saturating_duration_since(at).as_secs_f64();
+            let refilled = left + shown.rate * dt;
+            // A full bucket's refill is lost: nothing is known of that span.
+            if dt > 0.0 && refilled < shown.limit {
+                let own: f64 = self
+                    .sends
+                    .iter()
+                    .filter(|s| s.at > at && s.at <= sent_at)
+                    .map(|s| s.took[k])
+                    .sum();
+                // Not clipped at zero: `remaining` is rounded down at both
+                // ends, and only the smoothed rate is free of the rounding.
+                let rate = (refilled - own - shown.remaining) / dt;
+                let weight = (dt / (window.as_secs_f64() * RISE)).min(1.0);
+                let smoothed = self.others_rate[k].map_or(rate, |r| r + (rate - r) * weight);
+                self.others_rate[k] = Some(smoothed);
+            }
+        }
+        unexplained.max(self.others_rate[k].unwrap_or(0.0).max(0.0) / shown.rate)
+    }
+
+    /// An answer to a request sent at `sent_at`, whose headers show the
+    /// quotas: the share moves to what the others leave of the most used.
+    pub(super) fn answered(
+        &mut self,
+        now: Instant,
+        sent_at: Instant,
+        quotas: [Option<Shown>; 2],
+        window: Duration,
+    ) {
+        self.round_trip = now.saturating_duration_since(sent_at);
+        let since = self
+            .moved_at
+            .map_or(Duration::ZERO, |at| now.saturating_duration_since(at));
+        self.moved_at = Some(now);
+        let mut most: Option<(f64, f64)> = None;
+        let sliding = quotas.iter().flatten().any(|q| q.sliding);
+        for (k, shown) in quotas.into_iter().enumerate() {
+            let Some(shown) = shown.filter(|q| q.limit > 0.0) else {
+                continue;
+            };
+            let others = self.others(k, sent_at, shown, window);
+            // This process's part of what the window shows used.
+            let own = self.used(k, sent_at, window);
+            let used = (shown.limit - shown.remaining).max(own);
+            let part = if shown.sliding {
+                own / used.max(f64::MIN_POSITIVE)
+            } else {
+                1.0
+            };
+            if most.is_none_or(|(o, _)| others > o) {
+                most = Some((others, part));
+            }
+        }
+        let Some((mut others, part)) = most else {
+            return;
+        };
+        if sliding {
+            // Uses only add up within a window until they leave it: the
+            // others' use of the window is the most any answer of it showed,
+            // not what one early in their sends shows.
+            while self.recent.len() >= MAX_SENDS
+                || self
+                    .recent
+                    .front()
+                    .is_some_and(|(at, _)| sent_at.saturating_duration_since(*at) >= window)
+            {
+                self.recent.pop_front();
+            }
+            self.recent.push_back((sent_at, others));
+            others = self.recent.iter().map(|(_, o)| *o).fold(others, f64::max);
+        }
+        let mut allowed = (1.0 - (1.0 + HEADROOM) * others).clamp(LEAST, 1.0);
+        if self
+            .first
+            .is_some_and(|first| sent_at.saturating_duration_since(first) < window)
+        {
+            // Processes that started together are still growing: each
+            // counts on its part of what was used so far.
+            allowed = allowed.min(part.max(LEAST));
+        }
+        if sliding && !self.sliding {
+            // Until now the quota was read as a bucket, whose refill a
+            // sliding window does not give: what that read as the others'
+            // use was not.
+            self.sliding = true;
+            self.share = self.share.max(allowed);
+        }
+        if allowed <= self.share || window.is_zero() {
+            self.share = allowed.max(LEAST);
+        } else {
+            // At most a quarter of the way on one answer: a process that
+            // waited long saw nothing meanwhile.
+            let step = (since.as_secs_f64() / (window.as_secs_f64() * RISE)).min(0.25);
+            self.share += (allowed - self.share) * step;
+        }
+    }
+
+    /// A refusal of a request sent at `sent_at`, by a quota whose window is `window` long.
+    pub(super) fn refused(&mut self, now: Instant, sent_at: Instant, window: Duration) {
+        let spaced = self.cut_at.is_none_or(|at| {
+            sent_at >= at && now.saturating_duration_since(at) >= window.mul_f64(CUT_SPACING)
+        });
+        if spaced {
+            self.share = (self.share * REFUSAL_KEEPS).max(LEAST);
+            self.cut_at = Some(now);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn a_buckets_resets_agree_and_a_sliding_windows_do_not() {
+        // A bucket of 20 refilling at 8 a second, its level rounded down in
+        // `remaining`: 7.95 left shows 7, whole again in 6 ms.
+        let mut bucket = Refill::default();
+        for level in [19.5, 7.95, 12.2, 3.0, 1.01, 0.4] {
+            let reset = Duration::from_secs_f64((20.0 - level) / 8.0);
+            let reset = Duration::from_millis(reset.as_millis() as u64);
+            bucket.sample(20.0, f64::floor(level), reset);
+        }
+        assert_eq!(bucket.sliding_rate(20.0), None);
+        // A window of 2 s: one use just made leaves in 2 s; with 19 used the
+        // oldest leaves in 0.1 s.
+        let mut sliding = Refill::default();
+        sliding.sample(20.0, 19.0, ms(1990));
+        assert_eq!(sliding.sliding_rate(20.0), None, "one answer tells nothing");
+        sliding.sample(20.0, 1.0, ms(100));
+        let rate = sliding.sliding_rate(20.0).unwrap();
+        assert!((rate - 20.0 / 1.99).abs() < 1e-9, "{rate}");
+        // Nothing used, or no reset, tells nothing of the refill.
+        let mut empty = Refill::default();
+        empty.sample(20.0, 20.0, ms(50));
+        empty.sample(20.0, 3.0, ms(0));
+        assert_eq!(empty.ceiling, None);
+    }
+
+    fn sliding(limit: f64, remaining: f64) -> [Option<Shown>; 2] {
+        let shown = Shown {
+            limit,
+            remaining,
+            rate: limit,
+            sliding: true,
+        };
+        [Some(shown), None]
+    }
+
+    #[test]
+    fn under_a_sliding_window_a_process_takes_what_the_others_leave() {
+        let start = Instant::now();
+        let window = Duration::from_secs(1);
+        let mut share = Share::new(1.0);
+        // Past its first window, 4 of its own requests in the window of 20,
+        // and the headers show 14 used: 10 are the others'.
+        share.first = Some(start);
+        let now = start + Duration::from_secs(3);
+        for n in 0..4 {
+            share.sent(n, now + ms(n * 10), [1.0, 0.0], window);
+        }
+        share.answered(now + ms(50), now + ms(30), sliding(20.0, 6.0), window);
+        let expected = 1.0 - (1.0 + HEADROOM) * 0.5;
+        assert!((share.share - expected).abs() < 1e-9, "{}", share.share);
+        // Its own window holds 4 of the 9.5 its share allows: 5 more go
+        // now, the 6th when its first use leaves (a window and the round
+        // trip of 20 ms after it went).
+        let quotas = [
+            Some(Quota {
+                limit: 20.0,
+                cost: 1.0,
+            }),
+            None,
+        ];
+        for n in 4..9 {
+            assert_eq!(share.wait(now + ms(50), quotas, window), Duration::ZERO);
+            share.sent(n, now + ms(50), [1.0, 0.0], window);
+        }
+        assert_eq!(share.wait(now + ms(50), quotas, window), ms(970));
+        // The others' use stays counted for a window, however little an
+        // answer early in their sends shows.
+        share.answered(now + ms(100), now + ms(80), sliding(20.0, 11.0), window);
+        assert!((share.share - expected).abs() < 1e-9, "{}", share.share);
+    }
+
+    #[test]
+    fn under_a_bucket_only_the_level_lost_beyond_its_sends_is_the_others() {
+        let start = Instant::now();
+        let window = Duration::from_secs(1);
+        let bucket = |remaining: f64| {
+            [
+                None,
+                Some(Shown {
+                    limit: 1000.0,
+                    remaining,
+                    rate: 1000.0,
+                    sliding: false,
+                }),
+            ]
+        };
+        let mut share = Share::new(1.0);
+        share.sent(0, start, [1.0, 100.0], window);
+        // 200 left of 1000 at the first answer: used before, it tells nothing.
+        share.answered(start + ms(20), start, bucket(200.0), window);
+        assert_eq!(share.share, 1.0);
+        // 100 ms later the bucket refilled 100 and this process took 100:
+        // 150 left shows the others used 50, at 500 a second, half the rate.
+        share.sent(1, start + ms(100), [1.0, 100.0], window);
+        share.answered(start + ms(120), start + ms(100), bucket(150.0), window);
+        let expected = 1.0 - (1.0 + HEADROOM) * 0.5;
+        assert!((share.share - expected).abs() < 1e-9, "{}", share.share);
+    }
+}
