@@ -14,13 +14,22 @@
 //! same-sized answers with no queue (Little's law: with `c` requests in
 //! flight and RTTs `r` times the no-queue RTT, the server works on `c / r`
 //! of them and `q = c (1 - 1/r)` wait). While `q` stays under half the
-//! allowed queue, `max(1, TOLERANCE × c)`, the limit grows: doubling until
-//! the first sign of a queue (slow start), then by half the allowed queue
-//! (one at least), which keeps the queue within it. Over the allowed
-//! queue it is cut to the estimated capacity plus half the allowed queue,
-//! by 10% at least and by half at most. A timeout, a 429 or a 503 halves
-//! it, and so does an answer that took [`TIMEOUT_SHARE`] of the timeout,
-//! so that queueing never takes a request to its timeout.
+//! allowed queue, `max(1, TOLERANCE × c)`, the limit grows: by
+//! [`SLOW_START_GROWTH`] times a window until a queue shows in two windows
+//! running (slow start; less near the timeout, see below), then by half the
+//! allowed queue (one at least), which keeps the queue within it. Over the
+//! allowed queue in two windows running, or twice over it in one, it is
+//! cut to the largest limit whose queue the estimated capacity keeps within
+//! the allowed, by half at most: one slow window is as likely the client's
+//! own pause (a busy machine) as a queue, and the queue left covers such
+//! pauses, which would otherwise leave workers idle. No cut follows a
+//! window that kept fewer requests in flight than the limit less the
+//! allowed queue: the client, not the limit, held them back, and its RTTs
+//! hold its own delays. A timeout, a 429 or a 503 halves the limit, and so
+//! does an answer that took [`TIMEOUT_SHARE`] of the timeout, so that
+//! queueing never takes a request to its timeout; slow start grows by `g`
+//! only while the window's longest answer times `g` stays within that share
+//! (the RTT should every new request queue behind the others).
 //!
 //! Requests differ in size, so an RTT is compared with the no-queue RTT of
 //! requests of about the same size: the least RTT per token seen in its
@@ -44,7 +53,8 @@ use tokio::time::Instant;
 /// requests in flight when the limit was hit all come back with 429 together.
 const DECREASE_SPACING: Duration = Duration::from_millis(500);
 /// The limit `auto` starts at: the first answer then comes with no queue
-/// of this client's own, and is the baseline later ones are compared with.
+/// of this client's own, and is the baseline later ones are compared with
+/// (and counts as an answer with none).
 pub const START: usize = 1;
 /// The queue `auto` allows at the server, as a share of the requests in flight.
 pub const TOLERANCE: f64 = 0.25;
@@ -66,6 +76,9 @@ pub fn band(workers: usize) -> std::ops::RangeInclusive<usize> {
 
 /// No increase while an answer of the window took this share of the timeout.
 const GROWTH_SHARE: f64 = 0.25;
+/// Slow start multiplies the limit by up to this much a window: reaching
+/// `K` workers takes `log4 K` round trips instead of `log2 K`.
+pub const SLOW_START_GROWTH: f64 = 4.0;
 /// Size classes per octave of tokens.
 const CLASSES_PER_OCTAVE: f64 = 8.0;
 const CLASSES: usize = 64 * 8;
@@ -117,6 +130,8 @@ pub struct Permit<'a> {
     tokens: u64,
     /// Requests in flight when it went, itself included.
     in_flight: usize,
+    /// It took the last place the limit allowed.
+    full: bool,
 }
 
 impl Permit<'_> {
@@ -140,6 +155,8 @@ struct Sample {
     rtt: Duration,
     tokens: u64,
     in_flight: usize,
+    /// It took the last place the limit allowed.
+    full: bool,
 }
 
 /// The state of `auto` between answers.
@@ -154,7 +171,13 @@ struct Vegas {
     /// How much longer than with no queue each answer of the window took.
     ratios: Vec<f64>,
     in_flight: f64,
-    most_in_flight: usize,
+    /// The window before showed a queue of half the allowed or more, and
+    /// over the allowed.
+    queued_before: bool,
+    over_before: bool,
+    /// A request of the window took the last place the limit allowed: the
+    /// limit, not the client's supply of work, held the requests back.
+    reached: bool,
     longest: Duration,
     settled: Option<Settled>,
     /// The range is kept from the first decision after slow start.
@@ -188,7 +211,9 @@ impl Vegas {
             samples: 0,
             ratios: Vec::new(),
             in_flight: 0.0,
-            most_in_flight: 0,
+            queued_before: false,
+            over_before: false,
+            reached: false,
             longest: Duration::ZERO,
             settled: None,
             ranging: false,
@@ -204,7 +229,10 @@ impl Vegas {
         let class = &mut self.baseline[size_class(sample.tokens)];
         let known = *class;
         *class = Some(known.map_or(per_token, |b| b.min(per_token)));
-        let base = known?.min(per_token);
+        // An answer sent alone met no queue of this client's own: it is its
+        // size's baseline, and counts.
+        let base = known.or((sample.in_flight <= 1).then_some(per_token))?;
+        let base = base.min(per_token);
         (base > 0.0).then(|| per_token / base)
     }
 
@@ -219,7 +247,7 @@ impl Vegas {
         self.samples += 1;
         self.ratios.push(ratio);
         self.in_flight += sample.in_flight as f64;
-        self.most_in_flight = self.most_in_flight.max(sample.in_flight);
+        self.reached |= sample.full;
         self.longest = self.longest.max(sample.rtt);
         #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
         let window = (limit.floor() as usize).max(1);
@@ -239,23 +267,38 @@ impl Vegas {
         let in_flight = self.in_flight / n;
         let queue = in_flight * (1.0 - 1.0 / ratio);
         let allowed = (TOLERANCE * in_flight).max(1.0);
-        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-        let reached = self.most_in_flight >= limit.floor() as usize;
-        let decision = if queue > allowed {
+        // One window's sign of a queue may be the client's own pause (a busy
+        // machine delays every answer of a window): a queue is acted on when
+        // the window before showed it too, or when it is twice over.
+        let over = queue > allowed;
+        let queued = queue >= allowed / 2.0;
+        // A window that kept fewer in flight than the limit less the allowed
+        // queue says nothing of the limit: the client sent fewer (its own
+        // pauses, a writer behind), and its RTTs hold its own delays.
+        let used = in_flight + allowed >= limit.floor();
+        let cut = over && (self.over_before || queue > 2.0 * allowed) && used;
+        let decision = if cut {
+            // The largest limit whose queue is within the tolerance: the
+            // queue it keeps covers the client's own pauses between an
+            // answer and the next request, which would leave workers idle.
             let capacity = in_flight / ratio;
-            Decision::Cut((capacity + allowed / 2.0).clamp(limit * 0.5, limit * 0.9))
-        } else if queue < allowed / 2.0 && reached {
+            let to = (capacity / (1.0 - TOLERANCE)).max(capacity + 1.0);
+            Decision::Cut(to.clamp(limit * 0.5, limit - 1.0))
+        } else if !queued && self.reached {
             Decision::Grow
         } else {
             Decision::Hold
         };
-        if queue >= allowed / 2.0 {
+        if queued && (self.queued_before || over) {
             self.slow_start = false;
         }
+        self.queued_before = queued;
+        self.over_before = over;
+
         self.samples = 0;
         self.ratios.clear();
         self.in_flight = 0.0;
-        self.most_in_flight = 0;
+        self.reached = false;
         decision
     }
 
@@ -338,6 +381,7 @@ impl Concurrency {
                                 limiter: self,
                                 tokens,
                                 in_flight: state.in_flight,
+                                full: state.in_flight >= window,
                             };
                         }
                         None
@@ -359,6 +403,7 @@ impl Concurrency {
             rtt: now.saturating_duration_since(sent_at),
             tokens: permit.tokens,
             in_flight: permit.in_flight,
+            full: permit.full,
         };
         self.on_sample(sample, now);
     }
@@ -381,18 +426,22 @@ impl Concurrency {
             match state.vegas.sample(sample, limit) {
                 None | Some(Decision::Hold) => {}
                 Some(Decision::Grow) => {
-                    let near_timeout = self.timeout.is_some_and(|t| {
-                        state.vegas.longest.as_secs_f64() >= t.as_secs_f64() * GROWTH_SHARE
-                    });
-                    if !near_timeout {
-                        // Half the allowed queue at a time: the queue, under
-                        // half of it before, stays within it after.
+                    let longest = state.vegas.longest.as_secs_f64();
+                    let timeout = self.timeout.map_or(f64::INFINITY, |t| t.as_secs_f64());
+                    if longest < timeout * GROWTH_SHARE {
+                        // Slow start: by as much as keeps the answers within
+                        // TIMEOUT_SHARE of the timeout should every new
+                        // request queue behind the others (`g × longest`),
+                        // so at least twice. Then half the allowed queue at
+                        // a time: the queue, under half of it before, stays
+                        // within it after.
                         let grown = if state.vegas.slow_start {
-                            limit * 2.0
+                            let room = timeout * TIMEOUT_SHARE / longest;
+                            limit * room.min(SLOW_START_GROWTH)
                         } else {
                             limit + (TOLERANCE * limit / 2.0).floor().max(1.0)
                         };
-                        state.window = grown.min(self.max as f64);
+                        state.window = grown.floor().min(self.max as f64);
                     }
                     let window = state.window;
                     state.vegas.record(window);
@@ -418,7 +467,9 @@ impl Concurrency {
         vegas.samples = 0;
         vegas.ratios.clear();
         vegas.in_flight = 0.0;
-        vegas.most_in_flight = 0;
+        vegas.reached = false;
+        vegas.queued_before = false;
+        vegas.over_before = false;
         vegas.longest = Duration::ZERO;
         let window = state.window;
         state.vegas.record(window);
@@ -527,6 +578,7 @@ mod tests {
             limiter: throttle,
             tokens: 1,
             in_flight: 1,
+            full: true,
         };
         throttle.lock().in_flight += 1;
         throttle.on_answer(&permit, Instant::now());
@@ -595,6 +647,8 @@ mod tests {
     struct Server {
         workers: f64,
         service: Duration,
+        /// Added to every RTT: the client's own pause.
+        pause: Duration,
         clock: Instant,
     }
 
@@ -604,6 +658,7 @@ mod tests {
                 #[allow(clippy::cast_precision_loss)]
                 workers: workers as f64,
                 service,
+                pause: Duration::ZERO,
                 clock: Instant::now(),
             }
         }
@@ -612,7 +667,7 @@ mod tests {
         #[allow(clippy::cast_precision_loss)]
         fn round(&mut self, control: &Concurrency, tokens: u64) {
             let c = control.limit();
-            let rtt = self.service.mul_f64((c as f64 / self.workers).max(1.0));
+            let rtt = self.service.mul_f64((c as f64 / self.workers).max(1.0)) + self.pause;
             let sent_at = self.clock;
             self.clock += rtt;
             for _ in 0..c {
@@ -621,10 +676,184 @@ mod tests {
                     rtt,
                     tokens,
                     in_flight: c,
+                    full: true,
                 };
                 control.on_sample(sample, self.clock);
             }
         }
+    }
+
+    /// A closed loop against a server of `workers` that serves requests in
+    /// order of arrival, `service` each: a request goes whenever the
+    /// controller lets it, through [`Concurrency::acquire`] as in a run.
+    /// The answers within `until`, and the limit each time it changed.
+    async fn closed_loop(
+        control: &Concurrency,
+        workers: usize,
+        service: Duration,
+        until: Duration,
+    ) -> (usize, Vec<(Duration, usize)>) {
+        let start = Instant::now();
+        let mut free_at = vec![start; workers];
+        let mut flight: Vec<(Instant, Instant, Permit<'_>)> = Vec::new();
+        let mut limits = vec![(Duration::ZERO, control.limit())];
+        let mut answered = 0;
+        loop {
+            while control.in_flight() < control.limit() {
+                let permit = control.acquire(500).await;
+                let now = Instant::now();
+                let worker = (0..workers).min_by_key(|&w| free_at[w]).unwrap();
+                let done = free_at[worker].max(now) + service;
+                free_at[worker] = done;
+                flight.push((done, now, permit));
+            }
+            let next = (0..flight.len()).min_by_key(|&i| flight[i].0).unwrap();
+            let (done, sent_at, permit) = flight.swap_remove(next);
+            if done > start + until {
+                return (answered, limits);
+            }
+            tokio::time::advance(done.saturating_duration_since(Instant::now())).await;
+            control.on_answer(&permit, sent_at);
+            drop(permit);
+            answered += 1;
+            if limits.last().is_some_and(|&(_, l)| l != control.limit()) {
+                limits.push((done - start, control.limit()));
+            }
+        }
+    }
+
+    /// `ceil(log4 workers)`: the round trips slow start takes to reach the
+    /// workers when every answer is far from the timeout.
+    fn quadruplings(workers: usize) -> u32 {
+        let mut limit = 1;
+        let mut n = 0;
+        while limit < workers {
+            limit *= 4;
+            n += 1;
+        }
+        n
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn slow_start_reaches_the_workers_in_log4_round_trips() {
+        // The first answer, alone, counts; then every window of answers
+        // comes back one round trip after the limit grew, 4 times larger:
+        // after n round trips the limit is 4^n.
+        let service = Duration::from_millis(50);
+        for workers in [4, 32, 100] {
+            let control = auto(1024);
+            let (_, limits) = closed_loop(&control, workers, service, service * 20).await;
+            let reached = limits.iter().find(|&&(_, l)| l >= workers).unwrap().0;
+            assert!(
+                reached <= service * quadruplings(workers),
+                "{workers} workers reached at {reached:?}: {limits:?}"
+            );
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn slow_start_grows_less_near_the_timeout() {
+        // Answers of 20 ms with a timeout of 100 ms: growing by g would make
+        // the last new request wait g × 20 ms on a one-worker server, so g
+        // stays within TIMEOUT_SHARE × 100 / 20 = 2.5.
+        let control =
+            Concurrency::new(Limit::Auto { most: 1024 }, Some(Duration::from_millis(100)));
+        let mut server = Server::new(1000, Duration::from_millis(20));
+        let mut before = control.limit();
+        for _ in 0..5 {
+            server.round(&control, 500);
+            let after = control.limit();
+            assert!(after > before, "{before} -> {after}");
+            #[allow(clippy::cast_precision_loss)]
+            let growth = after as f64 / before as f64;
+            assert!(growth <= 2.5, "{before} -> {after}");
+            before = after;
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn auto_does_the_work_of_the_best_fixed_limit_but_for_slow_start() {
+        // A fixed limit of 2K keeps every worker busy from the first
+        // request. `auto` loses the work of slow start, less than K requests
+        // for each of its round trips, and none after it: it never cuts
+        // below the estimated workers, and every limit of K or more keeps
+        // them busy.
+        let service = Duration::from_millis(50);
+        let run = service * 60;
+        for workers in [1, 4, 32] {
+            let control = auto(64);
+            let (answered, limits) = closed_loop(&control, workers, service, run).await;
+            let fixed = Concurrency::new(Limit::Fixed(2 * workers), Some(Duration::from_secs(60)));
+            let (best, _) = closed_loop(&fixed, workers, service, run).await;
+            assert_eq!(best, 60 * workers);
+            let lost = workers * quadruplings(workers) as usize;
+            assert!(
+                answered + lost >= best,
+                "{workers} workers: {answered} answers against {best}: {limits:?}"
+            );
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn one_slow_window_is_a_pause_and_two_are_a_queue() {
+        let control = auto(1024);
+        let mut server = Server::new(32, Duration::from_millis(20));
+        for _ in 0..50 {
+            server.round(&control, 500);
+        }
+        let settled = control.limit();
+        assert!(band(32).contains(&settled), "{settled}");
+        // The client stops for 10 ms while a window is in flight: every
+        // answer of it comes late. In the band, c of 32 to 42 in flight
+        // take 20 to 26.25 ms, and 10 ms more makes a ratio r of 1.5 to
+        // 1.81 and a queue c (1 - 1/r) of 10.7 to 18.8: over the allowed
+        // 0.25 c, under twice it.
+        server.pause = Duration::from_millis(10);
+        server.round(&control, 500);
+        server.pause = Duration::ZERO;
+        server.round(&control, 500);
+        assert!(
+            control.limit() >= settled,
+            "{settled} -> {}",
+            control.limit()
+        );
+        // Slower twice in a row: a queue.
+        server.pause = Duration::from_millis(10);
+        server.round(&control, 500);
+        server.round(&control, 500);
+        assert!(
+            control.limit() < settled,
+            "{settled} -> {}",
+            control.limit()
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_queue_the_limit_did_not_make_is_not_cut() {
+        // The client sends half its limit (its writer is behind) and the
+        // answers come slowly: the limit held nothing back, so lowering it
+        // would change nothing the server sees.
+        let control = auto(64);
+        let mut server = Server::new(1000, Duration::from_millis(20));
+        for _ in 0..10 {
+            server.round(&control, 500);
+        }
+        assert_eq!(control.limit(), 64);
+        for _ in 0..10 {
+            let sent_at = server.clock;
+            server.clock += Duration::from_millis(60);
+            for _ in 0..64 {
+                let sample = Sample {
+                    sent_at,
+                    rtt: Duration::from_millis(60),
+                    tokens: 500,
+                    in_flight: 32,
+                    full: false,
+                };
+                control.on_sample(sample, server.clock);
+            }
+        }
+        assert_eq!(control.limit(), 64);
     }
 
     fn auto(most: usize) -> Concurrency {
@@ -705,6 +934,7 @@ mod tests {
                         rtt,
                         tokens,
                         in_flight: c,
+                        full: true,
                     },
                     clock + rtt,
                 );
@@ -729,6 +959,7 @@ mod tests {
                 rtt: Duration::from_secs(5),
                 tokens: 500,
                 in_flight: 64,
+                full: true,
             },
             now + Duration::from_secs(5),
         );
@@ -740,6 +971,7 @@ mod tests {
                 rtt: Duration::from_secs(5),
                 tokens: 500,
                 in_flight: 64,
+                full: true,
             },
             now + Duration::from_secs(5),
         );
