@@ -15,19 +15,13 @@
 //! flight and RTTs `r` times the no-queue RTT, the server works on `c / r`
 //! of them and `q = c (1 - 1/r)` wait). While `q` stays under half the
 //! allowed queue, `max(1, TOLERANCE × c)`, the limit grows: doubling a
-//! window until a queue shows in two windows running (slow start), then by
+//! window until the first sign of a queue (slow start), then by
 //! half the allowed queue (one at least), which keeps the queue within it.
 //! Doubling rather than more: a size class's baseline first seen behind the
 //! client's own queue hides that queue, and a deeper first queue hid it in
 //! the simulator's tests. Over the
-//! allowed queue in two windows running, or twice over it in one, it is
-//! cut to the largest limit whose queue the estimated capacity keeps within
-//! the allowed, by half at most: one slow window is as likely the client's
-//! own pause (a busy machine) as a queue, and the queue left covers such
-//! pauses, which would otherwise leave workers idle. No cut follows a
-//! window that kept fewer requests in flight than the limit less the
-//! allowed queue: the client, not the limit, held them back, and its RTTs
-//! hold its own delays. A timeout, a 429 or a 503 halves the limit, and so
+//! allowed queue it is cut to the estimated capacity plus half the allowed
+//! queue, by 10% at least and by half at most. A timeout, a 429 or a 503 halves the limit, and so
 //! does an answer that took [`TIMEOUT_SHARE`] of the timeout, so that
 //! queueing never takes a request to its timeout.
 //!
@@ -168,10 +162,6 @@ struct Vegas {
     /// How much longer than with no queue each answer of the window took.
     ratios: Vec<f64>,
     in_flight: f64,
-    /// The window before showed a queue of half the allowed or more, and
-    /// over the allowed.
-    queued_before: bool,
-    over_before: bool,
     /// A request of the window took the last place the limit allowed: the
     /// limit, not the client's supply of work, held the requests back.
     reached: bool,
@@ -208,8 +198,6 @@ impl Vegas {
             samples: 0,
             ratios: Vec::new(),
             in_flight: 0.0,
-            queued_before: false,
-            over_before: false,
             reached: false,
             longest: Duration::ZERO,
             settled: None,
@@ -264,33 +252,18 @@ impl Vegas {
         let in_flight = self.in_flight / n;
         let queue = in_flight * (1.0 - 1.0 / ratio);
         let allowed = (TOLERANCE * in_flight).max(1.0);
-        // One window's sign of a queue may be the client's own pause (a busy
-        // machine delays every answer of a window): a queue is acted on when
-        // the window before showed it too, or when it is twice over.
-        let over = queue > allowed;
         let queued = queue >= allowed / 2.0;
-        // A window that kept fewer in flight than the limit less the allowed
-        // queue says nothing of the limit: the client sent fewer (its own
-        // pauses, a writer behind), and its RTTs hold its own delays.
-        let used = in_flight + allowed >= limit.floor();
-        let cut = over && (self.over_before || queue > 2.0 * allowed) && used;
-        let decision = if cut {
-            // The largest limit whose queue is within the tolerance: the
-            // queue it keeps covers the client's own pauses between an
-            // answer and the next request, which would leave workers idle.
+        let decision = if queue > allowed {
             let capacity = in_flight / ratio;
-            let to = (capacity / (1.0 - TOLERANCE)).max(capacity + 1.0);
-            Decision::Cut(to.clamp(limit * 0.5, limit - 1.0))
+            Decision::Cut((capacity + allowed / 2.0).clamp(limit * 0.5, limit * 0.9))
         } else if !queued && self.reached {
             Decision::Grow
         } else {
             Decision::Hold
         };
-        if queued && (self.queued_before || over) {
+        if queued {
             self.slow_start = false;
         }
-        self.queued_before = queued;
-        self.over_before = over;
 
         self.samples = 0;
         self.ratios.clear();
@@ -461,8 +434,6 @@ impl Concurrency {
         vegas.ratios.clear();
         vegas.in_flight = 0.0;
         vegas.reached = false;
-        vegas.queued_before = false;
-        vegas.over_before = false;
         vegas.longest = Duration::ZERO;
         let window = state.window;
         state.vegas.record(window);
@@ -640,8 +611,6 @@ mod tests {
     struct Server {
         workers: f64,
         service: Duration,
-        /// Added to every RTT: the client's own pause.
-        pause: Duration,
         clock: Instant,
     }
 
@@ -651,7 +620,6 @@ mod tests {
                 #[allow(clippy::cast_precision_loss)]
                 workers: workers as f64,
                 service,
-                pause: Duration::ZERO,
                 clock: Instant::now(),
             }
         }
@@ -660,7 +628,7 @@ mod tests {
         #[allow(clippy::cast_precision_loss)]
         fn round(&mut self, control: &Concurrency, tokens: u64) {
             let c = control.limit();
-            let rtt = self.service.mul_f64((c as f64 / self.workers).max(1.0)) + self.pause;
+            let rtt = self.service.mul_f64((c as f64 / self.workers).max(1.0));
             let sent_at = self.clock;
             self.clock += rtt;
             for _ in 0..c {
@@ -761,68 +729,6 @@ mod tests {
                 "{workers} workers: {answered} answers against {best}: {limits:?}"
             );
         }
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn one_slow_window_is_a_pause_and_two_are_a_queue() {
-        let control = auto(1024);
-        let mut server = Server::new(32, Duration::from_millis(20));
-        for _ in 0..50 {
-            server.round(&control, 500);
-        }
-        let settled = control.limit();
-        assert!(band(32).contains(&settled), "{settled}");
-        // The client stops for 10 ms while a window is in flight: every
-        // answer of it comes late. In the band, c of 32 to 42 in flight
-        // take 20 to 26.25 ms, and 10 ms more makes a ratio r of 1.5 to
-        // 1.81 and a queue c (1 - 1/r) of 10.7 to 18.8: over the allowed
-        // 0.25 c, under twice it.
-        server.pause = Duration::from_millis(10);
-        server.round(&control, 500);
-        server.pause = Duration::ZERO;
-        server.round(&control, 500);
-        assert!(
-            control.limit() >= settled,
-            "{settled} -> {}",
-            control.limit()
-        );
-        // Slower twice in a row: a queue.
-        server.pause = Duration::from_millis(10);
-        server.round(&control, 500);
-        server.round(&control, 500);
-        assert!(
-            control.limit() < settled,
-            "{settled} -> {}",
-            control.limit()
-        );
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_queue_the_limit_did_not_make_is_not_cut() {
-        // The client sends half its limit (its writer is behind) and the
-        // answers come slowly: the limit held nothing back, so lowering it
-        // would change nothing the server sees.
-        let control = auto(64);
-        let mut server = Server::new(1000, Duration::from_millis(20));
-        for _ in 0..10 {
-            server.round(&control, 500);
-        }
-        assert_eq!(control.limit(), 64);
-        for _ in 0..10 {
-            let sent_at = server.clock;
-            server.clock += Duration::from_millis(60);
-            for _ in 0..64 {
-                let sample = Sample {
-                    sent_at,
-                    rtt: Duration::from_millis(60),
-                    tokens: 500,
-                    in_flight: 32,
-                    full: false,
-                };
-                control.on_sample(sample, server.clock);
-            }
-        }
-        assert_eq!(control.limit(), 64);
     }
 
     fn auto(most: usize) -> Concurrency {
