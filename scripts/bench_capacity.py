@@ -13,7 +13,7 @@ seven noisy runs of about the same rate is the luckiest of them (on a
 shared machine runs differ by 10%), which a single run of auto would be
 measured against. The sweep runs about 60 requests per worker, the pairs
 twice as many, about 6 s of the server's work: a batch job runs minutes,
-and `auto`'s slow start (log4 K round trips) costs the same few hundred
+and `auto`'s slow start (log2 K round trips) costs the same few hundred
 milliseconds whatever the job's length. A fixed concurrency below K can
 reach at most c/K of the server's rate, so it runs on c/K of the corpus (the
 same time, about); the others and auto run on the whole corpus. The output
