@@ -14,13 +14,16 @@
 //! same-sized answers with no queue (Little's law: with `c` requests in
 //! flight and RTTs `r` times the no-queue RTT, the server works on `c / r`
 //! of them and `q = c (1 - 1/r)` wait). While `q` stays under half the
-//! allowed queue, `max(1, TOLERANCE × c)`, the limit grows: doubling until
-//! the first sign of a queue (slow start), then by half the allowed queue
-//! (one at least), which keeps the queue within it. Over the allowed
-//! queue it is cut to the estimated capacity plus half the allowed queue,
-//! by 10% at least and by half at most. A timeout, a 429 or a 503 halves
-//! it, and so does an answer that took [`TIMEOUT_SHARE`] of the timeout,
-//! so that queueing never takes a request to its timeout.
+//! allowed queue, `max(1, TOLERANCE × c)`, the limit grows: doubling a
+//! window until the first sign of a queue (slow start), then by
+//! half the allowed queue (one at least), which keeps the queue within it.
+//! Doubling rather than more: a size class's baseline first seen behind the
+//! client's own queue hides that queue, and a deeper first queue hid it in
+//! the simulator's tests. Over the
+//! allowed queue it is cut to the estimated capacity plus half the allowed
+//! queue, by 10% at least and by half at most. A timeout, a 429 or a 503 halves the limit, and so
+//! does an answer that took [`TIMEOUT_SHARE`] of the timeout, so that
+//! queueing never takes a request to its timeout.
 //!
 //! Requests differ in size, so an RTT is compared with the no-queue RTT of
 //! requests of about the same size: the least RTT per token seen in its
@@ -44,7 +47,8 @@ use tokio::time::Instant;
 /// requests in flight when the limit was hit all come back with 429 together.
 const DECREASE_SPACING: Duration = Duration::from_millis(500);
 /// The limit `auto` starts at: the first answer then comes with no queue
-/// of this client's own, and is the baseline later ones are compared with.
+/// of this client's own, and is the baseline later ones are compared with
+/// (and counts as an answer with none).
 pub const START: usize = 1;
 /// The queue `auto` allows at the server, as a share of the requests in flight.
 pub const TOLERANCE: f64 = 0.25;
@@ -117,6 +121,8 @@ pub struct Permit<'a> {
     tokens: u64,
     /// Requests in flight when it went, itself included.
     in_flight: usize,
+    /// It took the last place the limit allowed.
+    full: bool,
 }
 
 impl Permit<'_> {
@@ -140,6 +146,8 @@ struct Sample {
     rtt: Duration,
     tokens: u64,
     in_flight: usize,
+    /// It took the last place the limit allowed.
+    full: bool,
 }
 
 /// The state of `auto` between answers.
@@ -154,7 +162,9 @@ struct Vegas {
     /// How much longer than with no queue each answer of the window took.
     ratios: Vec<f64>,
     in_flight: f64,
-    most_in_flight: usize,
+    /// A request of the window took the last place the limit allowed: the
+    /// limit, not the client's supply of work, held the requests back.
+    reached: bool,
     longest: Duration,
     settled: Option<Settled>,
     /// The range is kept from the first decision after slow start.
@@ -188,7 +198,7 @@ impl Vegas {
             samples: 0,
             ratios: Vec::new(),
             in_flight: 0.0,
-            most_in_flight: 0,
+            reached: false,
             longest: Duration::ZERO,
             settled: None,
             ranging: false,
@@ -204,7 +214,10 @@ impl Vegas {
         let class = &mut self.baseline[size_class(sample.tokens)];
         let known = *class;
         *class = Some(known.map_or(per_token, |b| b.min(per_token)));
-        let base = known?.min(per_token);
+        // An answer sent alone met no queue of this client's own: it is its
+        // size's baseline, and counts.
+        let base = known.or((sample.in_flight <= 1).then_some(per_token))?;
+        let base = base.min(per_token);
         (base > 0.0).then(|| per_token / base)
     }
 
@@ -219,7 +232,7 @@ impl Vegas {
         self.samples += 1;
         self.ratios.push(ratio);
         self.in_flight += sample.in_flight as f64;
-        self.most_in_flight = self.most_in_flight.max(sample.in_flight);
+        self.reached |= sample.full;
         self.longest = self.longest.max(sample.rtt);
         #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
         let window = (limit.floor() as usize).max(1);
@@ -239,23 +252,23 @@ impl Vegas {
         let in_flight = self.in_flight / n;
         let queue = in_flight * (1.0 - 1.0 / ratio);
         let allowed = (TOLERANCE * in_flight).max(1.0);
-        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-        let reached = self.most_in_flight >= limit.floor() as usize;
+        let queued = queue >= allowed / 2.0;
         let decision = if queue > allowed {
             let capacity = in_flight / ratio;
             Decision::Cut((capacity + allowed / 2.0).clamp(limit * 0.5, limit * 0.9))
-        } else if queue < allowed / 2.0 && reached {
+        } else if !queued && self.reached {
             Decision::Grow
         } else {
             Decision::Hold
         };
-        if queue >= allowed / 2.0 {
+        if queued {
             self.slow_start = false;
         }
+
         self.samples = 0;
         self.ratios.clear();
         self.in_flight = 0.0;
-        self.most_in_flight = 0;
+        self.reached = false;
         decision
     }
 
@@ -338,6 +351,7 @@ impl Concurrency {
                                 limiter: self,
                                 tokens,
                                 in_flight: state.in_flight,
+                                full: state.in_flight >= window,
                             };
                         }
                         None
@@ -359,6 +373,7 @@ impl Concurrency {
             rtt: now.saturating_duration_since(sent_at),
             tokens: permit.tokens,
             in_flight: permit.in_flight,
+            full: permit.full,
         };
         self.on_sample(sample, now);
     }
@@ -418,7 +433,7 @@ impl Concurrency {
         vegas.samples = 0;
         vegas.ratios.clear();
         vegas.in_flight = 0.0;
-        vegas.most_in_flight = 0;
+        vegas.reached = false;
         vegas.longest = Duration::ZERO;
         let window = state.window;
         state.vegas.record(window);
@@ -527,6 +542,7 @@ mod tests {
             limiter: throttle,
             tokens: 1,
             in_flight: 1,
+            full: true,
         };
         throttle.lock().in_flight += 1;
         throttle.on_answer(&permit, Instant::now());
@@ -621,9 +637,97 @@ mod tests {
                     rtt,
                     tokens,
                     in_flight: c,
+                    full: true,
                 };
                 control.on_sample(sample, self.clock);
             }
+        }
+    }
+
+    /// A closed loop against a server of `workers` that serves requests in
+    /// order of arrival, `service` each: a request goes whenever the
+    /// controller lets it, through [`Concurrency::acquire`] as in a run.
+    /// The answers within `until`, and the limit each time it changed.
+    async fn closed_loop(
+        control: &Concurrency,
+        workers: usize,
+        service: Duration,
+        until: Duration,
+    ) -> (usize, Vec<(Duration, usize)>) {
+        let start = Instant::now();
+        let mut free_at = vec![start; workers];
+        let mut flight: Vec<(Instant, Instant, Permit<'_>)> = Vec::new();
+        let mut limits = vec![(Duration::ZERO, control.limit())];
+        let mut answered = 0;
+        loop {
+            while control.in_flight() < control.limit() {
+                let permit = control.acquire(500).await;
+                let now = Instant::now();
+                let worker = (0..workers).min_by_key(|&w| free_at[w]).unwrap();
+                let done = free_at[worker].max(now) + service;
+                free_at[worker] = done;
+                flight.push((done, now, permit));
+            }
+            let next = (0..flight.len()).min_by_key(|&i| flight[i].0).unwrap();
+            let (done, sent_at, permit) = flight.swap_remove(next);
+            if done > start + until {
+                return (answered, limits);
+            }
+            tokio::time::advance(done.saturating_duration_since(Instant::now())).await;
+            control.on_answer(&permit, sent_at);
+            drop(permit);
+            answered += 1;
+            if limits.last().is_some_and(|&(_, l)| l != control.limit()) {
+                limits.push((done - start, control.limit()));
+            }
+        }
+    }
+
+    /// `ceil(log2 workers)`: the round trips slow start takes to reach the
+    /// workers when every answer is far from the timeout.
+    fn doublings(workers: usize) -> u32 {
+        workers.next_power_of_two().trailing_zeros()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn slow_start_reaches_the_workers_in_log2_round_trips() {
+        // The first answer, alone, counts; then every window of answers
+        // comes back one round trip after the limit doubled: after n round
+        // trips the limit is 2^n.
+        let service = Duration::from_millis(50);
+        for workers in [4, 32, 100] {
+            let control = auto(1024);
+            let (_, limits) = closed_loop(&control, workers, service, service * 20).await;
+            let reached = limits.iter().find(|&&(_, l)| l >= workers).unwrap().0;
+            assert!(
+                reached <= service * doublings(workers),
+                "{workers} workers reached at {reached:?}: {limits:?}"
+            );
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn auto_does_the_work_of_the_best_fixed_limit_but_for_slow_start() {
+        // A fixed limit of 2K keeps every worker busy from the first
+        // request. `auto` loses the work of slow start and none after it:
+        // it never cuts below the estimated workers, and every limit of K
+        // or more keeps them busy. Doubling from 1 each round trip, the
+        // first n = log2 K round trips do 2^n - 1 = K - 1 requests where the
+        // fixed limit does n K: K (n - 1) + 1 lost.
+        let service = Duration::from_millis(50);
+        let run = service * 60;
+        for workers in [1, 4, 32] {
+            let control = auto(64);
+            let (answered, limits) = closed_loop(&control, workers, service, run).await;
+            let fixed = Concurrency::new(Limit::Fixed(2 * workers), Some(Duration::from_secs(60)));
+            let (best, _) = closed_loop(&fixed, workers, service, run).await;
+            assert_eq!(best, 60 * workers);
+            let n = doublings(workers) as usize;
+            let lost = (workers * n + 1).saturating_sub(workers);
+            assert!(
+                answered + lost >= best,
+                "{workers} workers: {answered} answers against {best}: {limits:?}"
+            );
         }
     }
 
@@ -705,6 +809,7 @@ mod tests {
                         rtt,
                         tokens,
                         in_flight: c,
+                        full: true,
                     },
                     clock + rtt,
                 );
@@ -729,6 +834,7 @@ mod tests {
                 rtt: Duration::from_secs(5),
                 tokens: 500,
                 in_flight: 64,
+                full: true,
             },
             now + Duration::from_secs(5),
         );
@@ -740,6 +846,7 @@ mod tests {
                 rtt: Duration::from_secs(5),
                 tokens: 500,
                 in_flight: 64,
+                full: true,
             },
             now + Duration::from_secs(5),
         );
