@@ -511,3 +511,69 @@ async fn a_hundred_thousand_chunks_in_batch_mode_equal_sync_at_half_price() {
         ledger.batches_created, ledger.batch_tokens
     );
 }
+
+/// `--max-cost` in batch mode: what a run collects, what is enqueued and what
+/// it would submit stay within the budget, at the batch price; the rest is
+/// held back and the run stops as the synchronous budget stop does.
+#[tokio::test]
+async fn the_budget_holds_back_batches_that_would_go_over_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = corpus(dir.path(), 30);
+    let expected = expected_chunks(&root);
+    let sim = simulator(batch_sim(300, |_| {})).await;
+    let job = write_job(dir.path(), &sim.base_url(), &files_source(&root), BATCH);
+    // The simulator's listing has no batch price: half its 0.0001 per 1k.
+    let per_token = 0.0001 / 1000.0 / 2.0;
+    let bpe = tiktoken_rs::cl100k_base().unwrap();
+    let distinct: std::collections::HashSet<&String> = expected.values().collect();
+    let full_tokens: usize = distinct.iter().map(|t| bpe.encode_ordinary(t).len()).sum();
+    let budget = full_tokens as f64 * per_token * 0.4;
+    let max_cost = budget.to_string();
+
+    let first = run_job(&job, &["--quiet", "--json", "--max-cost", &max_cost]).await;
+    assert_eq!(first.status.code(), Some(4), "{}", text(&first.stderr));
+    let first = json(&first);
+    let stopped = first["stopped"].as_str().unwrap();
+    assert!(
+        stopped.starts_with("stopped at the budget of "),
+        "{stopped}"
+    );
+    assert!(stopped.contains("waiting for "), "{stopped}");
+    assert!(first["batch"]["submitted_chunks"].as_u64().unwrap() > 0);
+    assert!(first["batch"]["held_back_chunks"].as_u64().unwrap() > 0);
+
+    // Waiting collects what the first run enqueued (at most the budget, as
+    // reckoned before it was sent) and then has no budget left to send more.
+    let output = run_job(
+        &job,
+        &[
+            "--quiet",
+            "--json",
+            "--wait",
+            "--max-duration",
+            "60s",
+            "--max-cost",
+            &max_cost,
+        ],
+    )
+    .await;
+    assert_eq!(output.status.code(), Some(4), "{}", text(&output.stderr));
+    let waited = json(&output);
+    assert!(
+        waited["stopped"].as_str().unwrap().contains("budget"),
+        "{waited}"
+    );
+    let billed = sim.ledger().batch_tokens as f64 * per_token;
+    assert!(billed <= budget, "billed {billed} within {budget}");
+    // Lines of at most 8 chunks (the job's): what is left unused is less than one line.
+    assert!(
+        billed > budget * 0.5,
+        "the budget was used: {billed} of {budget}"
+    );
+    assert!(!dir.path().join("out/result.parquet").exists());
+
+    run_until_done(&job, 60, Duration::from_millis(200)).await;
+    let rows = read_output(&dir.path().join("out/result.parquet"));
+    assert_complete(&rows, &expected, 1024);
+    assert_eq!(sim.ledger().texts_billed_twice(), 0);
+}
