@@ -13,7 +13,7 @@ use tokio::sync::mpsc;
 
 use super::collect::{collect, BatchSummary};
 use super::dispatch::Dispatched;
-use super::enqueue::{adopt, send, Tag};
+use super::enqueue::{adopt, forget_lost_uploads, send, Tag};
 use super::submit::{FileLimits, RequestBody, Submit, SubmitBudget};
 use super::write::SinkMessage;
 use super::RunError;
@@ -63,6 +63,14 @@ impl BatchMode {
         let mut record = BatchRecord::load(&dir)?;
         let tag = Tag::new(&job.name, fingerprint);
         let adopted = adopt(&service, &tag, &dir, &mut record).await?;
+        let forgotten = forget_lost_uploads(&service, &tag, &record).await?;
+        if forgotten > 0 {
+            options.warnings.warn(format!(
+                "deleted {} on the service uploaded by an earlier run that never recorded it; \
+                 it is uploaded again",
+                crate::display::count(forgotten, "request file", "request files")
+            ));
+        }
         let mut parts = state.part_writer(
             &service.model,
             &crate::backend::BackendKind::Api.to_string(),

@@ -577,3 +577,55 @@ async fn the_budget_holds_back_batches_that_would_go_over_it() {
     assert_complete(&rows, &expected, 1024);
     assert_eq!(sim.ledger().texts_billed_twice(), 0);
 }
+
+/// The request files the simulator keeps with `purpose=batch`, by name.
+async fn batch_files(sim: &Simulator) -> Vec<String> {
+    let config =
+        embedjob::client::ClientConfig::new(sim.base_url(), embedjob::client::ApiKey::new(KEY));
+    let client = embedjob::client::Client::new(config).unwrap();
+    let mut names = Vec::new();
+    let mut after: Option<String> = None;
+    // Bounded: far more pages than the job uploads files.
+    for _ in 0..100 {
+        let page = client.files("batch", after.as_deref(), 2).await.unwrap();
+        names.extend(page.data.into_iter().map(|f| f.filename));
+        if !page.has_more {
+            return names;
+        }
+        after = page.last_id;
+    }
+    panic!("the listing did not end: {names:?}");
+}
+
+/// Uploads stored whose answer is lost (and runs killed at random, some of
+/// them between an upload and its record) leave no request file behind: the
+/// job finds its own by name and deletes it before uploading the part again.
+#[tokio::test]
+async fn a_lost_upload_leaves_no_file_on_the_service() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = corpus(dir.path(), 30);
+    let expected = expected_chunks(&root);
+    let sim = simulator(batch_sim(300, |b| b.upload_drop = 3)).await;
+    let job = write_job(
+        dir.path(),
+        &sim.base_url(),
+        &files_source(&root),
+        &format!("{BATCH}\nbatch_max_enqueued_tokens = 1500"),
+    );
+    let mut rng = rand::rngs::StdRng::seed_from_u64(26);
+    for _ in 0..4 {
+        let mut child = spawn_job(&job, &["--quiet"]);
+        tokio::time::sleep(Duration::from_millis(rng.random_range(5..120))).await;
+        let _ = child.kill();
+        let _ = wait(child).await;
+    }
+    run_until_done(&job, 60, Duration::from_millis(200)).await;
+    let rows = read_output(&dir.path().join("out/result.parquet"));
+    assert_complete(&rows, &expected, 1024);
+    let ledger = sim.ledger();
+    assert_eq!(ledger.batch_uploads_dropped, 3);
+    assert_eq!(ledger.texts_billed_twice(), 0);
+    // Collected files are deleted, and so are the lost uploads.
+    let left = batch_files(&sim).await;
+    assert!(left.is_empty(), "orphans on the service: {left:?}");
+}
