@@ -629,3 +629,35 @@ async fn a_lost_upload_leaves_no_file_on_the_service() {
     let left = batch_files(&sim).await;
     assert!(left.is_empty(), "orphans on the service: {left:?}");
 }
+
+/// The collector's bound on an output line follows from the part: its
+/// largest request's inputs times a vector of the job's dimensions written as
+/// the widest JSON floats (48 bytes a value, 256 an item), plus 64 KiB for the
+/// rest. With 8 inputs a line (the job's `max_inputs_per_request`) of 1,024
+/// dimensions that is 8 × (1,024 × 48 + 256) + 65,536 = 460,800 bytes: a 1 MB
+/// line is refused, naming it, rather than buffered (the bound of 2,048 inputs
+/// of 3,072 floats let lines of 300 MB through).
+#[tokio::test]
+async fn an_output_line_longer_than_its_request_can_answer_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = corpus(dir.path(), 4);
+    let sim = simulator(batch_sim(300, |b| b.line_padding = 1_000_000)).await;
+    let job = write_job(dir.path(), &sim.base_url(), &files_source(&root), BATCH);
+    let first = run_job(&job, &["--quiet"]).await;
+    assert_eq!(first.status.code(), Some(4), "{}", text(&first.stderr));
+    // Each run either waits (exit 4) or collects; 300 ms batches need few.
+    for _ in 0..40 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let output = run_job(&job, &["--quiet"]).await;
+        let (_, stderr) = no_key(&output, KEY);
+        if output.status.code() == Some(4) {
+            continue;
+        }
+        assert_eq!(output.status.code(), Some(1), "{stderr}");
+        assert!(stderr.contains("line 1 of file "), "{stderr}");
+        assert!(stderr.contains("is longer than 460800 bytes"), "{stderr}");
+        assert!(!dir.path().join("out/result.parquet").exists());
+        return;
+    }
+    panic!("the batch was never collected");
+}
