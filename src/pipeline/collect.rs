@@ -68,7 +68,7 @@ pub struct BatchSummary {
     pub adopted: u64,
     /// Chunks written to new request files in this run.
     pub submitted_chunks: u64,
-    /// Chunks left for a later run by the enqueued-token cap.
+    /// Chunks left for a later run by the enqueued-token cap or the budget.
     pub held_back_chunks: u64,
     /// Batches (and their chunks) left on the service, or not yet sent.
     pub pending_batches: u64,
