@@ -40,6 +40,9 @@ pub struct FileObject {
     pub filename: String,
     #[serde(default, deserialize_with = "text")]
     pub purpose: String,
+    /// Unix seconds; 0 when the service sends none.
+    #[serde(default, deserialize_with = "count")]
+    pub created_at: u64,
 }
 
 /// Where a batch is in its life. A status this client does not know is kept
@@ -203,14 +206,40 @@ pub struct BatchPage {
     pub last_id: Option<String>,
 }
 
+/// One page of `GET /v1/files`, newest first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FilePage {
+    pub data: Vec<FileObject>,
+    /// As [`BatchPage::has_more`]: never true for an empty page.
+    pub has_more: bool,
+    /// The `after` of the next page.
+    pub last_id: Option<String>,
+}
+
+/// The listing of batches as the service sends it.
+type RawPage = RawList<BatchObject>;
+
 #[derive(Deserialize)]
-struct RawPage {
-    #[serde(default)]
-    data: Vec<BatchObject>,
+struct RawList<T> {
+    #[serde(default = "Vec::new")]
+    data: Vec<T>,
     #[serde(default, deserialize_with = "flag")]
     has_more: bool,
     #[serde(default, deserialize_with = "optional_text")]
     last_id: Option<String>,
+}
+
+impl From<RawList<FileObject>> for FilePage {
+    fn from(page: RawList<FileObject>) -> Self {
+        let last_id = page
+            .last_id
+            .or_else(|| page.data.last().map(|f| f.id.clone()));
+        FilePage {
+            has_more: page.has_more && !page.data.is_empty(),
+            last_id,
+            data: page.data,
+        }
+    }
 }
 
 impl From<RawPage> for BatchPage {
@@ -380,6 +409,27 @@ impl Client {
             path.push_str(&format!("&after={}", encode_path_segment(after)));
         }
         let page: RawPage = self.batch_call(Method::GET, &path, None::<&()>).await?;
+        Ok(page.into())
+    }
+
+    /// One page of `GET /v1/files`, newest first: at most `limit` files of
+    /// `purpose` (taken into 1..=10,000, as OpenAI allows), after the file
+    /// `after` (the previous page's [`FilePage::last_id`]).
+    pub async fn files(
+        &self,
+        purpose: &str,
+        after: Option<&str>,
+        limit: u32,
+    ) -> Result<FilePage, ApiError> {
+        let mut path = self.route(&format!(
+            "/files?purpose={}&limit={}",
+            encode_path_segment(purpose),
+            limit.clamp(1, 10_000)
+        ));
+        if let Some(after) = after {
+            path.push_str(&format!("&after={}", encode_path_segment(after)));
+        }
+        let page: RawList<FileObject> = self.batch_call(Method::GET, &path, None::<&()>).await?;
         Ok(page.into())
     }
 

@@ -31,7 +31,7 @@ use crate::types::Usage;
 
 pub use batches::{
     embeddings_from_body, BatchError, BatchLine, BatchLineResponse, BatchObject, BatchPage,
-    BatchStatus, FileObject, NewBatch, RequestCounts,
+    BatchStatus, FileObject, FilePage, NewBatch, RequestCounts,
 };
 pub use body::embeddings_limit;
 pub use discovery::{discover, Discovery, DiscoveryError};

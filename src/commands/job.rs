@@ -30,8 +30,16 @@ pub async fn run(args: &RunArgs) -> Outcome {
     }
     let deadline = args.max_duration.map(|d| std::time::Instant::now() + d);
     let mut interval: Option<std::time::Duration> = None;
+    // With --wait, the budget is the whole invocation's: each run gets what the earlier left.
+    let mut this_run = job.clone();
     let mut summary = loop {
-        let (summary, poll) = run_once(args, &job).await?;
+        let (summary, poll) = run_once(args, &this_run).await?;
+        if let (Some(max), Some(spent)) = (
+            this_run.budget.max_cost,
+            summary.batch.as_ref().and_then(|b| b.collected_cost),
+        ) {
+            this_run.budget.max_cost = Some((max - spent).max(0.0));
+        }
         let pending = summary.batch.as_ref().map_or(0, |b| b.pending_batches);
         let (true, Some(poll)) = (args.wait && pending > 0 && summary.error.is_none(), poll) else {
             break summary;

@@ -13,8 +13,8 @@ use tokio::sync::mpsc;
 
 use super::collect::{collect, BatchSummary};
 use super::dispatch::Dispatched;
-use super::enqueue::{adopt, send, Tag};
-use super::submit::{FileLimits, RequestBody, Submit};
+use super::enqueue::{adopt, forget_lost_uploads, send, Tag};
+use super::submit::{FileLimits, RequestBody, Submit, SubmitBudget};
 use super::write::SinkMessage;
 use super::RunError;
 use crate::backend::api::BatchService;
@@ -29,6 +29,8 @@ pub(super) struct BatchMode {
     tag: Tag,
     record: BatchRecord,
     summary: BatchSummary,
+    /// `budget.max_cost`.
+    max_cost: Option<f64>,
 }
 
 impl BatchMode {
@@ -61,6 +63,14 @@ impl BatchMode {
         let mut record = BatchRecord::load(&dir)?;
         let tag = Tag::new(&job.name, fingerprint);
         let adopted = adopt(&service, &tag, &dir, &mut record).await?;
+        let forgotten = forget_lost_uploads(&service, &tag, &record).await?;
+        if forgotten > 0 {
+            options.warnings.warn(format!(
+                "deleted {} on the service uploaded by an earlier run that never recorded it; \
+                 it is uploaded again",
+                crate::display::count(forgotten, "request file", "request files")
+            ));
+        }
         let mut parts = state.part_writer(
             &service.model,
             &crate::backend::BackendKind::Api.to_string(),
@@ -87,6 +97,7 @@ impl BatchMode {
             tag,
             record,
             summary,
+            max_cost: job.budget.max_cost,
         })
     }
 
@@ -100,10 +111,16 @@ impl BatchMode {
     ) -> Dispatched {
         let mut dispatched = Dispatched::default();
         match self.run(batches, sink).await {
-            Ok(summary) => {
-                if summary.pending_batches > 0 || summary.held_back_chunks > 0 {
-                    dispatched.stopped = Some(pending_text(&summary));
-                }
+            Ok((summary, over_budget)) => {
+                let pending = summary.pending_batches > 0 || summary.held_back_chunks > 0;
+                dispatched.stopped = match over_budget {
+                    // Worded as the synchronous path's budget stop, then what waits.
+                    Some(why) if summary.pending_batches > 0 => {
+                        Some(format!("{why}; {}", pending_text(&summary)))
+                    }
+                    Some(why) => Some(why),
+                    None => pending.then(|| pending_text(&summary)),
+                };
                 dispatched.batch = Some(summary);
             }
             Err(e) => dispatched.failure = Some(e),
@@ -115,13 +132,14 @@ impl BatchMode {
         self,
         batches: mpsc::Receiver<Result<Batch, RunError>>,
         sink: &mpsc::Sender<SinkMessage>,
-    ) -> Result<BatchSummary, RunError> {
+    ) -> Result<(BatchSummary, Option<String>), RunError> {
         let BatchMode {
             service,
             dir,
             tag,
             record,
             mut summary,
+            max_cost,
         } = self;
         let cap = match (service.max_enqueued_tokens, record.learned_cap) {
             (Some(set), Some(learned)) => Some(set.min(learned)),
@@ -137,6 +155,11 @@ impl BatchMode {
             },
             limits: FileLimits::default(),
             cap,
+            budget: max_cost.map(|max_cost| SubmitBudget {
+                max_cost,
+                per_token: service.input_per_1k.unwrap_or(0.0) / 1000.0,
+                billed: summary.collected_cost.unwrap_or(0.0),
+            }),
         };
         let sink = sink.clone();
         let (mut record, submitted) =
@@ -153,7 +176,7 @@ impl BatchMode {
         summary.pending_chunks = record.live().map(|p| p.inputs).sum();
         summary.window_ends_at = record.live().filter_map(|p| p.expires_at).max();
         summary.enqueued_token_cap = cap;
-        Ok(summary)
+        Ok((summary, submitted.over_budget))
     }
 }
 

@@ -68,7 +68,7 @@ pub struct BatchSummary {
     pub adopted: u64,
     /// Chunks written to new request files in this run.
     pub submitted_chunks: u64,
-    /// Chunks left for a later run by the enqueued-token cap.
+    /// Chunks left for a later run by the enqueued-token cap or the budget.
     pub held_back_chunks: u64,
     /// Batches (and their chunks) left on the service, or not yet sent.
     pub pending_batches: u64,
@@ -139,7 +139,7 @@ pub(super) async fn collect(
             .into_iter()
             .flatten()
         {
-            let max = crate::client::embeddings_limit(2048, dimensions.or(Some(3072)));
+            let max = line_bound(&reading.index, dimensions);
             let mut lines = match service.client.file_lines(file, max).await {
                 Ok(lines) => Box::pin(lines),
                 Err(e) => return Err(collect_error(&id, &e)),
@@ -166,6 +166,15 @@ pub(super) async fn collect(
     }
     record.save(dir)?;
     Ok(collected)
+}
+
+/// The longest line a batch of the part indexed `index` can rightly
+/// answer: the synchronous bound on an answer to its largest request (its
+/// inputs times a vector written as the widest JSON floats, plus room for
+/// the rest, which covers the line's envelope and an error's message).
+fn line_bound(index: &HashMap<String, Vec<IndexedChunk>>, dimensions: Option<usize>) -> usize {
+    let inputs = index.values().map(Vec::len).max().unwrap_or(1).max(1);
+    crate::client::embeddings_limit(inputs, dimensions)
 }
 
 /// What is known while reading one batch's files.
@@ -371,4 +380,37 @@ fn collect_error(id: &str, e: &ApiError) -> RunError {
     RunError::Internal(format!(
         "cannot read the results of batch {id}: {e}; the next run reads them again"
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_line_bound_follows_the_largest_request_and_holds_float_answers() {
+        let chunk = |n: u32| IndexedChunk(format!("{n:032x}"), 1);
+        let index = HashMap::from([
+            ("p1-0".to_string(), (0..8).map(chunk).collect::<Vec<_>>()),
+            ("p1-1".to_string(), vec![chunk(9)]),
+        ]);
+        let bound = line_bound(&index, Some(1024));
+        // 8 inputs × (1024 × 48 + 256) + 65,536.
+        assert_eq!(bound, 460_800);
+        // The widest answer to the largest line, floats in JSON, fits.
+        let value = -0.001_234_567_8_f32;
+        let data: Vec<serde_json::Value> = (0..8)
+            .map(|i| serde_json::json!({"object": "embedding", "index": i, "embedding": vec![value; 1024]}))
+            .collect();
+        let line = serde_json::json!({
+            "id": "batch_req_0123456789abcdef",
+            "custom_id": "p1-0",
+            "response": {"status_code": 200, "request_id": "req_0123456789abcdef", "body": {
+                "object": "list", "data": data, "model": "text-embedding-3-large",
+                "usage": {"prompt_tokens": 8191, "total_tokens": 8191}
+            }},
+            "error": null,
+        });
+        let pretty = serde_json::to_string_pretty(&line).unwrap();
+        assert!(pretty.len() < bound, "{} bytes", pretty.len());
+    }
 }

@@ -8,7 +8,7 @@
 //! listing is read for it before anything is created, and `create_batch` is
 //! never sent again blindly after an error that may have created one.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
 use sha2::{Digest, Sha256};
@@ -26,6 +26,8 @@ const PART_KEY: &str = "embedjob_part";
 const MAX_VALUE_CHARS: usize = 512;
 /// Batches are listed this many at a time.
 const PAGE: u32 = 100;
+/// Files are listed this many at a time.
+const FILE_PAGE: u32 = 1000;
 /// Slack for clocks that differ between here and the service, in seconds.
 const CLOCK_SLACK: u64 = 3600;
 
@@ -127,6 +129,58 @@ pub(super) async fn adopt(
     Ok(adopted)
 }
 
+/// Deletes, for each part prepared but without a file id, the request
+/// files this job uploaded for it (found by their name: an upload whose
+/// answer was lost, or a run killed before it recorded the id), so that its
+/// upload leaves no duplicate behind. No batch was created from them: a batch
+/// is created only from a recorded file id. Returns how many were deleted.
+pub(super) async fn forget_lost_uploads(
+    service: &BatchService,
+    tag: &Tag,
+    record: &BatchRecord,
+) -> Result<u64, RunError> {
+    let lost: HashMap<String, u64> = record
+        .parts
+        .iter()
+        .filter(|p| p.state == PartState::Prepared && p.file_id.is_none())
+        .map(|p| (tag.filename(p.number), p.prepared_at))
+        .collect();
+    let Some(oldest) = lost.values().min().copied() else {
+        return Ok(0);
+    };
+    let listing_failed =
+        |e| RunError::Internal(format!("cannot list the service's batch files: {e}"));
+    let mut ours = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let page = service
+            .client
+            .files("batch", after.as_deref(), FILE_PAGE)
+            .await
+            .map_err(listing_failed)?;
+        let mut older = false;
+        for file in &page.data {
+            // A service that gives no time lists all: nothing is taken as older.
+            older |= file.created_at > 0 && file.created_at.saturating_add(CLOCK_SLACK) < oldest;
+            if lost.contains_key(&file.filename) {
+                ours.push(file.id.clone());
+            }
+        }
+        if older || !page.has_more || page.last_id.is_none() || page.data.is_empty() {
+            break;
+        }
+        after = page.last_id;
+    }
+    for id in &ours {
+        service
+            .client
+            .delete_file(id)
+            .await
+            .map_err(|e| RunError::Internal(format!("cannot delete the lost upload {id}: {e}")))?;
+    }
+    Ok(ours.len() as u64)
+}
+
 /// Uploads the prepared parts and creates their batches, recording each
 /// file id and batch id as soon as the service gives it.
 pub(super) async fn send(
@@ -151,13 +205,28 @@ pub(super) async fn send(
             .is_some_and(|p| p.state == PartState::Prepared)
         {
             let path = requests_path(dir, number);
-            let file = service
+            let file = match service
                 .client
                 .upload_batch_file(&path, &tag.filename(number))
                 .await
-                .map_err(|e| {
-                    RunError::Internal(format!("cannot upload {}: {e}", path.display()))
-                })?;
+            {
+                Ok(file) => file,
+                Err(e) if e.is_transient() || e.status.is_none_or(|s| s >= 500) => {
+                    // It may be stored: found by its name and deleted, now or by the next run.
+                    let _ = forget_lost_uploads(service, tag, record).await;
+                    sent.warnings.push(format!(
+                        "uploading {} failed ({e}); the next run uploads it again",
+                        path.display()
+                    ));
+                    break;
+                }
+                Err(e) => {
+                    return Err(RunError::Internal(format!(
+                        "cannot upload {}: {e}",
+                        path.display()
+                    )))
+                }
+            };
             if let Some(part) = record.part_mut(number) {
                 part.file_id = Some(file.id);
                 part.state = PartState::Uploaded;

@@ -56,9 +56,36 @@ pub(super) struct Submitted {
     pub written: u64,
     /// Chunks a live batch may still answer.
     pub pending: u64,
-    /// Chunks left for a later run by the enqueued-token cap.
+    /// Chunks left for a later run by the enqueued-token cap or the budget.
     pub held_back: u64,
     pub quarantined: u64,
+    /// Why the budget held chunks back, once it did.
+    pub over_budget: Option<String>,
+}
+
+/// `budget.max_cost` in batch mode: what this run collected, what is
+/// enqueued and what is being prepared, at the batch price, stay within it.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct SubmitBudget {
+    pub max_cost: f64,
+    /// The batch price per token.
+    pub per_token: f64,
+    /// What the lines collected in this run cost.
+    pub billed: f64,
+}
+
+impl SubmitBudget {
+    /// Why `tokens` more in batches would go over, if they would.
+    #[allow(clippy::cast_precision_loss)]
+    fn over(&self, tokens: u64) -> Option<String> {
+        let projected = self.billed + tokens as f64 * self.per_token;
+        (projected > self.max_cost).then(|| {
+            format!(
+                "stopped at the budget of {}: {:.6} billed, the next request would bring it to {projected:.6}",
+                self.max_cost, self.billed
+            )
+        })
+    }
 }
 
 /// The stage, on a blocking thread.
@@ -69,8 +96,18 @@ pub(super) struct Submit {
     pub limits: FileLimits,
     /// The most tokens enqueued at once, when known.
     pub cap: Option<u64>,
+    pub budget: Option<SubmitBudget>,
     /// Content keys of chunks in live parts.
     pub pending: HashSet<u128>,
+}
+
+/// Whether a line went into a request file.
+enum Added {
+    Yes,
+    /// The enqueued-token cap leaves no room.
+    Capped,
+    /// The budget leaves no room: why.
+    OverBudget(String),
 }
 
 /// The request file being written.
@@ -141,10 +178,15 @@ impl Submit {
                     continue;
                 }
                 match self.add_line(&mut open, &line, enqueued)? {
-                    true => report.written += count,
-                    false => {
+                    Added::Yes => report.written += count,
+                    Added::Capped => {
                         full = true;
                         report.held_back += count;
+                    }
+                    Added::OverBudget(why) => {
+                        full = true;
+                        report.held_back += count;
+                        report.over_budget = Some(why);
                     }
                 }
             }
@@ -162,13 +204,13 @@ impl Submit {
     }
 
     /// Adds a line to the open file, closing it first when the line would
-    /// pass a limit; `false` when the enqueued-token cap leaves no room.
+    /// pass a limit; not when the enqueued-token cap or the budget leaves no room.
     fn add_line(
         &mut self,
         open: &mut Option<OpenFile>,
         chunks: &[Chunk],
         enqueued: u64,
-    ) -> Result<bool, RunError> {
+    ) -> Result<Added, RunError> {
         let tokens: u64 = chunks.iter().map(|c| u64::from(c.token_count)).sum();
         let number = match open {
             Some(file) => file.number,
@@ -203,7 +245,11 @@ impl Submit {
             .cap
             .is_some_and(|cap| !first && enqueued + prepared + open_tokens + tokens > cap)
         {
-            return Ok(false);
+            return Ok(Added::Capped);
+        }
+        let ahead = enqueued + prepared + open_tokens + tokens;
+        if let Some(why) = self.budget.and_then(|b| b.over(ahead)) {
+            return Ok(Added::OverBudget(why));
         }
         let file = match open {
             Some(file) => file,
@@ -232,7 +278,7 @@ impl Submit {
         file.inputs += chunks.len() as u64;
         file.bytes += bytes;
         file.tokens += tokens;
-        Ok(true)
+        Ok(Added::Yes)
     }
 
     /// One request of the file, as the Batch API takes it.
@@ -347,6 +393,7 @@ mod tests {
             },
             limits,
             cap,
+            budget: None,
             pending: HashSet::new(),
         }
     }
@@ -426,5 +473,32 @@ mod tests {
         assert_eq!(report.written, 2);
         assert_eq!(report.held_back, 1);
         assert_eq!(record.parts[0].lines, 2);
+    }
+
+    #[test]
+    fn the_budget_holds_back_what_would_go_over_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut stage = submit(dir.path(), FileLimits::default(), None);
+        // 1 per token, 2 already billed: 3 more tokens fit a budget of 5.
+        stage.budget = Some(SubmitBudget {
+            max_cost: 5.0,
+            per_token: 1.0,
+            billed: 2.0,
+        });
+        let batches = vec![
+            Batch::new(vec![chunk("a", 1), chunk("b", 1)]),
+            Batch::new(vec![chunk("c", 2)]),
+            Batch::new(vec![chunk("d", 1)]),
+        ];
+        let (record, report, _) = run(stage, batches);
+        assert_eq!(report.written, 2);
+        assert_eq!(
+            report.held_back, 2,
+            "c would bring it to 6, d waits behind it"
+        );
+        assert_eq!(record.parts[0].tokens, 2);
+        let why = report.over_budget.unwrap();
+        assert!(why.contains("budget of 5: 2.000000 billed"), "{why}");
+        assert!(why.contains("6.000000"), "{why}");
     }
 }

@@ -470,6 +470,10 @@ pub struct BatchConfig {
     pub in_order: bool,
     /// The first N `POST /v1/batches` create the batch, then drop the connection unanswered.
     pub create_drop: u64,
+    /// The first N `POST /v1/files` store the file, then drop the connection unanswered.
+    pub upload_drop: u64,
+    /// Bytes of padding in each output line (an unknown field), to make lines long.
+    pub line_padding: usize,
     /// The largest file accepted.
     pub max_file_bytes: u64,
     /// The most lines of one batch.
@@ -492,6 +496,8 @@ impl Default for BatchConfig {
             stuck: 0,
             in_order: false,
             create_drop: 0,
+            upload_drop: 0,
+            line_padding: 0,
             max_file_bytes: MAX_BATCH_FILE_BYTES,
             max_lines: MAX_BATCH_LINES,
             max_inputs: MAX_BATCH_INPUTS,

@@ -57,6 +57,8 @@ pub struct Ledger {
     pub batches_created: u64,
     /// Of them, those whose answer was dropped (`--batch-create-drop`).
     pub batch_creates_dropped: u64,
+    /// Uploads stored whose answer was dropped (`--batch-upload-drop`).
+    pub batch_uploads_dropped: u64,
     /// Lines of batches completed and billed (also counted in `billed_requests`).
     pub batch_lines_billed: u64,
     /// Tokens of those lines, billed at the batch price (also counted in `prompt_tokens`).

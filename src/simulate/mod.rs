@@ -364,6 +364,7 @@ fn describe_batches(b: &BatchConfig) -> Option<String> {
         (b.fail_validation, "fail validation"),
         (b.stuck, "stay in_progress until cancelled"),
         (b.create_drop, "are created without an answer"),
+        (b.upload_drop, "uploads are stored without an answer"),
     ];
     for (n, what) in firsts.into_iter().filter(|(n, _)| *n > 0) {
         parts.push(format!("the first {n} {what}"));

@@ -253,6 +253,16 @@ pub struct SimulateOptions {
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub batch_create_drop: u64,
 
+    /// Batch API: the first N `POST /v1/files` store the file, then drop the
+    /// connection without an answer
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub batch_upload_drop: u64,
+
+    /// Batch API: pad each output line with this many bytes (in a field the
+    /// client does not know), to test the client's bound on a line
+    #[arg(long, value_name = "BYTES", default_value_t = 0)]
+    pub batch_line_padding: usize,
+
     /// Batch API: the most lines of a batch
     #[arg(long, value_name = "N", default_value_t = MAX_BATCH_LINES)]
     pub batch_max_lines: usize,
@@ -512,6 +522,8 @@ impl SimulateOptions {
             stuck: self.batch_stuck,
             in_order: self.batch_in_order,
             create_drop: self.batch_create_drop,
+            upload_drop: self.batch_upload_drop,
+            line_padding: self.batch_line_padding,
             max_lines: self.batch_max_lines,
             max_inputs: self.batch_max_inputs,
             max_file_bytes: self.batch_max_file_bytes,

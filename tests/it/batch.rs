@@ -511,3 +511,153 @@ async fn a_hundred_thousand_chunks_in_batch_mode_equal_sync_at_half_price() {
         ledger.batches_created, ledger.batch_tokens
     );
 }
+
+/// `--max-cost` in batch mode: what a run collects, what is enqueued and what
+/// it would submit stay within the budget, at the batch price; the rest is
+/// held back and the run stops as the synchronous budget stop does.
+#[tokio::test]
+async fn the_budget_holds_back_batches_that_would_go_over_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = corpus(dir.path(), 30);
+    let expected = expected_chunks(&root);
+    let sim = simulator(batch_sim(300, |_| {})).await;
+    let job = write_job(dir.path(), &sim.base_url(), &files_source(&root), BATCH);
+    // The simulator's listing has no batch price: half its 0.0001 per 1k.
+    let per_token = 0.0001 / 1000.0 / 2.0;
+    let bpe = tiktoken_rs::cl100k_base().unwrap();
+    let distinct: std::collections::HashSet<&String> = expected.values().collect();
+    let full_tokens: usize = distinct.iter().map(|t| bpe.encode_ordinary(t).len()).sum();
+    let budget = full_tokens as f64 * per_token * 0.4;
+    let max_cost = budget.to_string();
+
+    let first = run_job(&job, &["--quiet", "--json", "--max-cost", &max_cost]).await;
+    assert_eq!(first.status.code(), Some(4), "{}", text(&first.stderr));
+    let first = json(&first);
+    let stopped = first["stopped"].as_str().unwrap();
+    assert!(
+        stopped.starts_with("stopped at the budget of "),
+        "{stopped}"
+    );
+    assert!(stopped.contains("waiting for "), "{stopped}");
+    assert!(first["batch"]["submitted_chunks"].as_u64().unwrap() > 0);
+    assert!(first["batch"]["held_back_chunks"].as_u64().unwrap() > 0);
+
+    // Waiting collects what the first run enqueued (at most the budget, as
+    // reckoned before it was sent) and then has no budget left to send more.
+    let output = run_job(
+        &job,
+        &[
+            "--quiet",
+            "--json",
+            "--wait",
+            "--max-duration",
+            "60s",
+            "--max-cost",
+            &max_cost,
+        ],
+    )
+    .await;
+    assert_eq!(output.status.code(), Some(4), "{}", text(&output.stderr));
+    let waited = json(&output);
+    assert!(
+        waited["stopped"].as_str().unwrap().contains("budget"),
+        "{waited}"
+    );
+    let billed = sim.ledger().batch_tokens as f64 * per_token;
+    assert!(billed <= budget, "billed {billed} within {budget}");
+    // Lines of at most 8 chunks (the job's): what is left unused is less than one line.
+    assert!(
+        billed > budget * 0.5,
+        "the budget was used: {billed} of {budget}"
+    );
+    assert!(!dir.path().join("out/result.parquet").exists());
+
+    run_until_done(&job, 60, Duration::from_millis(200)).await;
+    let rows = read_output(&dir.path().join("out/result.parquet"));
+    assert_complete(&rows, &expected, 1024);
+    assert_eq!(sim.ledger().texts_billed_twice(), 0);
+}
+
+/// The request files the simulator keeps with `purpose=batch`, by name.
+async fn batch_files(sim: &Simulator) -> Vec<String> {
+    let config =
+        embedjob::client::ClientConfig::new(sim.base_url(), embedjob::client::ApiKey::new(KEY));
+    let client = embedjob::client::Client::new(config).unwrap();
+    let mut names = Vec::new();
+    let mut after: Option<String> = None;
+    // Bounded: far more pages than the job uploads files.
+    for _ in 0..100 {
+        let page = client.files("batch", after.as_deref(), 2).await.unwrap();
+        names.extend(page.data.into_iter().map(|f| f.filename));
+        if !page.has_more {
+            return names;
+        }
+        after = page.last_id;
+    }
+    panic!("the listing did not end: {names:?}");
+}
+
+/// Uploads stored whose answer is lost (and runs killed at random, some of
+/// them between an upload and its record) leave no request file behind: the
+/// job finds its own by name and deletes it before uploading the part again.
+#[tokio::test]
+async fn a_lost_upload_leaves_no_file_on_the_service() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = corpus(dir.path(), 30);
+    let expected = expected_chunks(&root);
+    let sim = simulator(batch_sim(300, |b| b.upload_drop = 3)).await;
+    let job = write_job(
+        dir.path(),
+        &sim.base_url(),
+        &files_source(&root),
+        &format!("{BATCH}\nbatch_max_enqueued_tokens = 1500"),
+    );
+    let mut rng = rand::rngs::StdRng::seed_from_u64(26);
+    for _ in 0..4 {
+        let mut child = spawn_job(&job, &["--quiet"]);
+        tokio::time::sleep(Duration::from_millis(rng.random_range(5..120))).await;
+        let _ = child.kill();
+        let _ = wait(child).await;
+    }
+    run_until_done(&job, 60, Duration::from_millis(200)).await;
+    let rows = read_output(&dir.path().join("out/result.parquet"));
+    assert_complete(&rows, &expected, 1024);
+    let ledger = sim.ledger();
+    assert_eq!(ledger.batch_uploads_dropped, 3);
+    assert_eq!(ledger.texts_billed_twice(), 0);
+    // Collected files are deleted, and so are the lost uploads.
+    let left = batch_files(&sim).await;
+    assert!(left.is_empty(), "orphans on the service: {left:?}");
+}
+
+/// The collector's bound on an output line follows from the part: its
+/// largest request's inputs times a vector of the job's dimensions written as
+/// the widest JSON floats (48 bytes a value, 256 an item), plus 64 KiB for the
+/// rest. With 8 inputs a line (the job's `max_inputs_per_request`) of 1,024
+/// dimensions that is 8 × (1,024 × 48 + 256) + 65,536 = 460,800 bytes: a 1 MB
+/// line is refused, naming it, rather than buffered (the bound of 2,048 inputs
+/// of 3,072 floats let lines of 300 MB through).
+#[tokio::test]
+async fn an_output_line_longer_than_its_request_can_answer_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = corpus(dir.path(), 4);
+    let sim = simulator(batch_sim(300, |b| b.line_padding = 1_000_000)).await;
+    let job = write_job(dir.path(), &sim.base_url(), &files_source(&root), BATCH);
+    let first = run_job(&job, &["--quiet"]).await;
+    assert_eq!(first.status.code(), Some(4), "{}", text(&first.stderr));
+    // Each run either waits (exit 4) or collects; 300 ms batches need few.
+    for _ in 0..40 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let output = run_job(&job, &["--quiet"]).await;
+        let (_, stderr) = no_key(&output, KEY);
+        if output.status.code() == Some(4) {
+            continue;
+        }
+        assert_eq!(output.status.code(), Some(1), "{stderr}");
+        assert!(stderr.contains("line 1 of file "), "{stderr}");
+        assert!(stderr.contains("is longer than 460800 bytes"), "{stderr}");
+        assert!(!dir.path().join("out/result.parquet").exists());
+        return;
+    }
+    panic!("the batch was never collected");
+}

@@ -65,6 +65,13 @@ pub(crate) fn run_line(
             let head = json!({"id": id, "custom_id": custom_id}).to_string();
             let mut line = Vec::with_capacity(answer.body.len() + head.len() + 128);
             line.extend_from_slice(&head.as_bytes()[..head.len() - 1]);
+            let padding = shared.config.batches.line_padding;
+            if padding > 0 {
+                // A field the client does not know, making the line as long as asked.
+                line.extend_from_slice(br#","padding":""#);
+                line.resize(line.len() + padding, b' ');
+                line.push(b'"');
+            }
             line.extend_from_slice(br#","response":{"status_code":200,"request_id":"#);
             line.extend_from_slice(Value::String(request_id).to_string().as_bytes());
             line.extend_from_slice(br#","body":"#);

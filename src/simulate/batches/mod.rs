@@ -55,6 +55,8 @@ struct State {
     stored_bytes: u64,
     /// Creations answered by dropping the connection so far.
     dropped_creates: u64,
+    /// Uploads answered by dropping the connection so far.
+    dropped_uploads: u64,
 }
 
 impl Batches {
@@ -77,6 +79,14 @@ impl Batches {
 
     fn state(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether this upload's answer is to be dropped (`--batch-upload-drop`).
+    fn drop_upload(&self) -> bool {
+        let mut state = self.state();
+        let drop = state.dropped_uploads < self.config.upload_drop;
+        state.dropped_uploads += u64::from(drop);
+        drop
     }
 
     /// A new id with `prefix`, unique in this simulator and unlike another run's.

@@ -93,6 +93,11 @@ async fn upload(
             api.keep(id, path.clone(), filename, "batch", bytes)
         });
     match kept {
+        Ok(_) if api.drop_upload() => {
+            api.shared.ledger().batch_uploads_dropped += 1;
+            // Stored, but the client never learns its id.
+            Ok(json_response(dropped_body()))
+        }
         Ok(file) => Ok(axum::Json(file.json()).into_response()),
         Err(error) => {
             let _ = std::fs::remove_file(&path);
