@@ -136,16 +136,8 @@ pub(crate) async fn list_files(
                 &files[at + 1..]
             }
         };
-        let data: Vec<Value> = rest.iter().take(limit).map(|file| file.json()).collect();
-        let id = |value: Option<&Value>| value.map(|file| file["id"].clone());
-        Ok(axum::Json(json!({
-            "object": "list",
-            "data": data,
-            "first_id": id(data.first()),
-            "last_id": id(data.last()),
-            "has_more": rest.len() > limit,
-        }))
-        .into_response())
+        let data = rest.iter().take(limit).map(|file| file.json()).collect();
+        Ok(list_page(data, rest.len() > limit))
     })())
 }
 
@@ -400,15 +392,21 @@ pub(crate) async fn list_batches(
                 rest.collect()
             }
         };
-        let data: Vec<Value> = rest.iter().take(limit).map(|batch| batch.json()).collect();
-        let id = |value: Option<&Value>| value.map(|batch| batch["id"].clone());
-        Ok(axum::Json(json!({
-            "object": "list",
-            "data": data,
-            "first_id": id(data.first()),
-            "last_id": id(data.last()),
-            "has_more": rest.len() > limit,
-        }))
-        .into_response())
+        let data = rest.iter().take(limit).map(|batch| batch.json()).collect();
+        Ok(list_page(data, rest.len() > limit))
     })())
+}
+
+/// A page of a listing, as OpenAI's list routes answer: the objects, the
+/// first and last ids (to page on with `after`), and whether more follow.
+fn list_page(data: Vec<Value>, has_more: bool) -> Response {
+    let id = |value: Option<&Value>| value.map(|object| object["id"].clone());
+    axum::Json(json!({
+        "object": "list",
+        "first_id": id(data.first()),
+        "last_id": id(data.last()),
+        "has_more": has_more,
+        "data": data,
+    }))
+    .into_response()
 }
