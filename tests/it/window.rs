@@ -331,31 +331,7 @@ async fn pieces_cut_during_a_run_are_not_sent_again_by_the_next_run() {
     );
     let ledger = sim.ledger();
 
-    let estimate = crate::support::json(
-        &crate::support::embedjob(&["estimate", crate::support::path_arg(&job), "--json"]).await,
-    );
-    assert_eq!(estimate["chunks"], rows.ids.len() as u64, "{estimate}");
-    assert_eq!(estimate["chunks_to_send"], 0, "{estimate}");
-    assert_eq!(estimate["tokens"], 0, "{estimate}");
-
-    let again = summary_of(&run_job(&job, &["--json"]).await);
-    assert_eq!(again["embedded"], 0, "{again}");
-    assert_eq!(again["requests"], 0, "{again}");
-    assert_eq!(again["unchanged"], rows.ids.len() as u64, "{again}");
-    assert_eq!(
-        again["learned_limits"]["context_window"],
-        first["learned_limits"]["context_window"]
-    );
-    let after = sim.ledger();
-    assert_eq!(
-        (after.embedding_requests, after.prompt_tokens, after.texts),
-        (
-            ledger.embedding_requests,
-            ledger.prompt_tokens,
-            ledger.texts
-        ),
-        "nothing was sent, and no text billed again"
-    );
+    second_run_sends_nothing(&job, &sim, (&ledger, &first), &rows).await;
     let same = read_output(&out);
     assert_eq!(
         (&same.ids, &same.texts, &same.vectors),
@@ -431,13 +407,33 @@ async fn pieces_cut_after_the_probe_are_not_sent_again_by_the_next_run() {
     );
     let ledger = sim.ledger();
 
+    second_run_sends_nothing(&job, &sim, (&ledger, &first), &rows).await;
+    let same = read_output(&out);
+    assert_eq!((&same.ids, &same.vectors), (&rows.ids, &rows.vectors));
+    // The output records both windows: the probe's, and the pieces'.
+    let recorded = &rows.metadata["embedjob.context_window"];
+    assert!(recorded.contains("\"pieces\""), "{recorded}");
+    assert_eq!(&same.metadata["embedjob.context_window"], recorded);
+}
+
+/// A second run over the same input, and its estimate, send nothing: every
+/// chunk is held unchanged, the window is the first run's, and the ledger
+/// bills nothing more.
+async fn second_run_sends_nothing(
+    job: &Path,
+    sim: &Simulator,
+    (ledger, first): (&Ledger, &Value),
+    rows: &Rows,
+) {
     let estimate = crate::support::json(
-        &crate::support::embedjob(&["estimate", crate::support::path_arg(&job), "--json"]).await,
+        &crate::support::embedjob(&["estimate", crate::support::path_arg(job), "--json"]).await,
     );
     assert_eq!(estimate["chunks"], rows.ids.len() as u64, "{estimate}");
+    assert_eq!(estimate["chunks_to_send"], 0, "{estimate}");
     assert_eq!(estimate["tokens"], 0, "{estimate}");
 
-    let again = summary_of(&run_job(&job, &["--json"]).await);
+    let again = summary_of(&run_job(job, &["--json"]).await);
+    assert_eq!(again["embedded"], 0, "{again}");
     assert_eq!(again["requests"], 0, "{again}");
     assert_eq!(again["unchanged"], rows.ids.len() as u64, "{again}");
     assert_eq!(
@@ -446,20 +442,14 @@ async fn pieces_cut_after_the_probe_are_not_sent_again_by_the_next_run() {
     );
     let after = sim.ledger();
     assert_eq!(
-        (after.embedding_requests, after.prompt_tokens, after.texts),
+        (after.embedding_requests, after.prompt_tokens, &after.texts),
         (
             ledger.embedding_requests,
             ledger.prompt_tokens,
-            ledger.texts
+            &ledger.texts
         ),
         "nothing was sent, and no text billed again"
     );
-    let same = read_output(&out);
-    assert_eq!((&same.ids, &same.vectors), (&rows.ids, &rows.vectors));
-    // The output records both windows: the probe's, and the pieces'.
-    let recorded = &rows.metadata["embedjob.context_window"];
-    assert!(recorded.contains("\"pieces\""), "{recorded}");
-    assert_eq!(&same.metadata["embedjob.context_window"], recorded);
 }
 
 /// With `chunking.tokenizer` a model's `tokenizer.json`, a window of 256
