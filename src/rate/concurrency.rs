@@ -8,15 +8,18 @@
 //! **Auto**: vector's adaptive request concurrency (RTT-based AIMD), with
 //! TCP Vegas's estimate of the queue. The limit starts at [`START`]. Every
 //! window of `limit` answers, the requests this client keeps queued at the
-//! server are estimated from how much longer the answers took (the first
-//! quartile of the window: a queue delays them all, the client's own pauses
-//! some) than the
+//! server are estimated from how much longer the answers took (the mean
+//! of the window: a quantile misses the queue when requests go in bursts,
+//! as after slow start, where K of each round wait for nothing and the
+//! rest a whole service time) than the
 //! same-sized answers with no queue (Little's law: with `c` requests in
-//! flight and RTTs `r` times the no-queue RTT, the server works on `c / r`
-//! of them and `q = c (1 - 1/r)` wait). While `q` stays under half the
+//! flight and RTTs `r` times the no-queue RTT on average, the server works
+//! on `c / r` of them and `q = c (1 - 1/r)` wait). While `q` stays under half the
 //! allowed queue, `max(1, TOLERANCE × c)`, the limit grows: doubling a
 //! window until the first sign of a queue (slow start), then by
-//! half the allowed queue (one at least), which keeps the queue within it.
+//! half the allowed queue (one at least), which keeps the queue within it;
+//! after slow start, the window after a change counts only answers sent
+//! under the new limit.
 //! Doubling rather than more: a size class's baseline first seen behind the
 //! client's own queue hides that queue, and a deeper first queue hid it in
 //! the simulator's tests. Over the
@@ -242,14 +245,21 @@ impl Vegas {
     #[allow(clippy::cast_precision_loss)]
     fn decide(&mut self, limit: f64) -> Decision {
         let n = self.samples as f64;
-        // The first quartile of the window, near its fastest answer as
-        // Linux's Vegas takes the least RTT of a round trip: a queue at the
-        // server delays every answer, the client's own pauses (a busy
-        // machine) only some; and a size class whose baseline was first seen
-        // behind a queue, rare, does not hide the queue.
-        self.ratios.sort_by(f64::total_cmp);
-        let ratio = self.ratios[self.ratios.len() / 4].max(1.0);
-        let in_flight = self.in_flight / n;
+        // Little's law holds for the mean: with c in flight and K workers
+        // the RTTs average c/K service times however the answers are spread.
+        // A quantile does not: when slow start or a cut sends the requests
+        // in bursts, K of every round find a worker freed at that instant
+        // and wait for nothing, the c - K others wait a whole service time;
+        // the first quartile read no queue until c - K reached 3K/4.
+        let ratio = (self.ratios.iter().sum::<f64>() / n).max(1.0);
+        // A window the limit held back had the limit in flight throughout
+        // (a closed loop); counted at each send, a burst counts those not
+        // yet sent after it as not in flight.
+        let in_flight = if self.reached {
+            limit.floor()
+        } else {
+            self.in_flight / n
+        };
         let queue = in_flight * (1.0 - 1.0 / ratio);
         let allowed = (TOLERANCE * in_flight).max(1.0);
         let queued = queue >= allowed / 2.0;
@@ -408,6 +418,11 @@ impl Concurrency {
                             limit + (TOLERANCE * limit / 2.0).floor().max(1.0)
                         };
                         state.window = grown.min(self.max as f64);
+                        if !state.vegas.slow_start {
+                            // The next window judges the grown limit alone:
+                            // answers sent under the last one met less queue.
+                            state.vegas.changed_at = Some(now);
+                        }
                     }
                     let window = state.window;
                     state.vegas.record(window);
@@ -753,6 +768,24 @@ mod tests {
             let settled = control.settled().unwrap();
             assert_eq!(settled.settled, limit);
             assert!(settled.lowest <= limit && limit <= settled.highest);
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn auto_settles_in_the_band_when_requests_go_in_bursts() {
+        // Slow start sends each window at once, and a server of fixed
+        // service time keeps the bursts together: per round, K answers met a
+        // worker freed that instant and c - K waited a whole service time.
+        for workers in [4, 32] {
+            let control = auto(1024);
+            let service = Duration::from_millis(20);
+            let (_, limits) = closed_loop(&control, workers, service, service * 200).await;
+            let limit = control.limit();
+            assert!(
+                band(workers).contains(&limit),
+                "{workers} workers: settled at {limit}, not in {:?}: {limits:?}",
+                band(workers)
+            );
         }
     }
 
