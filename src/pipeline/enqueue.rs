@@ -106,10 +106,12 @@ pub(super) async fn adopt(
             else {
                 continue;
             };
-            if let Some(part) = record
-                .part_mut(number)
-                .filter(|p| p.state == PartState::Uploaded)
-            {
+            // Its own upload too: a part number may come again after the
+            // checkpoint was discarded, a file id never does.
+            if let Some(part) = record.part_mut(number).filter(|p| {
+                p.state == PartState::Uploaded
+                    && p.file_id.as_deref() == Some(batch.input_file_id.as_str())
+            }) {
                 part.batch_id = Some(batch.id.clone());
                 part.expires_at = batch.expires_at;
                 part.status = Some(batch.status.as_str().to_string());
