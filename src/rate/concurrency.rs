@@ -861,28 +861,17 @@ mod tests {
         }
         assert_eq!(control.limit(), 64);
         let now = server.clock;
-        control.on_sample(
-            Sample {
-                sent_at: now,
-                rtt: Duration::from_secs(5),
-                tokens: 500,
-                in_flight: 64,
-                full: true,
-            },
-            now + Duration::from_secs(5),
-        );
+        let slow = Sample {
+            sent_at: now,
+            rtt: Duration::from_secs(5),
+            tokens: 500,
+            in_flight: 64,
+            full: true,
+        };
+        control.on_sample(slow, now + Duration::from_secs(5));
         assert_eq!(control.limit(), 32);
         // Answers to requests sent before the cut do not cut again.
-        control.on_sample(
-            Sample {
-                sent_at: now,
-                rtt: Duration::from_secs(5),
-                tokens: 500,
-                in_flight: 64,
-                full: true,
-            },
-            now + Duration::from_secs(5),
-        );
+        control.on_sample(slow, now + Duration::from_secs(5));
         assert_eq!(control.limit(), 32);
     }
 

@@ -54,22 +54,27 @@ fn metadata(part: &str) -> BTreeMap<String, String> {
     ])
 }
 
-async fn submit(client: &Client, dir: &Path, part: &str) -> BatchObject {
-    let path = request_file(dir, &[("p0-0", &["alpha"], true)]);
-    let file = client
-        .upload_batch_file(&path, &format!("embedjob-{part}.jsonl"))
-        .await
-        .unwrap();
+/// A batch of the uploaded file `file_id`, tagged as part `part`.
+async fn create(client: &Client, file_id: &str, part: &str) -> BatchObject {
     let metadata = metadata(part);
     client
         .create_batch(&NewBatch {
-            input_file_id: &file.id,
+            input_file_id: file_id,
             endpoint: "/v1/embeddings",
             completion_window: "24h",
             metadata: &metadata,
         })
         .await
         .unwrap()
+}
+
+async fn submit(client: &Client, dir: &Path, part: &str) -> BatchObject {
+    let path = request_file(dir, &[("p0-0", &["alpha"], true)]);
+    let file = client
+        .upload_batch_file(&path, &format!("embedjob-{part}.jsonl"))
+        .await
+        .unwrap();
+    create(client, &file.id, part).await
 }
 
 /// Polls until the batch has ended. The simulator ends one in `quick()`'s
@@ -110,18 +115,9 @@ async fn a_batch_goes_from_upload_to_vectors() {
     assert_eq!(file.purpose, "batch");
     assert_eq!(file.filename, "embedjob-abc-0.jsonl");
 
-    let metadata = metadata("0");
-    let created = client
-        .create_batch(&NewBatch {
-            input_file_id: &file.id,
-            endpoint: "/v1/embeddings",
-            completion_window: "24h",
-            metadata: &metadata,
-        })
-        .await
-        .unwrap();
+    let created = create(&client, &file.id, "0").await;
     assert_eq!(created.input_file_id, file.id);
-    assert_eq!(created.metadata, metadata);
+    assert_eq!(created.metadata, metadata("0"));
     assert!(!created.status.is_terminal(), "{}", created.status);
 
     let done = settle(&client, &created.id).await;
