@@ -48,6 +48,12 @@ const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// steady run it costs no rate, only a slightly fuller bucket.
 const MARGIN: f64 = 0.02;
 
+/// What a stranger on a bucket counts on of the refill since the latest
+/// header, until the next: the others on the key take the rest (a fair
+/// part among four; without it, processes that all saw too little to send
+/// would wait for the least rate while the bucket refills).
+const OTHERS_LEAVE: f64 = 0.25;
+
 /// After a refusal the share of the refill counted on halves, at most once
 /// per spacing (the requests in flight are refused together), down to the
 /// least share; each success adds a step back.
@@ -111,10 +117,12 @@ struct Budget {
     refill: Refill,
     /// The send the latest header describes the quota as of.
     seen: Instant,
+    /// What that header showed left.
+    shown: f64,
 }
 
 impl Budget {
-    fn new(header: QuotaHeader, at: Instant) -> Budget {
+    fn new(header: QuotaHeader, at: Instant, refused: bool) -> Budget {
         let mut budget = Budget {
             limit: header.limit,
             remaining: header.remaining,
@@ -124,17 +132,21 @@ impl Budget {
             rated: false,
             refill: Refill::default(),
             seen: at,
+            shown: header.remaining,
         };
-        budget.update(header, at);
+        budget.update(header, at, refused);
         budget
     }
 
     /// Takes in a newer description of the quota, as of `at`.
-    fn update(&mut self, header: QuotaHeader, at: Instant) {
+    /// A refusal's header may show a bucket in debt (refusals take from
+    /// it), whole later than its rate says: only a success's tells the rate.
+    fn update(&mut self, header: QuotaHeader, at: Instant, refused: bool) {
         self.limit = header.limit;
         self.remaining = header.remaining;
         self.at = at;
         self.seen = at;
+        self.shown = header.remaining;
         let Some(reset) = header.reset.filter(|r| !r.is_zero()) else {
             return;
         };
@@ -144,7 +156,9 @@ impl Budget {
             // A full quota's reset tells nothing of how fast it refills.
             return;
         }
-        self.refill.sample(header.limit, header.remaining, reset);
+        if !refused {
+            self.refill.sample(header.limit, header.remaining, reset);
+        }
         if let Some(rate) = self.refill.sliding_rate(header.limit) {
             // A sliding window's reset is when its oldest use leaves: nothing
             // is freed before, and after it about the rate.
@@ -428,7 +442,7 @@ impl Pacing {
         state.raised_at = None;
         state.alone = None;
         state.distrust = false;
-        state.observe(ticket, headers);
+        state.observe(ticket, headers, false);
         state.last_success = Instant::now();
         state.share = (state.share + SHARE_STEP).min(1.0);
         if let Some(billed) = billed_tokens {
@@ -452,7 +466,7 @@ impl Pacing {
     pub fn on_failure(&self, ticket: Ticket, headers: Option<RateLimitHeaders>) {
         let mut state = self.lock();
         state.release(ticket);
-        state.observe(ticket, headers);
+        state.observe(ticket, headers, false);
     }
 
     /// A 429 that is a rate limit. Returns whether the service describes
@@ -477,7 +491,7 @@ impl Pacing {
         }
         let described = headers.is_some() && !state.distrust;
         let now = Instant::now();
-        state.observe(ticket, headers);
+        state.observe(ticket, headers, true);
         let window = state.window();
         state.pace.refused(now, ticket.sent_at, window);
         state.pace.untook_tokens(ticket.seq);
@@ -556,6 +570,9 @@ impl State {
             let Some(budget) = budget else { continue };
             let share = self.counted_share();
             let mut until = budget.wait(now, cost, share);
+            if !self.probe && budget.refill.sliding_rate(budget.limit).is_none() {
+                until = self.stranger_wait(k, budget, now, cost);
+            }
             if !until.is_zero() && budget.refill.sliding_rate(budget.limit).is_some() {
                 // A sliding window frees this process's own uses a window
                 // after it sent them, all of them its own: its next burst
@@ -579,6 +596,40 @@ impl State {
             quotas[1].filter(|_| sliding(&self.tokens).is_some()),
         ];
         wait.max(self.pace.wait(now, quotas, self.window()))
+    }
+
+    /// The wait of a stranger (not a shard) on a bucket before a request
+    /// costing `cost` of quota `k`: the level decides its rate, not a share
+    /// (see [`Share::bucket_wait`]). Until two answers tell how the quota
+    /// refills, one request at a time: the others on it may be many.
+    fn stranger_wait(&self, k: usize, budget: &Budget, now: Instant, cost: f64) -> Duration {
+        let until = budget.wait(now, cost, 1.0);
+        if !budget.refill.is_bucket() {
+            // For at most the probe's time, should an answer never be told of.
+            let waiting_on = self
+                .uncovered
+                .iter()
+                .any(|s| now.saturating_duration_since(s.at) < PROBE);
+            return if waiting_on {
+                until.max(PROBE_STEP)
+            } else {
+                until
+            };
+        }
+        // The level the latest header showed, less this process's sends it
+        // does not cover, and a part of the refill since.
+        let uncovered: f64 = self
+            .uncovered
+            .iter()
+            .map(|s| if k == 0 { 1.0 } else { s.tokens })
+            .sum();
+        let since = now.saturating_duration_since(budget.seen).as_secs_f64();
+        let level = budget.shown - uncovered + OTHERS_LEAVE * budget.rate * since;
+        let need = cost + MARGIN * budget.limit;
+        let spacing = self
+            .pace
+            .bucket_wait(now, [level, budget.limit, budget.rate], need, cost);
+        until.max(spacing)
     }
 
     /// The part of what the headers show left that this process counts on:
@@ -722,7 +773,7 @@ impl State {
     /// Takes in what an answer's headers say, when they are newer than
     /// what is known: as of the send of `ticket`'s request, which they
     /// cover with every request sent before it.
-    fn observe(&mut self, ticket: Ticket, headers: Option<RateLimitHeaders>) {
+    fn observe(&mut self, ticket: Ticket, headers: Option<RateLimitHeaders>, refused: bool) {
         self.answered = true;
         let Some(headers) = headers.filter(|_| !self.distrust) else {
             return;
@@ -737,8 +788,8 @@ impl State {
         ] {
             if let Some(header) = header {
                 match budget {
-                    Some(budget) => budget.update(header, ticket.sent_at),
-                    None => *budget = Some(Budget::new(header, ticket.sent_at)),
+                    Some(budget) => budget.update(header, ticket.sent_at, refused),
+                    None => *budget = Some(Budget::new(header, ticket.sent_at, refused)),
                 }
             }
         }
@@ -854,7 +905,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn one_of_four_shards_sends_a_quarter_of_what_the_headers_show() {
-        for (processes, at_once) in [(1, 18..=19), (4, 4..=5)] {
+        for (processes, at_once) in [(4, 4..=5)] {
             let pacing = Pacing::new(Duration::from_secs(600)).shared_by(processes);
             let first = pacing.admit(1).await.unwrap();
             // 20 requests left of 30, whole again in 20 s: half a request a second.
@@ -876,6 +927,53 @@ mod tests {
                 sent - 1
             );
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stranger_on_a_bucket_goes_one_at_a_time_then_at_the_rate_its_level_allows() {
+        let pacing = Pacing::new(Duration::from_secs(600));
+        let first = pacing.admit(1).await.unwrap();
+        // 20 requests left of 30, whole again in 20 s: half a request a
+        // second, or a sliding window's first uses: one answer cannot tell.
+        pacing.on_answer(
+            first,
+            Some(headers(Some((30.0, 20.0, 20_000)), None)),
+            Some(1),
+        );
+        let second = pacing.admit(1).await.unwrap();
+        let held = tokio::time::timeout(Duration::from_secs(1), pacing.admit(1)).await;
+        assert!(held.is_err(), "a third went before the second's answer");
+        // 19 left, whole in 22 s: the same rate, a bucket. The rate it may
+        // send at is 1.5 x the refill x (19 - 1.6) / 30 of a bucket, 0.435
+        // a second (a quarter of the refill since the header adds a little):
+        // the next goes about 2.3 s after the second.
+        pacing.on_answer(
+            second,
+            Some(headers(Some((30.0, 19.0, 22_000)), None)),
+            Some(1),
+        );
+        let _third = pacing.admit(1).await.unwrap();
+        let after = second.sent_at().elapsed();
+        assert!(
+            after >= Duration::from_millis(2200) && after <= Duration::from_millis(2350),
+            "the third went {after:?} after the second"
+        );
+        // Past three quarters of the bucket nobody counts on the level.
+        let pacing = Pacing::new(Duration::from_secs(600));
+        for remaining in [28.0, 27.0] {
+            let ticket = pacing.admit(1).await.unwrap();
+            let reset = (30.0 - remaining) * 2000.0;
+            pacing.on_answer(
+                ticket,
+                Some(headers(Some((30.0, remaining, reset as u64)), None)),
+                Some(1),
+            );
+        }
+        let start = Instant::now();
+        for _ in 0..4 {
+            let _ticket = pacing.admit(1).await.unwrap();
+        }
+        assert_eq!(start.elapsed(), Duration::ZERO);
     }
 
     #[tokio::test(start_paused = true)]

@@ -19,7 +19,15 @@
 //! than its part of what was used so far: processes started together are
 //! all still growing.
 //!
-//! Under a bucket, the pacing counts on the share of the level the headers
+//! A stranger on a bucket (an independent job, not a shard) needs no share:
+//! it sends at a rate in proportion to the level the headers show
+//! ([`Share::bucket_wait`]). All follow the same level by the same rule, so
+//! they send alike whatever their number and however far apart they
+//! started, and the level settles where their rates add up to the refill.
+//! The share of the others' use serves shards, and strangers under a
+//! sliding window, whose free part is wasted, not stored.
+//!
+//! Under a bucket, a shard counts on the share of the level the headers
 //! show; under a sliding window, the process's sends of the last window
 //! (each leaving it a window and a round trip after the send) stay within
 //! its share of each limit, and what its own uses free is its to take at
@@ -51,6 +59,18 @@ const RISE: f64 = 0.5;
 /// The least share: a process is never starved.
 const LEAST: f64 = 1.0 / 32.0;
 
+/// A stranger on a bucket sends at this many times the refill for a whole
+/// bucket left beyond what a request needs.
+const LEVEL_GAIN: f64 = 1.5;
+
+/// Above this part of a bucket a stranger spends at once: the level where
+/// several processes' rates meet the refill is below it (a third of the
+/// bucket for two, at [`LEVEL_GAIN`]), so nobody else is counting on it.
+const UNCONTENDED: f64 = 0.75;
+
+/// The longest a stranger on a bucket spaces its sends.
+const MAX_SPACING: Duration = Duration::from_secs(120);
+
 /// Own sends remembered, at most.
 const MAX_SENDS: usize = 4096;
 
@@ -67,6 +87,8 @@ pub(super) struct Refill {
     ceiling: Option<f64>,
     /// The longest reset seen, in seconds.
     longest: f64,
+    /// Headers with some of the quota used taken in.
+    samples: u32,
 }
 
 impl Refill {
@@ -86,6 +108,13 @@ impl Refill {
             self.ceiling = Some(self.ceiling.map_or(most, |c| c.min(most)));
         }
         self.longest = self.longest.max(seconds);
+        self.samples = self.samples.saturating_add(1);
+    }
+
+    /// Whether the answers so far show a bucket: two or more, and one
+    /// rate that gives every one of them.
+    pub(super) fn is_bucket(&self) -> bool {
+        self.samples >= 2 && self.ceiling.is_some_and(|c| self.floor <= c)
     }
 
     /// The rate of a sliding window (its limit over its length), once the
@@ -165,6 +194,36 @@ impl Share {
             recent: VecDeque::new(),
             sliding: false,
         }
+    }
+
+    /// How long a stranger on a bucket waits before a request of `cost`:
+    /// it sends at a rate in proportion to the `level` it counts on beyond
+    /// what the request `need`s, [`LEVEL_GAIN`] times the refill for a
+    /// whole bucket. Every process on the key follows the same level by
+    /// the same rule, so they send at the same rate whatever their number,
+    /// and the level settles where those rates add up to the refill: for
+    /// `n` processes at `need + limit / (LEVEL_GAIN n)`, each sending `1/n`
+    /// of the refill. None of them has to know the others' use.
+    pub(super) fn bucket_wait(
+        &self,
+        now: Instant,
+        [level, limit, refill]: [f64; 3],
+        need: f64,
+        cost: f64,
+    ) -> Duration {
+        let Some(last) = self.sends.back() else {
+            return Duration::ZERO;
+        };
+        if limit <= 0.0 || refill <= 0.0 || level >= limit * UNCONTENDED {
+            return Duration::ZERO;
+        }
+        // A process alone sends at least the refill below three quarters of
+        // the bucket, however large its requests.
+        let room = (limit * UNCONTENDED - need).max(limit / 1000.0);
+        let gain = LEVEL_GAIN.max(limit / room);
+        let part = (gain * (level - need) / limit).max(LEAST);
+        let spacing = Duration::try_from_secs_f64(cost / (refill * part)).unwrap_or(MAX_SPACING);
+        (last.at + spacing.min(MAX_SPACING)).saturating_duration_since(now)
     }
 
     /// The part of the quotas this process counts on.
@@ -447,6 +506,35 @@ mod tests {
         empty.sample(20.0, 20.0, ms(50));
         empty.sample(20.0, 3.0, ms(0));
         assert_eq!(empty.ceiling, None);
+    }
+
+    #[test]
+    fn a_stranger_on_a_bucket_sends_at_a_rate_in_proportion_to_the_level() {
+        let start = Instant::now();
+        let mut share = Share::new(1.0);
+        assert_eq!(
+            share.bucket_wait(start, [1.0, 30.0, 0.5], 1.6, 1.0),
+            Duration::ZERO
+        );
+        share.sent(0, start, [1.0, 0.0], Duration::from_secs(60));
+        let wait = |level: f64, need: f64, cost: f64| {
+            share
+                .bucket_wait(start, [level, 30.0, 0.5], need, cost)
+                .as_secs_f64()
+        };
+        // Four processes where the level is 1.6 + 30 / (1.5 x 4) = 6.6 each
+        // send a request every 8 s: a quarter of the refill of half a second.
+        assert!((wait(6.6, 1.6, 1.0) - 8.0).abs() < 1e-9);
+        // A fuller bucket, a faster rate; past three quarters of it, at once.
+        assert!((wait(19.0, 1.6, 1.0) - 1.0 / (0.5 * 1.5 * 17.4 / 30.0)).abs() < 1e-9);
+        assert_eq!(wait(22.5, 1.6, 1.0), 0.0);
+        // Below what a request needs, the least rate: the refill over 32.
+        assert!((wait(1.0, 1.6, 1.0) - 64.0).abs() < 1e-9);
+        // A request of 20 of the 30: alone just below three quarters of the
+        // bucket it still sends the refill (20 every 40 s), not 1.5 x 1.89 /
+        // 30 of it.
+        let rate = 20.0 / wait(22.5 - 1e-9, 20.6, 20.0);
+        assert!((rate - 0.5).abs() < 1e-6, "{rate}");
     }
 
     fn sliding(limit: f64, remaining: f64) -> [Option<Shown>; 2] {
