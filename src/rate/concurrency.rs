@@ -835,9 +835,10 @@ mod tests {
         // 4 workers of 20 ms: slow start ends at 8 (r = 2, 4 queued) and
         // cuts to 4 + 1 = 5. Then the client takes 30 ms more to read every
         // answer (a loaded machine). At 5, r = 55/20 and 3.2 read as queued:
-        // cut to 5/r + 5/8 = 2.4, so 2. At 2, r = 2.5 > c: a server serving
-        // at least one of 2 keeps at most 1 waiting, the allowed queue, so
-        // no cut; the mean alone read 2 (1 - 1/2.5) = 1.2 and cut to 1.
+        // cut to 5/r + 5/8 = 2.4, by half at most, so 2. At 2, r = 2.5 > c: a
+        // server serving at least one of 2 keeps at most 1 waiting, the
+        // allowed queue, so no cut; taking all of the delay for queue read
+        // 2 (1 - 1/2.5) = 1.2 and cut to 1.
         let control = auto(1024);
         let mut server = Server::new(4, Duration::from_millis(20));
         for _ in 0..20 {
@@ -851,7 +852,7 @@ mod tests {
         assert_eq!(control.limit(), 2);
         // A timeout halves it to 1, where an answer sent alone met no
         // queue of the client's own whatever it took: it grows back to 2
-        // (at 1 the mean alone read 1 - 1/2.5 = 0.6 queued, and held).
+        // (taking the delay for queue read 1 - 1/2.5 = 0.6, and held).
         tokio::time::advance(server.clock - Instant::now() + DECREASE_SPACING).await;
         server.clock = Instant::now();
         control.on_timeout();
