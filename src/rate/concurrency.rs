@@ -14,7 +14,10 @@
 //! rest a whole service time) than the
 //! same-sized answers with no queue (Little's law: with `c` requests in
 //! flight and RTTs `r` times the no-queue RTT on average, the server works
-//! on `c / r` of them and `q = c (1 - 1/r)` wait). While `q` stays under half the
+//! on `c / r` of them and `q = c (1 - 1/r)` wait; it works on one at least,
+//! so `q ≤ c - 1`: the rest of a longer RTT is the client's own delay, which
+//! fewer requests would not shorten, and a limit of 1 or 2 is never held
+//! down by it). While `q` stays under half the
 //! allowed queue, `max(1, TOLERANCE × c)`, the limit grows: doubling a
 //! window until the first sign of a queue (slow start), then by
 //! half the allowed queue (one at least), which keeps the queue within it;
@@ -260,11 +263,15 @@ impl Vegas {
         } else {
             self.in_flight / n
         };
-        let queue = in_flight * (1.0 - 1.0 / ratio);
+        // A server working for this client serves at least one of its
+        // requests while it holds any: RTTs of more than `c` no-queue RTTs
+        // were stretched by something fewer requests would not shorten (the
+        // client's own delays on a loaded machine), and at most `c - 1` wait.
+        let capacity = (in_flight / ratio).max(1.0);
+        let queue = in_flight - capacity;
         let allowed = (TOLERANCE * in_flight).max(1.0);
         let queued = queue >= allowed / 2.0;
         let decision = if queue > allowed {
-            let capacity = in_flight / ratio;
             Decision::Cut((capacity + allowed / 2.0).clamp(limit * 0.5, limit * 0.9))
         } else if !queued && self.reached {
             Decision::Grow
@@ -626,6 +633,8 @@ mod tests {
     struct Server {
         workers: f64,
         service: Duration,
+        /// Added to every answer by the client itself, whatever is in flight.
+        delay: Duration,
         clock: Instant,
     }
 
@@ -635,6 +644,7 @@ mod tests {
                 #[allow(clippy::cast_precision_loss)]
                 workers: workers as f64,
                 service,
+                delay: Duration::ZERO,
                 clock: Instant::now(),
             }
         }
@@ -643,7 +653,7 @@ mod tests {
         #[allow(clippy::cast_precision_loss)]
         fn round(&mut self, control: &Concurrency, tokens: u64) {
             let c = control.limit();
-            let rtt = self.service.mul_f64((c as f64 / self.workers).max(1.0));
+            let rtt = self.service.mul_f64((c as f64 / self.workers).max(1.0)) + self.delay;
             let sent_at = self.clock;
             self.clock += rtt;
             for _ in 0..c {
@@ -818,6 +828,39 @@ mod tests {
         let settled = control.settled().unwrap();
         assert_eq!(settled.lowest, after, "{settled:?}");
         assert!(band(32).contains(&settled.highest), "{settled:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_clients_own_delays_never_hold_the_limit_at_one() {
+        // 4 workers of 20 ms: slow start ends at 8 (r = 2, 4 queued) and
+        // cuts to 4 + 1 = 5. Then the client takes 30 ms more to read every
+        // answer (a loaded machine). At 5, r = 55/20 and 3.2 read as queued:
+        // cut to 5/r + 5/8 = 2.4, by half at most, so 2. At 2, r = 2.5 > c: a
+        // server serving at least one of 2 keeps at most 1 waiting, the
+        // allowed queue, so no cut; taking all of the delay for queue read
+        // 2 (1 - 1/2.5) = 1.2 and cut to 1.
+        let control = auto(1024);
+        let mut server = Server::new(4, Duration::from_millis(20));
+        for _ in 0..20 {
+            server.round(&control, 500);
+        }
+        assert_eq!(control.limit(), 5);
+        server.delay = Duration::from_millis(30);
+        for _ in 0..50 {
+            server.round(&control, 500);
+        }
+        assert_eq!(control.limit(), 2);
+        // A timeout halves it to 1, where an answer sent alone met no
+        // queue of the client's own whatever it took: it grows back to 2
+        // (taking the delay for queue read 1 - 1/2.5 = 0.6, and held).
+        tokio::time::advance(server.clock - Instant::now() + DECREASE_SPACING).await;
+        server.clock = Instant::now();
+        control.on_timeout();
+        assert_eq!(control.limit(), 1);
+        for _ in 0..10 {
+            server.round(&control, 500);
+        }
+        assert_eq!(control.limit(), 2);
     }
 
     #[tokio::test(start_paused = true)]
