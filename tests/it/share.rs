@@ -91,13 +91,15 @@ async fn four_independent_jobs_on_a_bucket_store_and_bill_each_text_once_with_fe
     // Until two answers tell how the quota refills, each job sends one
     // request at a time: two each fit the whole bucket of 8. From then on
     // each sends at a rate in proportion to the level its latest answer
-    // showed beyond what a request needs (1.5 x the refill x (level - 1.16)
-    // / 8), the same rule for all, whatever they start apart or however
-    // late their answers come: the four rates meet the refill where the
-    // level is 1.16 + 8 / 6 = 2.5 requests, so a request is refused only
-    // when the others spend those 2.5 between a job's answer and its next
-    // send, and a refused job's header shows none left: it comes back at
-    // the least rate, rising with the refill. A tenth is the bound (0 to 3
+    // showed beyond what a request needs: 8 / 4.84 x the refill x (level -
+    // 1.16) / 8, the gain that lets a job alone send the refill below three
+    // quarters of the bucket, the same rule for all, whatever they start
+    // apart or however late their answers come. The four rates meet the
+    // refill where the level is 1.16 + 4.84 / 4 = 2.4 requests, so a request
+    // is refused only when the others spend those 2.4 between a job's
+    // answer and its next send, and a refused job's header shows none left:
+    // it comes back at the least rate, rising with the refill. A tenth is
+    // the bound (0 to 3
     // of 60 to 63 were refused in ten runs, eight of them beside four busy
     // loops on two cores; `rate::strangers` holds the same rule to 5% on the
     // quota bench's set-up). When each job counted on its share of the
