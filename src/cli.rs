@@ -118,7 +118,7 @@ Examples:
 const SIMULATE_EXAMPLES: &str = "\
 Examples:
   embedjob simulate --port 9000
-  EMBEDJOB_API_KEY=any EMBEDJOB_BASE_URL=http://127.0.0.1:9000 embedjob models";
+  EMBEDJOB_API_KEY=unused-local-key EMBEDJOB_BASE_URL=http://127.0.0.1:9000 embedjob models";
 
 const INSPECT_EXAMPLES: &str = "\
 Examples:
