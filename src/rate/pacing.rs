@@ -929,6 +929,24 @@ mod tests {
         }
     }
 
+    #[test]
+    fn a_refusals_headers_do_not_tell_how_a_bucket_refills() {
+        let header = |remaining: f64, reset_ms: u64| QuotaHeader {
+            limit: 20.0,
+            remaining,
+            reset: Some(Duration::from_millis(reset_ms)),
+        };
+        let now = Instant::now();
+        // A bucket of 20 refilling 10 a second: 19 left, whole in 100 ms.
+        let mut budget = Budget::new(header(19.0, 100), now, false);
+        // Refused while 30 in debt: none shown left, whole in 5 s. Read as a
+        // rate, that is 4 a second, which the next success's 10 a second
+        // would contradict, and nothing would be known for a bucket.
+        budget.update(header(0.0, 5000), now, true);
+        budget.update(header(18.0, 200), now, false);
+        assert!(budget.refill.is_bucket());
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_stranger_on_a_bucket_goes_one_at_a_time_then_at_the_rate_its_level_allows() {
         let pacing = Pacing::new(Duration::from_secs(600));
