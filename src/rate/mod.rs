@@ -16,6 +16,8 @@
 
 mod concurrency;
 mod headers;
+#[cfg(test)]
+mod hostile;
 mod limits;
 mod pacing;
 mod retry;
