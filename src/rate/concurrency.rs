@@ -544,6 +544,108 @@ impl Concurrency {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::strategy::Strategy;
+
+    /// What a server may do with one request: answer after a delay (of any
+    /// length, for a request of any size), shed it (429/503, with or without
+    /// a delay asked for), or hold it past the client's timeout.
+    #[derive(Debug, Clone, Copy)]
+    enum Event {
+        Answer { after_ms: u64, tokens: u64 },
+        Shed { retry_after_ms: Option<u64> },
+        Timeout { after_ms: u64 },
+    }
+
+    fn event() -> impl Strategy<Value = Event> {
+        use proptest::prelude::*;
+        prop_oneof![
+            4 => (0u64..200_000, prop_oneof![Just(0u64), Just(u64::MAX), 0u64..100_000])
+                .prop_map(|(after_ms, tokens)| Event::Answer { after_ms, tokens }),
+            1 => proptest::option::of(0u64..120_000)
+                .prop_map(|retry_after_ms| Event::Shed { retry_after_ms }),
+            1 => (0u64..120_000).prop_map(|after_ms| Event::Timeout { after_ms }),
+        ]
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 64, ..Default::default() })]
+
+        /// However a server answers, sheds and stalls (or answers every
+        /// request alike), `auto` (and a fixed window) keeps its limit
+        /// between 1 and the configured most, and
+        /// every request gets a place: each waits at most for the requests
+        /// ahead of it in flight and the pauses asked for, so the script
+        /// ends within the sum of every delay (paused time).
+        #[test]
+        fn no_server_behaviour_takes_the_limit_out_of_its_range_or_stops_the_requests(
+            events in proptest::prop_oneof![
+                proptest::collection::vec(event(), 1..60),
+                // A steady server, which `auto` grows on up to the most.
+                (1u64..500, 20usize..200)
+                    .prop_map(|(after_ms, n)| vec![Event::Answer { after_ms, tokens: 100 }; n]),
+            ],
+            most in 1usize..=64,
+            auto in proptest::bool::ANY,
+            workers in 1usize..=8,
+        ) {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .start_paused(true)
+                .build()
+                .map_err(|e| proptest::test_runner::TestCaseError::fail(e.to_string()))?;
+            let limit = if auto { Limit::Auto { most } } else { Limit::Fixed(most) };
+            let throttle = Concurrency::new(limit, Some(Duration::from_secs(60)));
+            let bound: u64 = events
+                .iter()
+                .map(|e| match *e {
+                    Event::Answer { after_ms, .. } | Event::Timeout { after_ms } => after_ms,
+                    Event::Shed { retry_after_ms } => retry_after_ms.unwrap_or(0),
+                })
+                .sum();
+            let next = std::sync::atomic::AtomicUsize::new(0);
+            let in_range = std::sync::atomic::AtomicBool::new(true);
+            let took = runtime.block_on(async {
+                let started = Instant::now();
+                let worker = || async {
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        let Some(event) = events.get(i).copied() else { break };
+                        let tokens = match event {
+                            Event::Answer { tokens, .. } => tokens,
+                            _ => 100,
+                        };
+                        let permit = throttle.acquire(tokens).await;
+                        let sent_at = Instant::now();
+                        match event {
+                            Event::Answer { after_ms, .. } => {
+                                tokio::time::sleep(Duration::from_millis(after_ms)).await;
+                                throttle.on_answer(&permit, sent_at);
+                            }
+                            Event::Shed { retry_after_ms } => {
+                                throttle.on_throttled(retry_after_ms.map(Duration::from_millis));
+                            }
+                            Event::Timeout { after_ms } => {
+                                tokio::time::sleep(Duration::from_millis(after_ms)).await;
+                                throttle.on_timeout();
+                            }
+                        }
+                        drop(permit);
+                        let limit = throttle.limit();
+                        if limit < 1 || limit > most {
+                            in_range.store(false, std::sync::atomic::Ordering::SeqCst);
+                        }
+                    }
+                };
+                futures::future::join_all((0..workers).map(|_| worker())).await;
+                Instant::now().saturating_duration_since(started)
+            });
+            proptest::prop_assert!(in_range.load(std::sync::atomic::Ordering::SeqCst));
+            if let Some(settled) = throttle.settled() {
+                proptest::prop_assert!(settled.lowest >= 1 && settled.highest <= most, "{settled:?}");
+            }
+            proptest::prop_assert!(took <= Duration::from_millis(bound), "{took:?} for {bound} ms of delays");
+        }
+    }
 
     #[tokio::test(start_paused = true)]
     async fn the_window_caps_requests_in_flight() {
