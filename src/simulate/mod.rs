@@ -39,6 +39,8 @@ mod config;
 mod error;
 mod faults;
 mod handlers;
+#[cfg(test)]
+mod hostile;
 mod ledger;
 mod options;
 mod quota;
