@@ -26,4 +26,6 @@ pub fn parse(text: &str, default_name: &str, overrides: &[String]) -> Result<Job
 }
 
 #[cfg(test)]
+mod hostile;
+#[cfg(test)]
 mod tests;
