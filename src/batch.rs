@@ -141,7 +141,7 @@ impl Batcher {
         }
         let mut batches = self.pack();
         // The last request waits for more chunks of its length: at most one
-        // request's worth stays, and at least one request leaves.
+        // request's worth stays.
         if let Some(last) = batches.pop() {
             self.pending = last.chunks;
             self.pending_tokens = last.tokens;
