@@ -127,7 +127,7 @@ fn main() -> anyhow::Result<()> {
             embed(batch, &mut times)?;
         }
     }
-    if let Some(batch) = batcher.finish() {
+    for batch in batcher.finish() {
         embed(batch, &mut times)?;
     }
 

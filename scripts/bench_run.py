@@ -90,12 +90,12 @@ def run_floor(args, name, n, dims, batch=128, base64=False):
             "note": steps, "decode": result["decode_seconds"]}
 
 
-def section(args, script):
+def section(args, script, *extra):
     """Runs a section of its own (bench_quota.py, bench_shards.py) on the same
     programs and work directory; its table follows this one on stdout."""
     sys.stdout.flush()
     done = subprocess.run([sys.executable, os.path.join(HERE, script),
-                           "--embedjob", args.embedjob, "--work", args.work])
+                           "--embedjob", args.embedjob, "--work", args.work, *extra])
     if done.returncode != 0:
         raise SystemExit(done.returncode)
 
@@ -111,11 +111,12 @@ def main():
     parser.add_argument("--quota", action="store_true", help="the quota section alone")
     parser.add_argument("--shards", action="store_true", help="the shards section alone")
     parser.add_argument("--capacity", action="store_true", help="the capacity section alone")
+    parser.add_argument("--padding", action="store_true", help="the padding section alone")
     args = parser.parse_args()
     args.baseline = os.path.join(HERE, "bench_openai.py")
     os.makedirs(os.path.join(args.work, "out"), exist_ok=True)
 
-    if args.quota or args.shards or args.capacity:
+    if args.quota or args.shards or args.capacity or args.padding:
         started = time.perf_counter()
         if args.quota:
             section(args, "bench_quota.py")
@@ -123,6 +124,8 @@ def main():
             section(args, "bench_shards.py")
         if args.capacity:
             section(args, "bench_capacity.py")
+        if args.padding:
+            section(args, "bench_padding.py", "--python", args.python)
         log(f"done in {time.perf_counter() - started:.0f}s")
         return
 
@@ -171,6 +174,7 @@ def main():
     section(args, "bench_quota.py")
     section(args, "bench_shards.py")
     section(args, "bench_capacity.py")
+    section(args, "bench_padding.py", "--python", args.python)
     log(f"done in {time.perf_counter() - started:.0f}s")
 
 

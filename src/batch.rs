@@ -1,11 +1,21 @@
 //! Packing chunks into requests.
 //!
-//! A [`Batcher`] fills requests in input order up to the service's limits on
-//! inputs and tokens per request, so that every request is as large as the
-//! limits allow and no chunk is lost, duplicated or reordered.
+//! A [`Batcher`] fills requests up to the service's limits on inputs and
+//! tokens per request, so that every request is as large as the limits allow
+//! and no chunk is lost or duplicated. [`Batcher::new`] keeps the input's
+//! order; [`Batcher::by_length`], what a run uses, looks [`LOOKAHEAD`]
+//! requests' worth of chunks ahead and packs chunks of about the same length
+//! together: a server that pads (infinity, TEI, sentence-transformers, the
+//! local model) computes every input of a batch at the length of its longest,
+//! so a request of similar lengths costs it less than one of mixed lengths.
 
 use crate::job::BackendConfig;
 use crate::types::Chunk;
+
+/// Requests' worth of chunks [`Batcher::by_length`] holds to sort by length:
+/// each request then holds chunks from one eighth of the lengths seen, and
+/// the memory held stays a few requests'.
+pub const LOOKAHEAD: usize = 8;
 
 /// Chunks sent together in one embedding request.
 #[derive(Debug, Clone, PartialEq)]
@@ -52,8 +62,8 @@ fn total_tokens(chunks: &[Chunk]) -> u64 {
     chunks.iter().map(|c| u64::from(c.token_count)).sum()
 }
 
-/// Groups chunks, in order, into batches of at most `max_inputs` chunks and
-/// `max_tokens` tokens.
+/// Groups chunks into batches of at most `max_inputs` chunks and
+/// `max_tokens` tokens: in input order, or by length within a look-ahead.
 ///
 /// A chunk of more than `max_tokens` tokens goes alone in its own batch: the
 /// service decides whether it is too large.
@@ -61,50 +71,91 @@ fn total_tokens(chunks: &[Chunk]) -> u64 {
 pub struct Batcher {
     max_inputs: usize,
     max_tokens: u64,
+    /// Requests' worth of chunks held before packing them by length; 1
+    /// packs in input order.
+    ahead: usize,
     pending: Vec<Chunk>,
     pending_tokens: u64,
 }
 
 impl Batcher {
     /// A batcher for requests of at most `max_inputs` chunks (at least one)
-    /// and `max_tokens` tokens.
+    /// and `max_tokens` tokens, filled in input order.
     #[must_use]
     pub fn new(max_inputs: usize, max_tokens: u64) -> Self {
         let max_inputs = max_inputs.max(1);
         Batcher {
             max_inputs,
             max_tokens,
+            ahead: 1,
             pending: Vec::with_capacity(max_inputs.min(1024)),
             pending_tokens: 0,
         }
     }
 
+    /// A batcher that holds up to [`LOOKAHEAD`] requests' worth of chunks
+    /// (by count or by tokens, whichever is reached first), sorts them by
+    /// token count and sends every request it fills; the chunks of the last,
+    /// partly filled one wait for the next look-ahead, so requests stay as
+    /// full as in input order.
+    #[must_use]
+    pub fn by_length(max_inputs: usize, max_tokens: u64) -> Self {
+        Batcher {
+            ahead: LOOKAHEAD,
+            ..Batcher::new(max_inputs, max_tokens)
+        }
+    }
+
     /// The batcher for a job's `[backend]`: `max_inputs_per_request` and
-    /// `max_tokens_per_request`, as a run packs its requests.
+    /// `max_tokens_per_request`, as a run packs its requests (by length).
     #[must_use]
     pub fn for_backend(config: &BackendConfig) -> Self {
-        Batcher::new(
+        Batcher::by_length(
             config.shared.max_inputs_per_request,
             config.shared.max_tokens_per_request as u64,
         )
     }
 
-    /// Adds a chunk. Returns the batch filled so far if this chunk would take
-    /// it past either limit; the chunk then starts the next batch.
-    pub fn push(&mut self, chunk: Chunk) -> Option<Batch> {
+    /// Adds a chunk. Returns the batches it completes: in input order, the
+    /// batch filled so far when this chunk would take it past either limit
+    /// (the chunk then starts the next); by length, the requests packed from
+    /// a full look-ahead.
+    pub fn push(&mut self, chunk: Chunk) -> Vec<Batch> {
         let tokens = u64::from(chunk.token_count);
-        let full = !self.pending.is_empty()
-            && (self.pending.len() >= self.max_inputs
-                || self.pending_tokens.saturating_add(tokens) > self.max_tokens);
-        let batch = if full { self.take() } else { None };
+        if self.ahead <= 1 {
+            let full = !self.pending.is_empty()
+                && (self.pending.len() >= self.max_inputs
+                    || self.pending_tokens.saturating_add(tokens) > self.max_tokens);
+            let batch = if full { self.take() } else { None };
+            self.pending.push(chunk);
+            self.pending_tokens += tokens;
+            return batch.into_iter().collect();
+        }
         self.pending.push(chunk);
-        self.pending_tokens += tokens;
-        batch
+        self.pending_tokens = self.pending_tokens.saturating_add(tokens);
+        let ahead = self.ahead as u64;
+        if self.pending.len() < self.ahead.saturating_mul(self.max_inputs)
+            && self.pending_tokens < ahead.saturating_mul(self.max_tokens)
+        {
+            return Vec::new();
+        }
+        let mut batches = self.pack();
+        // The last request waits for more chunks of its length: at most one
+        // request's worth stays.
+        if let Some(last) = batches.pop() {
+            self.pending = last.chunks;
+            self.pending_tokens = last.tokens;
+        }
+        batches
     }
 
-    /// The last, partly filled batch, if any chunks are left.
-    pub fn finish(&mut self) -> Option<Batch> {
-        self.take()
+    /// The batches of every chunk still held: the last, partly filled one
+    /// in input order; all of the look-ahead, packed, by length.
+    pub fn finish(&mut self) -> Vec<Batch> {
+        if self.ahead <= 1 {
+            return self.take().into_iter().collect();
+        }
+        self.pack()
     }
 
     /// Chunks held back for the next batch.
@@ -120,6 +171,21 @@ impl Batcher {
         let chunks = std::mem::replace(&mut self.pending, Vec::with_capacity(capacity));
         let tokens = std::mem::take(&mut self.pending_tokens);
         Some(Batch { chunks, tokens })
+    }
+
+    /// Every chunk held, shortest first (ties in input order), packed into
+    /// requests within the limits.
+    fn pack(&mut self) -> Vec<Batch> {
+        let mut held = std::mem::take(&mut self.pending);
+        self.pending_tokens = 0;
+        held.sort_by_key(|chunk| chunk.token_count);
+        let mut in_order = Batcher::new(self.max_inputs, self.max_tokens);
+        let mut batches: Vec<Batch> = held
+            .into_iter()
+            .flat_map(|chunk| in_order.push(chunk))
+            .collect();
+        batches.extend(in_order.finish());
+        batches
     }
 }
 
@@ -152,7 +218,7 @@ mod tests {
     }
 
     fn run(batcher: &mut Batcher, chunks: Vec<Chunk>) -> Vec<Batch> {
-        let mut batches: Vec<Batch> = chunks.into_iter().filter_map(|c| batcher.push(c)).collect();
+        let mut batches: Vec<Batch> = chunks.into_iter().flat_map(|c| batcher.push(c)).collect();
         batches.extend(batcher.finish());
         batches
     }
@@ -175,7 +241,7 @@ mod tests {
                 (vec!["doc#5", "doc#6", "doc#7"], 52),
             ]
         );
-        assert_eq!(batcher.finish(), None);
+        assert!(batcher.finish().is_empty());
     }
 
     #[test]
@@ -202,7 +268,7 @@ mod tests {
     #[test]
     fn nothing_in_nothing_out() {
         let mut batcher = Batcher::new(4, 100);
-        assert_eq!(batcher.finish(), None);
+        assert!(batcher.finish().is_empty());
         assert_eq!(batcher.pending(), 0);
     }
 
@@ -223,6 +289,61 @@ mod tests {
         assert_eq!(first.tokens, 33);
         assert_eq!(ids(&second), ["doc#3", "doc#4"]);
         assert_eq!(second.tokens, 27);
+    }
+
+    /// What a server that pads computes: each request's inputs at the
+    /// length of its longest.
+    fn padded(batches: &[Batch]) -> u64 {
+        let longest = |b: &Batch| b.chunks.iter().map(|c| c.token_count).max().unwrap_or(0);
+        batches
+            .iter()
+            .map(|b| b.len() as u64 * u64::from(longest(b)))
+            .sum()
+    }
+
+    #[test]
+    fn by_length_packs_chunks_of_one_length_together() {
+        // Long and short chunks alternate: in input order every request of
+        // two holds one of each and pads the short one to 100 tokens.
+        let lengths = (0..2 * LOOKAHEAD).map(|i| if i % 2 == 0 { 100 } else { 1 });
+        let chunks: Vec<Chunk> = lengths.enumerate().map(|(i, t)| chunk(i, t)).collect();
+        let in_order = run(&mut Batcher::new(2, 1000), chunks.clone());
+        assert_eq!(padded(&in_order), 2 * LOOKAHEAD as u64 * 100);
+
+        let mut batcher = Batcher::by_length(2, 1000);
+        let mut left = Vec::new();
+        for chunk in chunks {
+            left.extend(batcher.push(chunk));
+        }
+        // A full look-ahead: all but its last request leave, shortest first.
+        assert_eq!(left.len(), LOOKAHEAD - 1);
+        assert_eq!(batcher.pending(), 2);
+        assert_eq!(ids(&left[0]), ["doc#1", "doc#3"]);
+        left.extend(batcher.finish());
+        assert_eq!(left.len(), LOOKAHEAD);
+        for batch in &left {
+            let first = batch.chunks[0].token_count;
+            assert!(
+                batch.chunks.iter().all(|c| c.token_count == first),
+                "{batch:?}"
+            );
+        }
+        // Half the requests at 1 token, half at 100.
+        assert_eq!(padded(&left), LOOKAHEAD as u64 * (1 + 100));
+    }
+
+    #[test]
+    fn by_length_holds_a_short_input_until_the_end() {
+        let mut batcher = Batcher::by_length(4, 1000);
+        let left: Vec<Batch> = (0..5).flat_map(|i| batcher.push(chunk(i, 10))).collect();
+        assert!(left.is_empty());
+        let batches = batcher.finish();
+        let shapes: Vec<Vec<&str>> = batches.iter().map(ids).collect();
+        assert_eq!(
+            shapes,
+            [vec!["doc#0", "doc#1", "doc#2", "doc#3"], vec!["doc#4"]]
+        );
+        assert!(batcher.finish().is_empty());
     }
 
     proptest! {
@@ -251,6 +372,43 @@ mod tests {
                 }
             }
             let output: Vec<Chunk> = batches.into_iter().flat_map(|b| b.chunks).collect();
+            prop_assert_eq!(output, input);
+        }
+
+        #[test]
+        fn by_length_keeps_every_chunk_within_the_limits_and_the_look_ahead(
+            tokens in prop::collection::vec(0u32..600, 0..300),
+            max_inputs in 1usize..20,
+            max_tokens in 1u64..2_000,
+        ) {
+            let input: Vec<Chunk> = tokens.iter().enumerate().map(|(i, &t)| chunk(i, t)).collect();
+            let mut batcher = Batcher::by_length(max_inputs, max_tokens);
+            let mut batches = Vec::new();
+            for c in input.clone() {
+                let left = batcher.push(c);
+                // One look-ahead's requests leave together, shortest first,
+                // each as full as the limits allow.
+                for pair in left.windows(2) {
+                    let last = pair[0].chunks.iter().map(|c| c.token_count).max();
+                    prop_assert!(last <= pair[1].chunks.iter().map(|c| c.token_count).min());
+                    let next = u64::from(pair[1].chunks[0].token_count);
+                    prop_assert!(pair[0].len() == max_inputs || pair[0].tokens + next > max_tokens);
+                }
+                batches.extend(left);
+                // Memory: never more than the look-ahead.
+                prop_assert!(batcher.pending() <= LOOKAHEAD * max_inputs);
+                prop_assert!(batcher.pending_tokens < LOOKAHEAD as u64 * max_tokens + 600);
+            }
+            batches.extend(batcher.finish());
+            prop_assert_eq!(batcher.pending(), 0);
+            for batch in &batches {
+                prop_assert!(!batch.is_empty());
+                prop_assert!(batch.len() <= max_inputs);
+                prop_assert_eq!(batch.tokens, total_tokens(&batch.chunks));
+                prop_assert!(batch.tokens <= max_tokens || batch.len() == 1, "{:?}", batch.tokens);
+            }
+            let mut output: Vec<Chunk> = batches.into_iter().flat_map(|b| b.chunks).collect();
+            output.sort_by_key(|c| c.chunk_index);
             prop_assert_eq!(output, input);
         }
 

@@ -196,13 +196,13 @@ pub fn estimate(
                 if classifier.classify(&chunk) != Class::Send {
                     continue;
                 }
-                if let Some(batch) = batcher.push(chunk) {
+                for batch in batcher.push(chunk) {
                     count.request(&batch, &limits);
                 }
             }
         }
     }
-    if let Some(batch) = batcher.finish() {
+    for batch in batcher.finish() {
         count.request(&batch, &limits);
     }
     let stats: SourceStats = source.stats();
@@ -483,7 +483,7 @@ path = "{out}"
     /// The chunks and requests, computed the long way.
     fn by_hand(job: &Job, chunker: &TokenChunker) -> (u64, u64, u64) {
         let mut source = source::open(&job.source).unwrap();
-        let mut batcher = Batcher::new(3, 40);
+        let mut batcher = Batcher::by_length(3, 40);
         let (mut chunks, mut tokens, mut requests) = (0, 0, 0);
         let mut seen = HashSet::new();
         while let Some(document) = source.next_document().unwrap() {
@@ -493,10 +493,10 @@ path = "{out}"
                     continue;
                 }
                 tokens += u64::from(chunk.token_count);
-                requests += u64::from(batcher.push(chunk).is_some());
+                requests += batcher.push(chunk).len() as u64;
             }
         }
-        requests += u64::from(batcher.finish().is_some());
+        requests += batcher.finish().len() as u64;
         (chunks, tokens, requests)
     }
 

@@ -240,7 +240,7 @@ impl Limits {
         let mut pieces: Vec<Batch> = batch
             .chunks
             .into_iter()
-            .filter_map(|chunk| batcher.push(chunk))
+            .flat_map(|chunk| batcher.push(chunk))
             .collect();
         pieces.extend(batcher.finish());
         pieces

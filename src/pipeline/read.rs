@@ -87,9 +87,8 @@ impl Reading {
             }
         }
         self.flush_reuse(reuse)?;
-        if let Some(batch) = self.batcher.finish() {
-            let _ = self.batches.blocking_send(Ok(batch));
-        }
+        let last = self.batcher.finish();
+        self.send(last);
         let gone = self.classifier.finish();
         if self.removes_rows && !gone.is_empty() {
             let ids = self.classifier.store().ids_of(Origin::Previous, &gone)?;
@@ -124,12 +123,11 @@ impl Reading {
             Class::Repeat => {
                 self.settled.fetch_add(1, Ordering::Relaxed);
                 if !self.repeats.try_enter() {
-                    // The first copies of the repeats waiting may be in the
-                    // batch being filled: send it, then wait for a place.
-                    if let Some(batch) = self.batcher.finish() {
-                        if self.batches.blocking_send(Ok(batch)).is_err() {
-                            return Ok(false);
-                        }
+                    // The first copies of the repeats waiting may be among
+                    // the chunks held: send them, then wait for a place.
+                    let held = self.batcher.finish();
+                    if !self.send(held) {
+                        return Ok(false);
                     }
                     if !self.repeats.enter(&self.halt) {
                         return Ok(false);
@@ -140,12 +138,19 @@ impl Reading {
                     .blocking_send(SinkMessage::Duplicate(chunk))
                     .is_ok())
             }
-            Class::Send => match self.batcher.push(chunk) {
-                // A closed channel means the run stopped; nothing more is wanted.
-                Some(batch) => Ok(self.batches.blocking_send(Ok(batch)).is_ok()),
-                None => Ok(true),
-            },
+            Class::Send => {
+                let batches = self.batcher.push(chunk);
+                Ok(self.send(batches))
+            }
         }
+    }
+
+    /// Passes `batches` on; `false` once the channel is closed, when the run
+    /// stopped and wants nothing more.
+    fn send(&self, batches: Vec<Batch>) -> bool {
+        batches
+            .into_iter()
+            .all(|batch| self.batches.blocking_send(Ok(batch)).is_ok())
     }
 
     /// Reads the stored vectors of the chunks waiting for them and passes

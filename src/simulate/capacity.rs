@@ -25,6 +25,10 @@ pub struct CapacityConfig {
     pub base: Duration,
     /// Time per 1000 tokens (as billed) of a request, on top of `base`.
     pub per_1k_tokens: Duration,
+    /// Count a request's tokens as a server that pads computes them: every
+    /// input at the length of the request's longest (infinity, TEI and
+    /// sentence-transformers on a CPU).
+    pub padded: bool,
     /// Requests waiting for a worker beyond which more are shed (503).
     pub queue: usize,
     /// After this many embeddings requests received, the workers become `then`.
@@ -38,6 +42,7 @@ impl Default for CapacityConfig {
             workers: None,
             base: Duration::from_millis(10),
             per_1k_tokens: Duration::ZERO,
+            padded: false,
             queue: 1024,
             change_after: None,
             then: 1,
@@ -196,6 +201,15 @@ impl Capacity {
                     permits.forget();
                 }
             });
+        }
+    }
+
+    /// The tokens a request is computed for: as billed, or `padded`.
+    pub(crate) fn work(&self, billed: u64, padded: u64) -> u64 {
+        if self.config.padded {
+            padded
+        } else {
+            billed
         }
     }
 

@@ -31,6 +31,9 @@ pub struct Ledger {
     pub prompt_tokens: u64,
     /// Tokens of billed embeddings requests.
     pub total_tokens: u64,
+    /// Tokens of billed embeddings requests as a server that pads computes
+    /// them: each request's inputs times its longest input's tokens.
+    pub padded_tokens: u64,
     /// Faults by name: the injected ones and `too_large` rejections.
     pub faults: BTreeMap<String, u64>,
     /// Hex SHA-256 of each billed input text, and how many times it was billed.

@@ -77,6 +77,11 @@ pub struct SimulateOptions {
     #[arg(long, value_name = "MS", default_value_t = 0.0)]
     pub service_ms_per_1k_tokens: f64,
 
+    /// With --capacity: count a request's tokens for its time as a server that
+    /// pads computes them, each input at the length of the request's longest
+    #[arg(long)]
+    pub padded: bool,
+
     /// With --capacity: requests waiting for a worker beyond which more get a 503
     #[arg(long, value_name = "N", default_value_t = 1024)]
     pub queue_limit: usize,
@@ -367,6 +372,7 @@ impl SimulateOptions {
                     "--service-ms-per-1k-tokens",
                     &mut problems,
                 ),
+                padded: self.padded,
                 queue: self.queue_limit,
                 change_after: self.capacity_change_after,
                 then: self.capacity_then,

@@ -1,6 +1,7 @@
 //! `backend.concurrency = "auto"` against a self-hosted server's capacity:
 //! the simulator's K workers, its queue, and its computing of requests whose
-//! client hung up.
+//! client hung up; and the requests' lengths as a server that pads computes
+//! them.
 //!
 //! No assertion reads a clock. Throughput is asserted through the limit the
 //! controller settled on: at least K keeps every worker busy (a closed loop
@@ -12,11 +13,13 @@
 //! estimated capacity plus half the allowed queue, so a noisy estimate moves
 //! it by a request or two: the bands below allow `SLACK` on each side.
 
+use embedjob::batch::LOOKAHEAD;
 use embedjob::simulate::{CapacityConfig, Ledger, ModelSpec, SimConfig};
 use serde_json::Value;
+use std::collections::BTreeSet;
 use std::time::Duration;
 
-use crate::support::{files_source, json, run_job, simulator, text, write_job};
+use crate::support::{files_source, json, read_output, run_job, simulator, text, write_job};
 
 /// Requests the settled limit may stray from the band by: the estimate of
 /// the queue is a mean over one window, and RTTs on a loaded test machine
@@ -188,4 +191,68 @@ async fn auto_keeps_requests_from_queueing_into_their_timeout() {
         "the scenario does queue into the timeout: {summary}"
     );
     assert!(ledger.computed_after_hangup > 0, "{ledger:?}");
+}
+
+/// A server that pads (infinity, TEI, sentence-transformers on a CPU)
+/// computes every input of a request at its longest input's length, which
+/// the ledger counts as `padded_tokens`. Here long and short documents
+/// alternate: packed in input order every request of 4 holds two of each,
+/// and pads `2 × (long - short)` tokens. Packed by length within the
+/// look-ahead, only the request where the short chunks end and the long
+/// ones begin mixes them, one per look-ahead at most: a look-ahead sends
+/// `LOOKAHEAD - 1` requests at least and the end of the input one more, so
+/// at most `requests / (LOOKAHEAD - 1) + 1` requests mix, each padding
+/// fewer than 4 inputs.
+#[tokio::test(flavor = "multi_thread")]
+async fn requests_hold_chunks_of_about_one_length() {
+    let sim = simulator(SimConfig::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("docs");
+    std::fs::create_dir_all(&root).unwrap();
+    // Distinct texts of two token counts: a word is one token, and the
+    // document's number is written in three words of eight.
+    let words = ["red", "green", "blue", "cat", "dog", "sun", "moon", "tree"];
+    let documents = 64;
+    for i in 0..documents {
+        let name = [i / 64, i / 8 % 8, i % 8].map(|d| words[d]).join(" ");
+        let text = if i % 2 == 0 {
+            format!("{name}{}", " and".repeat(40))
+        } else {
+            name
+        };
+        std::fs::write(root.join(format!("doc{i:03}.txt")), text).unwrap();
+    }
+    let job = write_job(dir.path(), &sim.base_url(), &files_source(&root), "");
+    let inputs = 4;
+    let output = run_job(
+        &job,
+        &["--json", "--set", "backend.max_inputs_per_request=4"],
+    )
+    .await;
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    let summary = json(&output);
+    assert_eq!(summary["written"], documents, "{summary}");
+    let rows = read_output(&dir.path().join("out/result.parquet"));
+    let lengths: BTreeSet<u32> = rows.token_counts.iter().copied().collect();
+    assert_eq!(lengths.len(), 2, "two lengths: {lengths:?}");
+    let (short, long) = (lengths.first().unwrap(), lengths.last().unwrap());
+    let spread = u64::from(long - short);
+
+    let ledger = sim.ledger();
+    sim.shutdown().await;
+    // As full as in input order: the inputs, not the tokens, bound them.
+    let requests = documents.div_ceil(inputs) as u64;
+    assert_eq!(
+        ledger.billed_requests, requests,
+        "{:?}",
+        ledger.billed_sizes
+    );
+    let in_order = requests * 2 * spread;
+    let mixed = requests / (LOOKAHEAD as u64 - 1) + 1;
+    let padding = ledger.padded_tokens - ledger.prompt_tokens;
+    assert!(
+        padding <= mixed * (inputs as u64 - 1) * spread,
+        "{padding} tokens of padding, {in_order} in input order, in {} requests",
+        ledger.billed_requests
+    );
 }

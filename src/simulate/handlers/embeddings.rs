@@ -139,6 +139,8 @@ struct Prepared {
     /// Of `hashes`, those of inputs the model read only the start of.
     partly_read: Vec<String>,
     inputs: usize,
+    /// The inputs times the longest input's tokens: what a padding server computes.
+    padded: u64,
 }
 
 pub(crate) async fn embeddings(
@@ -216,9 +218,9 @@ async fn embeddings_response(
                 None => None,
             };
             if compute == 0 && queued.is_none() {
-                shared
-                    .ledger()
-                    .bill(prepared.tokens, prepared.hashes, prepared.partly_read);
+                let mut ledger = shared.ledger();
+                ledger.padded_tokens += prepared.padded;
+                ledger.bill(prepared.tokens, prepared.hashes, prepared.partly_read);
             } else {
                 // A slow answer is computed, and billed, whether or not the
                 // client is still waiting for it.
@@ -229,7 +231,8 @@ async fn embeddings_response(
                     let extra = std::time::Duration::from_millis(compute);
                     match (&billing.capacity, queued) {
                         (Some(capacity), Some(queued)) => {
-                            capacity.compute(queued, prepared.tokens, extra).await;
+                            let work = capacity.work(prepared.tokens, prepared.padded);
+                            capacity.compute(queued, work, extra).await;
                         }
                         _ => sleep_ms(compute).await,
                     }
@@ -238,6 +241,7 @@ async fn embeddings_response(
                         ledger.computed_after_hangup += 1;
                         ledger.texts_after_hangup += prepared.hashes.len() as u64;
                     }
+                    ledger.padded_tokens += prepared.padded;
                     ledger.bill(prepared.tokens, prepared.hashes, prepared.partly_read);
                 });
                 let _ = billed.await;
@@ -315,6 +319,8 @@ pub(crate) struct Checked {
     dimensions: usize,
     /// The tokens `usage` reports and the bill counts.
     pub billed: u64,
+    /// The inputs times the longest input's tokens: what a padding server computes.
+    pub padded: u64,
 }
 
 /// The answer to a checked request, with what it bills.
@@ -354,6 +360,8 @@ pub(crate) fn check_request(
         .collect();
     let tokens: u64 = counts.iter().map(|&n| u64::from(n)).sum();
     check_size(config, model.context_window, &inputs, &counts, tokens)?;
+    let longest = counts.iter().copied().max().unwrap_or(0);
+    let padded = inputs.len() as u64 * u64::from(longest);
     if let Some(window) = &config.window {
         window.check(inputs.iter().map(|input| input.text.as_str()))?;
     }
@@ -369,6 +377,7 @@ pub(crate) fn check_request(
         model_dimensions,
         dimensions,
         billed,
+        padded,
     })
 }
 
@@ -429,6 +438,7 @@ fn prepare_embeddings(shared: &Shared, caller: Caller, body: &[u8]) -> Result<Pr
     let billed = checked.billed;
     let dimensions = checked.dimensions;
     let count = checked.inputs.len();
+    let padded = checked.padded;
     let (fault, order, damaged) = {
         let mut dice = shared.dice();
         let fault = dice.roll(true);
@@ -463,6 +473,7 @@ fn prepare_embeddings(shared: &Shared, caller: Caller, body: &[u8]) -> Result<Pr
             hashes: Vec::new(),
             partly_read: Vec::new(),
             inputs: count,
+            padded,
         });
     }
     let answer = answer(&shared.config, &checked, order, damaged);
@@ -479,6 +490,7 @@ fn prepare_embeddings(shared: &Shared, caller: Caller, body: &[u8]) -> Result<Pr
         hashes,
         partly_read,
         inputs: count,
+        padded,
     })
 }
 
