@@ -5,9 +5,12 @@
 //! stopped reading, found by binary search.
 //!
 //! Cost: one request with the whole text and the text less its last word,
-//! then, only when those two vectors are the same, ⌈log2(n − 1)⌉ requests
-//! of one prefix each, for a text of n words. The text holds 5/4 of the
-//! chunk size the job would use, so the search ends within that.
+//! then, only when those two vectors are the same, ⌈log2((n − 1) / ⌊n /
+//! 32⌋)⌉ requests of one prefix each (at most 6), for a text of n words: the
+//! search stops within a 32nd of the text, well inside the 10% the window
+//! is cut by, since each request is a round trip before the run starts. The
+//! text holds 5/4 of the chunk size the job would use, so the search ends
+//! within that.
 
 use super::ApiBackend;
 use crate::backend::{
@@ -16,6 +19,11 @@ use crate::backend::{
 use crate::client::window_refusal;
 use crate::job::ChunkingConfig;
 use crate::types::Vectors;
+
+/// The binary search stops when the prefixes it has left to tell apart
+/// are this part of the text or fewer: the window found is at most this
+/// much short, against the 10% it is cut by.
+const RESOLUTION: usize = 32;
 
 /// Vectors closer than this (one less their cosine) are the same: a
 /// server's arithmetic varies a little with the batch, a missing word does
@@ -157,9 +165,11 @@ impl ApiBackend {
             Ok(vectors) => {
                 let whole = row(&vectors, 0);
                 // The server stopped reading within the last word: the
-                // first prefix it reads whole is found by binary search.
+                // longest prefix it reads whole is found by binary search,
+                // to within a `RESOLUTION`th of the text.
                 let (mut lo, mut hi) = (0, n - 1);
-                while hi - lo > 1 {
+                let close = (n / RESOLUTION).max(1);
+                while hi - lo > close {
                     let mid = lo + (hi - lo) / 2;
                     let text = prefix(mid);
                     probed.cost.requests += 1;
