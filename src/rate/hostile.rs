@@ -78,7 +78,8 @@ fn header_map(answer: &Answer) -> HeaderMap {
 /// The stall timeout the runs use, and a bound on one call: its waits on
 /// the quota end at the stall timeout after the last success of any
 /// request, or after the call began if that was later (the check sleeps at
-/// most the time left), and the scripted answers take no time.
+/// most the time left), and the scripted answers take no time; 1 ms more
+/// for the timer, which rounds a sleep up to the next millisecond.
 const STALL: Duration = Duration::from_secs(10);
 const ONE_CALL: Duration = Duration::from_millis(10_001);
 
