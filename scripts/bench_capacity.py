@@ -30,13 +30,11 @@ timeouts and texts twice (texts the server computed more than once, the
 same text billed twice) are counted in every run; `auto` must have none.
 """
 
-import json
 import os
 import shutil
-import subprocess
 import time
 
-from benchlib import corpus, log, run_embedjob, section_main, write_job
+from benchlib import SimulatorProcess, corpus, log, run_embedjob, section_main, write_job
 
 BATCH = 8
 FIXED = (1, 2, 4, 8, 16, 32, 64)
@@ -47,7 +45,7 @@ SERVICES = {"50 ms": (50, 0), "5 ms + 100 ms/1k tokens": (5, 100)}
 WORKERS = (1, 4, 32)
 
 
-class CapacitySimulator:
+class CapacitySimulator(SimulatorProcess):
     """`embedjob simulate --capacity` in its own process, short vectors."""
 
     def __init__(self, embedjob, work, workers, service, change=None):
@@ -58,21 +56,7 @@ class CapacitySimulator:
         if change:
             after, then = change
             args += ["--capacity-change-after", str(after), "--capacity-then", str(then)]
-        self.log = os.path.join(work, "simulator-capacity.log")
-        with open(self.log, "w") as log_file:
-            self.process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log_file, text=True)
-        self.url = self.process.stdout.readline().strip()
-        if not self.url.startswith("http"):
-            raise SystemExit(f"bench: the simulator did not print its URL (see {self.log})")
-
-    def ledger(self):
-        import urllib.request
-        with urllib.request.urlopen(f"{self.url}/_ledger") as reply:
-            return json.load(reply)
-
-    def stop(self):
-        self.process.terminate()
-        self.process.wait()
+        super().__init__(args, os.path.join(work, "simulator-capacity.log"))
 
 
 def run_case(embedjob, work, name, records, workers, service, concurrency, change=None):
@@ -86,7 +70,7 @@ def run_case(embedjob, work, name, records, workers, service, concurrency, chang
                         concurrency=concurrency, batch=BATCH,
                         output=f'path = "{out_dir}/embeddings.parquet"\ninclude_text = false')
         summary, = run_embedjob(embedjob, job)
-        ledger = sim.ledger()
+        ledger = sim.ledger(texts=True)
     finally:
         sim.stop()
     shutil.rmtree(out_dir, ignore_errors=True)

@@ -23,7 +23,7 @@ import shutil
 import subprocess
 import time
 
-from benchlib import KEY, WORDS, log, run_embedjob, write_job
+from benchlib import KEY, WORDS, SimulatorProcess, log, run_embedjob, write_job
 
 BATCH = 32
 RECORDS = 1024
@@ -43,25 +43,14 @@ def mixed_corpus(work):
     return path
 
 
-class PaddingSimulator:
+class PaddingSimulator(SimulatorProcess):
     def __init__(self, embedjob, work):
         args = [embedjob, "simulate", "--port", "0", "--model", "small=16", "--capacity", "1",
                 "--padded", "--service-ms", "5", "--service-ms-per-1k-tokens", str(PER_1K_MS)]
-        self.log = os.path.join(work, "simulator-padding.log")
-        with open(self.log, "w") as log_file:
-            self.process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log_file, text=True)
-        self.url = self.process.stdout.readline().strip()
-        if not self.url.startswith("http"):
-            raise SystemExit(f"bench: the simulator did not print its URL (see {self.log})")
+        super().__init__(args, os.path.join(work, "simulator-padding.log"))
 
     def padded_tokens(self):
-        import urllib.request
-        with urllib.request.urlopen(f"{self.url}/_ledger?texts=false") as reply:
-            return json.load(reply)["padded_tokens"]
-
-    def stop(self):
-        self.process.terminate()
-        self.process.wait()
+        return self.ledger()["padded_tokens"]
 
 
 def run_case(args, kind, corpus_path):

@@ -68,7 +68,28 @@ max_inputs_per_request = {batch}
     return path
 
 
-class Simulator:
+class SimulatorProcess:
+    """`embedjob simulate` with `args` in its own process, its stderr in
+    `log`: the URL it serves, its ledger, and a stop."""
+
+    def __init__(self, args, log):
+        self.log = log
+        with open(self.log, "w") as log_file:
+            self.process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log_file, text=True)
+        self.url = self.process.stdout.readline().strip()
+        if not self.url.startswith("http"):
+            raise SystemExit(f"bench: the simulator did not print its URL (see {self.log})")
+
+    def ledger(self, texts=False):
+        with urllib.request.urlopen(f"{self.url}/_ledger?texts={str(texts).lower()}") as reply:
+            return json.load(reply)
+
+    def stop(self):
+        self.process.terminate()
+        self.process.wait()
+
+
+class Simulator(SimulatorProcess):
     """`embedjob simulate` in its own process, with its CPU time read from
     /proc. With `quota` = (requests, tokens, bill factor), it enforces quotas
     (none when both are None) over WINDOW_MS, as a refilling bucket or a
@@ -88,12 +109,7 @@ class Simulator:
             if tokens:
                 args += ["--tokens-per-minute", str(tokens)]
             name = "simulator-quota.log"
-        self.log = os.path.join(work, name)
-        with open(self.log, "w") as log_file:
-            self.process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log_file, text=True)
-        self.url = self.process.stdout.readline().strip()
-        if not self.url.startswith("http"):
-            raise SystemExit(f"bench: the simulator did not print its URL (see {self.log})")
+        super().__init__(args, os.path.join(work, name))
 
     def check_alive(self):
         if self.process.poll() is not None:
@@ -105,14 +121,6 @@ class Simulator:
             fields = f.read().rsplit(")", 1)[1].split()
         # utime and stime are fields 14 and 15; fields[0] here is field 3.
         return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-
-    def ledger(self, texts=False):
-        with urllib.request.urlopen(f"{self.url}/_ledger?texts={str(texts).lower()}") as reply:
-            return json.load(reply)
-
-    def stop(self):
-        self.process.terminate()
-        self.process.wait()
 
 
 def run_embedjob(embedjob, job, shards=None):
