@@ -445,6 +445,7 @@ impl Pacing {
         state.observe(ticket, headers, false);
         state.last_success = Instant::now();
         state.share = (state.share + SHARE_STEP).min(1.0);
+        state.pace.heard(ticket.seq, Instant::now());
         if let Some(billed) = billed_tokens {
             #[allow(clippy::cast_precision_loss)]
             state.pace.billed(ticket.seq, billed as f64);
@@ -466,6 +467,7 @@ impl Pacing {
     pub fn on_failure(&self, ticket: Ticket, headers: Option<RateLimitHeaders>) {
         let mut state = self.lock();
         state.release(ticket);
+        state.pace.heard(ticket.seq, Instant::now());
         state.observe(ticket, headers, false);
     }
 
@@ -491,6 +493,7 @@ impl Pacing {
         }
         let described = headers.is_some() && !state.distrust;
         let now = Instant::now();
+        state.pace.heard(ticket.seq, now);
         state.observe(ticket, headers, true);
         let window = state.window();
         state.pace.refused(now, ticket.sent_at, window);

@@ -140,6 +140,8 @@ struct Send {
     seq: u64,
     at: Instant,
     took: [f64; 2],
+    /// When its answer came: the service counted it by then.
+    heard: Option<Instant>,
 }
 
 /// This process's share of the quotas and its own sends of the last window.
@@ -315,8 +317,33 @@ impl Share {
         {
             self.sends.pop_front();
         }
-        self.sends.push_back(Send { seq, at: now, took });
+        self.sends.push_back(Send {
+            seq,
+            at: now,
+            took,
+            heard: None,
+        });
         self.first.get_or_insert(now);
+    }
+
+    /// The answer to request `seq` came at `now`.
+    pub(super) fn heard(&mut self, seq: u64, now: Instant) {
+        if let Some(send) = self.sends.iter_mut().find(|s| s.seq == seq) {
+            send.heard = Some(now);
+        }
+    }
+
+    /// The most of this process's use of quota `k` that a sliding window
+    /// can count as of an admission between `sent_at` and `now`: every
+    /// send before `now`, but those answered a window before `sent_at`
+    /// (a use leaves a window after the service took it in, and that was
+    /// before its answer came).
+    fn counted(&self, k: usize, sent_at: Instant, now: Instant, window: Duration) -> f64 {
+        self.sends
+            .iter()
+            .filter(|s| s.at <= now && s.heard.unwrap_or(now) + window > sent_at)
+            .map(|s| s.took[k])
+            .sum()
     }
 
     /// Request `seq` was billed `tokens`: its use as the service counts it,
@@ -341,9 +368,18 @@ impl Share {
     /// refills: the others used what it lost since the previous answer
     /// beyond this process's sends, at a rate that is smoothed over half a
     /// window.
-    fn others(&mut self, k: usize, sent_at: Instant, shown: Shown, window: Duration) -> f64 {
-        let own = self.used(k, sent_at, window);
+    fn others(
+        &mut self,
+        k: usize,
+        (sent_at, now): (Instant, Instant),
+        shown: Shown,
+        window: Duration,
+    ) -> f64 {
         if shown.sliding || shown.rate <= 0.0 {
+            // The service counted this process's sends that reached it
+            // before this one, and may have counted any sent before the
+            // answer came: the others' are what is left beyond all of them.
+            let own = self.counted(k, sent_at, now, window);
             // Up to two of its own requests unexplained are the process's
             // own sends meeting the service a little off their count (a use
             // merged with the next, a send just before a window's edge), not
@@ -405,9 +441,10 @@ impl Share {
             let Some(shown) = shown.filter(|q| q.limit > 0.0) else {
                 continue;
             };
-            let others = self.others(k, sent_at, shown, window);
-            // This process's part of what the window shows used.
-            let own = self.used(k, sent_at, window);
+            let others = self.others(k, (sent_at, now), shown, window);
+            // This process's part of what the window shows used, its sends
+            // still under way included (the service may have counted them).
+            let own = self.counted(k, sent_at, now, window);
             let used = (shown.limit - shown.remaining).max(own);
             let part = if shown.sliding {
                 own / used.max(f64::MIN_POSITIVE)
@@ -580,6 +617,35 @@ mod tests {
         // The others' use stays counted for a window, however little an
         // answer early in their sends shows.
         share.answered(now + ms(100), now + ms(80), sliding(20.0, 11.0), window);
+        assert!((share.share - expected).abs() < 1e-9, "{}", share.share);
+    }
+
+    #[test]
+    fn a_process_alone_reads_its_own_sends_under_way_as_its_own() {
+        let start = Instant::now();
+        let window = Duration::from_secs(1);
+        let mut share = Share::new(1.0);
+        share.first = Some(start);
+        let now = start + Duration::from_secs(3);
+        // Two sends of a window before, answered before this window began.
+        for n in 0..2 {
+            share.sent(n, now - ms(1500), [1.0, 0.0], window);
+            share.heard(n, now - ms(1480));
+        }
+        // A burst of 8, 1 ms apart, on as many connections: the service took
+        // all 8 in before it took the first one's, whose answer comes 25 ms
+        // after it went and shows 8 of the window of 20 used. None of them
+        // is another process's.
+        for n in 2..10 {
+            share.sent(n, now + ms(n - 2), [1.0, 0.0], window);
+        }
+        share.heard(2, now + ms(25));
+        share.answered(now + ms(25), now, sliding(20.0, 12.0), window);
+        assert_eq!(share.share, 1.0);
+        // 6 more than its sends are the others'.
+        share.heard(3, now + ms(26));
+        share.answered(now + ms(26), now + ms(1), sliding(20.0, 6.0), window);
+        let expected = 1.0 - (1.0 + HEADROOM) * 6.0 / 20.0;
         assert!((share.share - expected).abs() < 1e-9, "{}", share.share);
     }
 
