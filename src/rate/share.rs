@@ -326,9 +326,16 @@ impl Share {
         self.first.get_or_insert(now);
     }
 
+    /// Request `seq`'s send, if it is still remembered (sends are kept in
+    /// the order they went, which is the order of their numbers).
+    fn send_mut(&mut self, seq: u64) -> Option<&mut Send> {
+        let at = self.sends.binary_search_by_key(&seq, |s| s.seq).ok()?;
+        self.sends.get_mut(at)
+    }
+
     /// The answer to request `seq` came at `now`.
     pub(super) fn heard(&mut self, seq: u64, now: Instant) {
-        if let Some(send) = self.sends.iter_mut().find(|s| s.seq == seq) {
+        if let Some(send) = self.send_mut(seq) {
             send.heard = Some(now);
         }
     }
@@ -349,7 +356,7 @@ impl Share {
     /// Request `seq` was billed `tokens`: its use as the service counts it,
     /// not as the local count scaled when it went.
     pub(super) fn billed(&mut self, seq: u64, tokens: f64) {
-        if let Some(send) = self.sends.iter_mut().find(|s| s.seq == seq) {
+        if let Some(send) = self.send_mut(seq) {
             send.took[1] = tokens;
         }
     }
@@ -357,7 +364,7 @@ impl Share {
     /// A refusal of request `seq` took its request (the service counts it)
     /// but none of its tokens.
     pub(super) fn untook_tokens(&mut self, seq: u64) {
-        if let Some(send) = self.sends.iter_mut().find(|s| s.seq == seq) {
+        if let Some(send) = self.send_mut(seq) {
             send.took[1] = 0.0;
         }
     }
