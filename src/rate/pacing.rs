@@ -48,7 +48,7 @@ const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// steady run it costs no rate, only a slightly fuller bucket.
 const MARGIN: f64 = 0.02;
 
-/// What a stranger on a bucket counts on of the refill since the latest
+/// What a process on a bucket counts on of the refill since the latest
 /// header, until the next: the others on the key take the rest (a fair
 /// part among four; without it, processes that all saw too little to send
 /// would wait for the least rate while the bucket refills).
@@ -255,8 +255,8 @@ struct State {
     alone: Option<(u64, Instant)>,
     /// Headers that contradicted a refusal: none are taken in until a success.
     distrust: bool,
-    /// The share of the quota's refill counted on between answers: 1 alone,
-    /// less when refusals show others on the same quota.
+    /// The share of a sliding window counted on: 1 alone, a shard's part
+    /// of the job, less when refusals show others on the same quota.
     share: f64,
     /// The least share refusals lower it to.
     least_share: f64,
@@ -354,10 +354,11 @@ impl Pacing {
         }
     }
 
-    /// Pacing for one of `processes` that share the quota: it counts on its
-    /// part of the budget from the start instead of learning it from
-    /// refusals, and wins back more as answers succeed (when the others
-    /// are done).
+    /// Pacing for one of `processes` that share the quota: it sends one
+    /// request first, and under a sliding window counts on its part of it
+    /// from the start instead of learning it from refusals, winning back
+    /// more as answers succeed (when the others are done). On a bucket it
+    /// follows the level as any process does.
     #[must_use]
     pub fn shared_by(self, processes: u32) -> Pacing {
         {
@@ -572,11 +573,13 @@ impl State {
         {
             let Some(budget) = budget else { continue };
             let share = self.counted_share();
-            let mut until = budget.wait(now, cost, share);
-            if !self.probe && budget.refill.sliding_rate(budget.limit).is_none() {
-                until = self.stranger_wait(k, budget, now, cost);
-            }
-            if !until.is_zero() && budget.refill.sliding_rate(budget.limit).is_some() {
+            let sliding = budget.refill.sliding_rate(budget.limit).is_some();
+            let mut until = if sliding {
+                budget.wait(now, cost, share)
+            } else {
+                self.level_wait(k, budget, now, cost)
+            };
+            if !until.is_zero() && sliding {
                 // A sliding window frees this process's own uses a window
                 // after it sent them, all of them its own: its next burst
                 // need not wait for the rate.
@@ -601,11 +604,11 @@ impl State {
         wait.max(self.pace.wait(now, quotas, self.window()))
     }
 
-    /// The wait of a stranger (not a shard) on a bucket before a request
-    /// costing `cost` of quota `k`: the level decides its rate, not a share
-    /// (see [`Share::bucket_wait`]). Until two answers tell how the quota
-    /// refills, one request at a time: the others on it may be many.
-    fn stranger_wait(&self, k: usize, budget: &Budget, now: Instant, cost: f64) -> Duration {
+    /// The wait on a bucket before a request costing `cost` of quota `k`,
+    /// for a stranger and a shard alike: the level decides its rate, not a
+    /// share (see [`Share::bucket_wait`]). Until two answers tell how the
+    /// quota refills, one request at a time: the others on it may be many.
+    fn level_wait(&self, k: usize, budget: &Budget, now: Instant, cost: f64) -> Duration {
         let until = budget.wait(now, cost, 1.0);
         if !budget.refill.is_bucket() {
             // For at most the probe's time, should an answer never be told of.
@@ -635,10 +638,9 @@ impl State {
         until.max(spacing)
     }
 
-    /// The part of what the headers show left that this process counts on:
-    /// a shard's part of the job, or its share among strangers. Under a
-    /// bucket that costs no rate (the level settles where the part covers
-    /// a request), and it keeps processes that see the same level from all
+    /// The part of what a sliding window's headers show left that this
+    /// process counts on: a shard's part of the job, or its share among
+    /// strangers. It keeps processes that see the same window from all
     /// spending it.
     fn counted_share(&self) -> f64 {
         self.share.min(self.pace.share())
@@ -664,7 +666,6 @@ impl State {
             header.map(|h| Shown {
                 limit: h.limit,
                 remaining: h.remaining,
-                rate: budget.rate,
                 sliding: budget.refill.sliding_rate(budget.limit).is_some(),
             })
         };
@@ -815,19 +816,28 @@ impl State {
         }
     }
 
-    /// Takes a send from the budgets. A process counts on its share of what
-    /// the headers show: its own sends take from that share, so they weigh
-    /// `1 / share` on the whole budget it models.
+    /// Takes a send from the budgets. Under a sliding window a process
+    /// counts on its share of what the headers show: its own sends take
+    /// from that share, so they weigh `1 / share` on the whole window it
+    /// models. On a bucket every process follows the level
+    /// ([`State::level_wait`]): its sends take their cost.
     fn spend(&mut self, sent: Sent) {
-        // A stranger's share only says how much of the level it counts on:
-        // its sends take their cost, and the level settles where the share
-        // of it covers the next request, the bucket's whole rate used.
-        let weight = 1.0 / self.share;
+        let weight = |budget: &Budget| {
+            if budget.refill.sliding_rate(budget.limit).is_some() {
+                1.0 / self.share
+            } else {
+                1.0
+            }
+        };
+        let weights = [
+            self.requests.as_ref().map_or(1.0, weight),
+            self.tokens.as_ref().map_or(1.0, weight),
+        ];
         if let Some(budget) = self.requests.as_mut() {
-            budget.spend(sent.at, weight);
+            budget.spend(sent.at, weights[0]);
         }
         if let Some(budget) = self.tokens.as_mut() {
-            budget.spend(sent.at, sent.tokens * weight);
+            budget.spend(sent.at, sent.tokens * weights[1]);
         }
     }
 }
@@ -884,54 +894,6 @@ mod tests {
         );
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn one_of_four_shards_counts_on_a_quarter_of_the_budget() {
-        for (processes, least, most) in [(1, 0, 1), (4, 170, 200)] {
-            let pacing = Pacing::new(Duration::from_secs(600)).shared_by(processes);
-            let first = pacing.admit(10).await.unwrap();
-            // 1000 tokens a second, 100 left: alone, a request of 50 goes at
-            // once; one of four counts on 25 and a quarter of the refill.
-            pacing.on_answer(
-                first,
-                Some(headers(None, Some((1000.0, 100.0, 900)))),
-                Some(10),
-            );
-            let start = Instant::now();
-            let _second = pacing.admit(50).await.unwrap();
-            let waited = start.elapsed();
-            assert!(
-                waited >= Duration::from_millis(least) && waited < Duration::from_millis(most),
-                "{processes} processes: waited {waited:?}"
-            );
-        }
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn one_of_four_shards_sends_a_quarter_of_what_the_headers_show() {
-        for (processes, at_once) in [(4, 4..=5)] {
-            let pacing = Pacing::new(Duration::from_secs(600)).shared_by(processes);
-            let first = pacing.admit(1).await.unwrap();
-            // 20 requests left of 30, whole again in 20 s: half a request a second.
-            pacing.on_answer(
-                first,
-                Some(headers(Some((30.0, 20.0, 20_000)), None)),
-                Some(1),
-            );
-            let start = Instant::now();
-            let mut sent = 0;
-            while start.elapsed().is_zero() && sent < 40 {
-                let _ticket = pacing.admit(1).await.unwrap();
-                sent += 1;
-            }
-            // The last one waited for the refill.
-            assert!(
-                at_once.contains(&(sent - 1)),
-                "{processes} processes: {} sent at once",
-                sent - 1
-            );
-        }
-    }
-
     #[test]
     fn a_refusals_headers_do_not_tell_how_a_bucket_refills() {
         let header = |remaining: f64, reset_ms: u64| QuotaHeader {
@@ -951,50 +913,58 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_stranger_on_a_bucket_goes_one_at_a_time_then_at_the_rate_its_level_allows() {
-        let pacing = Pacing::new(Duration::from_secs(600));
-        let first = pacing.admit(1).await.unwrap();
-        // 20 requests left of 30, whole again in 20 s: half a request a
-        // second, or a sliding window's first uses: one answer cannot tell.
-        pacing.on_answer(
-            first,
-            Some(headers(Some((30.0, 20.0, 20_000)), None)),
-            Some(1),
-        );
-        let second = pacing.admit(1).await.unwrap();
-        let held = tokio::time::timeout(Duration::from_secs(1), pacing.admit(1)).await;
-        assert!(held.is_err(), "a third went before the second's answer");
-        // 19 left, whole in 22 s: the same rate, a bucket. The rate it may
-        // send at is 1.5 x the refill x (19 - 1.6) / 30 of a bucket, 0.435
-        // a second (a quarter of the refill since the header adds a little):
-        // the next goes about 2.3 s after the second.
-        pacing.on_answer(
-            second,
-            Some(headers(Some((30.0, 19.0, 22_000)), None)),
-            Some(1),
-        );
-        let _third = pacing.admit(1).await.unwrap();
-        let after = second.sent_at().elapsed();
-        assert!(
-            after >= Duration::from_millis(2200) && after <= Duration::from_millis(2350),
-            "the third went {after:?} after the second"
-        );
-        // Past three quarters of the bucket nobody counts on the level.
-        let pacing = Pacing::new(Duration::from_secs(600));
-        for remaining in [28.0, 27.0] {
-            let ticket = pacing.admit(1).await.unwrap();
-            let reset = (30.0 - remaining) * 2000.0;
+    async fn on_a_bucket_a_stranger_and_a_shard_go_one_at_a_time_then_at_the_rate_the_level_allows()
+    {
+        // A shard of four follows the level as a stranger does: it knows
+        // its part of the job, not what the others on the key send.
+        for processes in [1, 4] {
+            let pacing = Pacing::new(Duration::from_secs(600)).shared_by(processes);
+            let first = pacing.admit(1).await.unwrap();
+            // 20 requests left of 30, whole again in 20 s: half a request a
+            // second, or a sliding window's first uses: one answer cannot tell.
             pacing.on_answer(
-                ticket,
-                Some(headers(Some((30.0, remaining, reset as u64)), None)),
+                first,
+                Some(headers(Some((30.0, 20.0, 20_000)), None)),
                 Some(1),
             );
+            let second = pacing.admit(1).await.unwrap();
+            let held = tokio::time::timeout(Duration::from_secs(1), pacing.admit(1)).await;
+            assert!(
+                held.is_err(),
+                "{processes}: a third went before the second's answer"
+            );
+            // 19 left, whole in 22 s: the same rate, a bucket. The rate it may
+            // send at is 1.5 x the refill x (19 - 1.6) / 30 of a bucket, 0.435
+            // a second (a quarter of the refill since the header adds a little):
+            // the next goes about 2.3 s after the second.
+            pacing.on_answer(
+                second,
+                Some(headers(Some((30.0, 19.0, 22_000)), None)),
+                Some(1),
+            );
+            let _third = pacing.admit(1).await.unwrap();
+            let after = second.sent_at().elapsed();
+            assert!(
+                after >= Duration::from_millis(2200) && after <= Duration::from_millis(2350),
+                "{processes}: the third went {after:?} after the second"
+            );
+            // Past three quarters of the bucket nobody counts on the level.
+            let pacing = Pacing::new(Duration::from_secs(600)).shared_by(processes);
+            for remaining in [28.0, 27.0] {
+                let ticket = pacing.admit(1).await.unwrap();
+                let reset = (30.0 - remaining) * 2000.0;
+                pacing.on_answer(
+                    ticket,
+                    Some(headers(Some((30.0, remaining, reset as u64)), None)),
+                    Some(1),
+                );
+            }
+            let start = Instant::now();
+            for _ in 0..4 {
+                let _ticket = pacing.admit(1).await.unwrap();
+            }
+            assert_eq!(start.elapsed(), Duration::ZERO, "{processes}");
         }
-        let start = Instant::now();
-        for _ in 0..4 {
-            let _ticket = pacing.admit(1).await.unwrap();
-        }
-        assert_eq!(start.elapsed(), Duration::ZERO);
     }
 
     #[tokio::test(start_paused = true)]

@@ -2,36 +2,30 @@
 //! know of each other converge on parts of it that add up to nearly the
 //! whole, from what the headers and the 429s say.
 //!
-//! The share comes from the others' use. Under a sliding window it is what
-//! the headers show used (`limit - remaining`) beyond this process's own
-//! sends of the window, the most any answer of the last window showed (uses
-//! only add up until they leave). Under a bucket, what was used before the
-//! process started refills and tells nothing: the others' use is the level
-//! the bucket lost between two answers beyond the process's sends, as a
-//! rate smoothed over half a window. A process takes what the others leave,
-//! less a headroom in proportion to their use, [`HEADROOM`]: `share = 1 -
-//! (1 + HEADROOM) x others`. Applied by every process, the shares of `n`
-//! busy processes add up to `n / (1 + (1 + HEADROOM)(n - 1))`: the whole
-//! quota alone, 96% of it for four. The share falls at once when the
-//! others' use grows and rises over half a window when it shrinks; a
-//! refusal cuts it further (sends that met before any header showed them).
-//! In its first window a process under a sliding window counts on no more
-//! than its part of what was used so far: processes started together are
-//! all still growing.
+//! On a bucket no process needs a share, a stranger (an independent job) or
+//! a shard of a split job alike: each sends at a rate in proportion to the
+//! level the headers show ([`Share::bucket_wait`]). All follow the same
+//! level by the same rule, so they send alike whatever their number and
+//! however far apart they started, and the level settles where their rates
+//! add up to the refill.
 //!
-//! A stranger on a bucket (an independent job, not a shard) needs no share:
-//! it sends at a rate in proportion to the level the headers show
-//! ([`Share::bucket_wait`]). All follow the same level by the same rule, so
-//! they send alike whatever their number and however far apart they
-//! started, and the level settles where their rates add up to the refill.
-//! The share of the others' use serves shards, and strangers under a
-//! sliding window, whose free part is wasted, not stored.
-//!
-//! Under a bucket, a shard counts on the share of the level the headers
-//! show; under a sliding window, the process's sends of the last window
-//! (each leaving it a window and a round trip after the send) stay within
-//! its share of each limit, and what its own uses free is its to take at
-//! once: a process alone spends the whole window, in bursts if it likes.
+//! A sliding window's free part is wasted, not stored, and its level tells
+//! no rate: there a process counts on a share of the window, which comes
+//! from the others' use. That is what the headers show used (`limit -
+//! remaining`) beyond this process's own sends of the window, the most any
+//! answer of the last window showed (uses only add up until they leave). A
+//! process takes what the others leave, less a headroom in proportion to
+//! their use, [`HEADROOM`]: `share = 1 - (1 + HEADROOM) x others`. Applied
+//! by every process, the shares of `n` busy processes add up to `n / (1 +
+//! (1 + HEADROOM)(n - 1))`: the whole quota alone, 96% of it for four. The
+//! share falls at once when the others' use grows and rises over half a
+//! window when it shrinks; a refusal cuts it further (sends that met before
+//! any header showed them). In its first window a process counts on no
+//! more than its part of what was used so far: processes started together
+//! are all still growing. The process's sends of the last window (each
+//! leaving it a window and a round trip after the send) stay within its
+//! share of each limit, and what its own uses free is its to take at once:
+//! a process alone spends the whole window, in bursts if it likes.
 //!
 //! The rate of a quota comes from the resets. A refilling bucket's reset is
 //! the time until it is full, so every answer implies the same rate; a
@@ -59,16 +53,16 @@ const RISE: f64 = 0.5;
 /// The least share: a process is never starved.
 const LEAST: f64 = 1.0 / 32.0;
 
-/// A stranger on a bucket sends at this many times the refill for a whole
+/// A process on a bucket sends at this many times the refill for a whole
 /// bucket left beyond what a request needs.
 const LEVEL_GAIN: f64 = 1.5;
 
-/// Above this part of a bucket a stranger spends at once: the level where
+/// Above this part of a bucket a process spends at once: the level where
 /// several processes' rates meet the refill is below it (a third of the
 /// bucket for two, at [`LEVEL_GAIN`]), so nobody else is counting on it.
 const UNCONTENDED: f64 = 0.75;
 
-/// The longest a stranger on a bucket spaces its sends.
+/// The longest a process on a bucket spaces its sends.
 const MAX_SPACING: Duration = Duration::from_secs(120);
 
 /// Own sends remembered, at most.
@@ -160,15 +154,9 @@ pub(super) struct Share {
     /// The first send: in the first window the others' use so far, next to
     /// this process's, tells how many started with it.
     first: Option<Instant>,
-    /// For a bucket, by quota: the latest answer's send and what it showed
-    /// left, and the others' rate of use found between answers.
-    seen: [Option<(Instant, f64)>; 2],
-    others_rate: [Option<f64>; 2],
     /// Under a sliding window, the others' part each answer of the last
     /// window showed.
     recent: VecDeque<(Instant, f64)>,
-    /// Whether the resets have shown a sliding window yet.
-    sliding: bool,
 }
 
 /// What an answer's headers show of one quota.
@@ -176,8 +164,7 @@ pub(super) struct Share {
 pub(super) struct Shown {
     pub limit: f64,
     pub remaining: f64,
-    /// The quota's rate, and whether it is a sliding window.
-    pub rate: f64,
+    /// Whether it is a sliding window.
     pub sliding: bool,
 }
 
@@ -191,14 +178,11 @@ impl Share {
             round_trip: Duration::ZERO,
             sends: VecDeque::new(),
             first: None,
-            seen: [None; 2],
-            others_rate: [None; 2],
             recent: VecDeque::new(),
-            sliding: false,
         }
     }
 
-    /// How long a stranger on a bucket waits before a request of `cost`:
+    /// How long a process on a bucket waits before a request of `cost`:
     /// it sends at a rate in proportion to the `level` it counts on beyond
     /// what the request `need`s, [`LEVEL_GAIN`] times the refill for a
     /// whole bucket. Every process on the key follows the same level by
@@ -369,67 +353,36 @@ impl Share {
         }
     }
 
-    /// The others' part of quota `k` as an answer to a request sent at
-    /// `sent_at` shows it. A sliding window counts every use of its
-    /// window: what is not this process's is the others'. A bucket
-    /// refills: the others used what it lost since the previous answer
-    /// beyond this process's sends, at a rate that is smoothed over half a
-    /// window.
+    /// The others' part of quota `k`, a sliding window, as an answer to a
+    /// request sent at `sent_at` shows it: the window counts every use of
+    /// its length, and what is not this process's is the others'.
     fn others(
-        &mut self,
+        &self,
         k: usize,
         (sent_at, now): (Instant, Instant),
         shown: Shown,
         window: Duration,
     ) -> f64 {
-        if shown.sliding || shown.rate <= 0.0 {
-            // The service counted this process's sends that reached it
-            // before this one, and may have counted any sent before the
-            // answer came: the others' are what is left beyond all of them.
-            let own = self.counted(k, sent_at, now, window);
-            // Up to two of its own requests unexplained are the process's
-            // own sends meeting the service a little off their count (a use
-            // merged with the next, a send just before a window's edge), not
-            // another process: a process alone keeps the whole window.
-            let request = self.sends.iter().map(|s| s.took[k]).fold(0.0, f64::max);
-            let others = shown.limit - shown.remaining - own;
-            if others <= 2.0 * request {
-                return 0.0;
-            }
-            return (others / shown.limit).max(0.0);
+        // The service counted this process's sends that reached it before
+        // this one, and may have counted any sent before the answer came:
+        // the others' are what is left beyond all of them.
+        let own = self.counted(k, sent_at, now, window);
+        // Up to two of its own requests unexplained are the process's own
+        // sends meeting the service a little off their count (a use merged
+        // with the next, a send just before a window's edge), not another
+        // process: a process alone keeps the whole window.
+        let request = self.sends.iter().map(|s| s.took[k]).fold(0.0, f64::max);
+        let others = shown.limit - shown.remaining - own;
+        if others <= 2.0 * request {
+            return 0.0;
         }
-        // A bucket's use beyond this process's sends may be what others
-        // used before it started: only the level lost since tells.
-        let unexplained = 0.0_f64;
-        let previous = self.seen[k];
-        if previous.is_some_and(|(at, _)| at > sent_at) {
-            return unexplained.max(self.others_rate[k].unwrap_or(0.0).max(0.0) / shown.rate);
-        }
-        self.seen[k] = Some((sent_at, shown.remaining));
-        if let Some((at, left)) = previous {
-            let dt = sent_at.saturating_duration_since(at).as_secs_f64();
-            let refilled = left + shown.rate * dt;
-            // A full bucket's refill is lost: nothing is known of that span.
-            if dt > 0.0 && refilled < shown.limit {
-                let own: f64 = self
-                    .sends
-                    .iter()
-                    .filter(|s| s.at > at && s.at <= sent_at)
-                    .map(|s| s.took[k])
-                    .sum();
-                // Not clipped at zero: `remaining` is rounded down at both
-                // ends, and only the smoothed rate is free of the rounding.
-                let rate = (refilled - own - shown.remaining) / dt;
-                let weight = (dt / (window.as_secs_f64() * RISE)).min(1.0);
-                let smoothed = self.others_rate[k].map_or(rate, |r| r + (rate - r) * weight);
-                self.others_rate[k] = Some(smoothed);
-            }
-        }
-        unexplained.max(self.others_rate[k].unwrap_or(0.0).max(0.0) / shown.rate)
+        (others / shown.limit).max(0.0)
     }
 
     /// An answer to a request sent at `sent_at`, whose headers show the
-    /// quotas: the share moves to what the others leave of the most used.
+    /// quotas: the share moves to what the others leave of the most used
+    /// sliding window. A bucket's level decides the rate of every process
+    /// on it ([`Share::bucket_wait`]) and leaves the share where it is.
     pub(super) fn answered(
         &mut self,
         now: Instant,
@@ -438,14 +391,9 @@ impl Share {
         window: Duration,
     ) {
         self.round_trip = now.saturating_duration_since(sent_at);
-        let since = self
-            .moved_at
-            .map_or(Duration::ZERO, |at| now.saturating_duration_since(at));
-        self.moved_at = Some(now);
         let mut most: Option<(f64, f64)> = None;
-        let sliding = quotas.iter().flatten().any(|q| q.sliding);
         for (k, shown) in quotas.into_iter().enumerate() {
-            let Some(shown) = shown.filter(|q| q.limit > 0.0) else {
+            let Some(shown) = shown.filter(|q| q.limit > 0.0 && q.sliding) else {
                 continue;
             };
             let others = self.others(k, (sent_at, now), shown, window);
@@ -453,33 +401,31 @@ impl Share {
             // still under way included (the service may have counted them).
             let own = self.counted(k, sent_at, now, window);
             let used = (shown.limit - shown.remaining).max(own);
-            let part = if shown.sliding {
-                own / used.max(f64::MIN_POSITIVE)
-            } else {
-                1.0
-            };
+            let part = own / used.max(f64::MIN_POSITIVE);
             if most.is_none_or(|(o, _)| others > o) {
                 most = Some((others, part));
             }
         }
-        let Some((mut others, part)) = most else {
+        let Some((others, part)) = most else {
             return;
         };
-        if sliding {
-            // Uses only add up within a window until they leave it: the
-            // others' use of the window is the most any answer of it showed,
-            // not what one early in their sends shows.
-            while self.recent.len() >= MAX_SENDS
-                || self
-                    .recent
-                    .front()
-                    .is_some_and(|(at, _)| sent_at.saturating_duration_since(*at) >= window)
-            {
-                self.recent.pop_front();
-            }
-            self.recent.push_back((sent_at, others));
-            others = self.recent.iter().map(|(_, o)| *o).fold(others, f64::max);
+        let since = self
+            .moved_at
+            .map_or(Duration::ZERO, |at| now.saturating_duration_since(at));
+        self.moved_at = Some(now);
+        // Uses only add up within a window until they leave it: the others'
+        // use of the window is the most any answer of it showed, not what
+        // one early in their sends shows.
+        while self.recent.len() >= MAX_SENDS
+            || self
+                .recent
+                .front()
+                .is_some_and(|(at, _)| sent_at.saturating_duration_since(*at) >= window)
+        {
+            self.recent.pop_front();
         }
+        self.recent.push_back((sent_at, others));
+        let others = self.recent.iter().map(|(_, o)| *o).fold(others, f64::max);
         let mut allowed = (1.0 - (1.0 + HEADROOM) * others).clamp(LEAST, 1.0);
         if self
             .first
@@ -488,13 +434,6 @@ impl Share {
             // Processes that started together are still growing: each
             // counts on its part of what was used so far.
             allowed = allowed.min(part.max(LEAST));
-        }
-        if sliding && !self.sliding {
-            // Until now the quota was read as a bucket, whose refill a
-            // sliding window does not give: what that read as the others'
-            // use was not.
-            self.sliding = true;
-            self.share = self.share.max(allowed);
         }
         if allowed <= self.share || window.is_zero() {
             self.share = allowed.max(LEAST);
@@ -585,7 +524,6 @@ mod tests {
         let shown = Shown {
             limit,
             remaining,
-            rate: limit,
             sliding: true,
         };
         [Some(shown), None]
@@ -653,34 +591,6 @@ mod tests {
         share.heard(3, now + ms(26));
         share.answered(now + ms(26), now + ms(1), sliding(20.0, 6.0), window);
         let expected = 1.0 - (1.0 + HEADROOM) * 6.0 / 20.0;
-        assert!((share.share - expected).abs() < 1e-9, "{}", share.share);
-    }
-
-    #[test]
-    fn under_a_bucket_only_the_level_lost_beyond_its_sends_is_the_others() {
-        let start = Instant::now();
-        let window = Duration::from_secs(1);
-        let bucket = |remaining: f64| {
-            [
-                None,
-                Some(Shown {
-                    limit: 1000.0,
-                    remaining,
-                    rate: 1000.0,
-                    sliding: false,
-                }),
-            ]
-        };
-        let mut share = Share::new(1.0);
-        share.sent(0, start, [1.0, 100.0], window);
-        // 200 left of 1000 at the first answer: used before, it tells nothing.
-        share.answered(start + ms(20), start, bucket(200.0), window);
-        assert_eq!(share.share, 1.0);
-        // 100 ms later the bucket refilled 100 and this process took 100:
-        // 150 left shows the others used 50, at 500 a second, half the rate.
-        share.sent(1, start + ms(100), [1.0, 100.0], window);
-        share.answered(start + ms(120), start + ms(100), bucket(150.0), window);
-        let expected = 1.0 - (1.0 + HEADROOM) * 0.5;
         assert!((share.share - expected).abs() < 1e-9, "{}", share.share);
     }
 }
