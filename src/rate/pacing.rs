@@ -659,14 +659,16 @@ impl State {
     }
 
     /// Moves this process's share by what the headers of the answer to
-    /// `ticket`'s request show used of the quotas.
+    /// `ticket`'s request show used of the quotas that are sliding windows
+    /// (on a bucket the level decides, not a share).
     fn pace_by(&mut self, ticket: Ticket, headers: &RateLimitHeaders) {
         let shown = |budget: &Option<Budget>, header: Option<QuotaHeader>| {
-            let budget = budget.as_ref()?;
+            budget
+                .as_ref()
+                .filter(|b| b.refill.sliding_rate(b.limit).is_some())?;
             header.map(|h| Shown {
                 limit: h.limit,
                 remaining: h.remaining,
-                sliding: budget.refill.sliding_rate(budget.limit).is_some(),
             })
         };
         let quotas = [

@@ -159,13 +159,11 @@ pub(super) struct Share {
     recent: VecDeque<(Instant, f64)>,
 }
 
-/// What an answer's headers show of one quota.
+/// What an answer's headers show of one quota, a sliding window.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Shown {
     pub limit: f64,
     pub remaining: f64,
-    /// Whether it is a sliding window.
-    pub sliding: bool,
 }
 
 impl Share {
@@ -393,7 +391,7 @@ impl Share {
         self.round_trip = now.saturating_duration_since(sent_at);
         let mut most: Option<(f64, f64)> = None;
         for (k, shown) in quotas.into_iter().enumerate() {
-            let Some(shown) = shown.filter(|q| q.limit > 0.0 && q.sliding) else {
+            let Some(shown) = shown.filter(|q| q.limit > 0.0) else {
                 continue;
             };
             let others = self.others(k, (sent_at, now), shown, window);
@@ -521,11 +519,7 @@ mod tests {
     }
 
     fn sliding(limit: f64, remaining: f64) -> [Option<Shown>; 2] {
-        let shown = Shown {
-            limit,
-            remaining,
-            sliding: true,
-        };
+        let shown = Shown { limit, remaining };
         [Some(shown), None]
     }
 
