@@ -351,20 +351,11 @@ impl Share {
         }
     }
 
-    /// The others' part of quota `k`, a sliding window, as an answer to a
-    /// request sent at `sent_at` shows it: the window counts every use of
-    /// its length, and what is not this process's is the others'.
-    fn others(
-        &self,
-        k: usize,
-        (sent_at, now): (Instant, Instant),
-        shown: Shown,
-        window: Duration,
-    ) -> f64 {
-        // The service counted this process's sends that reached it before
-        // this one, and may have counted any sent before the answer came:
-        // the others' are what is left beyond all of them.
-        let own = self.counted(k, sent_at, now, window);
+    /// The others' part of quota `k`, a sliding window, as an answer shows
+    /// it beside this process's `own` use it may count ([`Share::counted`]):
+    /// the window counts every use of its length, and what is not this
+    /// process's is the others'.
+    fn others(&self, k: usize, own: f64, shown: Shown) -> f64 {
         // Up to two of its own requests unexplained are the process's own
         // sends meeting the service a little off their count (a use merged
         // with the next, a send just before a window's edge), not another
@@ -394,10 +385,12 @@ impl Share {
             let Some(shown) = shown.filter(|q| q.limit > 0.0) else {
                 continue;
             };
-            let others = self.others(k, (sent_at, now), shown, window);
-            // This process's part of what the window shows used, its sends
-            // still under way included (the service may have counted them).
+            // The service counted this process's sends that reached it
+            // before the answered one, and may have counted any sent before
+            // the answer came: the others' are what is left beyond all of them.
             let own = self.counted(k, sent_at, now, window);
+            let others = self.others(k, own, shown);
+            // This process's part of what the window shows used.
             let used = (shown.limit - shown.remaining).max(own);
             let part = own / used.max(f64::MIN_POSITIVE);
             if most.is_none_or(|(o, _)| others > o) {
