@@ -10,22 +10,36 @@
 //! add up to the refill.
 //!
 //! A sliding window's free part is wasted, not stored, and its level tells
-//! no rate: there a process counts on a share of the window, which comes
-//! from the others' use. That is what the headers show used (`limit -
-//! remaining`) beyond this process's own sends of the window, the most any
-//! answer of the last window showed (uses only add up until they leave). A
-//! process takes what the others leave, less a headroom in proportion to
-//! their use, [`HEADROOM`]: `share = 1 - (1 + HEADROOM) x others`. Applied
-//! by every process, the shares of `n` busy processes add up to `n / (1 +
-//! (1 + HEADROOM)(n - 1))`: the whole quota alone, 96% of it for four. The
-//! share falls at once when the others' use grows and rises over half a
-//! window when it shrinks; a refusal cuts it further (sends that met before
-//! any header showed them). In its first window a process counts on no
-//! more than its part of what was used so far: processes started together
-//! are all still growing. The process's sends of the last window (each
-//! leaving it a window and a round trip after the send) stay within its
-//! share of each limit, and what its own uses free is its to take at once:
-//! a process alone spends the whole window, in bursts if it likes.
+//! no rate: there a process counts on a share of the window. In its first
+//! window, and while it sees no others, the share comes from the others'
+//! use: what the headers show used (`limit - remaining`) beyond this
+//! process's own sends of the window, the most any answer of the last
+//! window showed (uses only add up until they leave). It takes what the
+//! others leave, less a headroom in proportion to their use, [`HEADROOM`]:
+//! `share = 1 - (1 + HEADROOM) x others`; in its first window no more than
+//! its part of what was used so far (processes started together are all
+//! still growing). A process alone keeps the whole window: its sends of the
+//! last window (each leaving it a window and a round trip after the send)
+//! stay within it, and what its own uses free is its to take at once, in
+//! bursts if it likes.
+//!
+//! Past its first window, among others, a process keeps its part of the
+//! window's use as the latest answer shows it (its own sends the service
+//! had counted over what the window holds), less a request and a half of
+//! the window left free ([`REQUESTS_FREE`]): `share = (1 - free) x own /
+//! used`. Applied by every process, the shares add up to about the window
+//! less that room whatever their number (each reads its part at its own
+//! answer); they fall at once when others come and rise at once as the
+//! uses of one that left leave the window. With less than the whole window
+//! a process sends at its share's rate, evenly: after each send a gap of
+//! its cost over the share's part of the window's rate. Sends spread so
+//! show the others the same use of the window at every answer; taken in
+//! bursts, the window showed full, then empty, and the shares parted
+//! unequally from the first window (0.40, 0.33, 0.29 and 0.03 for four
+//! started together). A refusal cuts the share further (sends that met
+//! before any header showed them); a process that then sees no others is
+//! back on the whole window once its share is less than a request short of
+//! it.
 //!
 //! The rate of a quota comes from the resets. A refilling bucket's reset is
 //! the time until it is full, so every answer implies the same rate; a
@@ -41,6 +55,12 @@ use tokio::time::Instant;
 /// The headroom each process leaves in proportion to the others' use: it
 /// absorbs what they send before their use shows in the headers.
 const HEADROOM: f64 = 0.05;
+
+/// Past its first window a process among others counts on its part of the
+/// window less this many of the largest request: paced sends of whole
+/// requests keep the window's count within a request or so of the shares'
+/// sum, and it must stay below the limit.
+const REQUESTS_FREE: f64 = 1.5;
 
 /// A refusal keeps this much of the share, at most once per [`CUT_SPACING`]
 /// of the window (requests in flight are refused together).
@@ -159,6 +179,15 @@ pub(super) struct Share {
     recent: VecDeque<(Instant, f64)>,
 }
 
+/// What an answer shows of a sliding window beside the others' use: this
+/// process's part of the window's use, as a process that paces its sends
+/// counts it, and its largest request's part of the window.
+#[derive(Debug, Clone, Copy)]
+struct Paced {
+    part: f64,
+    request: f64,
+}
+
 /// What an answer's headers show of one quota, a sliding window.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Shown {
@@ -267,6 +296,21 @@ impl Share {
             let Some(quota) = quota.filter(|q| q.limit > 0.0) else {
                 continue;
             };
+            if self.share < 1.0 {
+                // Among others, at the share's rate: the latest send, or this
+                // request if larger (a refused one took no tokens), paid off
+                // before the next goes; a request larger than the share once
+                // the latest has left the window.
+                if let Some(last) = self.sends.back() {
+                    let cost = last.took[k].max(quota.cost);
+                    let gap = Duration::try_from_secs_f64(
+                        window.as_secs_f64() * cost / (self.share * quota.limit),
+                    )
+                    .map_or(span, |gap| gap.min(span));
+                    wait = wait.max((last.at + gap).saturating_duration_since(now));
+                }
+                continue;
+            }
             // A request larger than the share still goes, once the share is free.
             let allowed = (self.share * quota.limit).max(quota.cost);
             let mut excess = self.used(k, now, window) + quota.cost - allowed;
@@ -351,6 +395,20 @@ impl Share {
         }
     }
 
+    /// This process's sends of quota `k` in the `window` up to `sent_at`.
+    fn sent_within(&self, k: usize, sent_at: Instant, window: Duration) -> f64 {
+        self.sends
+            .iter()
+            .filter(|s| s.at <= sent_at && sent_at.saturating_duration_since(s.at) < window)
+            .map(|s| s.took[k])
+            .sum()
+    }
+
+    /// The largest of this process's remembered requests, in quota `k`.
+    fn largest(&self, k: usize) -> f64 {
+        self.sends.iter().map(|s| s.took[k]).fold(0.0, f64::max)
+    }
+
     /// The others' part of quota `k`, a sliding window, as an answer shows
     /// it beside this process's `own` use it may count ([`Share::counted`]):
     /// the window counts every use of its length, and what is not this
@@ -360,9 +418,8 @@ impl Share {
         // sends meeting the service a little off their count (a use merged
         // with the next, a send just before a window's edge), not another
         // process: a process alone keeps the whole window.
-        let request = self.sends.iter().map(|s| s.took[k]).fold(0.0, f64::max);
         let others = shown.limit - shown.remaining - own;
-        if others <= 2.0 * request {
+        if others <= 2.0 * self.largest(k) {
             return 0.0;
         }
         (others / shown.limit).max(0.0)
@@ -380,7 +437,7 @@ impl Share {
         window: Duration,
     ) {
         self.round_trip = now.saturating_duration_since(sent_at);
-        let mut most: Option<(f64, f64)> = None;
+        let mut most: Option<(f64, f64, Paced)> = None;
         for (k, shown) in quotas.into_iter().enumerate() {
             let Some(shown) = shown.filter(|q| q.limit > 0.0) else {
                 continue;
@@ -390,14 +447,26 @@ impl Share {
             // the answer came: the others' are what is left beyond all of them.
             let own = self.counted(k, sent_at, now, window);
             let others = self.others(k, own, shown);
+            let shown_used = shown.limit - shown.remaining;
             // This process's part of what the window shows used.
-            let used = (shown.limit - shown.remaining).max(own);
-            let part = own / used.max(f64::MIN_POSITIVE);
-            if most.is_none_or(|(o, _)| others > o) {
-                most = Some((others, part));
+            let part = own / shown_used.max(own).max(f64::MIN_POSITIVE);
+            // Paced sends are far apart: those before the answered one are
+            // the ones the service had counted. Sends in a burst (a process
+            // that counted on the whole window) may all have been.
+            let counted = if self.share < 1.0 {
+                self.sent_within(k, sent_at, window)
+            } else {
+                own
+            };
+            let paced = Paced {
+                part: counted / shown_used.max(counted).max(f64::MIN_POSITIVE),
+                request: self.largest(k) / shown.limit,
+            };
+            if most.is_none_or(|(o, _, _)| others > o) {
+                most = Some((others, part, paced));
             }
         }
-        let Some((others, part)) = most else {
+        let Some((others, part, paced)) = most else {
             return;
         };
         let since = self
@@ -417,11 +486,21 @@ impl Share {
         }
         self.recent.push_back((sent_at, others));
         let others = self.recent.iter().map(|(_, o)| *o).fold(others, f64::max);
-        let mut allowed = (1.0 - (1.0 + HEADROOM) * others).clamp(LEAST, 1.0);
-        if self
+        let first_window = self
             .first
-            .is_some_and(|first| sent_at.saturating_duration_since(first) < window)
-        {
+            .is_some_and(|first| sent_at.saturating_duration_since(first) < window);
+        if others > 0.0 && !first_window && !window.is_zero() {
+            // Among others and past its first window, the process keeps its
+            // part of the window's use, scaled to leave room free: applied
+            // by every process, the parts add up to the window less that
+            // room whatever their number, and the shares follow the window
+            // at once, down when others come and up when they leave.
+            let free = (REQUESTS_FREE * paced.request).max(HEADROOM);
+            self.share = ((1.0 - free) * paced.part).clamp(LEAST, 1.0);
+            return;
+        }
+        let mut allowed = (1.0 - (1.0 + HEADROOM) * others).clamp(LEAST, 1.0);
+        if first_window {
             // Processes that started together are still growing: each
             // counts on its part of what was used so far.
             allowed = allowed.min(part.max(LEAST));
@@ -433,6 +512,12 @@ impl Share {
             // waited long saw nothing meanwhile.
             let step = (since.as_secs_f64() / (window.as_secs_f64() * RISE)).min(0.25);
             self.share += (allowed - self.share) * step;
+            if allowed >= 1.0 && self.share >= 1.0 - paced.request {
+                // Less than a request short of the whole window is the
+                // whole: a process alone spends it as its uses free it, not
+                // paced a little below the window's rate.
+                self.share = 1.0;
+            }
         }
     }
 
@@ -516,40 +601,87 @@ mod tests {
         [Some(shown), None]
     }
 
+    fn one_quota(limit: f64, cost: f64) -> [Option<Quota>; 2] {
+        [Some(Quota { limit, cost }), None]
+    }
+
     #[test]
-    fn under_a_sliding_window_a_process_takes_what_the_others_leave() {
+    fn among_others_a_process_keeps_its_part_of_the_window_and_paces_its_sends() {
         let start = Instant::now();
         let window = Duration::from_secs(1);
         let mut share = Share::new(1.0);
-        // Past its first window, 4 of its own requests in the window of 20,
-        // and the headers show 14 used: 10 are the others'.
+        // Past its first window, 4 of its own requests went 10 ms apart, and
+        // the answer to the last shows 16 of the window of 20 used: its part
+        // is 4 of 16, less a request and a half of the window left free.
         share.first = Some(start);
         let now = start + Duration::from_secs(3);
         for n in 0..4 {
             share.sent(n, now + ms(n * 10), [1.0, 0.0], window);
         }
-        share.answered(now + ms(50), now + ms(30), sliding(20.0, 6.0), window);
-        let expected = 1.0 - (1.0 + HEADROOM) * 0.5;
+        share.answered(now + ms(50), now + ms(30), sliding(20.0, 4.0), window);
+        let free = REQUESTS_FREE / 20.0;
+        let expected = (1.0 - free) * 4.0 / 16.0;
         assert!((share.share - expected).abs() < 1e-9, "{}", share.share);
-        // Its own window holds 4 of the 9.5 its share allows: 5 more go
-        // now, the 6th when its first use leaves (a window and the round
-        // trip of 20 ms after it went).
-        let quotas = [
-            Some(Quota {
-                limit: 20.0,
-                cost: 1.0,
-            }),
-            None,
-        ];
-        for n in 4..9 {
-            assert_eq!(share.wait(now + ms(50), quotas, window), Duration::ZERO);
-            share.sent(n, now + ms(50), [1.0, 0.0], window);
+        // It sends at its share's rate: a request every 1 s / (20 x share),
+        // from its latest send.
+        let gap = 1.0 / (20.0 * expected);
+        let wait = share.wait(now + ms(50), one_quota(20.0, 1.0), window);
+        assert!((wait.as_secs_f64() - (gap - 0.02)).abs() < 1e-6, "{wait:?}");
+        let paced = now + ms(30) + Duration::from_secs_f64(gap);
+        assert_eq!(
+            share.wait(paced, one_quota(20.0, 1.0), window),
+            Duration::ZERO
+        );
+        share.sent(4, paced, [1.0, 0.0], window);
+        // The others leave: an answer shows 10 used, 5 of them its own (the
+        // sends before the answered one, paced far apart). The share rises
+        // at once.
+        share.answered(paced + ms(20), paced, sliding(20.0, 10.0), window);
+        let expected = (1.0 - free) * 5.0 / 10.0;
+        assert!((share.share - expected).abs() < 1e-9, "{}", share.share);
+        // Others come: the whole window used, 5 of it its own.
+        share.answered(paced + ms(40), paced, sliding(20.0, 0.0), window);
+        let expected = (1.0 - free) * 5.0 / 20.0;
+        assert!((share.share - expected).abs() < 1e-9, "{}", share.share);
+        // A request larger than its share goes once its latest send has left
+        // the window (a window and the latest round trip, 40 ms, after it went).
+        let wait = share.wait(paced + ms(40), one_quota(20.0, 10.0), window);
+        assert_eq!(wait, ms(1040 - 40));
+    }
+
+    #[test]
+    fn a_process_that_sees_no_others_returns_to_the_whole_window() {
+        let start = Instant::now();
+        let window = Duration::from_secs(1);
+        let mut share = Share::new(1.0);
+        share.first = Some(start);
+        let mut now = start + Duration::from_secs(3);
+        // A refusal cuts the share: the process paces its sends.
+        share.sent(0, now, [1.0, 0.0], window);
+        share.refused(now + ms(20), now, window);
+        assert!((share.share - REFUSAL_KEEPS).abs() < 1e-9);
+        assert!(!share
+            .wait(now + ms(20), one_quota(20.0, 1.0), window)
+            .is_zero());
+        // Its answers show its own sends alone (one every 300 ms, the latest
+        // 4 in the window): the share rises a quarter of the way at a time,
+        // and within a request of the whole it is whole.
+        let mut shares = Vec::new();
+        for n in 1..10 {
+            now += ms(300);
+            share.sent(n, now, [1.0, 0.0], window);
+            share.heard(n, now + ms(20));
+            let used = (n + 1).min(4) as f64;
+            share.answered(now + ms(20), now, sliding(20.0, 20.0 - used), window);
+            shares.push(share.share);
         }
-        assert_eq!(share.wait(now + ms(50), quotas, window), ms(970));
-        // The others' use stays counted for a window, however little an
-        // answer early in their sends shows.
-        share.answered(now + ms(100), now + ms(80), sliding(20.0, 11.0), window);
-        assert!((share.share - expected).abs() < 1e-9, "{}", share.share);
+        assert!(shares.windows(2).all(|w| w[1] >= w[0]), "{shares:?}");
+        assert_eq!(shares.last(), Some(&1.0), "{shares:?}");
+        assert!(shares[0] < 1.0 - 1.0 / 20.0, "{shares:?}");
+        assert_eq!(
+            share.wait(now + ms(20), one_quota(20.0, 1.0), window),
+            Duration::ZERO
+        );
     }
 
     #[test]
@@ -574,10 +706,11 @@ mod tests {
         share.heard(2, now + ms(25));
         share.answered(now + ms(25), now, sliding(20.0, 12.0), window);
         assert_eq!(share.share, 1.0);
-        // 6 more than its sends are the others'.
+        // 6 more than its sends are the others': it keeps its part, 8 of the
+        // 14 used, less a request and a half of the window left free.
         share.heard(3, now + ms(26));
         share.answered(now + ms(26), now + ms(1), sliding(20.0, 6.0), window);
-        let expected = 1.0 - (1.0 + HEADROOM) * 6.0 / 20.0;
+        let expected = (1.0 - REQUESTS_FREE / 20.0) * 8.0 / 14.0;
         assert!((share.share - expected).abs() < 1e-9, "{}", share.share);
     }
 }
