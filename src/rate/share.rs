@@ -492,9 +492,9 @@ impl Share {
         if others > 0.0 && !first_window && !window.is_zero() {
             // Among others and past its first window, the process keeps its
             // part of the window's use, scaled to leave room free: applied
-            // by every process, the parts add up to the window less that
-            // room whatever their number, and the shares follow the window
-            // at once, down when others come and up when they leave.
+            // by every process, the parts add up to about the window less
+            // that room whatever their number, and the shares follow the
+            // window at once, down when others come and up when they leave.
             let free = (REQUESTS_FREE * paced.request).max(HEADROOM);
             self.share = ((1.0 - free) * paced.part).clamp(LEAST, 1.0);
             return;
