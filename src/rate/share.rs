@@ -244,12 +244,11 @@ impl Share {
         self.share
     }
 
-    /// This process's use of quota `k` counted at `now` by a window of `window`.
-    fn used(&self, k: usize, now: Instant, window: Duration) -> f64 {
-        let span = window + self.round_trip;
+    /// This process's sends of quota `k` in the `span` up to `until`.
+    fn sent_within(&self, k: usize, until: Instant, span: Duration) -> f64 {
         self.sends
             .iter()
-            .filter(|s| s.at <= now && now.saturating_duration_since(s.at) < span)
+            .filter(|s| s.at <= until && until.saturating_duration_since(s.at) < span)
             .map(|s| s.took[k])
             .sum()
     }
@@ -313,7 +312,9 @@ impl Share {
             }
             // A request larger than the share still goes, once the share is free.
             let allowed = (self.share * quota.limit).max(quota.cost);
-            let mut excess = self.used(k, now, window) + quota.cost - allowed;
+            // Its use as a window counts it at `now`: each send leaves it a
+            // window and a round trip after it went.
+            let mut excess = self.sent_within(k, now, span) + quota.cost - allowed;
             for send in self
                 .sends
                 .iter()
@@ -393,15 +394,6 @@ impl Share {
         if let Some(send) = self.send_mut(seq) {
             send.took[1] = 0.0;
         }
-    }
-
-    /// This process's sends of quota `k` in the `window` up to `sent_at`.
-    fn sent_within(&self, k: usize, sent_at: Instant, window: Duration) -> f64 {
-        self.sends
-            .iter()
-            .filter(|s| s.at <= sent_at && sent_at.saturating_duration_since(s.at) < window)
-            .map(|s| s.took[k])
-            .sum()
     }
 
     /// The largest of this process's remembered requests, in quota `k`.
