@@ -593,20 +593,26 @@ mod tests {
         [Some(shown), None]
     }
 
+    /// A process whole on a sliding window of 1 s, three seconds after its
+    /// first send (past its first window): the share, and the time now.
+    fn past_its_first_window() -> (Share, Instant) {
+        let start = Instant::now();
+        let mut share = Share::new(1.0);
+        share.first = Some(start);
+        (share, start + Duration::from_secs(3))
+    }
+
     fn one_quota(limit: f64, cost: f64) -> [Option<Quota>; 2] {
         [Some(Quota { limit, cost }), None]
     }
 
     #[test]
     fn among_others_a_process_keeps_its_part_of_the_window_and_paces_its_sends() {
-        let start = Instant::now();
         let window = Duration::from_secs(1);
-        let mut share = Share::new(1.0);
         // Past its first window, 4 of its own requests went 10 ms apart, and
         // the answer to the last shows 16 of the window of 20 used: its part
         // is 4 of 16, less a request and a half of the window left free.
-        share.first = Some(start);
-        let now = start + Duration::from_secs(3);
+        let (mut share, now) = past_its_first_window();
         for n in 0..4 {
             share.sent(n, now + ms(n * 10), [1.0, 0.0], window);
         }
@@ -643,11 +649,8 @@ mod tests {
 
     #[test]
     fn a_process_that_sees_no_others_returns_to_the_whole_window() {
-        let start = Instant::now();
         let window = Duration::from_secs(1);
-        let mut share = Share::new(1.0);
-        share.first = Some(start);
-        let mut now = start + Duration::from_secs(3);
+        let (mut share, mut now) = past_its_first_window();
         // A refusal cuts the share: the process paces its sends.
         share.sent(0, now, [1.0, 0.0], window);
         share.refused(now + ms(20), now, window);
@@ -678,11 +681,8 @@ mod tests {
 
     #[test]
     fn a_process_alone_reads_its_own_sends_under_way_as_its_own() {
-        let start = Instant::now();
         let window = Duration::from_secs(1);
-        let mut share = Share::new(1.0);
-        share.first = Some(start);
-        let now = start + Duration::from_secs(3);
+        let (mut share, now) = past_its_first_window();
         // Two sends of a window before, answered before this window began.
         for n in 0..2 {
             share.sent(n, now - ms(1500), [1.0, 0.0], window);
