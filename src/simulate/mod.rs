@@ -67,7 +67,7 @@ pub use ledger::Ledger;
 pub use options::SimulateOptions;
 #[cfg(test)]
 pub(crate) use quota::Quotas;
-pub use quota::{format_reset, QuotaConfig, QuotaWindow};
+pub use quota::{format_reset, QuotaConfig, QuotaReset, QuotaWindow};
 pub use vectors::{
     count_tokens, embedding_vector, embedding_vector_shortened, embeddings_response_body,
     embeddings_response_body_base64,
@@ -288,9 +288,12 @@ fn describe_quota(quota: &QuotaConfig) -> String {
             "{} per {} ms{}, per key",
             parts.join(" and "),
             quota.window.as_millis(),
-            match quota.kind {
-                QuotaWindow::Bucket => "",
-                QuotaWindow::Sliding => " (sliding window)",
+            match (quota.kind, quota.reset) {
+                (QuotaWindow::Bucket, _) => "",
+                (QuotaWindow::Sliding, QuotaReset::Oldest) => " (sliding window)",
+                (QuotaWindow::Sliding, QuotaReset::Whole) => {
+                    " (sliding window, reset when whole again)"
+                }
             }
         )
     };

@@ -3,7 +3,7 @@
 use super::capacity::CapacityConfig;
 use super::config::{BatchConfig, MAX_BATCH_FILE_BYTES, MAX_BATCH_INPUTS, MAX_BATCH_LINES};
 use super::config::{Billing, DimensionsParam, Faults, KeySpec, ModelSpec, SimConfig, TokenCount};
-use super::quota::{QuotaConfig, QuotaWindow};
+use super::quota::{QuotaConfig, QuotaReset, QuotaWindow};
 use super::window::ServerWindow;
 
 /// Serve a simulator of the model service on 127.0.0.1, with fault injection.
@@ -195,6 +195,12 @@ pub struct SimulateOptions {
     #[arg(long, value_name = "bucket|sliding", default_value = "bucket")]
     pub quota_window: String,
 
+    /// What a sliding window's x-ratelimit-reset tells: the time until its
+    /// oldest use leaves it, or until it is whole again (OpenAI's wording:
+    /// "until the rate limit resets to its initial state")
+    #[arg(long, value_name = "oldest|whole", default_value = "oldest")]
+    pub quota_reset: String,
+
     /// Enforce the quotas without sending x-ratelimit headers, as many gateways do
     #[arg(long)]
     pub no_ratelimit_headers: bool,
@@ -312,7 +318,7 @@ impl SimulateOptions {
                 TokenCount::Cl100k
             }
         };
-        let kind = quota_window(&self.quota_window, &mut problems);
+        let quota = self.quota(&mut problems);
         let config = SimConfig {
             port: self.port,
             models,
@@ -351,15 +357,7 @@ impl SimulateOptions {
                 zero_retry_after: self.zero_retry_after,
                 limit: self.fault_limit,
             },
-            quota: QuotaConfig {
-                requests_per_minute: self.requests_per_minute,
-                tokens_per_minute: self.tokens_per_minute,
-                window: std::time::Duration::from_millis(self.quota_window_ms),
-                kind,
-                headers: !self.no_ratelimit_headers,
-                insufficient_after: self.insufficient_quota_after,
-                start_empty: self.quota_start_empty,
-            },
+            quota,
             window: self
                 .window
                 .as_deref()
@@ -515,6 +513,28 @@ fn parse_key(spec: &str) -> Result<KeySpec, String> {
 
 impl SimulateOptions {
     /// The Batch API's part of the configuration.
+    /// The quotas the flags set.
+    fn quota(&self, problems: &mut Vec<String>) -> QuotaConfig {
+        let reset = match self.quota_reset.as_str() {
+            "oldest" => QuotaReset::Oldest,
+            "whole" => QuotaReset::Whole,
+            other => {
+                problems.push(format!("--quota-reset {other}: expected oldest or whole"));
+                QuotaReset::Oldest
+            }
+        };
+        QuotaConfig {
+            requests_per_minute: self.requests_per_minute,
+            tokens_per_minute: self.tokens_per_minute,
+            window: std::time::Duration::from_millis(self.quota_window_ms),
+            kind: quota_window(&self.quota_window, problems),
+            reset,
+            headers: !self.no_ratelimit_headers,
+            insufficient_after: self.insufficient_quota_after,
+            start_empty: self.quota_start_empty,
+        }
+    }
+
     fn batch_config(&self, problems: &mut Vec<String>) -> BatchConfig {
         BatchConfig {
             duration: seconds(self.batch_seconds, "--batch-seconds", problems),

@@ -10,8 +10,10 @@
 //! response carries `x-ratelimit-limit-*`, `x-ratelimit-remaining-*` and
 //! `x-ratelimit-reset-*`, written as OpenAI writes it (`6m0s`, `1.5s`,
 //! `120ms`): for a bucket the time until it is full again, for a sliding
-//! window the time until the oldest use it counts leaves it. The minute can
-//! be shortened (`window`) so that tests and benchmarks run in seconds.
+//! window the time until the oldest use it counts leaves it, or (as OpenAI
+//! words its reset, "until the rate limit resets to its initial state")
+//! until the newest does and the window is whole again. The minute can be
+//! shortened (`window`) so that tests and benchmarks run in seconds.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Mutex, PoisonError};
@@ -35,6 +37,17 @@ pub enum QuotaWindow {
     Sliding,
 }
 
+/// What a sliding window's `x-ratelimit-reset-*` tells: a bucket's is
+/// always the time until it is whole again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum QuotaReset {
+    /// The time until the oldest use the window counts leaves it.
+    #[default]
+    Oldest,
+    /// The time until the newest use leaves it, and the window is whole again.
+    Whole,
+}
+
 /// The quotas a simulator enforces on `POST /v1/embeddings`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct QuotaConfig {
@@ -46,6 +59,8 @@ pub struct QuotaConfig {
     pub window: Duration,
     /// A refilling bucket or a sliding window.
     pub kind: QuotaWindow,
+    /// What a sliding window's reset header tells.
+    pub reset: QuotaReset,
     /// Send the `x-ratelimit-*` headers (as OpenAI does); without them a
     /// client learns of the quota from 429s alone, as behind many gateways.
     pub headers: bool,
@@ -64,6 +79,7 @@ impl Default for QuotaConfig {
             tokens_per_minute: None,
             window: Duration::from_secs(60),
             kind: QuotaWindow::Bucket,
+            reset: QuotaReset::Oldest,
             headers: true,
             insufficient_after: None,
             start_empty: false,
@@ -107,6 +123,7 @@ const SLIDING_GRAIN: u32 = 1000;
 struct Bucket {
     limit: f64,
     window: Duration,
+    reset: QuotaReset,
     kind: Meter,
 }
 
@@ -142,6 +159,7 @@ impl Bucket {
         Bucket {
             limit,
             window: config.window,
+            reset: config.reset,
             kind,
         }
     }
@@ -224,13 +242,19 @@ impl Bucket {
     }
 
     /// The `x-ratelimit-reset-*` time: until the bucket is full, or until
-    /// the oldest use the window counts leaves it.
+    /// the oldest use the window counts leaves it (or the newest, [`QuotaReset::Whole`]).
     fn reset(&self, now: Instant) -> Duration {
         match &self.kind {
             Meter::Refilling { .. } => self.time_until(now, self.limit),
-            Meter::Sliding { uses, .. } => uses.front().map_or(Duration::ZERO, |(at, _)| {
-                (*at + self.window).saturating_duration_since(now)
-            }),
+            Meter::Sliding { uses, .. } => {
+                let leaving = match self.reset {
+                    QuotaReset::Oldest => uses.front(),
+                    QuotaReset::Whole => uses.back(),
+                };
+                leaving.map_or(Duration::ZERO, |(at, _)| {
+                    (*at + self.window).saturating_duration_since(now)
+                })
+            }
         }
     }
 }
@@ -645,6 +669,24 @@ mod tests {
         assert_eq!(header(&headers, "x-ratelimit-remaining-requests"), "0");
         // The oldest use counted now is the one at 0.4 s.
         assert_eq!(header(&headers, "x-ratelimit-reset-requests"), "200ms");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_sliding_window_can_tell_when_it_is_whole_again() {
+        let q = Quotas::new(QuotaConfig {
+            reset: QuotaReset::Whole,
+            ..sliding(Some(3), None).config
+        });
+        // Each reset is a window after the newest use, not the oldest.
+        for (ms, reset) in [(0, "1s"), (200, "1s"), (300, "1s")] {
+            tokio::time::advance(Duration::from_millis(ms)).await;
+            let headers = q.admit("k", 1).unwrap();
+            assert_eq!(header(&headers, "x-ratelimit-reset-requests"), reset);
+        }
+        tokio::time::advance(Duration::from_millis(600)).await;
+        let at_eleven = q.peek("k");
+        assert_eq!(header(&at_eleven, "x-ratelimit-remaining-requests"), "1");
+        assert_eq!(header(&at_eleven, "x-ratelimit-reset-requests"), "400ms");
     }
 
     #[tokio::test(start_paused = true)]

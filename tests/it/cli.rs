@@ -350,6 +350,24 @@ async fn bad_simulator_options_are_usage_errors() {
     })
     .await;
     assert_eq!(output.status.code(), Some(2), "{}", text(&output.stderr));
+    let output = run({
+        let mut c = bin();
+        c.args([
+            "simulate",
+            "--quota-window",
+            "sliding",
+            "--quota-reset",
+            "newest",
+        ]);
+        c
+    })
+    .await;
+    assert_eq!(output.status.code(), Some(2), "{}", text(&output.stderr));
+    assert!(
+        text(&output.stderr).contains("--quota-reset newest: expected oldest or whole"),
+        "{}",
+        text(&output.stderr)
+    );
 }
 
 /// `embed -` reads one text per line from stdin (blank lines skipped), in
