@@ -48,6 +48,22 @@ const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// steady run it costs no rate, only a slightly fuller bucket.
 const MARGIN: f64 = 0.02;
 
+/// The margin beyond a request's cost that a process counting on `share`
+/// of a sliding window of `limit` waits for: [`MARGIN`] of the quota, and
+/// with less than the whole window no more than half its request. It waits
+/// for its share of the level to cover the request and the margin, so a
+/// margin of the quota would have a small share wait for far more than the
+/// window's free part: with 125 requests a window, a quarter share waited
+/// for 14 requests free where the shares leave about 6, and shares that
+/// small fell further while the larger ones took what they left.
+fn sliding_margin(limit: f64, cost: f64, share: f64) -> f64 {
+    if share < 1.0 {
+        (MARGIN * limit).min(cost / 2.0)
+    } else {
+        MARGIN * limit
+    }
+}
+
 /// What a process on a bucket counts on of the refill since the latest
 /// header, until the next: the others on the key take the rest (a fair
 /// part among four; without it, processes that all saw too little to send
@@ -198,12 +214,12 @@ impl Budget {
         self.at = self.at.max(at);
     }
 
-    /// How long until `share` of the budget covers `cost` and the margin;
-    /// zero if it does now. Processes sharing a quota each count on their
-    /// share of what is there, so that seeing the same budget they do not
-    /// all spend it at once.
-    fn wait(&self, now: Instant, cost: f64, share: f64) -> Duration {
-        let need = (cost + MARGIN * self.limit).min(self.limit * share);
+    /// How long until `share` of the budget covers `need` (a request's cost
+    /// and a margin); zero if it does now. Processes sharing a quota each
+    /// count on their share of what is there, so that seeing the same
+    /// budget they do not all spend it at once.
+    fn wait(&self, now: Instant, need: f64, share: f64) -> Duration {
+        let need = need.min(self.limit * share);
         let missing = need - self.level(now) * share;
         let rate = self.rate * share;
         if missing <= 0.0 || rate <= 0.0 {
@@ -574,8 +590,9 @@ impl State {
             let Some(budget) = budget else { continue };
             let share = self.counted_share();
             let sliding = budget.refill.sliding_rate(budget.limit).is_some();
+            let need = cost + sliding_margin(budget.limit, cost, share);
             let mut until = if sliding {
-                budget.wait(now, cost, share)
+                budget.wait(now, need, share)
             } else {
                 self.level_wait(k, budget, now, cost)
             };
@@ -583,8 +600,7 @@ impl State {
                 // A sliding window frees this process's own uses a window
                 // after it sent them, all of them its own: its next burst
                 // need not wait for the rate.
-                let need = (cost + MARGIN * budget.limit).min(budget.limit * share);
-                let missing = need - budget.remaining * share;
+                let missing = need.min(budget.limit * share) - budget.remaining * share;
                 let own = self
                     .pace
                     .freed_by(k, budget.seen, now, self.window(), missing);
@@ -609,7 +625,7 @@ impl State {
     /// share (see [`Share::bucket_wait`]). Until two answers tell how the
     /// quota refills, one request at a time: the others on it may be many.
     fn level_wait(&self, k: usize, budget: &Budget, now: Instant, cost: f64) -> Duration {
-        let until = budget.wait(now, cost, 1.0);
+        let until = budget.wait(now, cost + MARGIN * budget.limit, 1.0);
         if !budget.refill.is_bucket() {
             // For at most the probe's time, should an answer never be told of.
             let waiting_on = self
@@ -894,6 +910,28 @@ mod tests {
             "{:?}",
             start.elapsed()
         );
+    }
+
+    #[test]
+    fn a_share_of_a_sliding_window_waits_for_half_a_request_beyond_it_at_most() {
+        // A window of 125 requests shows 6 free, the part the shares leave:
+        // a quarter share counts on 1.5 of them, its request and half of it.
+        let now = Instant::now();
+        let header = QuotaHeader {
+            limit: 125.0,
+            remaining: 6.0,
+            reset: Some(Duration::from_millis(100)),
+        };
+        let budget = Budget::new(header, now, false);
+        let need = 1.0 + sliding_margin(125.0, 1.0, 0.25);
+        assert!((need - 1.5).abs() < 1e-9, "{need}");
+        assert_eq!(budget.wait(now, need, 0.25), Duration::ZERO);
+        // 2% of the quota beyond the request would have it wait for 14 free.
+        assert!(!budget.wait(now, 1.0 + MARGIN * 125.0, 0.25).is_zero());
+        // The whole window keeps 2% of it; so does a share of a window where
+        // that is less than half a request (20 requests: 0.4).
+        assert!((sliding_margin(125.0, 1.0, 1.0) - 2.5).abs() < 1e-9);
+        assert!((sliding_margin(20.0, 1.0, 0.25) - 0.4).abs() < 1e-9);
     }
 
     #[test]

@@ -70,6 +70,16 @@ const CUT_SPACING: f64 = 0.25;
 /// The part of a window over which the share rises to what the headers allow.
 const RISE: f64 = 0.5;
 
+/// Among others, a process claims the room of a window used below the
+/// shares' sum (the window less its free part) by more than the free part
+/// and this many of its largest requests: shallower room is the grain of
+/// paced sends of whole requests, or the echo of the first window's
+/// bursts, not room nobody uses. At 4, four jobs on the quota bench's
+/// window of 20 requests had up to 7.4% of their requests refused (eight
+/// invocations, against up to 3.8% in six without claims); at 8, up to 2.0%
+/// in three. A window of 200 requests is claimed below 86% used.
+const CLAIM_DEPTH: f64 = 8.0;
+
 /// The least share: a process is never starved.
 const LEAST: f64 = 1.0 / 32.0;
 
@@ -177,6 +187,10 @@ pub(super) struct Share {
     /// Under a sliding window, the others' part each answer of the last
     /// window showed.
     recent: VecDeque<(Instant, f64)>,
+    /// Room of the window claimed on top of the part, and when: the claim
+    /// wanes over a window as the sends it adds come into the part.
+    claim: f64,
+    claimed_at: Option<Instant>,
 }
 
 /// What an answer shows of a sliding window beside the others' use: this
@@ -186,6 +200,7 @@ pub(super) struct Share {
 struct Paced {
     part: f64,
     request: f64,
+    used: f64,
 }
 
 /// What an answer's headers show of one quota, a sliding window.
@@ -206,6 +221,8 @@ impl Share {
             sends: VecDeque::new(),
             first: None,
             recent: VecDeque::new(),
+            claim: 0.0,
+            claimed_at: None,
         }
     }
 
@@ -453,6 +470,7 @@ impl Share {
             let paced = Paced {
                 part: counted / shown_used.max(counted).max(f64::MIN_POSITIVE),
                 request: self.largest(k) / shown.limit,
+                used: shown_used / shown.limit,
             };
             if most.is_none_or(|(o, _, _)| others > o) {
                 most = Some((others, part, paced));
@@ -488,7 +506,8 @@ impl Share {
             // that room whatever their number, and the shares follow the
             // window at once, down when others come and up when they leave.
             let free = (REQUESTS_FREE * paced.request).max(HEADROOM);
-            self.share = ((1.0 - free) * paced.part).clamp(LEAST, 1.0);
+            self.share = ((1.0 - free) * paced.part + self.claim(now, window, free, paced))
+                .clamp(LEAST, 1.0);
             return;
         }
         let mut allowed = (1.0 - (1.0 + HEADROOM) * others).clamp(LEAST, 1.0);
@@ -513,8 +532,37 @@ impl Share {
         }
     }
 
+    /// What a process among others adds to its part for room of the window
+    /// that nobody uses. Once a window it looks at the room below the
+    /// shares' sum deeper than the free part and [`CLAIM_DEPTH`] requests,
+    /// and claims all of that. Every process that sees the room claims it
+    /// alike, so the small parts grow the most for their size, and the room
+    /// a process that left frees is taken up as its uses leave, not a window
+    /// after, when the parts alone would show it. The claim wanes to nothing
+    /// over the window as the sends it adds come into the part: claimed
+    /// again at each answer, it would add up. Looked at the first time room
+    /// showed rather than once a window, the claims refused more on the
+    /// quota bench's window of 20 requests (0.6% of requests against 0.1%,
+    /// 64 paused runs each).
+    fn claim(&mut self, now: Instant, window: Duration, free: f64, paced: Paced) -> f64 {
+        let since = |at: Instant| now.saturating_duration_since(at).as_secs_f64();
+        let room = 1.0 - 2.0 * free - CLAIM_DEPTH * paced.request - paced.used;
+        if self
+            .claimed_at
+            .is_none_or(|at| since(at) >= window.as_secs_f64())
+        {
+            self.claim = room.max(0.0);
+            self.claimed_at = Some(now);
+        }
+        self.claimed_at.map_or(0.0, |at| {
+            self.claim * (1.0 - since(at) / window.as_secs_f64()).max(0.0)
+        })
+    }
+
     /// A refusal of a request sent at `sent_at`, by a quota whose window is `window` long.
     pub(super) fn refused(&mut self, now: Instant, sent_at: Instant, window: Duration) {
+        // The window was full: the room claimed is not there.
+        self.claim = 0.0;
         let spaced = self.cut_at.is_none_or(|at| {
             sent_at >= at && now.saturating_duration_since(at) >= window.mul_f64(CUT_SPACING)
         });
@@ -645,6 +693,60 @@ mod tests {
         // the window (a window and the latest round trip, 40 ms, after it went).
         let wait = share.wait(paced + ms(40), one_quota(20.0, 10.0), window);
         assert_eq!(wait, ms(1040 - 40));
+    }
+
+    #[test]
+    fn among_others_a_process_claims_the_room_nobody_uses_once_a_window() {
+        let window = Duration::from_secs(1);
+        // A window of 100 requests shows 40 used, 10 of them this process's:
+        // others left. Its part is 10 of 40 less the 5% left free, and it
+        // claims the room beyond twice that free part and 8 requests: 42.
+        let (mut share, now) = past_its_first_window();
+        for n in 0..10 {
+            share.sent(n, now + ms(n * 10), [1.0, 0.0], window);
+        }
+        share.answered(now + ms(110), now + ms(90), sliding(100.0, 60.0), window);
+        let part = (1.0 - HEADROOM) * 10.0 / 40.0;
+        assert!(
+            (share.share - (part + 0.42)).abs() < 1e-9,
+            "{}",
+            share.share
+        );
+        // The claim wanes over the window, as the sends it adds come into
+        // the part; the room seen again within the window adds nothing.
+        share.answered(now + ms(610), now + ms(90), sliding(100.0, 60.0), window);
+        assert!(
+            (share.share - (part + 0.21)).abs() < 1e-9,
+            "{}",
+            share.share
+        );
+        // A refusal says the room is not there.
+        share.refused(now + ms(620), now + ms(600), window);
+        share.answered(now + ms(630), now + ms(90), sliding(100.0, 60.0), window);
+        assert!((share.share - part).abs() < 1e-9, "{}", share.share);
+        // A window after the claim, room seen is claimed again.
+        share.answered(now + ms(1110), now + ms(90), sliding(100.0, 60.0), window);
+        assert!(
+            (share.share - (part + 0.42)).abs() < 1e-9,
+            "{}",
+            share.share
+        );
+        // In a window of 20 requests, a request is 5% of it: 10 requests
+        // free are the grain of paced sends (1.5 requests left free, twice,
+        // and 8), not room; 12 free leave one to claim.
+        for (remaining, claim) in [(10.0, 0.0), (12.0, 0.05)] {
+            let (mut share, now) = past_its_first_window();
+            for n in 0..4 {
+                share.sent(n, now + ms(n * 10), [1.0, 0.0], window);
+            }
+            share.answered(now + ms(50), now + ms(30), sliding(20.0, remaining), window);
+            let part = (1.0 - REQUESTS_FREE / 20.0) * 4.0 / (20.0 - remaining);
+            assert!(
+                (share.share - (part + claim)).abs() < 1e-9,
+                "{remaining} free: {}",
+                share.share
+            );
+        }
     }
 
     #[test]

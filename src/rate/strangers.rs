@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 use super::tests::TestFault;
 use super::{RateControl, RateLimitHeaders, RateSettings, RetryPolicy};
-use crate::simulate::{QuotaConfig, QuotaWindow, Quotas};
+use crate::simulate::{QuotaConfig, QuotaReset, QuotaWindow, Quotas};
 
 /// What a run of several processes did to the quota.
 #[derive(Debug, Clone, Copy)]
@@ -23,6 +23,8 @@ pub(crate) struct Outcome {
     /// time after it (the bench's utilisation).
     pub utilisation: f64,
     pub seconds: f64,
+    /// The time from the first process to end to the last.
+    pub spread: f64,
 }
 
 /// `processes` jobs of `requests` requests of `tokens` billed tokens each,
@@ -64,18 +66,7 @@ pub(crate) async fn run(
         async move {
             // Processes started together still begin apart: what they read first differs.
             tokio::time::sleep(stagger * u32::try_from(id).unwrap_or(u32::MAX)).await;
-            let control = Arc::new(RateControl::new(&RateSettings {
-                concurrency: concurrency.unwrap_or(16),
-                adaptive: concurrency.is_none(),
-                timeout: Some(Duration::from_secs(60)),
-                stall_timeout: Duration::from_secs(600),
-                sharing: if shards {
-                    u32::try_from(processes).unwrap_or(u32::MAX)
-                } else {
-                    1
-                },
-                ..RateSettings::new(RetryPolicy::with_max_retries(3))
-            }));
+            let control = Arc::new(control(concurrency, shards.then_some(processes)));
             let next = Arc::new(AtomicU64::new(0));
             let workers = (0..concurrency.unwrap_or(16)).map(|_| {
                 let (control, next, quotas) = (control.clone(), next.clone(), quotas.clone());
@@ -126,10 +117,12 @@ pub(crate) async fn run(
                 }
             });
             futures::future::join_all(workers).await;
+            start.elapsed().as_secs_f64()
         }
     });
-    futures::future::join_all(jobs).await;
+    let ends = futures::future::join_all(jobs).await;
     let seconds = start.elapsed().as_secs_f64();
+    let first_end = ends.iter().copied().fold(seconds, f64::min);
     let before = at_first.await.unwrap_or(0);
     #[allow(clippy::cast_precision_loss)]
     let after = (done.load(Ordering::SeqCst) - before) as f64;
@@ -138,7 +131,21 @@ pub(crate) async fn run(
         refused: refused.load(Ordering::SeqCst),
         utilisation: after / (rate * (seconds - window.as_secs_f64())),
         seconds,
+        spread: seconds - first_end,
     }
+}
+
+/// One process's controller: `concurrency` in flight (`None`: auto up to
+/// 16), a shard of `shards` or a stranger.
+fn control(concurrency: Option<usize>, shards: Option<usize>) -> RateControl {
+    RateControl::new(&RateSettings {
+        concurrency: concurrency.unwrap_or(16),
+        adaptive: concurrency.is_none(),
+        timeout: Some(Duration::from_secs(60)),
+        stall_timeout: Duration::from_secs(600),
+        sharing: shards.map_or(1, |n| u32::try_from(n).unwrap_or(u32::MAX)),
+        ..RateSettings::new(RetryPolicy::with_max_retries(3))
+    })
 }
 
 fn env_ms(name: &str) -> Option<u64> {
@@ -152,6 +159,18 @@ fn quota(kind: QuotaWindow, by_tokens: bool) -> QuotaConfig {
         window: Duration::from_secs(2),
         kind,
         ..QuotaConfig::default()
+    }
+}
+
+/// The bench's quota `scale` times larger (a request of 1,600 tokens is 8%
+/// of its 20,000 tokens at 1, 0.8% at 10), a sliding window's reset as `reset`.
+fn scaled(kind: QuotaWindow, by_tokens: bool, scale: u64, reset: QuotaReset) -> QuotaConfig {
+    let quota = quota(kind, by_tokens);
+    QuotaConfig {
+        requests_per_minute: quota.requests_per_minute.map(|n| n * scale),
+        tokens_per_minute: quota.tokens_per_minute.map(|n| n * scale),
+        reset,
+        ..quota
     }
 }
 
@@ -227,24 +246,40 @@ async fn strangers_and_shards_on_a_bucket_use_it_whole_and_are_seldom_refused() 
 /// 13.4%. A request of a token window of 20,000 is 8% of it (1,600 tokens),
 /// and a part moves by that step: there 1.0% to 5.5% were refused on average
 /// over the same set-ups, up to 6.8% (docs/benchmark.md, "Quotas").
+///
+/// The same bound holds on a window ten times the bench's (200 requests or
+/// 200,000 tokens: a request is 0.5% or 0.8% of it, as on a quota of
+/// OpenAI's sizes), whose reset tells when its oldest use leaves or when it
+/// is whole again: the parts add up to the window less the 5% left free, and
+/// room deeper than that and 8 requests below it is claimed once a window,
+/// by every process alike.
 #[tokio::test(start_paused = true)]
 async fn strangers_on_a_sliding_window_pace_their_parts_and_are_seldom_refused() {
-    for (stagger, latency) in [(0, 20), (30, 20), (0, 100), (30, 100)] {
-        let o = run(
-            quota(QuotaWindow::Sliding, false),
-            (4, false),
-            (50, 1600),
-            None,
-            Duration::from_millis(latency),
-            Duration::from_millis(stagger),
-        )
-        .await;
-        assert!(
-            o.refused * 20 <= o.received,
-            "{stagger} ms apart, {latency} ms: {} of {} refused",
-            o.refused,
-            o.received
-        );
+    let fine = [QuotaReset::Oldest, QuotaReset::Whole]
+        .into_iter()
+        .flat_map(|reset| [(false, reset), (true, reset)]);
+    for (by_tokens, scale, reset) in std::iter::once((false, 1, QuotaReset::Oldest))
+        .chain(fine.map(|(by_tokens, reset)| (by_tokens, 10, reset)))
+    {
+        let requests = if by_tokens { 125 } else { 200 } * scale / 4;
+        for (stagger, latency) in [(0, 20), (30, 20), (0, 100), (30, 100)] {
+            let o = run(
+                scaled(QuotaWindow::Sliding, by_tokens, scale, reset),
+                (4, false),
+                (requests, 1600),
+                None,
+                Duration::from_millis(latency),
+                Duration::from_millis(stagger),
+            )
+            .await;
+            assert!(
+                o.refused * 20 <= o.received,
+                "{reset:?} reset, tokens {by_tokens}, scale {scale}, {stagger} ms apart, \
+                 {latency} ms: {} of {} refused",
+                o.refused,
+                o.received
+            );
+        }
     }
 }
 
@@ -252,14 +287,24 @@ async fn strangers_on_a_sliding_window_pace_their_parts_and_are_seldom_refused()
 /// or shards of one job) under each kind of quota, as the quota bench's cases (`cargo test --lib
 /// strangers -- --ignored --nocapture`; `STRANGERS_ONLY` picks cases by
 /// their label, `STRANGERS_STAGGER_MS` starts the processes that far apart,
-/// `STRANGERS_TRACE` prints every request the quota met).
+/// `STRANGERS_LATENCY_MS` answers in that time, `STRANGERS_SCALE=N` makes
+/// the quotas and the jobs N times larger, `STRANGERS_RESET=whole` has a
+/// sliding window's reset tell when it is whole again, and `STRANGERS_TRACE`
+/// prints every request the quota met).
 #[tokio::test(start_paused = true)]
 #[ignore = "a report, not a test: the bench's cases in paused time"]
 async fn report() {
+    let scale = env_ms("STRANGERS_SCALE").unwrap_or(1).clamp(1, 100);
+    let reset = if std::env::var("STRANGERS_RESET").is_ok_and(|r| r == "whole") {
+        QuotaReset::Whole
+    } else {
+        QuotaReset::Oldest
+    };
     for kind in [QuotaWindow::Bucket, QuotaWindow::Sliding] {
         for by_tokens in [true, false] {
             for (processes, shards) in [(1, false), (4, false), (4, true)] {
                 let (requests, tokens) = if by_tokens { (125, 1600) } else { (200, 1600) };
+                let requests = requests * scale;
                 for concurrency in [None, Some(16)] {
                     let label = format!(
                         "{kind:?} tokens={by_tokens} n={processes}{} c={concurrency:?}",
@@ -269,7 +314,7 @@ async fn report() {
                         continue;
                     }
                     let o = run(
-                        quota(kind, by_tokens),
+                        scaled(kind, by_tokens, scale, reset),
                         (processes, shards),
                         (requests / processes as u64, tokens),
                         concurrency,
@@ -278,12 +323,13 @@ async fn report() {
                     )
                     .await;
                     println!(
-                        "{label}: {:.1}% used, {} of {} refused ({:.1}%), {:.1}s",
+                        "{label}: {:.1}% used, {} of {} refused ({:.1}%), {:.1}s, ended {:.1}s apart",
                         o.utilisation * 100.0,
                         o.refused,
                         o.received,
                         o.refused as f64 * 100.0 / o.received as f64,
-                        o.seconds
+                        o.seconds,
+                        o.spread
                     );
                 }
             }
