@@ -6,7 +6,11 @@ sliding window, in a "minute" of a few seconds so that the section takes
 minutes.
 
 Scenarios: a token quota (the service counting 1.25 tokens for each of the
-client's), a request quota, and both. Cases: embedjob alone with no limits
+client's), a request quota, and both; on a sliding window also the token and
+the request quota ten times larger ("fine": a request is 0.8% or 0.5% of
+the window, not 8% or 5%, as on a quota of OpenAI's sizes), and a window
+whose reset tells when it is whole again rather than when its oldest use
+leaves ("sliding whole", OpenAI's wording of the reset). Cases: embedjob alone with no limits
 configured; with `requests_per_minute` / `tokens_per_minute` set to the
 quota; the OpenAI cookbook's parallel processor (api_request_parallel_
 processor.py) reimplemented here as the baseline, at the quota and at the 75%
@@ -15,9 +19,10 @@ of it its documentation recommends; the job run as four processes on one key
 the corpus, four outputs) started at once on one key.
 
 The service's quota starts whole, as a real one does, and so do the
-cookbook's buckets. utilisation is measured from the end of the first
-window, in the steady state: the useful work done from then to the end of
-the run over the quota's rate times that time. Useful work is the texts
+cookbook's buckets. utilisation is measured from the end of the service's
+first window (a window after the first request reached it), in the steady
+state: the useful work done from then to the end of the run over the
+quota's rate times that time. Useful work is the texts
 stored (each counted once, however often it was billed), in the quota's
 units: the service's tokens of those texts, or the texts / the texts a
 request holds. The first window is left out because the two kinds of quota
@@ -37,8 +42,8 @@ import threading
 import time
 import urllib.parse
 
-from benchlib import (KEY, WINDOW_MS, Simulator, job_file, log, run_embedjob, run_jobs,
-                      section_main)
+from benchlib import (KEY, QUOTA_RECORDS, WINDOW_MS, Simulator, corpus, job_file, log,
+                      run_embedjob, run_jobs, section_main)
 
 LATENCY_MS = 20
 # embedjob's concurrency: its default, "auto" (BENCH_QUOTA_CONCURRENCY=16 runs a fixed window).
@@ -57,6 +62,8 @@ SCENARIOS = {
     "tokens": (None, 20_000, 1.25, 4_000),
     "requests": (20, None, 1.0, 6_400),
     "both": (20, 32_000, 1.25, 6_400),
+    "tokens fine": (None, 200_000, 1.25, 40_000),
+    "requests fine": (200, None, 1.0, 64_000),
 }
 
 # (window, scenario, case) in the order run; BENCH_QUOTA_ONLY=word,word runs
@@ -67,7 +74,10 @@ CASES = [(window, scenario, case)
               ("alone", "cookbook", "cookbook 75%", "four shards",
                "four jobs")),
              ("sliding", ("tokens", "requests"),
-              ("alone", "cookbook", "cookbook 75%", "four jobs")))
+              ("alone", "cookbook", "cookbook 75%", "four jobs")),
+             ("sliding", ("tokens fine", "requests fine"), ("alone", "cookbook", "four jobs")),
+             ("sliding whole", ("tokens", "requests", "tokens fine", "requests fine"),
+              ("alone", "four jobs")))
          for scenario in scenarios for case in cases]
 
 
@@ -79,7 +89,7 @@ def token_counts(embedjob, work, corpus_path, records, factor):
     if os.path.exists(cache):
         with open(cache) as f:
             return json.load(f)
-    sim = Simulator(embedjob, work, LATENCY_MS, (None, None, factor))
+    sim = Simulator(embedjob, work, 0, (None, None, factor))
     try:
         host = urllib.parse.urlparse(sim.url)
         conn = http.client.HTTPConnection(host.hostname, host.port)
@@ -188,10 +198,14 @@ def cookbook_requests(corpus_path, records, counts):
 
 def run_case(embedjob, work, window, scenario, case, corpus_path):
     requests, tokens, factor, records = SCENARIOS[scenario]
+    if records > QUOTA_RECORDS:
+        # The same seeded corpus, longer: its first records are the same.
+        corpus_path = corpus(work, records)
     counts = token_counts(embedjob, work, corpus_path, records, factor)
-    sim = Simulator(embedjob, work, LATENCY_MS, (requests, tokens, factor), window=window,
-                    start_empty=False)
-    name = f"quota-{window}-{scenario}"
+    kind, _, reset = window.partition(" ")
+    sim = Simulator(embedjob, work, LATENCY_MS, (requests, tokens, factor), window=kind,
+                    reset="whole" if reset == "whole" else "oldest", start_empty=False)
+    name = f"quota-{window}-{scenario}".replace(" ", "-")
     try:
         started = time.perf_counter()
         first_window = FirstWindow(sim)
@@ -208,26 +222,27 @@ def run_case(embedjob, work, window, scenario, case, corpus_path):
                     limits["requests_per_minute"] = int(requests * per_minute)
                 if tokens:
                     limits["tokens_per_minute"] = int(tokens * per_minute)
-            corpus = head(work, corpus_path, records)
+            records_path = head(work, corpus_path, records)
             if case == "four jobs":
                 jobs = [job_file(work, f"{name}-{i}", part, sim.url, limits,
                                  concurrency=CONCURRENCY, batch=BATCH)[0]
-                        for i, part in enumerate(quarters(work, corpus))]
+                        for i, part in enumerate(quarters(work, records_path))]
                 summaries = run_jobs(embedjob, jobs)
             else:
                 shards = 4 if case == "four shards" else None
-                job, _ = job_file(work, name, corpus, sim.url, limits, concurrency=CONCURRENCY,
+                job, _ = job_file(work, name, records_path, sim.url, limits, concurrency=CONCURRENCY,
                                   batch=BATCH, sharded=bool(shards))
                 summaries = run_embedjob(embedjob, job, shards)
             failed, processes = summaries.count(None), len(summaries)
-        actual = time.perf_counter() - started
+        ended = time.perf_counter()
+        actual = ended - started
         ledger = sim.ledger(texts=True)
-        at_first_window = first_window.result()
+        at_first_window, first_window_ended = first_window.result()
     finally:
         sim.stop()
     use = useful_work(ledger, corpus_path, records, counts)
     before = useful_work(at_first_window, corpus_path, records, counts)
-    utilisation = quota_utilisation(use, before, requests, tokens, actual - WINDOW_MS / 1000)
+    utilisation = quota_utilisation(use, before, requests, tokens, ended - first_window_ended)
     received = ledger["embedding_requests"]
     refused = sum(ledger.get("refused", {}).values()) / received if received else 0.0
     row = {
@@ -258,20 +273,27 @@ def useful_work(ledger, corpus_path, records, counts):
 
 
 class FirstWindow:
-    """The service's ledger as the first window ends, read while the run goes on."""
+    """The service's ledger as its first window ends, a window after the
+    first request reached it (not after the clients started: they take a
+    while to read the corpus), read while the run goes on; and when that was."""
 
     def __init__(self, sim):
         self.ledger = None
+        self.ended = None
         self.thread = threading.Thread(target=self.read, args=(sim,), daemon=True)
         self.thread.start()
 
     def read(self, sim):
+        deadline = time.perf_counter() + 120
+        while sim.ledger()["embedding_requests"] == 0 and time.perf_counter() < deadline:
+            time.sleep(0.005)
+        self.ended = time.perf_counter() + WINDOW_MS / 1000
         time.sleep(WINDOW_MS / 1000)
         self.ledger = sim.ledger(texts=True)
 
     def result(self):
         self.thread.join()
-        return self.ledger
+        return self.ledger, self.ended
 
 
 def quota_utilisation(use, before, requests, tokens, seconds):

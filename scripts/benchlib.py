@@ -93,15 +93,22 @@ class Simulator(SimulatorProcess):
     """`embedjob simulate` in its own process, with its CPU time read from
     /proc. With `quota` = (requests, tokens, bill factor), it enforces quotas
     (none when both are None) over WINDOW_MS, as a refilling bucket or a
-    sliding window (`window`), starting used up or whole (`start_empty`)."""
+    sliding window (`window`), its reset telling when the oldest use leaves
+    or when the window is whole again (`reset`), starting used up or whole
+    (`start_empty`)."""
 
-    def __init__(self, embedjob, work, latency_ms, quota=None, *, window="bucket", start_empty=True):
-        args = [embedjob, "simulate", "--port", "0", "--latency-ms", str(latency_ms)]
+    def __init__(self, embedjob, work, latency_ms, quota=None, *, window="bucket", reset="oldest",
+                 start_empty=True):
+        # BENCH_SIMULATOR: another build's simulator, to compare builds of the client on one.
+        simulator = os.environ.get("BENCH_SIMULATOR", embedjob)
+        args = [simulator, "simulate", "--port", "0", "--latency-ms", str(latency_ms)]
         name = "simulator.log"
         if quota:
             requests, tokens, factor = quota
             args += ["--quota-window-ms", str(WINDOW_MS), "--quota-window", window,
                      "--bill-factor", str(factor)]
+            if reset != "oldest":
+                args += ["--quota-reset", reset]
             if start_empty:
                 args.append("--quota-start-empty")
             if requests:
