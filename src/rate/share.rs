@@ -77,7 +77,7 @@ const RISE: f64 = 0.5;
 /// bursts, not room nobody uses. At 4, four jobs on the quota bench's
 /// window of 20 requests had up to 7.4% of their requests refused (eight
 /// invocations, against up to 3.8% in six without claims); at 8, up to 2.0%
-/// in three. A window of 200 requests is claimed below 86% used.
+/// in four. A window of 200 requests is claimed below 86% used.
 const CLAIM_DEPTH: f64 = 8.0;
 
 /// The least share: a process is never starved.

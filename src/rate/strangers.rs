@@ -261,7 +261,7 @@ async fn strangers_on_a_sliding_window_pace_their_parts_and_are_seldom_refused()
     for (by_tokens, scale, reset) in std::iter::once((false, 1, QuotaReset::Oldest))
         .chain(fine.map(|(by_tokens, reset)| (by_tokens, 10, reset)))
     {
-        let requests = if by_tokens { 125 } else { 200 } * scale / 4;
+        let requests = (if by_tokens { 125 } else { 200 }) * scale / 4;
         for (stagger, latency) in [(0, 20), (30, 20), (0, 100), (30, 100)] {
             let o = run(
                 scaled(QuotaWindow::Sliding, by_tokens, scale, reset),
