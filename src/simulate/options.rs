@@ -512,7 +512,6 @@ fn parse_key(spec: &str) -> Result<KeySpec, String> {
 }
 
 impl SimulateOptions {
-    /// The Batch API's part of the configuration.
     /// The quotas the flags set.
     fn quota(&self, problems: &mut Vec<String>) -> QuotaConfig {
         let reset = match self.quota_reset.as_str() {
@@ -535,6 +534,7 @@ impl SimulateOptions {
         }
     }
 
+    /// The Batch API's part of the configuration.
     fn batch_config(&self, problems: &mut Vec<String>) -> BatchConfig {
         BatchConfig {
             duration: seconds(self.batch_seconds, "--batch-seconds", problems),
