@@ -608,16 +608,24 @@ impl State {
             }
             wait = wait.max(until);
         }
-        // Under a sliding window the share is a window of the process's own;
-        // under a bucket, the part of the level counted on is enough.
+        wait.max(
+            self.pace
+                .wait(now, self.sliding_quotas(tokens), self.window()),
+        )
+    }
+
+    /// The quotas that are sliding windows, for a request of `tokens`
+    /// (billed): under a sliding window the share is a window of the
+    /// process's own; under a bucket, the part of the level counted on is
+    /// enough.
+    fn sliding_quotas(&self, tokens: f64) -> [Option<Quota>; 2] {
         let sliding =
             |budget: &Option<Budget>| budget.filter(|b| b.refill.sliding_rate(b.limit).is_some());
         let quotas = self.quotas(tokens);
-        let quotas = [
+        [
             quotas[0].filter(|_| sliding(&self.requests).is_some()),
             quotas[1].filter(|_| sliding(&self.tokens).is_some()),
-        ];
-        wait.max(self.pace.wait(now, quotas, self.window()))
+        ]
     }
 
     /// The wait on a bucket before a request costing `cost` of quota `k`,
@@ -770,7 +778,8 @@ impl State {
         #[allow(clippy::cast_precision_loss)]
         let tokens = local_tokens as f64 * self.ratio();
         let window = self.window();
-        self.pace.sent(seq, now, [1.0, tokens], window);
+        let due = self.pace.due(self.sliding_quotas(tokens), window);
+        self.pace.sent(seq, (now, due), [1.0, tokens], window);
         if self.requests.is_some() || self.tokens.is_some() {
             if self.uncovered.len() >= MAX_UNCOVERED {
                 self.uncovered.pop_front();
