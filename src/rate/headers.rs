@@ -13,7 +13,7 @@ pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(120);
 
 /// The longest reset taken as it is; a longer one (or a number too large
 /// for a `Duration`) is read as this.
-const MAX_RESET: Duration = Duration::from_secs(24 * 3600);
+pub(super) const MAX_RESET: Duration = Duration::from_secs(24 * 3600);
 
 /// One quota as a response describes it.
 #[derive(Debug, Clone, Copy, PartialEq)]

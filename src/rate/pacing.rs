@@ -29,7 +29,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
 
-use super::headers::{QuotaHeader, RateLimitHeaders};
+use super::headers::{QuotaHeader, RateLimitHeaders, MAX_RESET};
 use super::share::{Quota, Refill, Share, Shown};
 use super::Fault;
 
@@ -704,13 +704,18 @@ impl State {
             .answered(Instant::now(), ticket.sent_at, quotas, window);
     }
 
-    /// The longest of the quotas' windows (limit over rate).
+    /// The longest of the quotas' windows (limit over rate), at most the
+    /// longest reset believed: a bucket whose headers say a sliver of it
+    /// refills in a day implies a window no clock reaches.
     fn window(&self) -> Duration {
         [&self.requests, &self.tokens]
             .into_iter()
             .flatten()
             .filter(|b| b.rate > 0.0)
-            .map(|b| Duration::try_from_secs_f64(b.limit / b.rate).unwrap_or(MAX_PAUSE))
+            .map(|b| {
+                Duration::try_from_secs_f64(b.limit / b.rate)
+                    .map_or(MAX_RESET, |window| window.min(MAX_RESET))
+            })
             .max()
             .unwrap_or(Duration::ZERO)
     }
@@ -919,6 +924,32 @@ mod tests {
             "{:?}",
             start.elapsed()
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_bucket_that_refills_a_sliver_a_day_implies_a_window_of_a_day_at_most() {
+        // A limit of 14 trillion requests, an eighth of one more used at
+        // every answer, whole again in a day: the rate these imply makes a
+        // window of 3 x 10^11 years, past what a clock can add.
+        let pacing = Pacing::new(Duration::from_secs(600));
+        for n in 1..=6 {
+            let ticket = pacing.admit(100).await.unwrap();
+            let limit = 1.4e13;
+            let answer = RateLimitHeaders {
+                requests: Some(QuotaHeader {
+                    limit,
+                    remaining: limit - 0.125 * f64::from(n),
+                    reset: Some(Duration::from_secs(86_400)),
+                }),
+                tokens: None,
+            };
+            pacing.on_answer(ticket, Some(answer), Some(100));
+            assert!(pacing.lock().window() <= MAX_RESET);
+        }
+        // Requests still go: the budget covers them.
+        let start = Instant::now();
+        pacing.admit(100).await.unwrap();
+        assert_eq!(start.elapsed(), Duration::ZERO);
     }
 
     #[test]

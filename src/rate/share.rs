@@ -363,12 +363,13 @@ impl Share {
     /// share once the latest has left the window.
     fn paced_due(&self, k: usize, quota: &Quota, window: Duration) -> Option<Instant> {
         let last = self.sends.back()?;
-        let span = window + self.round_trip;
+        let span = window.saturating_add(self.round_trip);
         let cost = last.took[k].max(quota.cost);
         let gap =
             Duration::try_from_secs_f64(window.as_secs_f64() * cost / (self.share * quota.limit))
                 .map_or(span, |gap| gap.min(span));
-        Some(self.paced_from.unwrap_or(last.at) + gap)
+        // A gap no clock reaches (a header's absurd rate) paces nothing.
+        self.paced_from.unwrap_or(last.at).checked_add(gap)
     }
 
     /// When the pace lets the next request go, for the `quotas` that are
