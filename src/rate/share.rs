@@ -405,8 +405,8 @@ impl Share {
             .zip(from)
             .filter(|(due, _)| *due <= now)
             .map(|(due, from)| {
-                let gap = due.saturating_duration_since(from).mul_f64(PACE_SLACK);
-                now.checked_sub(gap).map_or(due, |start| due.max(start))
+                let slack = due.saturating_duration_since(from).mul_f64(PACE_SLACK);
+                now.checked_sub(slack).map_or(due, |start| due.max(start))
             });
         // Before a window is known every send is kept: the first headers
         // count them. Sends are kept two windows, for what they free.
