@@ -65,6 +65,37 @@ fn answer() -> impl Strategy<Value = Answer> {
         })
 }
 
+/// Answers that describe one quota alike from answer to answer: a limit of
+/// one or of 1.4 x 10^13, an eighth more of it used at every answer or a
+/// thousand more, whole again in a millisecond or in a day. An eighth of
+/// that huge limit refilling in a day implies a bucket slower than any
+/// clock can count (its window once panicked the pacing).
+fn steady() -> impl Strategy<Value = Vec<Answer>> {
+    (
+        prop_oneof![Just(1.0), Just(1.4e13)],
+        prop_oneof![Just(0.125), Just(1000.0)],
+        prop_oneof![Just("1ms"), Just("86400s")],
+        // The request quota's names, or the token quota's (NAMES[3..6]).
+        prop_oneof![Just(0usize), Just(3usize)],
+        0u32..40,
+    )
+        .prop_map(|(limit, used, reset, quota, n)| {
+            (1..=n)
+                .map(|i| Answer {
+                    refused: false,
+                    headers: vec![
+                        (NAMES[quota], format!("{limit}")),
+                        (
+                            NAMES[quota + 1],
+                            format!("{}", (limit - used * f64::from(i)).max(0.0)),
+                        ),
+                        (NAMES[quota + 2], reset.to_string()),
+                    ],
+                })
+                .collect()
+        })
+}
+
 fn header_map(answer: &Answer) -> HeaderMap {
     let mut map = HeaderMap::new();
     for (name, value) in &answer.headers {
@@ -159,7 +190,10 @@ proptest! {
 
     #[test]
     fn no_header_panics_the_rate_control_or_holds_a_request_past_the_stall_timeout(
-        answers in prop::collection::vec(answer(), 0..40),
+        answers in prop_oneof![
+            prop::collection::vec(answer(), 0..40),
+            steady(),
+        ],
         sharing in prop_oneof![Just(1u32), Just(4u32)],
         workers in 1usize..=4,
     ) {
