@@ -712,17 +712,27 @@ mod tests {
         [Some(Quota { limit, cost }), None]
     }
 
+    /// A process past its first window (of 1 s) that sent `n` requests 10 ms
+    /// apart, the answer to the last, 20 ms after it went, showing
+    /// `remaining` of `limit`: the share, and when the first went.
+    fn among_others(n: u64, limit: f64, remaining: f64) -> (Share, Instant) {
+        let window = Duration::from_secs(1);
+        let (mut share, now) = past_its_first_window();
+        for i in 0..n {
+            share.sent(i, (now + ms(i * 10), None), [1.0, 0.0], window);
+        }
+        let last = now + ms(n.saturating_sub(1) * 10);
+        share.answered(last + ms(20), last, sliding(limit, remaining), window);
+        (share, now)
+    }
+
     #[test]
     fn among_others_a_process_keeps_its_part_of_the_window_and_paces_its_sends() {
         let window = Duration::from_secs(1);
         // Past its first window, 4 of its own requests went 10 ms apart, and
         // the answer to the last shows 16 of the window of 20 used: its part
         // is 4 of 16, less a request and a half of the window left free.
-        let (mut share, now) = past_its_first_window();
-        for n in 0..4 {
-            share.sent(n, (now + ms(n * 10), None), [1.0, 0.0], window);
-        }
-        share.answered(now + ms(50), now + ms(30), sliding(20.0, 4.0), window);
+        let (mut share, now) = among_others(4, 20.0, 4.0);
         let free = REQUESTS_FREE / 20.0;
         let expected = (1.0 - free) * 4.0 / 16.0;
         assert!((share.share - expected).abs() < 1e-9, "{}", share.share);
@@ -758,11 +768,7 @@ mod tests {
         let window = Duration::from_secs(1);
         // Its part is 4 of 16 used of a window of 20, as above: a request
         // every 1 s / (20 x 0.23125), 216 ms.
-        let (mut share, now) = past_its_first_window();
-        for n in 0..4 {
-            share.sent(n, (now + ms(n * 10), None), [1.0, 0.0], window);
-        }
-        share.answered(now + ms(50), now + ms(30), sliding(20.0, 4.0), window);
+        let (mut share, now) = among_others(4, 20.0, 4.0);
         let quotas = one_quota(20.0, 1.0);
         let first = share.due(quotas, window).unwrap();
         let gap = first - (now + ms(30));
@@ -795,11 +801,7 @@ mod tests {
         // A window of 100 requests shows 40 used, 10 of them this process's:
         // others left. Its part is 10 of 40 less the 5% left free, and it
         // claims the room beyond twice that free part and 8 requests: 42.
-        let (mut share, now) = past_its_first_window();
-        for n in 0..10 {
-            share.sent(n, (now + ms(n * 10), None), [1.0, 0.0], window);
-        }
-        share.answered(now + ms(110), now + ms(90), sliding(100.0, 60.0), window);
+        let (mut share, now) = among_others(10, 100.0, 60.0);
         let part = (1.0 - HEADROOM) * 10.0 / 40.0;
         assert!(
             (share.share - (part + 0.42)).abs() < 1e-9,
@@ -829,11 +831,7 @@ mod tests {
         // free are the grain of paced sends (1.5 requests left free, twice,
         // and 8), not room; 12 free leave one to claim.
         for (remaining, claim) in [(10.0, 0.0), (12.0, 0.05)] {
-            let (mut share, now) = past_its_first_window();
-            for n in 0..4 {
-                share.sent(n, (now + ms(n * 10), None), [1.0, 0.0], window);
-            }
-            share.answered(now + ms(50), now + ms(30), sliding(20.0, remaining), window);
+            let (share, _) = among_others(4, 20.0, remaining);
             let part = (1.0 - REQUESTS_FREE / 20.0) * 4.0 / (20.0 - remaining);
             assert!(
                 (share.share - (part + claim)).abs() < 1e-9,
