@@ -337,6 +337,72 @@ async fn report() {
     }
 }
 
+/// Prints, for four strangers on a sliding window, what the figures of
+/// docs/benchmark.md ("Quotas") quote from paused time: for each window
+/// (the bench's, and ten times larger), reset and quota, the set-ups of
+/// processes started 0, 30, 100 or 300 ms apart and answered in 20 or
+/// 100 ms, each run `STRANGERS_RUNS` times (default 4): the mean of all
+/// runs, the lowest and highest set-up's mean, and refusals alike (`cargo
+/// test --lib strangers::grid -- --ignored --nocapture`; `STRANGERS_ONLY`
+/// picks groups by their label, `STRANGERS_PROCESSES=N` runs N strangers
+/// instead of four, each with a quarter of the work).
+#[tokio::test(start_paused = true)]
+#[ignore = "a report, not a test: four strangers on a sliding window, every set-up"]
+async fn grid() {
+    let runs = u32::try_from(env_ms("STRANGERS_RUNS").unwrap_or(4).clamp(1, 100)).unwrap_or(4);
+    let processes = env_ms("STRANGERS_PROCESSES").unwrap_or(4).clamp(1, 64);
+    for scale in [1, 10] {
+        for reset in [QuotaReset::Oldest, QuotaReset::Whole] {
+            for by_tokens in [true, false] {
+                let label = format!("scale={scale} reset={reset:?} tokens={by_tokens}");
+                if std::env::var("STRANGERS_ONLY").is_ok_and(|only| !label.contains(&only)) {
+                    continue;
+                }
+                let requests = (if by_tokens { 125 } else { 200 }) * scale / 4;
+                // Per set-up: the mean share of the quota used, and of requests refused.
+                let mut setups: Vec<(f64, f64)> = Vec::new();
+                for stagger in [0, 30, 100, 300] {
+                    for latency in [20, 100] {
+                        let (mut used, mut refused) = (0.0, 0.0);
+                        for _ in 0..runs {
+                            let o = run(
+                                scaled(QuotaWindow::Sliding, by_tokens, scale, reset),
+                                (usize::try_from(processes).unwrap_or(4), false),
+                                (requests, 1600),
+                                None,
+                                Duration::from_millis(latency),
+                                Duration::from_millis(stagger),
+                            )
+                            .await;
+                            used += o.utilisation;
+                            #[allow(clippy::cast_precision_loss)]
+                            let part = o.refused as f64 / o.received.max(1) as f64;
+                            refused += part;
+                        }
+                        setups.push((used / f64::from(runs), refused / f64::from(runs)));
+                    }
+                }
+                #[allow(clippy::cast_precision_loss)]
+                let count = setups.len() as f64;
+                let pct = |f: fn(&(f64, f64)) -> f64| {
+                    let values = setups.iter().map(f);
+                    (
+                        values.clone().sum::<f64>() * 100.0 / count,
+                        values.clone().fold(f64::INFINITY, f64::min) * 100.0,
+                        values.fold(0.0, f64::max) * 100.0,
+                    )
+                };
+                let (used, least, most) = pct(|s| s.0);
+                let (refused, _, most_refused) = pct(|s| s.1);
+                println!(
+                    "{label}: {used:.1}% used (set-ups {least:.1}-{most:.1}%), \
+                     {refused:.1}% refused (set-ups up to {most_refused:.1}%), {runs} runs a set-up"
+                );
+            }
+        }
+    }
+}
+
 /// Prints what four jobs of 18 requests do on a quota of 8 requests a
 /// second, as in `tests/it/share.rs`, started 0 to 300 ms apart and answered
 /// in 5 or 30 ms (`STRANGERS_ONLY="Bucket 30 5"` picks a case, and
