@@ -289,12 +289,15 @@ async fn strangers_on_a_sliding_window_pace_their_parts_and_are_seldom_refused()
 /// their label, `STRANGERS_STAGGER_MS` starts the processes that far apart,
 /// `STRANGERS_LATENCY_MS` answers in that time, `STRANGERS_SCALE=N` makes
 /// the quotas and the jobs N times larger, `STRANGERS_RESET=whole` has a
-/// sliding window's reset tell when it is whole again, and `STRANGERS_TRACE`
-/// prints every request the quota met).
+/// sliding window's reset tell when it is whole again, `STRANGERS_PROCESSES=N`
+/// runs N processes rather than four, each with a quarter of the work, and
+/// `STRANGERS_TRACE` prints every request the quota met).
 #[tokio::test(start_paused = true)]
 #[ignore = "a report, not a test: the bench's cases in paused time"]
 async fn report() {
     let scale = env_ms("STRANGERS_SCALE").unwrap_or(1).clamp(1, 100);
+    let many =
+        usize::try_from(env_ms("STRANGERS_PROCESSES").unwrap_or(4).clamp(2, 64)).unwrap_or(4);
     let reset = if std::env::var("STRANGERS_RESET").is_ok_and(|r| r == "whole") {
         QuotaReset::Whole
     } else {
@@ -302,7 +305,7 @@ async fn report() {
     };
     for kind in [QuotaWindow::Bucket, QuotaWindow::Sliding] {
         for by_tokens in [true, false] {
-            for (processes, shards) in [(1, false), (4, false), (4, true)] {
+            for (processes, shards) in [(1, false), (many, false), (many, true)] {
                 let (requests, tokens) = if by_tokens { (125, 1600) } else { (200, 1600) };
                 let requests = requests * scale;
                 for concurrency in [None, Some(16)] {
@@ -316,7 +319,7 @@ async fn report() {
                     let o = run(
                         scaled(kind, by_tokens, scale, reset),
                         (processes, shards),
-                        (requests / processes as u64, tokens),
+                        (requests / processes.min(4) as u64, tokens),
                         concurrency,
                         Duration::from_millis(env_ms("STRANGERS_LATENCY_MS").unwrap_or(20)),
                         Duration::from_millis(env_ms("STRANGERS_STAGGER_MS").unwrap_or(0)),
