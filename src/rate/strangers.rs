@@ -290,8 +290,9 @@ async fn strangers_on_a_sliding_window_pace_their_parts_and_are_seldom_refused()
 /// `STRANGERS_LATENCY_MS` answers in that time, `STRANGERS_SCALE=N` makes
 /// the quotas and the jobs N times larger, `STRANGERS_RESET=whole` has a
 /// sliding window's reset tell when it is whole again, `STRANGERS_PROCESSES=N`
-/// runs N processes rather than four, each with a quarter of the work, and
-/// `STRANGERS_TRACE` prints every request the quota met).
+/// runs N processes rather than four (strangers with a quarter of the work
+/// each, shards splitting it), and `STRANGERS_TRACE` prints every request
+/// the quota met).
 #[tokio::test(start_paused = true)]
 #[ignore = "a report, not a test: the bench's cases in paused time"]
 async fn report() {
@@ -319,7 +320,7 @@ async fn report() {
                     let o = run(
                         scaled(kind, by_tokens, scale, reset),
                         (processes, shards),
-                        (requests / processes.min(4) as u64, tokens),
+                        (requests / work_parts(processes, shards), tokens),
                         concurrency,
                         Duration::from_millis(env_ms("STRANGERS_LATENCY_MS").unwrap_or(20)),
                         Duration::from_millis(env_ms("STRANGERS_STAGGER_MS").unwrap_or(0)),
@@ -340,7 +341,7 @@ async fn report() {
     }
 }
 
-/// Prints, for four strangers on a sliding window, what the figures of
+/// Prints, for strangers on a sliding window, what the figures of
 /// docs/benchmark.md ("Quotas") quote from paused time: for each window
 /// (the bench's, and ten times larger), reset and quota, the set-ups of
 /// processes started 0, 30, 100 or 300 ms apart and answered in 20 or
@@ -353,7 +354,8 @@ async fn report() {
 #[ignore = "a report, not a test: four strangers on a sliding window, every set-up"]
 async fn grid() {
     let runs = u32::try_from(env_ms("STRANGERS_RUNS").unwrap_or(4).clamp(1, 100)).unwrap_or(4);
-    let processes = env_ms("STRANGERS_PROCESSES").unwrap_or(4).clamp(1, 64);
+    let processes =
+        usize::try_from(env_ms("STRANGERS_PROCESSES").unwrap_or(4).clamp(1, 64)).unwrap_or(4);
     for scale in [1, 10] {
         for reset in [QuotaReset::Oldest, QuotaReset::Whole] {
             for by_tokens in [true, false] {
@@ -361,7 +363,7 @@ async fn grid() {
                 if std::env::var("STRANGERS_ONLY").is_ok_and(|only| !label.contains(&only)) {
                     continue;
                 }
-                let requests = (if by_tokens { 125 } else { 200 }) * scale / 4;
+                let requests = (if by_tokens { 125 } else { 200 }) * scale / work_parts(4, false);
                 // Per set-up: the mean share of the quota used, and of requests refused.
                 let mut setups: Vec<(f64, f64)> = Vec::new();
                 for stagger in [0, 30, 100, 300] {
@@ -370,7 +372,7 @@ async fn grid() {
                         for _ in 0..runs {
                             let o = run(
                                 scaled(QuotaWindow::Sliding, by_tokens, scale, reset),
-                                (usize::try_from(processes).unwrap_or(4), false),
+                                (processes, false),
                                 (requests, 1600),
                                 None,
                                 Duration::from_millis(latency),
@@ -404,6 +406,12 @@ async fn grid() {
             }
         }
     }
+}
+
+/// The parts a report splits the work in: a job among `processes` shards,
+/// the work of four strangers (more strangers do more work).
+fn work_parts(processes: usize, shards: bool) -> u64 {
+    u64::try_from(if shards { processes } else { processes.min(4) }).unwrap_or(4)
 }
 
 /// Prints what four jobs of 18 requests do on a quota of 8 requests a
