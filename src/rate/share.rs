@@ -30,7 +30,11 @@
 //! used`. Applied by every process, the shares add up to about the window
 //! less that room whatever their number (each reads its part at its own
 //! answer); they fall at once when others come and rise at once as the
-//! uses of one that left leave the window. With less than the whole window
+//! uses of one that left leave the window. Any split is kept by that rule,
+//! so where a request is small beside the window every process adds the
+//! same pull to its part, all of it scaled to the window ([`PULL`]): a
+//! small part grows more for its size than a large one, and the parts even
+//! out. With less than the whole window
 //! a process sends at its share's rate, evenly: after each send a gap of
 //! its cost over the share's part of the window's rate, counted from when
 //! the send was due if a late wake held it ([`PACE_SLACK`]). Sends spread so
@@ -99,9 +103,8 @@ const PACE_SLACK: f64 = 0.1;
 /// to the window: `share = scale x ((1 - free) x part + PULL)`. Every split
 /// of the window is a fixed point of the part rule alone, so the first
 /// window's split held to the end: a job started 300 ms before three others
-/// kept 72 of every 96 requests and they ended one after another, and on a
-/// window of a minute, where a process alone spends the window in a burst,
-/// strangers took the window in turns for minutes. The pull is the same for
+/// kept 72 of every 96 requests and they ended one after another, half a
+/// window lost as each left. The pull is the same for
 /// every process whatever its part, so it raises a small part more for its
 /// size than a large one: for `n` processes the parts' gaps shrink to
 /// `(1 - free) / (1 - free + n PULL)` of themselves a window, to 0.8 for four.

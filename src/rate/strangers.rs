@@ -373,8 +373,8 @@ async fn report() {
                         o.utilisation * 100.0,
                         o.refused,
                         o.received,
-                        o.failed,
                         o.refused as f64 * 100.0 / o.received as f64,
+                        o.failed,
                         o.seconds,
                         o.spread
                     );
