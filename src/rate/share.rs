@@ -110,9 +110,9 @@ const PACE_SLACK: f64 = 0.1;
 /// `(1 - free) / (1 - free + n PULL)` of themselves a window, to 0.8 for four.
 const PULL: f64 = 0.06;
 
-/// The pull applies where the largest request is at most this part of it
-/// (1.5% of the window): a share moves by whole requests, and where a
-/// request is 5% or 8% of the window it refused more for no more used.
+/// The pull applies where the largest request is at most this part of the
+/// pull (1.5% of the window): a share moves by whole requests, and where a
+/// request is 5% or 8% of the window the pull refused more for no more used.
 const PULL_GRAIN: f64 = 0.25;
 
 /// The scale a process starts pulling at: where four processes' shares add
