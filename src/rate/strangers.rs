@@ -19,7 +19,8 @@ pub(crate) struct Outcome {
     /// Requests the service received, and refused.
     pub received: u64,
     pub refused: u64,
-    /// Requests that failed: refused more often than the retries allow.
+    /// Requests that failed: a process waited out its stall timeout, or
+    /// used up its retries on faults (a refusal uses none).
     pub failed: u64,
     /// Useful work after the first window over the quota's rate times the
     /// time after it (the bench's utilisation).
@@ -279,10 +280,10 @@ async fn strangers_and_shards_on_a_bucket_use_it_whole_and_are_seldom_refused() 
 /// free, and room deeper than that and 8 requests below it is claimed once a
 /// window, by every process alike. And on that quota over a real minute,
 /// the processes started 0 or 0.9 s apart (the same part of the window as 0
-/// or 30 ms of 2 s), where a process alone spends the window in a burst of
-/// 200 requests in a fraction of a second: none of them waits out its stall
+/// or 30 ms of 2 s), where a process alone spends the window of 200
+/// requests in a burst of about a second: none of them waits out its stall
 /// timeout (600 s here, ten windows) while the others take the window in
-/// turns, and a request fails only that way.
+/// turns, which is how a request fails there.
 #[tokio::test(start_paused = true)]
 async fn strangers_on_a_sliding_window_pace_their_parts_and_are_seldom_refused() {
     let fine = [QuotaReset::Oldest, QuotaReset::Whole]
@@ -397,7 +398,7 @@ async fn report() {
 /// stand for parts of the window and grow with it, 0 to 9 s on a minute;
 /// the answers' times do not).
 #[tokio::test(start_paused = true)]
-#[ignore = "a report, not a test: four strangers on a sliding window, every set-up"]
+#[ignore = "a report, not a test: strangers on a sliding window, every set-up"]
 async fn grid() {
     let runs = u32::try_from(env_ms("STRANGERS_RUNS").unwrap_or(4).clamp(1, 100)).unwrap_or(4);
     let processes =
@@ -410,6 +411,9 @@ async fn grid() {
                     continue;
                 }
                 let requests = (if by_tokens { 125 } else { 200 }) * scale / work_parts(4, false);
+                let quota = reported(QuotaWindow::Sliding, by_tokens, scale, reset);
+                // The starts apart stand for parts of the bench's window of 2 s.
+                let stretch = quota.window.as_secs_f64() / 2.0;
                 // Per set-up: the mean share of the quota used, and of requests refused.
                 let mut setups: Vec<(f64, f64)> = Vec::new();
                 let mut failed = 0;
@@ -418,17 +422,12 @@ async fn grid() {
                         let (mut used, mut refused) = (0.0, 0.0);
                         for _ in 0..runs {
                             let o = run(
-                                reported(QuotaWindow::Sliding, by_tokens, scale, reset),
+                                quota.clone(),
                                 (processes, false),
                                 (requests, 1600),
                                 None,
                                 Duration::from_millis(latency),
-                                Duration::from_millis(stagger).mul_f64(
-                                    reported(QuotaWindow::Sliding, by_tokens, scale, reset)
-                                        .window
-                                        .as_secs_f64()
-                                        / 2.0,
-                                ),
+                                Duration::from_millis(stagger).mul_f64(stretch),
                             )
                             .await;
                             used += o.utilisation;
