@@ -127,6 +127,11 @@ pub enum BackendError {
         status: Option<u16>,
         message: String,
     },
+    /// The request is larger than the service's token quota asks for (a
+    /// hundredth of it): it went unsent, and its parts of at most `most`
+    /// tokens (by the local count) go as requests of their own.
+    #[error("larger than the service's quota asks for: at most {most} tokens a request")]
+    Cut { most: u64 },
     #[error("{message}")]
     Permanent {
         status: Option<u16>,
@@ -163,7 +168,7 @@ impl BackendError {
             BackendError::TooLarge { status, .. }
             | BackendError::OverLimit { status, .. }
             | BackendError::Permanent { status, .. } => *status,
-            BackendError::Exhausted { .. } => None,
+            BackendError::Exhausted { .. } | BackendError::Cut { .. } => None,
             BackendError::Quota(QuotaStop::InsufficientQuota(_)) => Some(429),
             BackendError::Quota(_) => None,
             BackendError::Partial { error, .. } => error.status(),

@@ -58,6 +58,15 @@ impl Answer {
         }
     }
 
+    /// Adds the answer of a part sent beside this one's: its pieces, and
+    /// its error when none came before.
+    fn merge(&mut self, other: Answer) {
+        self.pieces.extend(other.pieces);
+        if self.error.is_none() {
+            self.error = other.error;
+        }
+    }
+
     /// Adds a later part's answer; `false` once one failed, so that no
     /// further part is sent.
     fn extend(&mut self, later: Answer) -> bool {
@@ -165,6 +174,9 @@ impl Exposure {
 pub(super) struct Limits {
     inputs: AtomicUsize,
     tokens: AtomicU64,
+    /// The least size the service's quota cut a batch to (see
+    /// [`EmbeddingBackend::request_tokens`]).
+    quota: AtomicU64,
     notes: Mutex<Vec<String>>,
 }
 
@@ -173,6 +185,7 @@ impl Default for Limits {
         Limits {
             inputs: AtomicUsize::new(usize::MAX),
             tokens: AtomicU64::new(u64::MAX),
+            quota: AtomicU64::new(u64::MAX),
             notes: Mutex::default(),
         }
     }
@@ -187,6 +200,11 @@ impl Limits {
     /// The most tokens a request may hold, once learned.
     pub(super) fn tokens(&self) -> Option<u64> {
         Some(self.tokens.load(Ordering::Relaxed)).filter(|&n| n != u64::MAX)
+    }
+
+    /// The least number of tokens the service's quota cut requests to.
+    pub(super) fn quota_tokens(&self) -> Option<u64> {
+        Some(self.quota.load(Ordering::Relaxed)).filter(|&n| n != u64::MAX)
     }
 
     pub(super) fn notes(&self) -> Vec<String> {
@@ -233,18 +251,39 @@ impl Limits {
     fn fit(&self, batch: Batch) -> Vec<Batch> {
         let inputs = self.inputs.load(Ordering::Relaxed);
         let tokens = self.tokens.load(Ordering::Relaxed);
-        if batch.len() <= inputs && batch.tokens <= tokens {
-            return vec![batch];
-        }
-        let mut batcher = Batcher::new(inputs, tokens);
-        let mut pieces: Vec<Batch> = batch
-            .chunks
-            .into_iter()
-            .flat_map(|chunk| batcher.push(chunk))
-            .collect();
-        pieces.extend(batcher.finish());
-        pieces
+        cut(batch, inputs, tokens)
     }
+
+    /// `batch`, cut in order into parts of at most `most` tokens, the size
+    /// the service's quota asks for (in halves, should that leave it whole).
+    fn cut_for_quota(&self, batch: Batch, most: u64) -> Vec<Batch> {
+        self.quota.fetch_min(most, Ordering::Relaxed);
+        let parts = cut(batch, usize::MAX, most);
+        if parts.len() > 1 {
+            return parts;
+        }
+        let batch = Batch::new(parts.into_iter().flat_map(|part| part.chunks).collect());
+        match batch.split_in_half() {
+            Ok((left, right)) => vec![left, right],
+            Err(lone) => vec![lone],
+        }
+    }
+}
+
+/// `batch`, cut in order into batches of at most `inputs` chunks and
+/// `tokens` tokens (a chunk larger alone).
+fn cut(batch: Batch, inputs: usize, tokens: u64) -> Vec<Batch> {
+    if batch.len() <= inputs && batch.tokens <= tokens {
+        return vec![batch];
+    }
+    let mut batcher = Batcher::new(inputs, tokens);
+    let mut pieces: Vec<Batch> = batch
+        .chunks
+        .into_iter()
+        .flat_map(|chunk| batcher.push(chunk))
+        .collect();
+    pieces.extend(batcher.finish());
+    pieces
 }
 
 impl Dispatch {
@@ -538,6 +577,20 @@ fn on_error<'a>(
                     }
                 }
             },
+            BackendError::Cut { most } if batch.len() > 1 => {
+                // Every part a request of its own, all in flight together:
+                // what was answered is kept, whatever becomes of the others.
+                let parts = limits.cut_for_quota(batch, most).into_iter();
+                let answers = futures::future::join_all(
+                    parts.map(|part| embed_or_split(backend, part, limits, rechunk)),
+                )
+                .await;
+                let mut all = Answer::done(Vec::new());
+                for answer in answers {
+                    all.merge(answer);
+                }
+                all
+            }
             BackendError::OverLimit {
                 limit,
                 status,

@@ -415,6 +415,7 @@ fn learned(
     LearnedLimits {
         max_inputs_per_request: limits.inputs(),
         max_tokens_per_request: limits.tokens(),
+        quota_tokens_per_request: limits.quota_tokens(),
         concurrency: stats.lowered_concurrency,
         context_window: match (stats.window, refused) {
             (Some(probed), Some(refused)) if probed.tokens <= refused.tokens => Some(probed),

@@ -122,6 +122,10 @@ pub struct Summary {
 pub struct LearnedLimits {
     pub max_inputs_per_request: Option<usize>,
     pub max_tokens_per_request: Option<u64>,
+    /// The tokens (by the local count) requests were cut to for the
+    /// service's token quota, a hundredth of it, when its headers told it
+    /// and batches were larger.
+    pub quota_tokens_per_request: Option<u64>,
     /// Requests in flight, when timeouts lowered it.
     pub concurrency: Option<usize>,
     /// The model's window, when the service listed none and a probe or a
@@ -466,6 +470,9 @@ impl Summary {
             if let Some(n) = l.max_tokens_per_request {
                 parts.push(format!("{n} tokens per request"));
             }
+            if let Some(n) = l.quota_tokens_per_request {
+                parts.push(format!("{n} tokens per request for its token quota"));
+            }
             if let Some(n) = l.concurrency {
                 parts.push(format!("{n} requests in flight"));
             }
@@ -734,6 +741,7 @@ mod tests {
         s.learned_limits = LearnedLimits {
             max_inputs_per_request: Some(16),
             max_tokens_per_request: None,
+            quota_tokens_per_request: Some(640),
             concurrency: Some(2),
             ..LearnedLimits::default()
         };
@@ -763,7 +771,8 @@ mod tests {
         );
         assert_eq!(
             lines[7],
-            "  learned from the service: at most 16 inputs per request, 2 requests in flight"
+            "  learned from the service: at most 16 inputs per request, \
+             640 tokens per request for its token quota, 2 requests in flight"
         );
         assert_eq!(
             lines[8],

@@ -35,7 +35,7 @@ pub use self::concurrency::{
 };
 pub use self::headers::{retry_after, QuotaHeader, RateLimitHeaders};
 pub use self::limits::RateLimits;
-pub use self::pacing::QuotaStop;
+pub use self::pacing::{Held, QuotaStop};
 pub use self::retry::{with_retries, with_retries_notify, RetryPolicy, Retryable};
 
 use self::concurrency::{Concurrency, Permit};
@@ -183,6 +183,30 @@ impl RateControl {
     /// # Errors
     /// Nothing has succeeded for the stall timeout.
     pub async fn admit(&self, tokens: u64) -> Result<Admission<'_>, QuotaStop> {
+        loop {
+            match self.admit_or_cut(tokens, false).await {
+                Ok(admission) => return Ok(admission),
+                Err(Held::Stop(stop)) => return Err(stop),
+                // Only a divisible request is cut.
+                Err(Held::Cut(_)) => {}
+            }
+        }
+    }
+
+    /// As [`RateControl::admit`]; a `divisible` request (of several inputs)
+    /// larger than [`RateControl::request_tokens`] is handed back to be cut
+    /// instead, once the service's headers tell that size, before it goes.
+    ///
+    /// # Errors
+    /// Nothing has succeeded for the stall timeout, or the request is to be cut.
+    pub async fn admit_or_cut(&self, tokens: u64, divisible: bool) -> Result<Admission<'_>, Held> {
+        // Before the job's own limits, which would count it whole.
+        if let Some(most) = self
+            .request_tokens()
+            .filter(|&most| divisible && tokens > most)
+        {
+            return Err(Held::Cut(most));
+        }
         if self.limits.is_limited() {
             let _waiting = self.pacing.waiting();
             self.limits.until_ready(tokens).await;
@@ -190,7 +214,7 @@ impl RateControl {
         // A place in flight first, then the quota: a pause set while
         // waiting for the place still holds the request back.
         let permit = self.window.acquire(tokens).await;
-        let ticket = self.pacing.admit(tokens).await?;
+        let ticket = self.pacing.admit_or_cut(tokens, divisible).await?;
         Ok(Admission {
             control: self,
             permit,
@@ -235,6 +259,13 @@ impl RateControl {
             }
         })
         .await
+    }
+
+    /// The most tokens (by the local count) a request should hold for the
+    /// service's token quota, once its headers tell it: a hundredth of it,
+    /// so that processes sharing it can split it finely.
+    pub fn request_tokens(&self) -> Option<u64> {
+        self.pacing.request_tokens()
     }
 
     /// 429s received.

@@ -90,6 +90,60 @@ async fn the_headers_keep_refusals_under_a_bound() {
     assert!(summary["tokens_per_minute"].as_f64().unwrap() > 0.0);
 }
 
+/// A request holds at most a hundredth of the token quota the headers
+/// tell, unless filling that quota with such requests would take more than
+/// half the request quota: where one request is a large part of the window,
+/// processes that share it can only part it coarsely (docs/service.md,
+/// "Rate").
+#[tokio::test]
+async fn requests_hold_a_hundredth_of_the_token_quota_unless_the_request_quota_needs_more() {
+    // 12,800 tokens a window: a hundredth is 128, where the job's requests
+    // hold up to 8 chunks of up to 64 tokens. With 40 requests a window,
+    // requests of 128 would take 100 a window to fill it: they stay whole.
+    for (requests_per_minute, cut) in [(None, true), (Some(1000), true), (Some(40), false)] {
+        let dir = tempfile::tempdir().unwrap();
+        let root = corpus(dir.path(), 40);
+        let chunks = expected_chunks(&root).len() as u64;
+        let sim = simulator(quota_sim(QuotaConfig {
+            requests_per_minute,
+            tokens_per_minute: Some(12_800),
+            window: Duration::from_secs(1),
+            ..QuotaConfig::default()
+        }))
+        .await;
+        let job = write_job(dir.path(), &sim.base_url(), &files_source(&root), "");
+        // One request in flight: the first is answered before the next goes.
+        let output = run_job(&job, &["--json", "--set", "backend.concurrency=1"]).await;
+        let (summary, stderr) = summary(&output);
+        assert_eq!(output.status.code(), Some(0), "{stderr}");
+        assert_eq!(summary["written"].as_u64(), Some(chunks));
+        let ledger = sim.ledger();
+        let (requests, tokens) = (ledger.billed_requests, ledger.prompt_tokens);
+        let cut_to = &summary["learned_limits"]["quota_tokens_per_request"];
+        if cut {
+            // The service counts as the job does: 128 by either count.
+            assert_eq!(cut_to.as_u64(), Some(128), "{summary}");
+            // The first request went before any header told of the quota
+            // (8 chunks of 64 tokens at most); every later one holds at
+            // most 128, as no chunk is larger.
+            let least = 1 + tokens.saturating_sub(8 * 64).div_ceil(128);
+            assert!(
+                requests >= least,
+                "{requests} requests for {tokens} tokens: {:?}",
+                ledger.billed_sizes
+            );
+        } else {
+            assert!(cut_to.is_null(), "{summary}");
+            assert!(
+                requests * 128 < tokens,
+                "{requests} requests for {tokens} tokens: {:?}",
+                ledger.billed_sizes
+            );
+        }
+        assert_eq!(ledger.refused_total(), 0, "{ledger:?}");
+    }
+}
+
 #[tokio::test]
 async fn refusals_never_use_up_max_retries() {
     let dir = tempfile::tempdir().unwrap();

@@ -37,7 +37,7 @@ use super::{
 };
 use crate::client::{ApiError, Client, EmbeddingInput, EmbeddingRequest, ErrorKind, SizeLimit};
 use crate::rate::{
-    with_retries_notify, Fault, QuotaStop, RateControl, RateSettings, Refusal, RetryPolicy,
+    with_retries_notify, Fault, Held, QuotaStop, RateControl, RateSettings, Refusal, RetryPolicy,
     Retryable,
 };
 use crate::types::{RawVectors, Usage, Vectors};
@@ -192,6 +192,9 @@ enum Attempt {
     WrongModel(String),
     /// The quota stops the run.
     Stop(QuotaStop),
+    /// The request is larger than the service's token quota asks for: it is
+    /// cut, not sent.
+    Cut(u64),
 }
 
 impl Retryable for Attempt {
@@ -202,7 +205,8 @@ impl Retryable for Attempt {
             Attempt::WrongLength(_)
             | Attempt::TimedOut(_)
             | Attempt::WrongModel(_)
-            | Attempt::Stop(_) => false,
+            | Attempt::Stop(_)
+            | Attempt::Cut(_) => false,
         }
     }
 
@@ -369,7 +373,15 @@ impl ApiBackend {
     ) -> Result<RawVectors, Attempt> {
         let capacity = texts.len() * self.expected_dimensions().unwrap_or(0);
         loop {
-            let admission = self.rate.admit(tokens).await.map_err(Attempt::Stop)?;
+            let admission = match self
+                .rate
+                .admit_or_cut(tokens, splittable && texts.len() > 1)
+                .await
+            {
+                Ok(admission) => admission,
+                Err(Held::Stop(stop)) => return Err(Attempt::Stop(stop)),
+                Err(Held::Cut(most)) => return Err(Attempt::Cut(most)),
+            };
             let alone = admission.alone();
             let base64 = self.base64.load(Ordering::Relaxed);
             let dimensions = self
@@ -523,6 +535,7 @@ impl ApiBackend {
                 ),
             },
             Attempt::Stop(stop) => BackendError::Quota(stop),
+            Attempt::Cut(most) => BackendError::Cut { most },
         }
     }
 
