@@ -174,8 +174,8 @@ impl Exposure {
 pub(super) struct Limits {
     inputs: AtomicUsize,
     tokens: AtomicU64,
-    /// The least size the service's quota cut a batch to (see
-    /// [`EmbeddingBackend::request_tokens`]).
+    /// The least size, in tokens, the service's token quota had a batch
+    /// cut to ([`BackendError::Cut`]).
     quota: AtomicU64,
     notes: Mutex<Vec<String>>,
 }

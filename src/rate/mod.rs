@@ -5,7 +5,9 @@
 //! and tokens per minute), for a place among the requests in flight
 //! ([`concurrency`]: a fixed most, or a limit found from round-trip times), and
 //! for the service's quota as its headers describe it ([`pacing`], reading
-//! [`headers`]). What became of it is told back through the [`Admission`] it
+//! [`headers`]). A request of several inputs larger than a hundredth of the
+//! service's token quota is handed back instead, to be cut and sent in parts
+//! ([`Held::Cut`]). What became of it is told back through the [`Admission`] it
 //! was given: answered, refused (a 429, which is waited out rather than
 //! counted as a failed attempt), or failed. Failed attempts are retried by
 //! the policy of [`retry`].
