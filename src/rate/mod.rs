@@ -171,7 +171,9 @@ impl RateControl {
                 },
                 settings.timeout,
             ),
-            pacing: Pacing::new(settings.stall_timeout).shared_by(settings.sharing),
+            pacing: Pacing::new(settings.stall_timeout)
+                .shared_by(settings.sharing)
+                .limited_to(settings.requests_per_minute),
         }
     }
 

@@ -304,6 +304,8 @@ struct State {
     share_lowered: Option<Instant>,
     /// This process's part of the quota's rate among strangers on the key.
     pace: Share,
+    /// The job's own limit on requests (`backend.requests_per_minute`), a second.
+    own_request_rate: Option<f64>,
     last_success: Instant,
     last_refusal: Option<String>,
     throttled: u64,
@@ -383,6 +385,7 @@ impl Pacing {
                 least_share: MIN_SHARE,
                 share_lowered: None,
                 pace: Share::new(1.0),
+                own_request_rate: None,
                 last_success: Instant::now(),
                 last_refusal: None,
                 throttled: 0,
@@ -409,6 +412,15 @@ impl Pacing {
             state.probe = processes > 1;
             state.pace = Share::new(state.share);
         }
+        self
+    }
+
+    /// Pacing for a job whose own limit is `requests_per_minute` (0 for
+    /// none): requests cut for the token quota leave room within it too.
+    #[must_use]
+    pub fn limited_to(self, requests_per_minute: u32) -> Pacing {
+        self.lock().own_request_rate =
+            (requests_per_minute > 0).then(|| f64::from(requests_per_minute) / 60.0);
         self
     }
 
@@ -620,11 +632,18 @@ impl State {
     fn request_tokens(&self) -> Option<u64> {
         let tokens = self.tokens.filter(|_| !self.distrust)?;
         let mut most = tokens.limit * REQUEST_GRAIN;
-        if let Some(requests) = self.requests {
-            if !(requests.rate > 0.0 && tokens.rate > 0.0) {
-                return None;
-            }
-            most = most.max(REQUEST_ROOM * tokens.rate / requests.rate);
+        let service = match self.requests {
+            Some(requests) if requests.rate > 0.0 && tokens.rate > 0.0 => Some(requests.rate),
+            Some(_) => return None,
+            None => None,
+        };
+        // The job's own request limit leaves room too.
+        let rate = [service, self.own_request_rate]
+            .into_iter()
+            .flatten()
+            .reduce(f64::min);
+        if let Some(rate) = rate.filter(|&rate| rate > 0.0 && tokens.rate > 0.0) {
+            most = most.max(REQUEST_ROOM * tokens.rate / rate);
         }
         let local = (most / self.ratio()).floor();
         #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
@@ -1038,6 +1057,13 @@ mod tests {
             (day as f64 - expected).abs() / expected < 0.05,
             "{day} against {expected}"
         );
+        // The job's own limit of 300 requests a minute (5 a second) beside
+        // 20,000 tokens refilling at 10,000 a second: twice 2,000 billed.
+        let pacing = Pacing::new(Duration::from_secs(600)).limited_to(300);
+        let ticket = pacing.admit(100).await.unwrap();
+        let told = headers(None, Some((20_000.0, 19_000.0, 100)));
+        pacing.on_answer(ticket, Some(told), Some(125));
+        assert_eq!(pacing.request_tokens(), Some(3200));
     }
 
     #[tokio::test(start_paused = true)]
