@@ -663,11 +663,22 @@ impl Share {
     /// again at each answer, it would add up. Looked at the first time room
     /// showed rather than once a window, the claims refused more on the
     /// quota bench's window of 20 requests (0.6% of requests against 0.1%,
-    /// 64 paused runs each).
+    /// 64 paused runs each). The first answer among others claims nothing
+    /// and starts the clock: the room it shows may be what the process's
+    /// own sends of its first window left as they went. A process that
+    /// spent its first window alone, in a burst, saw the window all but
+    /// empty a window on, claimed it, and spent it again while the others
+    /// waited (four strangers over a real minute, started 0.9 to 9 s apart:
+    /// one in four waited 185 s or more for a success, against 129 s with
+    /// the first claim put off; eight: 8,309 requests failed over 36 runs
+    /// by waiting out the stall timeout, against 3,976; paused time).
     fn claim(&mut self, now: Instant, window: Duration, free: f64, paced: Paced) -> f64 {
         let since = |at: Instant| now.saturating_duration_since(at).as_secs_f64();
         let room = 1.0 - 2.0 * free - CLAIM_DEPTH * paced.request - paced.used;
-        if self
+        if self.claimed_at.is_none() {
+            self.claimed_at = Some(now);
+            self.claim = 0.0;
+        } else if self
             .claimed_at
             .is_none_or(|at| since(at) >= window.as_secs_f64())
         {
@@ -910,36 +921,47 @@ mod tests {
         // A window of 100 requests shows 40 used, 10 of them this process's:
         // others left. Its part is 10 of 40 less the 5% left free, with the
         // pull every process adds where a request is 1% of the window, at
-        // the first scale; and it claims the room beyond twice that free
-        // part and 8 requests: 42.
+        // the first scale. The room it sees is not claimed yet: at its
+        // first answer among others, it may be what the process's own sends
+        // of its first window left as they went.
         let (mut share, now) = among_others(10, 100.0, 60.0);
         let part = (1.0 - HEADROOM) * 10.0 / 40.0 + PULL;
         let near = |share: &Share, expected: f64| {
             assert!((share.share - expected).abs() < 1e-9, "{}", share.share);
         };
-        near(&share, FIRST_SCALE * part + 0.42);
-        // The claim wanes over the window, as the sends it adds come into
-        // the part; the room seen again within the window adds nothing. The
-        // window is emptier than the shares' sum: half a window on, the
+        near(&share, FIRST_SCALE * part);
+        // A window on, it claims the room beyond twice that free part and 8
+        // requests: 42. The window is emptier than the shares' sum: the
         // scale is back to whole.
-        share.answered(now + ms(610), now + ms(90), sliding(100.0, 60.0), window);
+        share.answered(now + ms(1110), now + ms(90), sliding(100.0, 60.0), window);
+        near(&share, part + 0.42);
+        // The claim wanes over the window, as the sends it adds come into
+        // the part; the room seen again within the window adds nothing.
+        share.answered(now + ms(1610), now + ms(90), sliding(100.0, 60.0), window);
         near(&share, part + 0.21);
         // A refusal says the room is not there, and that the shares added
         // up to more than the window: it cuts the scale, which the next
         // answer, 20 ms on, raises by a fiftieth of a window's rise.
-        share.refused(now + ms(620), now + ms(600), window);
-        share.answered(now + ms(630), now + ms(90), sliding(100.0, 60.0), window);
+        share.refused(now + ms(1620), now + ms(1600), window);
+        share.answered(now + ms(1630), now + ms(90), sliding(100.0, 60.0), window);
         let scale = SCALE_KEEPS * ((1.0 - HEADROOM) / 0.4f64).powf(0.02);
         near(&share, scale * part);
         // A window after the claim, room seen is claimed again.
-        share.answered(now + ms(1110), now + ms(90), sliding(100.0, 60.0), window);
+        share.answered(now + ms(2110), now + ms(90), sliding(100.0, 60.0), window);
         near(&share, part + 0.42);
         // In a window of 20 requests, a request is 5% of it: 10 requests
         // free are the grain of paced sends (1.5 requests left free, twice,
-        // and 8), not room; 12 free leave one to claim.
+        // and 8), not room; 12 free leave one to claim, a window on.
         for (remaining, claim) in [(10.0, 0.0), (12.0, 0.05)] {
-            let (share, _) = among_others(4, 20.0, remaining);
+            let (mut share, now) = among_others(4, 20.0, remaining);
             let part = (1.0 - REQUESTS_FREE / 20.0) * 4.0 / (20.0 - remaining);
+            near(&share, part);
+            share.answered(
+                now + ms(1050),
+                now + ms(30),
+                sliding(20.0, remaining),
+                window,
+            );
             assert!(
                 (share.share - (part + claim)).abs() < 1e-9,
                 "{remaining} free: {}",

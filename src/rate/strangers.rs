@@ -28,6 +28,10 @@ pub(crate) struct Outcome {
     pub seconds: f64,
     /// The time from the first process to end to the last.
     pub spread: f64,
+    /// The longest any process went without a success while it had work
+    /// left, from its start or its last success, in seconds: how long the
+    /// others starved it.
+    pub starved: f64,
 }
 
 /// `processes` jobs of `requests` requests of `tokens` billed tokens each,
@@ -51,43 +55,37 @@ pub(crate) async fn run(
         quota.requests_per_minute.unwrap_or(1) as f64
     } / window.as_secs_f64();
     let quotas = Arc::new(Quotas::new(quota));
-    let received = Arc::new(AtomicU64::new(0));
-    let refused = Arc::new(AtomicU64::new(0));
-    let done = Arc::new(AtomicU64::new(0));
-    let failed = Arc::new(AtomicU64::new(0));
+    let tally = Arc::new(Tally::default());
     let start = Instant::now();
     // Work done by the end of the first window, read then.
     let at_first = {
-        let done = done.clone();
+        let tally = tally.clone();
         tokio::spawn(async move {
             tokio::time::sleep(window).await;
-            done.load(Ordering::SeqCst)
+            tally.done.load(Ordering::SeqCst)
         })
     };
     let jobs = (0..processes).map(|id| {
-        let quotas = quotas.clone();
-        let (received, refused, done) = (received.clone(), refused.clone(), done.clone());
-        let failed = failed.clone();
+        let (quotas, tally) = (quotas.clone(), tally.clone());
         async move {
             // Processes started together still begin apart: what they read first differs.
             tokio::time::sleep(stagger * u32::try_from(id).unwrap_or(u32::MAX)).await;
+            let succeeded = Arc::new(std::sync::Mutex::new(Instant::now()));
             let control = Arc::new(control(concurrency, shards.then_some(processes)));
             let next = Arc::new(AtomicU64::new(0));
             let workers = (0..concurrency.unwrap_or(16)).map(|_| {
                 let (control, next, quotas) = (control.clone(), next.clone(), quotas.clone());
-                let (received, refused, done) = (received.clone(), refused.clone(), done.clone());
-                let failed = failed.clone();
+                let (tally, succeeded) = (tally.clone(), succeeded.clone());
                 async move {
                     while next.fetch_add(1, Ordering::SeqCst) < requests {
                         let result = control
                             .call(tokens, || {
-                                let (quotas, received, refused) =
-                                    (quotas.clone(), received.clone(), refused.clone());
+                                let (quotas, tally) = (quotas.clone(), tally.clone());
                                 async move {
                                     // The simulator's latency comes before the quota, as in
                                     // `embedjob simulate`.
                                     tokio::time::sleep(latency).await;
-                                    received.fetch_add(1, Ordering::SeqCst);
+                                    tally.received.fetch_add(1, Ordering::SeqCst);
                                     let answer = quotas.admit("key", tokens);
                                     if std::env::var_os("STRANGERS_TRACE").is_some() {
                                         println!(
@@ -100,7 +98,7 @@ pub(crate) async fn run(
                                     match answer {
                                         Ok(headers) => (Ok(()), RateLimitHeaders::parse(&headers)),
                                         Err(refusal) => {
-                                            refused.fetch_add(1, Ordering::SeqCst);
+                                            tally.refused.fetch_add(1, Ordering::SeqCst);
                                             let asked = super::retry_after(
                                                 &refusal.headers,
                                                 std::time::SystemTime::now(),
@@ -117,11 +115,8 @@ pub(crate) async fn run(
                                 }
                             })
                             .await;
-                        if result.is_ok() {
-                            done.fetch_add(if by_tokens { tokens } else { 1 }, Ordering::SeqCst);
-                        } else {
-                            failed.fetch_add(1, Ordering::SeqCst);
-                        }
+                        let work = if by_tokens { tokens } else { 1 };
+                        tally.record(result.is_ok().then_some(work), &succeeded);
                     }
                 }
             });
@@ -134,14 +129,48 @@ pub(crate) async fn run(
     let first_end = ends.iter().copied().fold(seconds, f64::min);
     let before = at_first.await.unwrap_or(0);
     #[allow(clippy::cast_precision_loss)]
-    let after = (done.load(Ordering::SeqCst) - before) as f64;
+    let after = (tally.done.load(Ordering::SeqCst) - before) as f64;
     Outcome {
-        received: received.load(Ordering::SeqCst),
-        refused: refused.load(Ordering::SeqCst),
-        failed: failed.load(Ordering::SeqCst),
+        received: tally.received.load(Ordering::SeqCst),
+        refused: tally.refused.load(Ordering::SeqCst),
+        failed: tally.failed.load(Ordering::SeqCst),
         utilisation: after / (rate * (seconds - window.as_secs_f64())),
         seconds,
         spread: seconds - first_end,
+        #[allow(clippy::cast_precision_loss)]
+        starved: tally.starved.load(Ordering::SeqCst) as f64 / 1000.0,
+    }
+}
+
+/// What the processes of a run did, counted as it goes.
+#[derive(Debug, Default)]
+struct Tally {
+    received: AtomicU64,
+    refused: AtomicU64,
+    /// Work done, in the quota's units.
+    done: AtomicU64,
+    failed: AtomicU64,
+    /// The longest wait of a process for a success, in milliseconds.
+    starved: AtomicU64,
+}
+
+impl Tally {
+    /// A request that did `work` (`None`: it failed), of the process whose
+    /// latest success was at `succeeded`.
+    fn record(&self, work: Option<u64>, succeeded: &std::sync::Mutex<Instant>) {
+        let Some(work) = work else {
+            self.failed.fetch_add(1, Ordering::SeqCst);
+            return;
+        };
+        self.done.fetch_add(work, Ordering::SeqCst);
+        let now = Instant::now();
+        let mut last = succeeded
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let waited = now.saturating_duration_since(*last).as_millis();
+        *last = now;
+        self.starved
+            .fetch_max(u64::try_from(waited).unwrap_or(u64::MAX), Ordering::SeqCst);
     }
 }
 
@@ -370,14 +399,16 @@ async fn report() {
                     )
                     .await;
                     println!(
-                        "{label}: {:.1}% used, {} of {} refused ({:.1}%), {} failed, {:.1}s, ended {:.1}s apart",
+                        "{label}: {:.1}% used, {} of {} refused ({:.1}%), {} failed, {:.1}s, ended {:.1}s apart, \
+                         {:.1}s at most without a success",
                         o.utilisation * 100.0,
                         o.refused,
                         o.received,
                         o.refused as f64 * 100.0 / o.received as f64,
                         o.failed,
                         o.seconds,
-                        o.spread
+                        o.spread,
+                        o.starved
                     );
                 }
             }
@@ -416,7 +447,7 @@ async fn grid() {
                 let stretch = quota.window.as_secs_f64() / 2.0;
                 // Per set-up: the mean share of the quota used, and of requests refused.
                 let mut setups: Vec<(f64, f64)> = Vec::new();
-                let mut failed = 0;
+                let (mut failed, mut starved) = (0, 0.0f64);
                 for stagger in [0, 30, 100, 300] {
                     for latency in [20, 100] {
                         let (mut used, mut refused) = (0.0, 0.0);
@@ -432,6 +463,7 @@ async fn grid() {
                             .await;
                             used += o.utilisation;
                             failed += o.failed;
+                            starved = starved.max(o.starved);
                             #[allow(clippy::cast_precision_loss)]
                             let part = o.refused as f64 / o.received.max(1) as f64;
                             refused += part;
@@ -453,7 +485,8 @@ async fn grid() {
                 let (refused, _, most_refused) = pct(|s| s.1);
                 println!(
                     "{label}: {used:.1}% used (set-ups {least:.1}-{most:.1}%), \
-                     {refused:.1}% refused (set-ups up to {most_refused:.1}%), {runs} runs a set-up{}",
+                     {refused:.1}% refused (set-ups up to {most_refused:.1}%), \
+                     {starved:.0} s at most without a success, {runs} runs a set-up{}",
                     if failed > 0 {
                         format!(", {failed} requests failed")
                     } else {
