@@ -680,7 +680,7 @@ impl Share {
             self.claim = 0.0;
         } else if self
             .claimed_at
-            .is_none_or(|at| since(at) >= window.as_secs_f64())
+            .is_some_and(|at| since(at) >= window.as_secs_f64())
         {
             self.claim = room.max(0.0);
             self.claimed_at = Some(now);
