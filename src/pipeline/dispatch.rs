@@ -255,18 +255,11 @@ impl Limits {
     }
 
     /// `batch`, cut in order into parts of at most `most` tokens, the size
-    /// the service's quota asks for (in halves, should that leave it whole).
+    /// the service's quota asks for: two at least, as the service's quota
+    /// hands back only a batch of several chunks holding more.
     fn cut_for_quota(&self, batch: Batch, most: u64) -> Vec<Batch> {
         self.quota.fetch_min(most, Ordering::Relaxed);
-        let parts = cut(batch, usize::MAX, most);
-        if parts.len() > 1 {
-            return parts;
-        }
-        let batch = Batch::new(parts.into_iter().flat_map(|part| part.chunks).collect());
-        match batch.split_in_half() {
-            Ok((left, right)) => vec![left, right],
-            Err(lone) => vec![lone],
-        }
+        cut(batch, usize::MAX, most)
     }
 }
 
@@ -577,7 +570,7 @@ fn on_error<'a>(
                     }
                 }
             },
-            BackendError::Cut { most } if batch.len() > 1 => {
+            BackendError::Cut { most } => {
                 // Every part a request of its own, all in flight together:
                 // what was answered is kept, whatever becomes of the others.
                 let parts = limits.cut_for_quota(batch, most).into_iter();
