@@ -197,7 +197,12 @@ impl Budget {
             // A full quota's reset tells nothing of how fast it refills.
             return;
         }
-        if !refused {
+        if refused {
+            // No rate: a bucket in debt is whole later than its rate says.
+            // But a sliding window's reset is still when a use it counts
+            // leaves (or when it is whole): within its length.
+            self.refill.lengthen(reset);
+        } else {
             self.refill.sample(header.limit, header.remaining, reset);
         }
         if let Some(rate) = self.refill.sliding_rate(header.limit) {
@@ -1130,6 +1135,33 @@ mod tests {
         budget.update(header(0.0, 5000), now, true);
         budget.update(header(18.0, 200), now, false);
         assert!(budget.refill.is_bucket());
+    }
+
+    #[test]
+    fn a_refusals_reset_tells_how_long_a_sliding_window_is_at_least() {
+        let header = |remaining: f64, reset_ms: u64| QuotaHeader {
+            limit: 200.0,
+            remaining,
+            reset: Some(Duration::from_millis(reset_ms)),
+        };
+        let now = Instant::now();
+        // A window of 200 requests a minute, found in use: its oldest use
+        // leaves in 0.3 s, then in 1.2 s. Those answers show a sliding window
+        // (no one rate gives both) whose length is 1.2 s at least.
+        let mut budget = Budget::new(header(1.0, 300), now, false);
+        budget.update(header(2.0, 1200), now, false);
+        let rate = budget.refill.sliding_rate(200.0).unwrap();
+        assert!((rate - 200.0 / 1.2).abs() < 1e-6, "{rate}");
+        // Refused while a burst fills the window, 58 s from leaving it: the
+        // window is that long at least, and refills no faster than its
+        // limit over that.
+        budget.update(header(0.0, 58_000), now, true);
+        let rate = budget.refill.sliding_rate(200.0).unwrap();
+        assert!((rate - 200.0 / 58.0).abs() < 1e-6, "{rate}");
+        assert!((budget.rate - rate).abs() < 1e-9, "{}", budget.rate);
+        // A shorter reset later leaves it so.
+        budget.update(header(0.0, 500), now, true);
+        assert!((budget.rate - 200.0 / 58.0).abs() < 1e-6, "{}", budget.rate);
     }
 
     #[tokio::test(start_paused = true)]

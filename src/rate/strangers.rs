@@ -355,6 +355,44 @@ async fn strangers_on_a_sliding_window_pace_their_parts_and_are_seldom_refused()
     }
 }
 
+/// Eight strangers on a sliding window of a minute (200 requests, or
+/// 200,000 tokens), started 0.9, 3 or 9 s apart, whose reset tells when the
+/// oldest use leaves: none waits out its stall timeout (600 s, ten
+/// windows). A process that comes to the window in use sees its oldest use
+/// about to leave at every success, and read the window's length from
+/// those alone it took the minute for a second or so: it spent the window
+/// in a burst as soon as it emptied and held it for the next minute, one
+/// process a minute, and on the request window 21 of 36 such runs failed
+/// requests. Refused while a burst holds the window, a process sees about
+/// the window's length in the refusal's reset ([`super::share::Refill`]).
+#[tokio::test(start_paused = true)]
+async fn eight_strangers_on_a_window_of_a_minute_all_get_through() {
+    for by_tokens in [false, true] {
+        let quota = QuotaConfig {
+            window: Duration::from_secs(60),
+            ..scaled(QuotaWindow::Sliding, by_tokens, 10, QuotaReset::Oldest)
+        };
+        let requests = (if by_tokens { 125 } else { 200 }) * 10 / 4;
+        for stagger in [900, 3000, 9000] {
+            for latency in [20, 100] {
+                let o = run(
+                    quota.clone(),
+                    (8, false),
+                    (requests, 1600),
+                    None,
+                    Duration::from_millis(latency),
+                    Duration::from_millis(stagger),
+                )
+                .await;
+                assert_eq!(
+                    o.failed, 0,
+                    "tokens {by_tokens}, {stagger} ms apart, {latency} ms: requests failed"
+                );
+            }
+        }
+    }
+}
+
 /// Prints what the controller does for one and four processes (strangers,
 /// or shards of one job) under each kind of quota, as the quota bench's cases (`cargo test --lib
 /// strangers -- --ignored --nocapture`; `STRANGERS_ONLY` picks cases by
