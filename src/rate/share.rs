@@ -79,10 +79,10 @@ const RISE: f64 = 0.5;
 /// below the shares' sum (the window less its free part) by more than the
 /// free part and this many of its largest requests: shallower room is the
 /// grain of paced sends of whole requests, or the echo of the first
-/// window's bursts, not room nobody uses. At 4, four jobs on the quota bench's
-/// window of 20 requests had up to 7.4% of their requests refused (eight
-/// invocations, against up to 3.8% in six without claims); at 8, up to 2.0%
-/// in four. A window of 200 requests is claimed below 86% used.
+/// window's bursts, not room nobody uses. At 4, four jobs on the quota
+/// bench's window of 20 requests had up to 7.4% of their requests refused
+/// (eight invocations, against up to 3.8% in six without claims); at 8, up
+/// to 2.0% in four. A window of 200 requests is claimed below 86% used.
 const CLAIM_DEPTH: f64 = 8.0;
 
 /// Among others, a send late by up to this part of its gap is made up by
@@ -192,7 +192,7 @@ impl Refill {
     /// such a process, refused while another's burst held the window, spent
     /// the window in a burst of its own as soon as that one left, and held
     /// it for the next minute: one process a minute had the window, and
-    /// eight strangers failed 6,264 requests over 18 runs by waiting out
+    /// eight strangers failed 14,054 requests over 36 runs by waiting out
     /// their stall timeout. Refused, it sees the reset of a window that
     /// burst filled, about as long as the window: none failed (paused
     /// time; docs/benchmark.md, "What starves eight strangers").
@@ -668,32 +668,30 @@ impl Share {
         (scale, PULL)
     }
 
-    /// What a process among others adds to its part for room of the window
-    /// that nobody uses. Once a window it looks at the room below the
-    /// shares' sum deeper than the free part and [`CLAIM_DEPTH`] requests,
-    /// and claims its part of that: the claims of the processes that see
-    /// the room add up to it, and the room a process that left frees is
-    /// taken up as its uses leave, not a window after, when the parts alone
-    /// would show it. Claimed whole by each, the room a burst left as it
-    /// went was claimed by every process that answered then, and the first
-    /// to send spent it in a burst of its own: eight strangers over a real
-    /// minute, started 0.9 to 9 s apart, waited up to 322 s for a success on
-    /// a window of 200 requests and 500 s on one of 200,000 tokens (36 runs
-    /// each), against 130 s and 186 s with the room claimed by parts
-    /// (paused time; docs/benchmark.md, "What starves eight strangers"). The
-    /// claim wanes to nothing
-    /// over the window as the sends it adds come into the part: claimed
-    /// again at each answer, it would add up. Looked at the first time room
-    /// showed rather than once a window, the claims refused more on the
-    /// quota bench's window of 20 requests (0.6% of requests against 0.1%,
-    /// 64 paused runs each). The first answer among others claims nothing
-    /// and starts the clock: the room it shows may be what the process's
-    /// own sends of its first window left as they went. A process that
-    /// spent its first window alone, in a burst, saw the window all but
-    /// empty a window on, claimed it, and spent it again while the others
-    /// waited (four strangers over a real minute, started 0.9 to 9 s apart:
-    /// one in four waited 185 s or more for a success, against 129 s with
-    /// the first claim put off; eight: 8,309 requests failed over 36 runs
+    /// What a process among others adds to its part for room of the window that
+    /// nobody uses. Once a window it looks at the room below the shares' sum
+    /// deeper than the free part and [`CLAIM_DEPTH`] requests, and claims its
+    /// part of that: the claims of the processes that see the room add up to
+    /// it, and the room a process that left frees is taken up as its uses
+    /// leave, not a window after, when the parts alone would show it. Claimed
+    /// whole by each, the room a burst left as it went was claimed by every
+    /// process that answered then, and the first to send spent it in a burst of
+    /// its own: eight strangers over a real minute, started 0.9 to 9 s apart,
+    /// waited up to 322 s for a success on a window of 200 requests and 500 s
+    /// on one of 200,000 tokens (36 runs each), against 131 s and 128 s with
+    /// the room claimed by parts (paused time; docs/benchmark.md, "What starves
+    /// eight strangers"). The claim wanes to nothing over the window as the
+    /// sends it adds come into the part: claimed again at each answer, it would
+    /// add up. Looked at the first time room showed rather than once a window,
+    /// the claims refused more on the quota bench's window of 20 requests (0.6%
+    /// of requests against 0.1%, 64 paused runs each). The first answer among
+    /// others claims nothing and starts the clock: the room it shows may be
+    /// what the process's own sends of its first window left as they went. A
+    /// process that spent its first window alone, in a burst, saw the window
+    /// all but empty a window on, claimed it, and spent it again while the
+    /// others waited (four strangers over a real minute, started 0.9 to 9 s
+    /// apart: one in four waited 185 s or more for a success, against 129 s
+    /// with the first claim put off; eight: 8,309 requests failed over 36 runs
     /// by waiting out the stall timeout, against 3,976; paused time).
     fn claim(&mut self, now: Instant, window: Duration, free: f64, paced: Paced) -> f64 {
         let since = |at: Instant| now.saturating_duration_since(at).as_secs_f64();
