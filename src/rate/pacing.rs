@@ -38,8 +38,15 @@ pub const MAX_PAUSE: Duration = Duration::from_secs(120);
 
 /// The floor of the pause after a 429, whatever the service says: it
 /// doubles with each refusal in a row, up to [`MAX_BACKOFF`], and a success
-/// resets it (docs/service.md states the bound it sets).
-const FIRST_BACKOFF: Duration = Duration::from_millis(250);
+/// resets it (docs/service.md states the bound it sets). Strangers refused
+/// together all pause, and the window they share shows the hole a window
+/// later: their shares, raised while it was in the window, overflow it as it
+/// leaves, and they are refused and pause again. At 250 ms, an eighth of
+/// the quota bench's window of 2 s, four strangers on its window of 200
+/// requests, answered in 100 ms and started up to 100 ms apart, were
+/// refused together every 2 to 2.5 s and used 81.5% to 83.3% of it; at 100
+/// ms, 87.2% to 88.9% (paused time; docs/benchmark.md, "A shorter floor").
+const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
 /// The budget kept in hand beyond a request's cost, as a share of the
@@ -1425,8 +1432,8 @@ mod tests {
         let stall = Duration::from_secs(10);
         assert_eq!(
             storm_bound(8, stall),
-            13,
-            "0.25 + ... + 4 = 7.75 s fit in 10 s"
+            14,
+            "0.1 + ... + 3.2 = 6.3 s fit in 10 s"
         );
         // Headers that claim a whole quota on every 429, then Retry-After: 0
         // with and without them.

@@ -85,6 +85,20 @@ const RISE: f64 = 0.5;
 /// to 2.0% in four. A window of 200 requests is claimed below 86% used.
 const CLAIM_DEPTH: f64 = 8.0;
 
+/// The part of a sliding window a process among others leaves free, for
+/// requests of `request` of it: [`REQUESTS_FREE`] of them, [`HEADROOM`] at least.
+fn free_part(request: f64) -> f64 {
+    (REQUESTS_FREE * request).max(HEADROOM)
+}
+
+/// The use of a sliding window below which processes among others claim its
+/// room, once a window ([`Share::claim`]), for requests of `request` of it:
+/// the window less twice its free part and [`CLAIM_DEPTH`] requests (86% of
+/// a window of 200 requests).
+pub(super) fn claimed_below(request: f64) -> f64 {
+    1.0 - 2.0 * free_part(request) - CLAIM_DEPTH * request
+}
+
 /// Among others, a send late by up to this part of its gap is made up by
 /// the next: the gap after it counts from when it was due. A wake comes up
 /// to 5% of its wait late on purpose (the jitter that keeps processes from
@@ -618,10 +632,10 @@ impl Share {
             // by every process, the parts add up to about the window less
             // that room whatever their number, and the shares follow the
             // window at once, down when others come and up when they leave.
-            let free = (REQUESTS_FREE * paced.request).max(HEADROOM);
+            let free = free_part(paced.request);
             let (scale, pull) = self.pulled(since, window, free, paced);
             self.share = (scale * ((1.0 - free) * paced.part + pull)
-                + self.claim(now, window, free, paced))
+                + self.claim(now, window, paced))
             .clamp(LEAST, 1.0);
             return;
         }
@@ -693,9 +707,9 @@ impl Share {
     /// apart: one in four waited 185 s or more for a success, against 129 s
     /// with the first claim put off; eight: 8,309 requests failed over 36 runs
     /// by waiting out the stall timeout, against 3,976; paused time).
-    fn claim(&mut self, now: Instant, window: Duration, free: f64, paced: Paced) -> f64 {
+    fn claim(&mut self, now: Instant, window: Duration, paced: Paced) -> f64 {
         let since = |at: Instant| now.saturating_duration_since(at).as_secs_f64();
-        let room = 1.0 - 2.0 * free - CLAIM_DEPTH * paced.request - paced.used;
+        let room = claimed_below(paced.request) - paced.used;
         if self.claimed_at.is_none() {
             self.claimed_at = Some(now);
             self.claim = 0.0;

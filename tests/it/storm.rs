@@ -19,10 +19,10 @@ const CONCURRENCY: u64 = 8;
 /// The stall timeout of these runs, in seconds.
 const STALL_SECONDS: f64 = 2.0;
 
-/// The floor after the k-th refusal in a row: 0.25 s doubled each time, at
+/// The floor after the k-th refusal in a row: 0.1 s doubled each time, at
 /// most 30 s (docs/service.md).
 fn floor_seconds(k: u32) -> f64 {
-    (0.25 * 2f64.powi(k as i32 - 1)).min(30.0)
+    (0.1 * 2f64.powi(k as i32 - 1)).min(30.0)
 }
 
 /// The most requests a run may send when every one is refused, from its
@@ -109,10 +109,10 @@ async fn storm(name: &str, config: SimConfig) -> u64 {
 
 #[test]
 fn the_bound_is_the_window_and_the_floors_that_fit_in_the_stall_timeout() {
-    // 0.25 + 0.5 + 1 = 1.75 s fit in 2 s; the next floor (2 s) does not.
-    assert_eq!(storm_bound(8, 2.0), 11);
-    // 0.25 + ... + 4 = 7.75 s fit in 10 s.
-    assert_eq!(storm_bound(8, 10.0), 13);
+    // 0.1 + 0.2 + 0.4 + 0.8 = 1.5 s fit in 2 s; the next floor (1.6 s) does not.
+    assert_eq!(storm_bound(8, 2.0), 12);
+    // 0.1 + ... + 3.2 = 6.3 s fit in 10 s; 6.4 s more do not.
+    assert_eq!(storm_bound(8, 10.0), 14);
 }
 
 #[tokio::test]
