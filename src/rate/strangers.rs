@@ -322,6 +322,8 @@ async fn strangers_and_shards_on_a_bucket_use_it_whole_and_are_seldom_refused() 
 /// (docs/benchmark.md, "A shorter floor").
 #[tokio::test(start_paused = true)]
 async fn strangers_on_a_sliding_window_pace_their_parts_and_are_seldom_refused() {
+    // The tokens each request is billed.
+    let tokens = 1600;
     let fine = [QuotaReset::Oldest, QuotaReset::Whole]
         .into_iter()
         .flat_map(|reset| [(false, reset), (true, reset)])
@@ -339,7 +341,7 @@ async fn strangers_on_a_sliding_window_pace_their_parts_and_are_seldom_refused()
             let o = run(
                 quota.clone(),
                 (4, false),
-                (requests, 1600),
+                (requests, tokens),
                 None,
                 Duration::from_millis(latency),
                 Duration::from_millis(stagger) * minutes,
@@ -360,11 +362,13 @@ async fn strangers_on_a_sliding_window_pace_their_parts_and_are_seldom_refused()
             );
             if minutes > 1 {
                 // A request's part of the window, as the quota counts it.
-                let request = if by_tokens {
-                    1600.0 / 200_000.0
+                let (cost, limit) = if by_tokens {
+                    (tokens, quota.tokens_per_minute)
                 } else {
-                    1.0 / 200.0
+                    (1, quota.requests_per_minute)
                 };
+                #[allow(clippy::cast_precision_loss)]
+                let request = cost as f64 / limit.unwrap_or(1) as f64;
                 let least = super::share::claimed_below(request);
                 assert!(
                     o.utilisation >= least,
