@@ -113,9 +113,9 @@ impl QuotaConfig {
     }
 }
 
-/// Uses of a sliding window closer together than this share of it are
-/// kept as one, made at the later time: the log stays short, and the
-/// quota errs on the strict side by at most this much.
+/// Uses of a sliding window within this share of it of the first of a
+/// group are kept as one, made at the latest's time: the log stays short,
+/// and the quota errs on the strict side by at most this much.
 const SLIDING_GRAIN: u32 = 1000;
 
 /// One limit: a bucket, or the log of a sliding window's uses.
@@ -131,10 +131,13 @@ struct Bucket {
 enum Meter {
     /// What is left as of `at`; below 0 after refused requests took from an empty bucket.
     Refilling { level: f64, at: Instant },
-    /// The uses of the last window, oldest first, and their sum.
+    /// The uses of the last window, oldest first, and their sum; uses
+    /// within a grain of the first of the latest are kept as one, made at
+    /// the latest's time, and `since` is when that first was made.
     Sliding {
         uses: VecDeque<(Instant, f64)>,
         used: f64,
+        since: Option<Instant>,
     },
 }
 
@@ -154,6 +157,7 @@ impl Bucket {
                     VecDeque::new()
                 },
                 used: if config.start_empty { limit } else { 0.0 },
+                since: None,
             },
         };
         Bucket {
@@ -174,7 +178,7 @@ impl Bucket {
                 *level = (*level + limit * elapsed / window.as_secs_f64()).min(limit);
                 *at = now;
             }
-            Meter::Sliding { uses, used } => {
+            Meter::Sliding { uses, used, .. } => {
                 while uses.front().is_some_and(|(at, _)| *at + window <= now) {
                     if let Some((_, amount)) = uses.pop_front() {
                         *used -= amount;
@@ -201,18 +205,26 @@ impl Bucket {
         let floor = -self.limit;
         match &mut self.kind {
             Meter::Refilling { level, .. } => *level = (*level - amount).max(floor),
-            Meter::Sliding { uses, used } => {
+            Meter::Sliding { uses, used, since } => {
                 let amount = amount.min(self.limit - floor - *used);
                 if amount <= 0.0 {
                     return;
                 }
                 *used += amount;
+                // Within a grain of the first use kept with the latest, not of
+                // the latest: uses a little less than a grain apart, each kept
+                // with the one before, held the first of them in the window
+                // for as long as they went on.
+                let joins = since.is_some_and(|first| now.saturating_duration_since(first) < grain);
                 match uses.back_mut() {
-                    Some((at, last)) if now.saturating_duration_since(*at) < grain => {
+                    Some((at, last)) if joins => {
                         *at = now;
                         *last += amount;
                     }
-                    _ => uses.push_back((now, amount)),
+                    _ => {
+                        uses.push_back((now, amount));
+                        *since = Some(now);
+                    }
                 }
             }
         }
@@ -225,7 +237,7 @@ impl Bucket {
                 let missing = (amount - level).max(0.0);
                 Duration::from_secs_f64(missing / self.limit * self.window.as_secs_f64())
             }
-            Meter::Sliding { uses, used } => {
+            Meter::Sliding { uses, used, .. } => {
                 let mut excess = used + amount - self.limit;
                 for (at, use_) in uses {
                     if excess <= 0.0 {
@@ -712,6 +724,22 @@ mod tests {
         let headers = q.admit("k", 300).unwrap();
         assert_eq!(header(&headers, "x-ratelimit-remaining-tokens"), "700");
         assert_eq!(header(&headers, "x-ratelimit-reset-tokens"), "1s");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn uses_kept_as_one_leave_within_a_grain_of_a_window_after_the_first() {
+        // A window of 1 s keeps uses within 1 ms of the first of a group as
+        // one: ten uses 0.6 ms apart are two groups, not one 5.4 ms long.
+        let q = sliding(Some(10), None);
+        for _ in 0..10 {
+            assert!(q.admit("k", 1).is_ok());
+            tokio::time::advance(Duration::from_micros(600)).await;
+        }
+        // At a window after the first use, and the grain, the first group
+        // (the uses at 0 and 0.6 ms) has left.
+        tokio::time::advance(Duration::from_millis(1001) - Duration::from_micros(6000)).await;
+        let headers = q.peek("k");
+        assert_eq!(header(&headers, "x-ratelimit-remaining-requests"), "2");
     }
 
     #[tokio::test(start_paused = true)]
