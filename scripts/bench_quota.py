@@ -48,6 +48,10 @@ from benchlib import (KEY, QUOTA_RECORDS, WINDOW_MS, Simulator, corpus, job_file
 # The simulator's latency; BENCH_QUOTA_LATENCY_MS=100 answers as slowly as a
 # hosted service's embeddings often do.
 LATENCY_MS = int(os.environ.get("BENCH_QUOTA_LATENCY_MS", "20"))
+# The build whose `embedjob simulate` enforces the quotas: the one measured,
+# unless BENCH_QUOTA_SIMULATOR names another (two builds of the client
+# measured against one simulator).
+SIMULATOR = os.environ.get("BENCH_QUOTA_SIMULATOR")
 # embedjob's concurrency: its default, "auto" (BENCH_QUOTA_CONCURRENCY=16 runs a fixed window).
 CONCURRENCY = os.environ.get("BENCH_QUOTA_CONCURRENCY", '"auto"')
 QUOTE = '"'
@@ -205,8 +209,9 @@ def run_case(embedjob, work, window, scenario, case, corpus_path):
         corpus_path = corpus(work, records)
     counts = token_counts(embedjob, work, corpus_path, records, factor)
     kind, _, reset = window.partition(" ")
-    sim = Simulator(embedjob, work, LATENCY_MS, (requests, tokens, factor), window=kind,
-                    reset="whole" if reset == "whole" else "oldest", start_empty=False)
+    sim = Simulator(SIMULATOR or embedjob, work, LATENCY_MS, (requests, tokens, factor),
+                    window=kind, reset="whole" if reset == "whole" else "oldest",
+                    start_empty=False)
     name = f"quota-{window}-{scenario}".replace(" ", "-")
     try:
         started = time.perf_counter()

@@ -53,7 +53,7 @@ const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// quota: it absorbs a request billed a little more than estimated and the
 /// refill counted from the send rather than the service's admission. In a
 /// steady run it costs no rate, only a slightly fuller bucket.
-const MARGIN: f64 = 0.02;
+pub(super) const MARGIN: f64 = 0.02;
 
 /// The margin beyond a request's cost that a process counting on `share`
 /// of a sliding window of `limit` waits for: [`MARGIN`] of the quota, and
@@ -935,6 +935,27 @@ impl State {
                 }
             }
         }
+        // A sliding window frees nothing before its reset when the reset
+        // tells when its oldest use leaves; when it tells when the window
+        // is whole again, this process's own first use it counted leaves
+        // sooner. Held to that reset, a job alone whose sends left a gap a
+        // window before saw nothing freed, sent nothing, and left the gap
+        // again a window on, every window.
+        let window = self.window();
+        for (k, budget) in [&mut self.requests, &mut self.tokens]
+            .into_iter()
+            .enumerate()
+        {
+            let Some(budget) = budget
+                .as_mut()
+                .filter(|b| b.refill.sliding_rate(b.limit).is_some())
+            else {
+                continue;
+            };
+            if let Some(leaves) = self.pace.first_leaving(k, ticket.sent_at, window) {
+                budget.at = budget.at.min(leaves.max(ticket.sent_at));
+            }
+        }
         // Requests sent a little before that one may reach the service
         // after it: they count as not in the headers until answered, or
         // sent a round trip before it.
@@ -1169,6 +1190,41 @@ mod tests {
         // A shorter reset later leaves it so.
         budget.update(header(0.0, 500), now, true);
         assert!((budget.rate - 200.0 / 58.0).abs() < 1e-6, "{}", budget.rate);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn alone_on_a_window_whose_reset_tells_when_it_is_whole_its_first_use_frees_room() {
+        // A sliding window of 10 requests a second whose reset tells when it
+        // is whole again: one request at 0, 9 more at 0.5 s, all answered at
+        // 0.51 s. The first, taken in at once, showed 1 used, whole in
+        // 0.995 s; the last of the 9 shows the window full, whole in 0.995 s.
+        let pacing = Pacing::new(Duration::from_secs(600));
+        let start = Instant::now();
+        let first = pacing.admit(1).await.unwrap();
+        tokio::time::advance(Duration::from_millis(500)).await;
+        let mut burst = Vec::new();
+        for _ in 0..9 {
+            burst.push(pacing.admit(1).await.unwrap());
+        }
+        assert_eq!(
+            start.elapsed(),
+            Duration::from_millis(500),
+            "nothing said to wait"
+        );
+        tokio::time::advance(Duration::from_millis(10)).await;
+        pacing.on_answer(first, Some(headers(Some((10.0, 9.0, 995)), None)), None);
+        for ticket in burst {
+            pacing.on_answer(ticket, Some(headers(Some((10.0, 0.0, 995)), None)), None);
+        }
+        // The window is whole at 1.495 s, and the second of this process's
+        // uses leaves it at 1.5 s; the first leaves a window after it went,
+        // give or take a hundredth of the window (at 1.005 s), and from then
+        // on the window frees room at its rate: the request and the margin
+        // (1.2 requests) in 0.12 s.
+        let _next = pacing.admit(1).await.unwrap();
+        let went = start.elapsed();
+        assert!(went >= Duration::from_millis(1005), "{went:?}");
+        assert!(went <= Duration::from_millis(1130), "{went:?}");
     }
 
     #[tokio::test(start_paused = true)]
