@@ -1217,10 +1217,10 @@ mod tests {
             pacing.on_answer(ticket, Some(headers(Some((10.0, 0.0, 995)), None)), None);
         }
         // The window is whole at 1.495 s, and the second of this process's
-        // uses leaves it at 1.5 s; the first leaves a window after it went,
-        // give or take a hundredth of the window (at 1.005 s), and from then
-        // on the window frees room at its rate: the request and the margin
-        // (1.2 requests) in 0.12 s.
+        // uses leaves it at 1.5 s; the first leaves a window after it went
+        // and the latest round trip (the round trips differ by more), at
+        // 1.005 s, and from then on the window frees room at its rate: the
+        // request and the margin (1.2 requests) in 0.12 s.
         let _next = pacing.admit(1).await.unwrap();
         let went = start.elapsed();
         assert!(went >= Duration::from_millis(1005), "{went:?}");

@@ -269,10 +269,9 @@ pub(super) struct Share {
     cut_at: Option<Instant>,
     /// When headers last moved the share.
     moved_at: Option<Instant>,
-    /// The latest round trip: a use leaves the service's window that much
-    /// after it leaves the process's count of its sends.
-    round_trip: Duration,
-    /// The round trips of the latest answers, for how much they vary.
+    /// The round trips of the latest answers, the latest last: a use leaves
+    /// the service's window at most the latest after it leaves the process's
+    /// count of its sends, and about how much they vary after.
     round_trips: VecDeque<Duration>,
     sends: VecDeque<Send>,
     /// The first send: in the first window the others' use so far, next to
@@ -318,7 +317,6 @@ impl Share {
             share: share.clamp(LEAST, 1.0),
             cut_at: None,
             moved_at: None,
-            round_trip: Duration::ZERO,
             round_trips: VecDeque::new(),
             sends: VecDeque::new(),
             first: None,
@@ -382,13 +380,19 @@ impl Share {
     /// [`LEAVE_SLACK`] of the window, never more than the latest round trip
     /// (the most it can be wherever the service takes requests in).
     fn leaves_after(&self, window: Duration) -> Duration {
+        let latest = self.round_trip();
         let (least, most) = self
             .round_trips
             .iter()
-            .fold((self.round_trip, self.round_trip), |(least, most), rt| {
+            .fold((latest, latest), |(least, most), rt| {
                 (least.min(*rt), most.max(*rt))
             });
-        ((most - least) + window.mul_f64(LEAVE_SLACK)).min(self.round_trip)
+        ((most - least) + window.mul_f64(LEAVE_SLACK)).min(latest)
+    }
+
+    /// The latest round trip; none before an answer.
+    fn round_trip(&self) -> Duration {
+        self.round_trips.back().copied().unwrap_or_default()
     }
 
     /// When the first of this process's uses of quota `k` that a sliding
@@ -483,7 +487,7 @@ impl Share {
     /// share once the latest has left the window.
     fn paced_due(&self, k: usize, quota: &Quota, window: Duration) -> Option<Instant> {
         let last = self.sends.back()?;
-        let span = window.saturating_add(self.round_trip);
+        let span = window.saturating_add(self.round_trip());
         let cost = last.took[k].max(quota.cost);
         let gap =
             Duration::try_from_secs_f64(window.as_secs_f64() * cost / (self.share * quota.limit))
@@ -530,7 +534,7 @@ impl Share {
             });
         // Before a window is known every send is kept: the first headers
         // count them. Sends are kept two windows, for what they free.
-        let span = (window + self.round_trip) * 2;
+        let span = (window + self.round_trip()) * 2;
         while self.sends.len() >= MAX_SENDS
             || self
                 .sends
@@ -623,11 +627,11 @@ impl Share {
         quotas: [Option<Shown>; 2],
         window: Duration,
     ) {
-        self.round_trip = now.saturating_duration_since(sent_at);
         if self.round_trips.len() >= ROUND_TRIPS {
             self.round_trips.pop_front();
         }
-        self.round_trips.push_back(self.round_trip);
+        self.round_trips
+            .push_back(now.saturating_duration_since(sent_at));
         let mut most: Option<(f64, f64, Paced)> = None;
         for (k, shown) in quotas.into_iter().enumerate() {
             let Some(shown) = shown.filter(|q| q.limit > 0.0) else {

@@ -729,7 +729,8 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn uses_kept_as_one_leave_within_a_grain_of_a_window_after_the_first() {
         // A window of 1 s keeps uses within 1 ms of the first of a group as
-        // one: ten uses 0.6 ms apart are two groups, not one 5.4 ms long.
+        // one: ten uses 0.6 ms apart are five groups of two, not one group
+        // 5.4 ms long made at its last use.
         let q = sliding(Some(10), None);
         for _ in 0..10 {
             assert!(q.admit("k", 1).is_ok());
