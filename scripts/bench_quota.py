@@ -52,6 +52,9 @@ LATENCY_MS = int(os.environ.get("BENCH_QUOTA_LATENCY_MS", "20"))
 # unless BENCH_QUOTA_SIMULATOR names another (two builds of the client
 # measured against one simulator).
 SIMULATOR = os.environ.get("BENCH_QUOTA_SIMULATOR")
+# Four jobs start this many milliseconds apart (BENCH_QUOTA_STAGGER_MS; at
+# once by default), as cron jobs and notebooks on one key do.
+STAGGER_MS = int(os.environ.get("BENCH_QUOTA_STAGGER_MS", "0"))
 # embedjob's concurrency: its default, "auto" (BENCH_QUOTA_CONCURRENCY=16 runs a fixed window).
 CONCURRENCY = os.environ.get("BENCH_QUOTA_CONCURRENCY", '"auto"')
 QUOTE = '"'
@@ -234,7 +237,7 @@ def run_case(embedjob, work, window, scenario, case, corpus_path):
                 jobs = [job_file(work, f"{name}-{i}", part, sim.url, limits,
                                  concurrency=CONCURRENCY, batch=BATCH)[0]
                         for i, part in enumerate(quarters(work, records_path))]
-                summaries = run_jobs(embedjob, jobs)
+                summaries = run_jobs(embedjob, jobs, STAGGER_MS / 1000)
             else:
                 shards = 4 if case == "four shards" else None
                 job, _ = job_file(work, name, records_path, sim.url, limits, concurrency=CONCURRENCY,
@@ -369,6 +372,8 @@ def print_quota_table(rows):
 
     print()
     print(f"Quotas: a window of {WINDOW_MS} ms standing for the minute, {LATENCY_MS} ms latency,")
+    if STAGGER_MS:
+        print(f"four jobs started {STAGGER_MS} ms apart,")
     print(f"concurrency {CONCURRENCY.strip(QUOTE)}, {BATCH} chunks a request; the token scenarios bill 1.25x the")
     print("client's count. Quotas per window: " + "; ".join(
         f"{name}: " + ", ".join(p for p in (f"{r} requests" if r else "", f"{t:,} tokens" if t else "") if p)

@@ -10,6 +10,7 @@ import random
 import shutil
 import subprocess
 import sys
+import time
 import urllib.request
 
 WORDS = ("vector index token batch embedding service parquet chunk document "
@@ -138,16 +139,21 @@ def run_embedjob(embedjob, job, shards=None):
                          for i in range(shards or 1)])
 
 
-def run_jobs(embedjob, jobs):
-    """Runs independent jobs (separate job files) at once, on the one key;
+def run_jobs(embedjob, jobs, stagger=0.0):
+    """Runs independent jobs (separate job files) on the one key, each
+    started `stagger` seconds after the one before (at once by default);
     returns each run's summary, None for a run that failed."""
-    return run_commands([[embedjob, "run", job, "--json", "--quiet"] for job in jobs])
+    return run_commands([[embedjob, "run", job, "--json", "--quiet"] for job in jobs], stagger)
 
 
-def run_commands(commands):
+def run_commands(commands, stagger=0.0):
     env = {**os.environ, "EMBEDJOB_API_KEY": KEY}
-    processes = [subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True) for command in commands]
+    processes = []
+    for i, command in enumerate(commands):
+        if i and stagger > 0:
+            time.sleep(stagger)
+        processes.append(subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, text=True))
     summaries = []
     for process in processes:
         out, err = process.communicate()

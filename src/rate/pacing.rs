@@ -1228,6 +1228,36 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn come_to_a_busy_window_whose_reset_tells_when_it_is_whole_a_process_paces_by_a_share() {
+        // A window of 20 requests over 2 s that others keep near full, whose
+        // reset tells when it is whole again: each answer, 20 ms after its
+        // request, shows 15 to 20 used and the window whole about 2 s after
+        // the use just made.
+        let pacing = Pacing::new(Duration::from_secs(600));
+        for (remaining, reset) in [(3.0, 1998), (1.0, 1990), (4.0, 1995), (5.0, 1985)] {
+            let ticket = pacing.admit(1).await.unwrap();
+            tokio::time::advance(Duration::from_millis(20)).await;
+            pacing.on_answer(
+                ticket,
+                Some(headers(Some((20.0, remaining, reset)), None)),
+                None,
+            );
+        }
+        // Four answers no one rate gives: a sliding window, of which this
+        // process counts on its part of the use, its 4 requests of the 15
+        // shown used. Its part of the 5 left (1.33) is less than a request
+        // and the margin (1.4): it waits for its first use to leave the
+        // window, about 2 s after it went (1.9 s from now), and at the least
+        // for that share's pace (2 s over 20 x 4 / 15 requests, 0.375 s from
+        // its latest send, 20 ms ago). Taken for neither kind, the window's
+        // 5 left went to this process, the next request at once.
+        let start = Instant::now();
+        let _next = pacing.admit(1).await.unwrap();
+        let waited = start.elapsed();
+        assert!(waited >= Duration::from_millis(355), "{waited:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn on_a_bucket_a_stranger_and_a_shard_go_one_at_a_time_then_at_the_rate_the_level_allows()
     {
         // A shard of four follows the level as a stranger does: it knows
