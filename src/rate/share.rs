@@ -870,7 +870,9 @@ mod tests {
         let answers = [(3.0, 1998), (1.0, 1990), (4.0, 1995), (5.0, 1985)];
         for (i, (remaining, reset)) in answers.into_iter().enumerate() {
             window.sample(20.0, remaining, ms(reset));
-            assert!(!window.is_bucket(), "no one rate gives them");
+            if i > 0 {
+                assert!(!window.is_bucket(), "answer {i}: no one rate gives them");
+            }
             // The rates are at most a fifth apart: three answers do not tell.
             assert_eq!(window.sliding_rate(20.0).is_some(), i == 3, "answer {i}");
         }
