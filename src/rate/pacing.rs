@@ -87,6 +87,10 @@ const SHARE_STEP: f64 = 0.005;
 /// The longest one sleep between checks of the budget; new answers may have come meanwhile.
 const MAX_STEP: Duration = Duration::from_millis(500);
 
+/// A sleep for the budget lasts up to this part of its wait longer, so that
+/// processes sharing a quota do not wake together.
+const WAKE_JITTER: f64 = 0.05;
+
 /// A shard of a split job sends one request alone until the first answer
 /// tells whether the service describes its quota, for at most this long:
 /// shards each starting with a full window would find the quota they share
@@ -508,8 +512,7 @@ impl Pacing {
                         ),
                     }));
                 }
-                // A little jitter, so that processes sharing a quota do not wake together.
-                let jitter = wait.mul_f64(state.rng.random_range(0.0..0.05));
+                let jitter = wait.mul_f64(state.rng.random_range(0.0..WAKE_JITTER));
                 (wait + jitter)
                     .min(MAX_STEP)
                     .min(self.stall_timeout - quiet)
@@ -1220,11 +1223,15 @@ mod tests {
         // uses leaves it at 1.5 s; the first leaves a window after it went
         // and the latest round trip (the round trips differ by more), at
         // 1.005 s, and from then on the window frees room at its rate: the
-        // request and the margin (1.2 requests) in 0.12 s.
+        // request and the margin (1.2 requests) in 0.12 s, at 1.125 s. The
+        // sleep that waits for it lasts up to the wake's jitter longer: a
+        // process that woke at 1.005 s for it goes by 1.125 s and
+        // `WAKE_JITTER` of 0.12 s (one that woke later waits less).
         let _next = pacing.admit(1).await.unwrap();
         let went = start.elapsed();
         assert!(went >= Duration::from_millis(1005), "{went:?}");
-        assert!(went <= Duration::from_millis(1130), "{went:?}");
+        let latest = Duration::from_millis(1125) + Duration::from_millis(120).mul_f64(WAKE_JITTER);
+        assert!(went <= latest, "{went:?}");
     }
 
     #[tokio::test(start_paused = true)]
