@@ -416,6 +416,12 @@ impl Share {
         ((most - least) + window.mul_f64(LEAVE_SLACK)).min(latest)
     }
 
+    /// How long after its send a use of this process's has surely left the
+    /// service's `window`: the window and [`Share::leaves_after`].
+    fn leaving_span(&self, window: Duration) -> Duration {
+        window + self.leaves_after(window)
+    }
+
     /// The latest round trip; none before an answer.
     fn round_trip(&self) -> Duration {
         self.round_trips.back().copied().unwrap_or_default()
@@ -432,7 +438,7 @@ impl Share {
         if window.is_zero() {
             return None;
         }
-        let span = window + self.leaves_after(window);
+        let span = self.leaving_span(window);
         self.sends
             .iter()
             .find(|s| s.took[k] > 0.0 && s.at <= since && s.at + span > since)
@@ -450,7 +456,7 @@ impl Share {
         window: Duration,
         missing: f64,
     ) -> Option<Duration> {
-        let span = window + self.leaves_after(window);
+        let span = self.leaving_span(window);
         if window.is_zero() {
             return None;
         }
@@ -475,7 +481,7 @@ impl Share {
         if window.is_zero() {
             return Duration::ZERO;
         }
-        let span = window + self.leaves_after(window);
+        let span = self.leaving_span(window);
         let mut wait = Duration::ZERO;
         for (k, quota) in quotas.iter().enumerate() {
             let Some(quota) = quota.filter(|q| q.limit > 0.0) else {
