@@ -126,7 +126,15 @@ const PULL: f64 = 0.06;
 
 /// The pull applies where the largest request is at most this part of the
 /// pull (1.5% of the window): a share moves by whole requests, and where a
-/// request is 5% or 8% of the window the pull refused more for no more used.
+/// request is 5% or 8% of the window the pull refused more for no more used
+/// on a window whose resets tell when its oldest use leaves. It applies
+/// whatever the request on one whose resets tell when it is whole again:
+/// there each process replaces its own uses one for one (see
+/// `own_to_free` in the pacing), which holds any split, and only the pull
+/// evens it. Four strangers on the quota bench's window of 20 requests
+/// used 83.2% of it without the pull and 87.7% with it, 0.9% refused
+/// either way (paused time; docs/benchmark.md, "One for one where nobody is
+/// told when a use leaves").
 const PULL_GRAIN: f64 = 0.25;
 
 /// The scale a process starts pulling at: where four processes' shares add
@@ -198,6 +206,14 @@ const DISJOINT_SAMPLES: u32 = 4;
 /// rounding of what headers write, and this much more is not rounding.
 const DISJOINT_SPREAD: f64 = 1.1;
 
+/// From this many answers that showed a sliding window at least half used,
+/// resets none of which was shorter than [`WHOLE_PART`] of the longest tell
+/// when the window is whole again ([`Refill::resets_when_whole`]): were
+/// they when its oldest use leaves, each would be shorter three times in
+/// four on a window used evenly.
+const WHOLE_SAMPLES: u32 = 4;
+const WHOLE_PART: f64 = 0.75;
+
 /// What the resets say of how a quota refills.
 #[derive(Debug, Clone, Copy, Default)]
 pub(super) struct Refill {
@@ -209,6 +225,10 @@ pub(super) struct Refill {
     longest: f64,
     /// Headers with some of the quota used taken in.
     samples: u32,
+    /// The shortest reset of the headers that showed the quota at least
+    /// half used, and how many did.
+    busy_shortest: Option<f64>,
+    busy: u32,
 }
 
 impl Refill {
@@ -229,6 +249,23 @@ impl Refill {
         }
         self.longest = self.longest.max(seconds);
         self.samples = self.samples.saturating_add(1);
+        if used * 2.0 >= limit {
+            self.busy_shortest = Some(self.busy_shortest.map_or(seconds, |s| s.min(seconds)));
+            self.busy = self.busy.saturating_add(1);
+        }
+    }
+
+    /// Whether the resets tell when a sliding window is whole again rather
+    /// than when its oldest use leaves: [`WHOLE_SAMPLES`] answers or more
+    /// that showed it at least half used, and none of their resets shorter
+    /// than [`WHOLE_PART`] of the longest. A busy window's oldest use
+    /// leaves anywhere within it; the window is whole again only about a
+    /// window after its newest.
+    pub(super) fn resets_when_whole(&self) -> bool {
+        self.busy >= WHOLE_SAMPLES
+            && self
+                .busy_shortest
+                .is_some_and(|shortest| shortest >= WHOLE_PART * self.longest)
     }
 
     /// Takes in a refusal's reset: it tells nothing of a rate, but a
@@ -327,6 +364,8 @@ struct Paced {
     part: f64,
     request: f64,
     used: f64,
+    /// Whether the window's resets tell when it is whole again.
+    whole: bool,
 }
 
 /// What an answer's headers show of one quota, a sliding window.
@@ -334,6 +373,8 @@ struct Paced {
 pub(super) struct Shown {
     pub limit: f64,
     pub remaining: f64,
+    /// Whether its resets tell when it is whole again ([`Refill::resets_when_whole`]).
+    pub whole: bool,
 }
 
 impl Share {
@@ -689,6 +730,7 @@ impl Share {
                 part: counted / shown_used.max(counted).max(f64::MIN_POSITIVE),
                 request: self.largest(k) / shown.limit,
                 used: shown_used / shown.limit,
+                whole: shown.whole,
             };
             if most.is_none_or(|(o, _, _)| others > o) {
                 most = Some((others, part, paced));
@@ -761,7 +803,7 @@ impl Share {
     /// while the window is fuller than the shares' sum and rises, to whole
     /// at most, while it is emptier.
     fn pulled(&mut self, since: Duration, window: Duration, free: f64, paced: Paced) -> (f64, f64) {
-        if paced.request > PULL * PULL_GRAIN || paced.used <= 0.0 {
+        if (paced.request > PULL * PULL_GRAIN && !paced.whole) || paced.used <= 0.0 {
             self.scale = None;
             return (1.0, 0.0);
         }
@@ -868,6 +910,45 @@ mod tests {
     }
 
     #[test]
+    fn resets_that_all_tell_a_busy_window_whole_about_a_window_on_are_told_from_the_oldest_use_leaving(
+    ) {
+        let sample = |refill: &mut Refill, remaining: f64, reset_ms: u64| {
+            refill.sample(20.0, remaining, ms(reset_ms));
+        };
+        // A window of 20 that others keep near full: every reset about the
+        // window, the newest use just made. Four such answers tell resets
+        // of when the window is whole again, not before.
+        let mut whole = Refill::default();
+        for (i, (remaining, reset)) in [(3.0, 1998), (1.0, 1990), (4.0, 1995), (5.0, 1985)]
+            .into_iter()
+            .enumerate()
+        {
+            assert!(!whole.resets_when_whole(), "after {i} answers");
+            sample(&mut whole, remaining, reset);
+        }
+        assert!(whole.resets_when_whole());
+        // When the oldest use leaves: anywhere within the window.
+        let mut oldest = Refill::default();
+        for (remaining, reset) in [
+            (3.0, 1998),
+            (1.0, 700),
+            (4.0, 1995),
+            (5.0, 1985),
+            (2.0, 1990),
+        ] {
+            sample(&mut oldest, remaining, reset);
+        }
+        assert!(!oldest.resets_when_whole());
+        // Answers on a window less than half used tell neither: its newest
+        // use may be long gone, its oldest just made.
+        let mut quiet = Refill::default();
+        for reset in [1998, 1990, 1995, 1985] {
+            sample(&mut quiet, 15.0, reset);
+        }
+        assert!(!quiet.resets_when_whole());
+    }
+
+    #[test]
     fn a_busy_window_whose_reset_tells_when_it_is_whole_is_told_from_a_bucket() {
         // A window of 20 requests over 2 s, kept near full by others, whose
         // reset tells when it is whole again: a process that comes to it sees
@@ -925,7 +1006,11 @@ mod tests {
     }
 
     fn sliding(limit: f64, remaining: f64) -> [Option<Shown>; 2] {
-        let shown = Shown { limit, remaining };
+        let shown = Shown {
+            limit,
+            remaining,
+            whole: false,
+        };
         [Some(shown), None]
     }
 
@@ -1065,8 +1150,23 @@ mod tests {
         // On the quota bench's window of 20 requests a request is 5% of it:
         // no pull, the part alone.
         let (coarse, _) = among_others(4, 20.0, 4.0);
-        let expected = (1.0 - REQUESTS_FREE / 20.0) * 4.0 / 16.0;
+        let free = REQUESTS_FREE / 20.0;
+        let expected = (1.0 - free) * 4.0 / 16.0;
         assert!((coarse.share - expected).abs() < 1e-9, "{}", coarse.share);
+        // Unless its resets tell when it is whole again: there each process
+        // replaces its own uses one for one, which holds any split, and the
+        // pull evens it.
+        let (mut whole, now) = among_others(3, 20.0, 4.0);
+        let last = now + ms(20);
+        let shown = Shown {
+            limit: 20.0,
+            remaining: 4.0,
+            whole: true,
+        };
+        whole.sent(3, (last + ms(10), None), [1.0, 0.0], window);
+        whole.answered(last + ms(30), last + ms(10), [Some(shown), None], window);
+        let expected = FIRST_SCALE * ((1.0 - free) * 4.0 / 16.0 + PULL);
+        assert!((whole.share - expected).abs() < 1e-9, "{}", whole.share);
     }
 
     #[test]
