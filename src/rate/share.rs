@@ -909,6 +909,12 @@ mod tests {
         assert_eq!(empty.ceiling, None);
     }
 
+    /// A window of 20 requests over 2 s that others keep near full, whose
+    /// reset tells when it is whole again, as a process that comes to it
+    /// sees it: 15 to 19 used, and the window whole about 2 s after its own
+    /// use (what is left, the reset in milliseconds).
+    const BUSY_WHOLE: [(f64, u64); 4] = [(3.0, 1998), (1.0, 1990), (4.0, 1995), (5.0, 1985)];
+
     #[test]
     fn resets_that_all_tell_a_busy_window_whole_about_a_window_on_are_told_from_the_oldest_use_leaving(
     ) {
@@ -919,10 +925,7 @@ mod tests {
         // window, the newest use just made. Four such answers tell resets
         // of when the window is whole again, not before.
         let mut whole = Refill::default();
-        for (i, (remaining, reset)) in [(3.0, 1998), (1.0, 1990), (4.0, 1995), (5.0, 1985)]
-            .into_iter()
-            .enumerate()
-        {
+        for (i, (remaining, reset)) in BUSY_WHOLE.into_iter().enumerate() {
             assert!(!whole.resets_when_whole(), "after {i} answers");
             sample(&mut whole, remaining, reset);
         }
@@ -954,8 +957,7 @@ mod tests {
         // reset tells when it is whole again: a process that comes to it sees
         // 15 to 20 used, and the window whole about 2 s after its own use.
         let mut window = Refill::default();
-        let answers = [(3.0, 1998), (1.0, 1990), (4.0, 1995), (5.0, 1985)];
-        for (i, (remaining, reset)) in answers.into_iter().enumerate() {
+        for (i, (remaining, reset)) in BUSY_WHOLE.into_iter().enumerate() {
             window.sample(20.0, remaining, ms(reset));
             if i > 0 {
                 assert!(!window.is_bucket(), "answer {i}: no one rate gives them");
