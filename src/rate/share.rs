@@ -127,32 +127,34 @@ const PULL: f64 = 0.06;
 /// The pull applies where the largest request is at most this part of the
 /// pull (1.5% of the window): a share moves by whole requests, and where a
 /// request is 5% or 8% of the window the pull refused more for no more used
-/// on a window whose resets tell when its oldest use leaves. It applies
-/// whatever the request on one whose resets tell when it is whole again:
-/// there each process replaces its own uses one for one (see
-/// `own_to_free` in the pacing), which holds any split, and only the pull
-/// evens it. Four strangers on the quota bench's window of 20 requests
-/// used 83.2% of it without the pull and 87.7% with it, 0.9% refused
-/// either way (paused time; docs/benchmark.md, "One for one where nobody is
-/// told when a use leaves").
+/// where each process took its share of the room the resets told of. It
+/// applies whatever the request where each process replaces its own uses
+/// one for one instead (see `own_to_free` in the pacing), which holds any
+/// split, and only the pull evens it. Four strangers on the quota bench's
+/// window of 20 requests whose resets tell when it is whole again used
+/// 83.2% of it without the pull and 87.7% with it, 0.9% refused either way
+/// (paused time; docs/benchmark.md, "One for one where nobody is told when
+/// a use leaves").
 const PULL_GRAIN: f64 = 0.25;
 
-/// Where the pull applies, it is at least this many of the largest
-/// request. On the quota bench's window of 20 requests (a request is 5% of
-/// it) a run lasts about ten windows, and a pull of 0.06 narrows the gaps
-/// between parts only to 0.8 of themselves a window: the split of the first
-/// windows (2, 2, 4 and 9 requests a window in a trace) held until the
-/// largest had done its work, and the window then went part idle while the
-/// others' shares grew. At three requests (0.15 of that window) the gaps
-/// shrink to `(1 - free) / (1 - free + 4 x 0.15)`, 0.61 of themselves a
-/// window. Four strangers there, under a reset that tells when the window
-/// is whole again, used 87.2% of it with a pull of 0.06 and 90.6% with
-/// three requests (0.9% of requests refused either way); on the window of
-/// 20,000 tokens with requests of 8% of it, 80.8% and 88.4% (paused time,
-/// 48 runs each; docs/benchmark.md, "A pull of three requests"). Where a
-/// request is 2% of the window or less, [`PULL`] is the larger: the fine
-/// windows, and a token window, whose requests are cut to a hundredth of it
-/// ([`super::pacing`]), are as they were.
+/// On a window of requests, where the pull applies, it is at least this
+/// many requests. On the quota bench's window of 20 requests (a request is
+/// 5% of it) a run lasts about ten windows, and a pull of 0.06 narrows the
+/// gaps between parts only to 0.8 of themselves a window: the split of the
+/// first windows (3, 2, 4 and 9 requests a window in a trace) held until
+/// the largest had done its work, and the window then went part idle while
+/// the others' shares grew. At three requests (0.15 of that window) the
+/// gaps shrink to `(1 - free) / (1 - free + 4 x 0.15)`, 0.61 of themselves
+/// a window. Four strangers there, under a reset that tells when the window
+/// is whole again, used 87.0% of it with a pull of 0.06 and 90.0% with
+/// three requests (paused time, 48 runs each; docs/benchmark.md, "A pull
+/// of three requests; one for one under either reset"). Not on a window of
+/// tokens: requests are cut to a
+/// hundredth of it where they can be (see `REQUEST_GRAIN` in the pacing),
+/// and where they cannot, eight strangers on a window of 20,000 tokens with
+/// requests of 8% of it, over a minute, had 215, 298 and 376 requests fail
+/// in three invocations by waiting out their stall timeout, against none
+/// and 28 in two with the pull of 0.06.
 const PULL_REQUESTS: f64 = 3.0;
 
 /// The scale a process starts pulling at: where four processes' shares add
@@ -286,6 +288,16 @@ impl Refill {
                 .is_some_and(|shortest| shortest >= WHOLE_PART * self.longest)
     }
 
+    /// Whether the resets tell when a sliding window's oldest use leaves:
+    /// [`WHOLE_SAMPLES`] answers or more that showed it at least half used,
+    /// and one of their resets shorter than [`WHOLE_PART`] of the longest.
+    pub(super) fn resets_when_oldest_leaves(&self) -> bool {
+        self.busy >= WHOLE_SAMPLES
+            && self
+                .busy_shortest
+                .is_some_and(|shortest| shortest < WHOLE_PART * self.longest)
+    }
+
     /// Takes in a refusal's reset: it tells nothing of a rate, but a
     /// sliding window's length is at least as long. A process that comes to
     /// a window already in use sees, at every answer, the oldest use about
@@ -382,8 +394,10 @@ struct Paced {
     part: f64,
     request: f64,
     used: f64,
-    /// Whether the window's resets tell when it is whole again.
-    whole: bool,
+    /// Whether each process replaces its uses of the window one for one.
+    one_for_one: bool,
+    /// Whether the window counts requests (rather than tokens).
+    requests: bool,
 }
 
 /// What an answer's headers show of one quota, a sliding window.
@@ -391,8 +405,9 @@ struct Paced {
 pub(super) struct Shown {
     pub limit: f64,
     pub remaining: f64,
-    /// Whether its resets tell when it is whole again ([`Refill::resets_when_whole`]).
-    pub whole: bool,
+    /// Whether, among others, each process replaces its uses of it one for
+    /// one (see `own_to_free` in the pacing).
+    pub one_for_one: bool,
 }
 
 impl Share {
@@ -455,6 +470,64 @@ impl Share {
             .filter(|s| s.at <= until && until.saturating_duration_since(s.at) < span)
             .map(|s| s.took[k])
             .sum()
+    }
+
+    /// Whether this process's largest request of quota `k` is more than
+    /// [`PULL_GRAIN`] of the pull beside a window of `limit` (1.5% of it):
+    /// a share there moves by steps too large for the pull alone.
+    pub(super) fn coarse(&self, k: usize, limit: f64) -> bool {
+        self.largest(k) > PULL * PULL_GRAIN * limit
+    }
+
+    /// The earliest of this process's sends that took from quota `k` less
+    /// than `span` before `sent_at`.
+    fn earliest_within(&self, k: usize, sent_at: Instant, span: Duration) -> Option<Instant> {
+        self.sends
+            .iter()
+            .find(|s| {
+                s.took[k] > 0.0 && s.at <= sent_at && sent_at.saturating_duration_since(s.at) < span
+            })
+            .map(|s| s.at)
+    }
+
+    /// How long at least a sliding window is, by an answer to a request
+    /// sent at `sent_at` of quota `k` whose reset tells when the window's
+    /// oldest use leaves, and the length it is known to be at least,
+    /// `known`. Every use of this process's sent less than a window before
+    /// that request is still in the window, and leaves it no sooner than the
+    /// oldest: a window after the earliest of them is no sooner than the
+    /// reset. The service takes a request in at about the same point of its
+    /// round trip from one request to the next, give or take how much the
+    /// round trips differ, which is taken off. A use found still in the
+    /// window lengthens the window known, and with it the sends known to be
+    /// in it.
+    pub(super) fn window_at_least(
+        &self,
+        k: usize,
+        sent_at: Instant,
+        reset: Duration,
+        known: Duration,
+    ) -> Duration {
+        let (least, most) = self
+            .round_trips
+            .iter()
+            .fold((Duration::MAX, Duration::ZERO), |(least, most), rt| {
+                (least.min(*rt), most.max(*rt))
+            });
+        let spread = most.saturating_sub(least);
+        let mut span = known;
+        for _ in 0..MAX_SENDS {
+            let Some(earliest) = self.earliest_within(k, sent_at, span) else {
+                break;
+            };
+            let at_least =
+                (reset + sent_at.saturating_duration_since(earliest)).saturating_sub(spread);
+            if at_least <= span {
+                break;
+            }
+            span = at_least;
+        }
+        span
     }
 
     /// How long after a window from its send a use of this process's has
@@ -748,7 +821,8 @@ impl Share {
                 part: counted / shown_used.max(counted).max(f64::MIN_POSITIVE),
                 request: self.largest(k) / shown.limit,
                 used: shown_used / shown.limit,
-                whole: shown.whole,
+                one_for_one: shown.one_for_one,
+                requests: k == 0,
             };
             if most.is_none_or(|(o, _, _)| others > o) {
                 most = Some((others, part, paced));
@@ -821,7 +895,7 @@ impl Share {
     /// while the window is fuller than the shares' sum and rises, to whole
     /// at most, while it is emptier.
     fn pulled(&mut self, since: Duration, window: Duration, free: f64, paced: Paced) -> (f64, f64) {
-        if (paced.request > PULL * PULL_GRAIN && !paced.whole) || paced.used <= 0.0 {
+        if (paced.request > PULL * PULL_GRAIN && !paced.one_for_one) || paced.used <= 0.0 {
             self.scale = None;
             return (1.0, 0.0);
         }
@@ -830,7 +904,12 @@ impl Share {
             (scale * ((1.0 - free) / paced.used).powf(windows)).clamp(LEAST_SCALE, 1.0)
         });
         self.scale = Some(scale);
-        (scale, PULL.max(PULL_REQUESTS * paced.request))
+        let least = if paced.requests {
+            PULL_REQUESTS * paced.request
+        } else {
+            0.0
+        };
+        (scale, PULL.max(least))
     }
 
     /// What a process among others adds to its part for room of the window that
@@ -899,6 +978,40 @@ mod tests {
 
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)
+    }
+
+    #[test]
+    fn uses_of_its_own_still_in_a_window_tell_a_process_it_is_longer_than_its_resets() {
+        // A window of 2 s: this process's requests went at 0.3, 0.45, 0.6,
+        // 0.8 and 1.3 s and were answered 20 ms after each. The answer to
+        // one sent at 2 s shows the oldest use leaving 0.3 s on: its first,
+        // taken in at 0.32 s.
+        let start = Instant::now();
+        let mut share = Share::new(0.25);
+        for (i, at) in [300, 450, 600, 800, 1300].into_iter().enumerate() {
+            share.sent(i as u64, (start + ms(at), None), [1.0, 0.0], Duration::ZERO);
+            share.round_trips.push_back(ms(20));
+        }
+        let sent_at = start + ms(2000);
+        // Known to be 1.3 s long, the window holds the uses sent since 0.7 s:
+        // the one of 0.8 s leaves no sooner than the oldest, so the window is
+        // at least 1.5 s long, and holds the one of 0.6 s too; so at least
+        // 1.7 s, and so on to the first: 2 s.
+        let at_least = share.window_at_least(0, sent_at, ms(300), ms(1300));
+        assert_eq!(at_least, ms(2000));
+        // A reset of another's use, older than all of them, tells less than
+        // what is known.
+        assert_eq!(
+            share.window_at_least(0, sent_at, ms(50), ms(1300)),
+            ms(1300)
+        );
+        // Round trips that differ by 40 ms may have taken the first in that
+        // much later beside the latest: that much is taken off.
+        share.round_trips.push_back(ms(60));
+        assert_eq!(
+            share.window_at_least(0, sent_at, ms(300), ms(1300)),
+            ms(1960)
+        );
     }
 
     #[test]
@@ -1029,7 +1142,7 @@ mod tests {
         let shown = Shown {
             limit,
             remaining,
-            whole: false,
+            one_for_one: false,
         };
         [Some(shown), None]
     }
@@ -1182,7 +1295,7 @@ mod tests {
         let shown = Shown {
             limit: 20.0,
             remaining: 4.0,
-            whole: true,
+            one_for_one: true,
         };
         whole.sent(3, (last + ms(10), None), [1.0, 0.0], window);
         whole.answered(last + ms(30), last + ms(10), [Some(shown), None], window);
