@@ -1353,16 +1353,12 @@ mod tests {
         assert!(waited >= Duration::from_millis(355), "{waited:?}");
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn among_others_on_a_window_whose_reset_tells_when_it_is_whole_a_process_replaces_its_uses_one_for_one(
-    ) {
-        // A window of 20 requests over 2 s that others keep near full, whose
-        // reset tells when it is whole again: four requests of this process,
-        // 200 ms apart, each answered 20 ms after it went, showing 15 to 19
-        // used and the window whole about 2 s after the use just made.
-        let pacing = Pacing::new(Duration::from_secs(600));
+    /// Requests of this process 200 ms apart on a window of 20 requests,
+    /// each answered 20 ms after it went with the `(remaining, reset in
+    /// ms)` given: when each went.
+    async fn answered_200_ms_apart(pacing: &Pacing, answers: [(f64, u64); 4]) -> Vec<Instant> {
         let mut sent = Vec::new();
-        for (remaining, reset) in [(3.0, 1998), (4.0, 1990), (5.0, 1995), (1.0, 1985)] {
+        for (remaining, reset) in answers {
             let ticket = pacing.admit(1).await.unwrap();
             sent.push(ticket.sent_at());
             tokio::time::advance(Duration::from_millis(20)).await;
@@ -1373,6 +1369,22 @@ mod tests {
             );
             tokio::time::advance(Duration::from_millis(180)).await;
         }
+        sent
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn among_others_on_a_window_whose_reset_tells_when_it_is_whole_a_process_replaces_its_uses_one_for_one(
+    ) {
+        // A window of 20 requests over 2 s that others keep near full, whose
+        // reset tells when it is whole again: four requests of this process,
+        // 200 ms apart, each answered 20 ms after it went, showing 15 to 19
+        // used and the window whole about 2 s after the use just made.
+        let pacing = Pacing::new(Duration::from_secs(600));
+        let sent = answered_200_ms_apart(
+            &pacing,
+            [(3.0, 1998), (4.0, 1990), (5.0, 1995), (1.0, 1985)],
+        )
+        .await;
         // Its part is 4 of the 19 used; its share of the 1 left (0.21) is
         // less than a request. Such resets tell it nothing of when a use
         // leaves but its own: it replaces the first of its uses as it
@@ -1396,18 +1408,11 @@ mod tests {
         // leaving 1.7 s after the first went. The longest reset says the
         // window is 1.7 s long.
         let pacing = Pacing::new(Duration::from_secs(600));
-        let mut sent = Vec::new();
-        for (remaining, reset) in [(1.0, 1700), (2.0, 1500), (1.0, 1300), (1.0, 1100)] {
-            let ticket = pacing.admit(1).await.unwrap();
-            sent.push(ticket.sent_at());
-            tokio::time::advance(Duration::from_millis(20)).await;
-            pacing.on_answer(
-                ticket,
-                Some(headers(Some((20.0, remaining, reset)), None)),
-                None,
-            );
-            tokio::time::advance(Duration::from_millis(180)).await;
-        }
+        let sent = answered_200_ms_apart(
+            &pacing,
+            [(1.0, 1700), (2.0, 1500), (1.0, 1300), (1.0, 1100)],
+        )
+        .await;
         // Among others on such a window, it replaces its uses one for one:
         // its first goes about 1.7 s after it went, by that length.
         let ticket = pacing.admit(1).await.unwrap();
