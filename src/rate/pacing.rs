@@ -804,13 +804,14 @@ impl State {
         until.max(spacing)
     }
 
-    /// Whether, among others on sliding window `k` described by `budget`,
-    /// this process replaces its uses one for one (see [`own_to_free`]):
+    /// Whether, among others on quota `k` described by `budget`, a sliding
+    /// window, this process replaces its uses one for one (see [`own_to_free`]):
     /// where the resets tell when the window is whole again, and where they
     /// tell when its oldest use leaves but a request is a coarse step of
     /// the window ([`Share::coarse`]).
     fn one_for_one(&self, k: usize, budget: &Budget) -> bool {
         self.counted_share() < 1.0
+            && budget.refill.sliding_rate(budget.limit).is_some()
             && (budget.refill.resets_when_whole()
                 || (budget.refill.resets_when_oldest_leaves() && self.pace.coarse(k, budget.limit)))
     }
@@ -1434,6 +1435,30 @@ mod tests {
             window >= Duration::from_millis(1999) && window <= Duration::from_secs(2),
             "{window:?}"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_shard_on_a_busy_bucket_is_not_taken_for_a_window_replaced_one_for_one() {
+        // A shard of four on a bucket of 20 requests refilling 10 a second,
+        // at least half used at each answer: its resets (the time until the
+        // bucket is full) differ as much as a sliding window's whose oldest
+        // use leaves anywhere within it, and its requests are 5% of it. But
+        // one rate gives them all: a bucket, which refills from its level,
+        // not one use at a time.
+        let pacing = Pacing::new(Duration::from_secs(600)).shared_by(4);
+        for (remaining, reset) in [(10.0, 1000), (4.0, 1600), (6.0, 1400), (8.0, 1200)] {
+            let ticket = pacing.admit(1).await.unwrap();
+            pacing.on_answer(
+                ticket,
+                Some(headers(Some((20.0, remaining, reset)), None)),
+                Some(1),
+            );
+        }
+        let state = pacing.lock();
+        let budget = state.requests.unwrap();
+        assert!(budget.refill.is_bucket());
+        assert!(budget.refill.resets_when_oldest_leaves());
+        assert!(!state.one_for_one(0, &budget));
     }
 
     #[tokio::test(start_paused = true)]
