@@ -16,6 +16,7 @@
 //! went: the round-trip times of the answers drive the limit of requests in
 //! flight under `backend.concurrency = "auto"`.
 
+mod budget;
 mod concurrency;
 mod headers;
 #[cfg(test)]
