@@ -520,8 +520,9 @@ impl Share {
             let Some(earliest) = self.earliest_within(k, sent_at, span) else {
                 break;
             };
-            let at_least =
-                (reset + sent_at.saturating_duration_since(earliest)).saturating_sub(spread);
+            let at_least = reset
+                .saturating_add(sent_at.saturating_duration_since(earliest))
+                .saturating_sub(spread);
             if at_least <= span {
                 break;
             }
