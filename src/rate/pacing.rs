@@ -83,17 +83,14 @@ fn sliding_margin(limit: f64, cost: f64, share: f64) -> f64 {
 /// the room: four strangers on the quota bench's window of 20 requests,
 /// started 30 ms apart, held a split of 1, 2, 4 and 11 requests a window
 /// for 10 s and ended 14 s apart. A use replaced keeps the window's count
-/// where it was. Where the resets tell when the oldest use leaves, the same
-/// on a coarse window ([`State::one_for_one`]), whose length the process
-/// then learns from its own uses too ([`State::replace_by_own_leaving`]):
-/// by the longest reset alone, a process that came to a window in use
-/// counted its uses as leaving up to 300 ms early, and replaced one for one
-/// they met the others' sends (3.2% of four strangers' requests refused
-/// against 1.7%; paused time, docs/benchmark.md, "One for one where nobody
-/// is told when a use leaves"); with the length from its own uses too,
-/// 2.1%, and 88.5% of the window used against 83.7% ("A pull of three
-/// requests; one for one under either reset"). On a fine window there each
-/// process takes its share of the room the resets tell of.
+/// where it was. Where the resets tell when the oldest use leaves, every
+/// process is told when room comes, and a use replaced as it left met the
+/// others' sends there: 3.2% of four strangers' requests refused against
+/// 1.7% (paused time; docs/benchmark.md, "One for one where nobody is told
+/// when a use leaves"). On a coarse window there, with the window's length
+/// taken from the process's own uses too, 88.5% of the window was used
+/// against 83.7%, but up to 7% of a set-up's requests refused ("A pull of
+/// three requests; one for one under the oldest-use reset tried").
 fn own_to_free(budget: &Budget, cost: f64, need: f64, share: f64, one_for_one: bool) -> f64 {
     let room = budget.remaining * share;
     if one_for_one {
@@ -617,7 +614,7 @@ impl State {
                 // A sliding window frees this process's own uses a window
                 // after it sent them, all of them its own: its next burst
                 // need not wait for the rate.
-                let missing = own_to_free(budget, cost, need, share, self.one_for_one(k, budget));
+                let missing = own_to_free(budget, cost, need, share, self.one_for_one(budget));
                 let own = self
                     .pace
                     .freed_by(k, budget.seen, now, self.window(), missing);
@@ -679,16 +676,15 @@ impl State {
         until.max(spacing)
     }
 
-    /// Whether, among others on quota `k` described by `budget`, a sliding
-    /// window, this process replaces its uses one for one (see [`own_to_free`]):
-    /// where the resets tell when the window is whole again, and where they
-    /// tell when its oldest use leaves but a request is a coarse step of
-    /// the window ([`Share::coarse`]).
-    fn one_for_one(&self, k: usize, budget: &Budget) -> bool {
+    /// Whether, among others on the quota described by `budget`, a sliding
+    /// window whose resets tell when it is whole again, this process
+    /// replaces its uses one for one (see [`own_to_free`]). A bucket's busy
+    /// resets (the time until it is full) may agree as closely, but it
+    /// refills from its level.
+    fn one_for_one(&self, budget: &Budget) -> bool {
         self.counted_share() < 1.0
             && budget.refill.sliding_rate(budget.limit).is_some()
-            && (budget.refill.resets_when_whole()
-                || (budget.refill.resets_when_oldest_leaves() && self.pace.coarse(k, budget.limit)))
+            && budget.refill.resets_when_whole()
     }
 
     /// The part of what a sliding window's headers show left that this
@@ -715,19 +711,19 @@ impl State {
     /// `ticket`'s request show used of the quotas that are sliding windows
     /// (on a bucket the level decides, not a share).
     fn pace_by(&mut self, ticket: Ticket, headers: &RateLimitHeaders) {
-        let shown = |k: usize, budget: &Option<Budget>, header: Option<QuotaHeader>| {
+        let shown = |budget: &Option<Budget>, header: Option<QuotaHeader>| {
             let budget = budget
                 .as_ref()
                 .filter(|b| b.refill.sliding_rate(b.limit).is_some())?;
             header.map(|h| Shown {
                 limit: h.limit,
                 remaining: h.remaining,
-                one_for_one: self.one_for_one(k, budget),
+                one_for_one: self.one_for_one(budget),
             })
         };
         let quotas = [
-            shown(0, &self.requests, headers.requests),
-            shown(1, &self.tokens, headers.tokens),
+            shown(&self.requests, headers.requests),
+            shown(&self.tokens, headers.tokens),
         ];
         let window = self.window();
         self.pace
@@ -859,7 +855,6 @@ impl State {
                 }
             }
         }
-        self.replace_by_own_leaving(ticket, &headers);
         // A sliding window frees nothing before its reset when the reset
         // tells when its oldest use leaves; when it tells when the window
         // is whole again, this process's own first use it counted leaves
@@ -897,49 +892,6 @@ impl State {
         let uncovered: Vec<Sent> = self.uncovered.iter().copied().collect();
         for sent in uncovered {
             self.spend(sent);
-        }
-    }
-
-    /// Where the resets of a sliding window tell when its oldest use leaves,
-    /// on a coarse window among others (where [`State::one_for_one`]), after
-    /// the answer to `ticket`'s request: nothing but this process's own uses
-    /// leaving frees room before a window on, as where the resets tell when
-    /// the window is whole again. Taking its share of the room the resets
-    /// told of instead, without the pull (which refused more there), four
-    /// strangers used 83.7% of the quota bench's window of 20 requests, 1.7%
-    /// refused. Replacing its own uses one for one, with the pull, a process
-    /// must know when they leave, so it takes the window's length from its
-    /// own uses still in it as well as from the longest reset
-    /// ([`Share::window_at_least`]): one that came to a window already in use
-    /// saw resets shorter than the window (1.7 s of 2 s for one that came
-    /// 300 ms after another's burst), and replaced each of its uses that much
-    /// before it left.
-    fn replace_by_own_leaving(&mut self, ticket: Ticket, headers: &RateLimitHeaders) {
-        let window = self.window();
-        for (k, header) in [headers.requests, headers.tokens].into_iter().enumerate() {
-            let budget = if k == 0 { &self.requests } else { &self.tokens };
-            let (Some(budget), Some(reset)) = (budget, header.and_then(|h| h.reset)) else {
-                continue;
-            };
-            if budget.refill.resets_when_whole() || !self.one_for_one(k, budget) {
-                continue;
-            }
-            let at_least = self.pace.window_at_least(k, ticket.sent_at, reset, window);
-            let budget = if k == 0 {
-                &mut self.requests
-            } else {
-                &mut self.tokens
-            };
-            let Some(budget) = budget.as_mut() else {
-                continue;
-            };
-            budget.refill.lengthen(at_least);
-            if let Some(rate) = budget.refill.sliding_rate(budget.limit) {
-                budget.rate = rate;
-            }
-            if let Some(whole) = budget.seen.checked_add(at_least) {
-                budget.at = budget.at.max(whole);
-            }
         }
     }
 
@@ -1275,53 +1227,15 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn among_others_on_a_coarse_window_whose_reset_tells_when_its_oldest_use_leaves_a_process_learns_the_window_from_its_own_uses(
-    ) {
-        // A window of 20 requests over 2 s that others keep near full, whose
-        // reset tells when its oldest use leaves. This process came 300 ms
-        // after another's burst: four requests 200 ms apart, each answered
-        // 20 ms after it went, show 18 or 19 used and the burst's first use
-        // leaving 1.7 s after the first went. The longest reset says the
-        // window is 1.7 s long.
-        let pacing = Pacing::new(Duration::from_secs(600));
-        let sent = answered_200_ms_apart(
-            &pacing,
-            [(1.0, 1700), (2.0, 1500), (1.0, 1300), (1.0, 1100)],
-        )
-        .await;
-        // Among others on such a window, it replaces its uses one for one:
-        // its first goes about 1.7 s after it went, by that length.
-        let ticket = pacing.admit(1).await.unwrap();
-        let went = ticket.sent_at();
-        let first = went - sent[0];
-        assert!(first >= Duration::from_millis(1700), "{first:?}");
-        assert!(first < Duration::from_millis(1800), "{first:?}");
-        // Its answer shows the window full, and the oldest use leaving 2 s
-        // after the first of this process's went: that use, still in the
-        // window, and so are those sent after it. The window is 2 s long, and
-        // each use replaced leaves 2 s after it went, not 1.7 s.
-        assert_eq!(pacing.lock().window(), Duration::from_millis(1700));
-        tokio::time::advance(Duration::from_millis(20)).await;
-        let reset = sent[0] + Duration::from_secs(2) - went;
-        let reset = u64::try_from(reset.as_millis()).unwrap();
-        pacing.on_answer(ticket, Some(headers(Some((20.0, 0.0, reset)), None)), None);
-        let window = pacing.lock().window();
-        assert!(
-            window >= Duration::from_millis(1999) && window <= Duration::from_secs(2),
-            "{window:?}"
-        );
-    }
-
-    #[tokio::test(start_paused = true)]
     async fn a_shard_on_a_busy_bucket_is_not_taken_for_a_window_replaced_one_for_one() {
         // A shard of four on a bucket of 20 requests refilling 10 a second,
         // at least half used at each answer: its resets (the time until the
-        // bucket is full) differ as much as a sliding window's whose oldest
-        // use leaves anywhere within it, and its requests are 5% of it. But
-        // one rate gives them all: a bucket, which refills from its level,
-        // not one use at a time.
+        // bucket is full) are all within three quarters of the longest, as
+        // those of a sliding window whose reset tells when it is whole again,
+        // and its requests are 5% of it. But one rate gives them all: a
+        // bucket, which refills from its level, not one use at a time.
         let pacing = Pacing::new(Duration::from_secs(600)).shared_by(4);
-        for (remaining, reset) in [(10.0, 1000), (4.0, 1600), (6.0, 1400), (8.0, 1200)] {
+        for (remaining, reset) in [(6.0, 1400), (5.0, 1500), (7.0, 1300), (4.0, 1600)] {
             let ticket = pacing.admit(1).await.unwrap();
             pacing.on_answer(
                 ticket,
@@ -1332,8 +1246,8 @@ mod tests {
         let state = pacing.lock();
         let budget = state.requests.unwrap();
         assert!(budget.refill.is_bucket());
-        assert!(budget.refill.resets_when_oldest_leaves());
-        assert!(!state.one_for_one(0, &budget));
+        assert!(budget.refill.resets_when_whole());
+        assert!(!state.one_for_one(&budget));
     }
 
     #[tokio::test(start_paused = true)]

@@ -288,16 +288,6 @@ impl Refill {
                 .is_some_and(|shortest| shortest >= WHOLE_PART * self.longest)
     }
 
-    /// Whether the resets tell when a sliding window's oldest use leaves:
-    /// [`WHOLE_SAMPLES`] answers or more that showed it at least half used,
-    /// and one of their resets shorter than [`WHOLE_PART`] of the longest.
-    pub(super) fn resets_when_oldest_leaves(&self) -> bool {
-        self.busy >= WHOLE_SAMPLES
-            && self
-                .busy_shortest
-                .is_some_and(|shortest| shortest < WHOLE_PART * self.longest)
-    }
-
     /// Takes in a refusal's reset: it tells nothing of a rate, but a
     /// sliding window's length is at least as long. A process that comes to
     /// a window already in use sees, at every answer, the oldest use about
@@ -470,65 +460,6 @@ impl Share {
             .filter(|s| s.at <= until && until.saturating_duration_since(s.at) < span)
             .map(|s| s.took[k])
             .sum()
-    }
-
-    /// Whether this process's largest request of quota `k` is more than
-    /// [`PULL_GRAIN`] of the pull beside a window of `limit` (1.5% of it):
-    /// a share there moves by steps too large for the pull alone.
-    pub(super) fn coarse(&self, k: usize, limit: f64) -> bool {
-        self.largest(k) > PULL * PULL_GRAIN * limit
-    }
-
-    /// The earliest of this process's sends that took from quota `k` less
-    /// than `span` before `sent_at`.
-    fn earliest_within(&self, k: usize, sent_at: Instant, span: Duration) -> Option<Instant> {
-        self.sends
-            .iter()
-            .find(|s| {
-                s.took[k] > 0.0 && s.at <= sent_at && sent_at.saturating_duration_since(s.at) < span
-            })
-            .map(|s| s.at)
-    }
-
-    /// How long at least a sliding window is, by an answer to a request
-    /// sent at `sent_at` of quota `k` whose reset tells when the window's
-    /// oldest use leaves, and the length it is known to be at least,
-    /// `known`. Every use of this process's sent less than a window before
-    /// that request is still in the window, and leaves it no sooner than the
-    /// oldest: a window after the earliest of them is no sooner than the
-    /// reset. The service takes a request in at about the same point of its
-    /// round trip from one request to the next, give or take how much the
-    /// round trips differ, which is taken off. A use found still in the
-    /// window lengthens the window known, and with it the sends known to be
-    /// in it.
-    pub(super) fn window_at_least(
-        &self,
-        k: usize,
-        sent_at: Instant,
-        reset: Duration,
-        known: Duration,
-    ) -> Duration {
-        let (least, most) = self
-            .round_trips
-            .iter()
-            .fold((Duration::MAX, Duration::ZERO), |(least, most), rt| {
-                (least.min(*rt), most.max(*rt))
-            });
-        let spread = most.saturating_sub(least);
-        let mut span = known;
-        for _ in 0..MAX_SENDS {
-            let Some(earliest) = self.earliest_within(k, sent_at, span) else {
-                break;
-            };
-            let at_least = reset
-                .saturating_add(sent_at.saturating_duration_since(earliest))
-                .saturating_sub(spread);
-            if at_least <= span {
-                break;
-            }
-            span = at_least;
-        }
-        span
     }
 
     /// How long after a window from its send a use of this process's has
@@ -979,40 +910,6 @@ mod tests {
 
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)
-    }
-
-    #[test]
-    fn uses_of_its_own_still_in_a_window_tell_a_process_it_is_longer_than_its_resets() {
-        // A window of 2 s: this process's requests went at 0.3, 0.45, 0.6,
-        // 0.8 and 1.3 s and were answered 20 ms after each. The answer to
-        // one sent at 2 s shows the oldest use leaving 0.3 s on: its first,
-        // taken in at 0.32 s.
-        let start = Instant::now();
-        let mut share = Share::new(0.25);
-        for (i, at) in [300, 450, 600, 800, 1300].into_iter().enumerate() {
-            share.sent(i as u64, (start + ms(at), None), [1.0, 0.0], Duration::ZERO);
-            share.round_trips.push_back(ms(20));
-        }
-        let sent_at = start + ms(2000);
-        // Known to be 1.3 s long, the window holds the uses sent since 0.7 s:
-        // the one of 0.8 s leaves no sooner than the oldest, so the window is
-        // at least 1.5 s long, and holds the one of 0.6 s too; so at least
-        // 1.7 s, and so on to the first: 2 s.
-        let at_least = share.window_at_least(0, sent_at, ms(300), ms(1300));
-        assert_eq!(at_least, ms(2000));
-        // A reset of another's use, older than all of them, tells less than
-        // what is known.
-        assert_eq!(
-            share.window_at_least(0, sent_at, ms(50), ms(1300)),
-            ms(1300)
-        );
-        // Round trips that differ by 40 ms may have taken the first in that
-        // much later beside the latest: that much is taken off.
-        share.round_trips.push_back(ms(60));
-        assert_eq!(
-            share.window_at_least(0, sent_at, ms(300), ms(1300)),
-            ms(1960)
-        );
     }
 
     #[test]

@@ -307,10 +307,7 @@ async fn strangers_and_shards_on_a_bucket_use_it_whole_and_are_seldom_refused() 
 /// less a request and a half of it left free, and sends at that rate, evenly
 /// spaced: the parts add up to the window less that room, and a send meets a
 /// full window only when the parts were read a request and a half off.
-/// Once its answers tell that the resets are when the oldest use leaves,
-/// each replaces its own uses one for one as they leave (the window's
-/// length taken from its own uses still in it too), with the pull toward
-/// equal parts of three requests. When each took what the others left and spent it in bursts as its own
+/// When each took what the others left and spent it in bursts as its own
 /// uses left the window, 4.2% to 8.6% were refused on average, and up to
 /// 13.4%. A request of a token window of 20,000 is 8% of it (1,600 tokens),
 /// and a part moves by that step: there 1.0% to 5.5% were refused on average
