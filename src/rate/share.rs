@@ -146,11 +146,11 @@ const PULL_GRAIN: f64 = 0.25;
 /// the others' shares grew. At three requests (0.15 of that window) the
 /// gaps shrink to `(1 - free) / (1 - free + 4 x 0.15)`, 0.61 of themselves
 /// a window. Four strangers there, under a reset that tells when the window
-/// is whole again, used 87.0% of it with a pull of 0.06 and 90.0% with
+/// is whole again, used 87.0% of it with a pull of 0.06 and 90.4% with
 /// three requests (paused time, 48 runs each; docs/benchmark.md, "A pull
-/// of three requests; one for one under either reset"). Not on a window of
-/// tokens: requests are cut to a
-/// hundredth of it where they can be (see `REQUEST_GRAIN` in the pacing),
+/// of three requests; one for one under the oldest-use reset tried"). Not
+/// on a window of tokens: requests are cut to a hundredth of it where they
+/// can be (see `REQUEST_GRAIN` in the pacing),
 /// and where they cannot, eight strangers on a window of 20,000 tokens with
 /// requests of 8% of it, over a minute, had 215, 298 and 376 requests fail
 /// in three invocations by waiting out their stall timeout, against none
