@@ -150,11 +150,11 @@ const PULL_GRAIN: f64 = 0.25;
 /// three requests (paused time, 48 runs each; docs/benchmark.md, "A pull
 /// of three requests; one for one under the oldest-use reset tried"). Not
 /// on a window of tokens: requests are cut to a hundredth of it where they
-/// can be (see `REQUEST_GRAIN` in the pacing),
-/// and where they cannot, eight strangers on a window of 20,000 tokens with
-/// requests of 8% of it, over a minute, had 215, 298 and 376 requests fail
-/// in three invocations by waiting out their stall timeout, against none
-/// and 28 in two with the pull of 0.06.
+/// can be (see `REQUEST_GRAIN` in the pacing), and where they cannot, eight
+/// strangers on a window of 20,000 tokens with requests of 8% of it, over a
+/// minute, had 215, 298 and 376 requests fail in three invocations by
+/// waiting out their stall timeout, against none and 28 in two with the
+/// pull of 0.06.
 const PULL_REQUESTS: f64 = 3.0;
 
 /// The scale a process starts pulling at: where four processes' shares add
