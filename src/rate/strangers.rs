@@ -395,9 +395,10 @@ async fn strangers_on_a_sliding_window_pace_their_parts_and_are_seldom_refused()
 /// request in at the same point of its round trip, lets its use go a window
 /// after that: a use's room is idle a hundredth of a window each window,
 /// and none is sent before its room is free. It keeps the margin free (2%
-/// of the quota) and whole requests in the window, so in a steady state it
-/// uses `(1 − margin − request) / 1.01` of the window (96.5% of the window
-/// of requests, 96.2% of the one of tokens); at each edge of the run it
+/// of the quota, a request of a request quota) and whole requests in the
+/// window, so in a steady state it uses `(1 − margin − request) / 1.01` of
+/// the window (98.0% of the window of requests, 96.2% of the one of
+/// tokens); at each edge of the run it
 /// loses at most the latency (the first window's uses, taken in that late,
 /// leave that late after its end; the run ends with an answer). Counted
 /// as leaving a window and a whole round trip after their sends, its uses
@@ -424,8 +425,13 @@ async fn a_job_alone_on_a_sliding_window_uses_it_whole_less_its_margin() {
                 .await;
                 let case = format!("{reset:?} reset, tokens {by_tokens}, {latency:?}");
                 let request = request_part(&quota, tokens);
-                let steady =
-                    (1.0 - super::pacing::MARGIN - request) / (1.0 + super::share::LEAVE_SLACK);
+                // A request of a request quota is counted exactly: the margin is a request.
+                let margin = if by_tokens {
+                    super::pacing::MARGIN
+                } else {
+                    super::pacing::MARGIN.min(request)
+                };
+                let steady = (1.0 - margin - request) / (1.0 + super::share::LEAVE_SLACK);
                 let edges = 2.0 * latency.as_secs_f64() / (o.seconds - quota.window.as_secs_f64());
                 let least = steady * (1.0 - edges);
                 assert!(
