@@ -66,7 +66,7 @@ pub(super) const MARGIN: f64 = 0.02;
 /// With the whole window, where the cost is `exact` (a request of a request
 /// quota, not tokens estimated by a local count), no more than the request:
 /// nothing is billed more than counted, and when its uses leave is the
-/// slack's to cover (`Share::leaves_after`). A job alone on the quota
+/// slack's to cover (`Share::leaves`). A job alone on the quota
 /// bench's window of 200 requests, answered in 100 ms, kept 4 of them free
 /// and used 93.2% of it on average over nine invocations of both resets;
 /// keeping one, 96.2% (docs/benchmark.md, "A job alone keeps a request
@@ -1129,9 +1129,10 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn alone_on_a_window_whose_reset_tells_when_it_is_whole_its_first_use_frees_room() {
         // A sliding window of 10 requests a second whose reset tells when it
-        // is whole again: one request at 0, 9 more at 0.5 s, all answered at
-        // 0.51 s. The first, taken in at once, showed 1 used, whole in
-        // 0.995 s; the last of the 9 shows the window full, whole in 0.995 s.
+        // is whole again: one request at 0, answered at 0.51 s, and 9 more at
+        // 0.5 s, answered at 1 s. The first, taken in at once, showed 1 used,
+        // whole in 0.995 s; the last of the 9 shows the window full, whole in
+        // 0.995 s.
         let pacing = Pacing::new(Duration::from_secs(600));
         let start = Instant::now();
         let first = pacing.admit(1).await.unwrap();
@@ -1147,21 +1148,21 @@ mod tests {
         );
         tokio::time::advance(Duration::from_millis(10)).await;
         pacing.on_answer(first, Some(headers(Some((10.0, 9.0, 995)), None)), None);
+        tokio::time::advance(Duration::from_millis(490)).await;
         for ticket in burst {
             pacing.on_answer(ticket, Some(headers(Some((10.0, 0.0, 995)), None)), None);
         }
-        // The window is whole at 1.495 s, and the second of this process's
-        // uses leaves it at 1.5 s; the first leaves a window after it went
-        // and the latest round trip (the round trips differ by more), at
-        // 1.005 s, and from then on the window frees room at its rate: the
-        // request and the margin (1.2 requests) in 0.12 s, at 1.125 s. The
-        // sleep that waits for it lasts up to the wake's jitter longer: a
-        // process that woke at 1.005 s for it goes by 1.125 s and
-        // `WAKE_JITTER` of 0.12 s (one that woke later waits less).
+        // The window is whole at 1.495 s, and the others of this process's
+        // uses leave it by 1.51 s. The first's round trip was 10 ms longer
+        // than theirs: it leaves a window after it went, those 10 ms and a
+        // hundredth of the window, at 1.02 s, and from then on the window
+        // frees room at its rate: the request and the margin (1.2 requests)
+        // in 0.12 s, at 1.14 s. The sleep that waits for it lasts up to the
+        // wake's jitter longer.
         let _next = pacing.admit(1).await.unwrap();
         let went = start.elapsed();
-        assert!(went >= Duration::from_millis(1005), "{went:?}");
-        let latest = Duration::from_millis(1125) + Duration::from_millis(120).mul_f64(WAKE_JITTER);
+        assert!(went >= Duration::from_millis(1020), "{went:?}");
+        let latest = Duration::from_millis(1140) + Duration::from_millis(140).mul_f64(WAKE_JITTER);
         assert!(went <= latest, "{went:?}");
     }
 
