@@ -492,15 +492,22 @@ impl Share {
     /// 100 ms, used 89.5% to 99.1% of it in 16 runs, 4 of them with
     /// requests refused; counted by its own, 95.5% to 99.2%, none refused
     /// (docs/benchmark.md, "A job alone: each use leaves by its own round
-    /// trip"). Before its answer, a window and [`Share::leaves_after`].
-    fn leaves(&self, send: &Send, window: Duration) -> Instant {
+    /// trip"). Before its answer, a window and `unanswered`
+    /// ([`Share::leaves_after`]). `least` is the shortest of the latest
+    /// round trips.
+    fn leaves(
+        send: &Send,
+        window: Duration,
+        least: Option<Duration>,
+        unanswered: Duration,
+    ) -> Instant {
         let slack = match send.heard {
             Some(heard) => {
                 let round_trip = heard.saturating_duration_since(send.at);
-                let least = self.round_trips.iter().copied().min().unwrap_or(round_trip);
-                (round_trip.saturating_sub(least) + window.mul_f64(LEAVE_SLACK)).min(round_trip)
+                let beyond = round_trip.saturating_sub(least.unwrap_or(round_trip));
+                (beyond + window.mul_f64(LEAVE_SLACK)).min(round_trip)
             }
-            None => self.leaves_after(window),
+            None => unanswered,
         };
         send.at + window + slack
     }
@@ -514,11 +521,13 @@ impl Share {
         (since, sent_by): (Instant, Instant),
         window: Duration,
     ) -> Vec<(Instant, f64)> {
+        let least = self.round_trips.iter().copied().min();
+        let unanswered = self.leaves_after(window);
         let mut leaving: Vec<(Instant, f64)> = self
             .sends
             .iter()
             .filter(|s| s.took[k] > 0.0 && s.at <= sent_by)
-            .map(|s| (self.leaves(s, window), s.took[k]))
+            .map(|s| (Share::leaves(s, window, least, unanswered), s.took[k]))
             .filter(|(leaves, _)| *leaves > since)
             .collect();
         leaving.sort_by_key(|(leaves, _)| *leaves);
@@ -595,7 +604,7 @@ impl Share {
             // A request larger than the share still goes, once the share is free.
             let allowed = (self.share * quota.limit).max(quota.cost);
             // Its use as a window counts it at `now`: each send leaves it a
-            // window after it went, give or take how the round trips differ.
+            // window after it went, give or take its round trip ([`Share::leaves`]).
             let leaving = self.leaving(k, (now, now), window);
             let mut excess =
                 leaving.iter().map(|(_, took)| took).sum::<f64>() + quota.cost - allowed;
