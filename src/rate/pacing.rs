@@ -66,11 +66,10 @@ pub(super) const MARGIN: f64 = 0.02;
 /// With the whole window, where the cost is `exact` (a request of a request
 /// quota, not tokens estimated by a local count), no more than the request:
 /// nothing is billed more than counted, and when its uses leave is the
-/// slack's to cover (`Share::leaves`). A job alone on the quota
-/// bench's window of 200 requests, answered in 100 ms, kept 4 of them free
-/// and used 93.2% of it on average over nine invocations of both resets;
-/// keeping one, 96.2% (docs/benchmark.md, "A job alone keeps a request
-/// free").
+/// slack's to cover (`Share::leaves`). A job alone on the quota bench's
+/// window of 200 requests, answered in 100 ms, kept 4 of them free and used
+/// 93.2% of it on average over nine invocations of both resets; keeping
+/// one, 96.2% (docs/benchmark.md, "A job alone keeps a request free").
 fn sliding_margin(limit: f64, cost: f64, share: f64, exact: bool) -> f64 {
     if share < 1.0 {
         (MARGIN * limit).min(cost / 2.0)

@@ -398,13 +398,12 @@ async fn strangers_on_a_sliding_window_pace_their_parts_and_are_seldom_refused()
 /// of the quota, a request of a request quota) and whole requests in the
 /// window, so in a steady state it uses `(1 − margin − request) / 1.01` of
 /// the window (98.0% of the window of requests, 96.2% of the one of
-/// tokens); at each edge of the run it
-/// loses at most the latency (the first window's uses, taken in that late,
-/// leave that late after its end; the run ends with an answer). Counted
-/// as leaving a window and a whole round trip after their sends, its uses
-/// left their room idle for the round trip every window: 91.4% to 94.6% at
-/// 100 ms (docs/benchmark.md, "A job alone: a use leaves a window after
-/// its send").
+/// tokens); at each edge of the run it loses at most the latency (the
+/// first window's uses, taken in that late, leave that late after its end;
+/// the run ends with an answer). Counted as leaving a window and a whole
+/// round trip after their sends, its uses left their room idle for the
+/// round trip every window: 91.4% to 94.6% at 100 ms (docs/benchmark.md,
+/// "A job alone: a use leaves a window after its send").
 #[tokio::test(start_paused = true)]
 async fn a_job_alone_on_a_sliding_window_uses_it_whole_less_its_margin() {
     let tokens = 1600;
