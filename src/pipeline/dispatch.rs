@@ -11,7 +11,7 @@ use futures::{FutureExt, Stream, StreamExt};
 use tokio::sync::{mpsc, watch};
 
 use super::rechunk::Rechunker;
-use super::stop::{Budget, Stopping, Stops};
+use super::stop::{Budget, Settled, Stopping, Stops};
 use super::write::SinkMessage;
 use super::RunError;
 use crate::backend::{BackendError, EmbeddingBackend, Kept, RequestLimit};
@@ -76,25 +76,29 @@ impl Answer {
     }
 }
 
-/// The tokens a request's pieces reserved in the budget (their local
-/// count) and what they were billed.
-fn reckoned(pieces: &[Piece]) -> (u64, Usage) {
-    let (mut reserved, mut billed) = (0u64, Usage::default());
+/// What a request's pieces settle in the budget: the tokens they reserved
+/// (their local count), what they were billed, and the local count of
+/// those that brought vectors.
+fn reckoned(pieces: &[Piece]) -> Settled {
+    let mut settled = Settled::default();
     for piece in pieces {
         match piece {
             Piece::Embedded(batch) => {
-                reserved += batch
+                let tokens = batch
                     .chunks
                     .iter()
                     .map(|c| u64::from(c.token_count))
                     .sum::<u64>();
-                billed += batch.vectors.usage;
+                settled.reserved += tokens;
+                settled.embedded += tokens;
+                settled.billed += batch.vectors.usage;
             }
-            Piece::Quarantined { chunk, .. } => reserved += u64::from(chunk.token_count),
-            Piece::Rechunked { .. } => {}
+            Piece::Quarantined { chunk, .. } | Piece::Rechunked { chunk, .. } => {
+                settled.reserved += u64::from(chunk.token_count);
+            }
         }
     }
-    (reserved, billed)
+    settled
 }
 
 /// How the dispatching stage ended.
@@ -330,6 +334,9 @@ impl Dispatch {
                 }
             };
             let Answer { pieces, error } = result;
+            if let Some(budget) = &self.budget {
+                budget.settle(reckoned(&pieces));
+            }
             // What a request paid for goes to the writer even when a later part of it failed.
             if !pieces.is_empty() && !self.deliver(pieces, sink, &mut out).await {
                 out.writer_stopped = true;
@@ -377,10 +384,6 @@ impl Dispatch {
         sink: &mpsc::Sender<SinkMessage>,
         out: &mut Dispatched,
     ) -> bool {
-        if let Some(budget) = &self.budget {
-            let (reserved, billed) = reckoned(&pieces);
-            budget.settle(reserved, billed);
-        }
         for piece in pieces {
             let message = match piece {
                 Piece::Embedded(batch) => {
@@ -446,10 +449,13 @@ impl Dispatch {
                     {
                         return None;
                     }
-                    if budget.as_ref().is_some_and(|b| !b.admit(batch.tokens)) {
-                        // The batch is left for a later run.
-                        halt.store(true, Ordering::Relaxed);
-                        return None;
+                    let halted = || halt.load(Ordering::Relaxed);
+                    if let Some(budget) = &budget {
+                        if !budget.admit(batch.tokens, halted).await {
+                            // The batch is left for a later run.
+                            halt.store(true, Ordering::Relaxed);
+                            return None;
+                        }
                     }
                     Some((Ok(batch), (batches, committed)))
                 }

@@ -336,7 +336,7 @@ fn dispatcher(
     Dispatch {
         backend: Arc::clone(backend),
         concurrency: job.backend.shared.most_in_flight(),
-        budget: budget(job, backend.info()),
+        budget: budget(job, backend.as_ref()),
         halt,
         drain: crate::job::seconds_in_range(Some(job.backend.shared.timeout_seconds))
             .unwrap_or_default(),
@@ -379,8 +379,11 @@ fn ending(ending: &bill::Ending<'_>) -> SinkMessage {
 }
 
 /// `budget.max_cost`, priced by the model's prices per token (output
-/// tokens at the input price when it has no output price).
-fn budget(job: &Job, info: &crate::backend::BackendInfo) -> Option<Arc<Budget>> {
+/// tokens at the input price when it has no output price), less what the
+/// window probe was billed before the run.
+fn budget(job: &Job, backend: &dyn EmbeddingBackend) -> Option<Arc<Budget>> {
+    let info = backend.info();
+    let probed = backend.stats().window_probe.map_or(0, |p| p.tokens);
     let input = info.input_per_1k.unwrap_or(0.0);
     let prices = Prices {
         input: input / 1000.0,
@@ -388,7 +391,7 @@ fn budget(job: &Job, info: &crate::backend::BackendInfo) -> Option<Arc<Budget>> 
     };
     job.budget
         .max_cost
-        .map(|max_cost| Arc::new(Budget::new(max_cost, prices)))
+        .map(|max_cost| Arc::new(Budget::new(max_cost, prices, probed)))
 }
 
 /// The windows the output records, as JSON: the one the chunks were cut to

@@ -91,12 +91,21 @@ impl Stops {
 }
 
 /// `budget.max_cost`: a request is sent only if what was billed, what is in
-/// flight (by local token count, as input) and the request itself stay
-/// within it.
+/// flight and the request itself stay within it. What is in flight is
+/// counted in local tokens scaled by what the answers so far were billed
+/// for theirs: a service may bill by its own count (infinity bills
+/// characters, 3.3 times the local count of this repository's docs), and
+/// counted as local tokens, a run with `--max-cost 0.005` behind LiteLLM
+/// was billed 0.0085. Until an answer tells how the service bills, one
+/// request is in flight at a time: the first answer sets the scale before
+/// a second request is reserved.
 pub(super) struct Budget {
     max_cost: f64,
     prices: Prices,
     state: std::sync::Mutex<BudgetState>,
+    /// Bumped at every answer settled: a request held until the first
+    /// answer waits on it.
+    answers: watch::Sender<u64>,
 }
 
 /// The model's prices per token.
@@ -110,15 +119,57 @@ pub(super) struct Prices {
 struct BudgetState {
     billed: Usage,
     in_flight_tokens: u64,
+    in_flight: u64,
+    /// Local tokens of the chunks whose answers told their usage, and the
+    /// input tokens billed for them: the scale of what is in flight.
+    counted_local: u64,
+    counted_billed: u64,
+    /// Whether an answer with vectors has come: how the service bills is known.
+    told: bool,
     exceeded: Option<String>,
 }
 
+impl BudgetState {
+    /// Input tokens billed per local token, as the answers so far tell;
+    /// one until they tell.
+    #[allow(clippy::cast_precision_loss)]
+    fn scale(&self) -> f64 {
+        if self.counted_local == 0 {
+            1.0
+        } else {
+            self.counted_billed as f64 / self.counted_local as f64
+        }
+    }
+}
+
+/// What a request's answer settles in the budget.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Settled {
+    /// The local tokens the request reserved.
+    pub reserved: u64,
+    /// What it was billed.
+    pub billed: Usage,
+    /// The local tokens of the chunks it brought vectors for.
+    pub embedded: u64,
+}
+
 impl Budget {
-    pub(super) fn new(max_cost: f64, prices: Prices) -> Budget {
+    /// A budget of `max_cost` at `prices`, of which `already` input
+    /// tokens were billed before the first request (the window probe).
+    pub(super) fn new(max_cost: f64, prices: Prices, already: u64) -> Budget {
+        let state = BudgetState {
+            billed: Usage {
+                prompt_tokens: already,
+                completion_tokens: 0,
+                total_tokens: already,
+            },
+            ..BudgetState::default()
+        };
         Budget {
             max_cost,
             prices,
-            state: std::sync::Mutex::default(),
+            state: std::sync::Mutex::new(state),
+            answers: watch::channel(0).0,
         }
     }
 
@@ -130,21 +181,41 @@ impl Budget {
 
     /// What `input` and `output` tokens cost.
     #[allow(clippy::cast_precision_loss)]
-    fn cost(&self, input: u64, output: u64) -> f64 {
-        input as f64 * self.prices.input + output as f64 * self.prices.output
+    fn cost(&self, input: f64, output: u64) -> f64 {
+        input * self.prices.input + output as f64 * self.prices.output
     }
 
-    /// Reserves a request of `tokens`, unless it would take the run over budget.
-    pub(super) fn admit(&self, tokens: u64) -> bool {
+    /// Reserves a request of `tokens` (local), once the budget can tell
+    /// whether it fits: `false` if it would take the run over budget, or
+    /// if `halted` says the run stopped meanwhile.
+    pub(super) async fn admit(&self, tokens: u64, halted: impl Fn() -> bool) -> bool {
+        let mut answers = self.answers.subscribe();
+        loop {
+            if halted() {
+                return false;
+            }
+            if let Some(fits) = self.try_admit(tokens) {
+                return fits;
+            }
+            if answers.changed().await.is_err() {
+                return false;
+            }
+        }
+    }
+
+    /// Reserves a request of `tokens` (local) unless it would take the run
+    /// over budget; `None` while a request is in flight and no answer has
+    /// told how the service bills.
+    #[allow(clippy::cast_precision_loss)]
+    pub(super) fn try_admit(&self, tokens: u64) -> Option<bool> {
         let mut state = self.state();
+        if !state.told && state.in_flight > 0 {
+            return None;
+        }
         let output = state.billed.completion_tokens;
-        let spent = self.cost(state.billed.prompt_tokens, output);
-        let input = state
-            .billed
-            .prompt_tokens
-            .saturating_add(state.in_flight_tokens)
-            .saturating_add(tokens);
-        let projected = self.cost(input, output);
+        let spent = self.cost(state.billed.prompt_tokens as f64, output);
+        let pending = state.in_flight_tokens.saturating_add(tokens) as f64 * state.scale();
+        let projected = self.cost(state.billed.prompt_tokens as f64 + pending, output);
         if projected > self.max_cost {
             state.exceeded.get_or_insert_with(|| {
                 format!(
@@ -152,18 +223,31 @@ impl Budget {
                     self.max_cost
                 )
             });
-            return false;
+            return Some(false);
         }
         state.in_flight_tokens = state.in_flight_tokens.saturating_add(tokens);
-        true
+        state.in_flight += 1;
+        Some(true)
     }
 
-    /// Replaces a finished request's reservation of `reserved` tokens with
-    /// what it was `billed`.
-    pub(super) fn settle(&self, reserved: u64, billed: Usage) {
-        let mut state = self.state();
-        state.in_flight_tokens = state.in_flight_tokens.saturating_sub(reserved);
-        state.billed += billed;
+    /// Replaces a finished request's reservation with what it was billed.
+    pub(super) fn settle(&self, settled: Settled) {
+        {
+            let mut state = self.state();
+            state.in_flight_tokens = state.in_flight_tokens.saturating_sub(settled.reserved);
+            state.in_flight = state.in_flight.saturating_sub(1);
+            state.billed += settled.billed;
+            if settled.embedded > 0 {
+                state.told = true;
+                if settled.billed.prompt_tokens > 0 {
+                    state.counted_local = state.counted_local.saturating_add(settled.embedded);
+                    state.counted_billed = state
+                        .counted_billed
+                        .saturating_add(settled.billed.prompt_tokens);
+                }
+            }
+        }
+        self.answers.send_modify(|n| *n = n.wrapping_add(1));
     }
 
     /// Why the budget stopped the run, once it did.
@@ -174,47 +258,138 @@ impl Budget {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
+
+    /// 1 per 1000 input tokens, 2 per 1000 output tokens.
+    const PRICES: Prices = Prices {
+        input: 0.001,
+        output: 0.002,
+    };
+
+    /// An answer to a request of `local` tokens, billed `input` of them.
+    fn answered(local: u64, input: u64) -> Settled {
+        Settled {
+            reserved: local,
+            billed: Usage {
+                prompt_tokens: input,
+                completion_tokens: 0,
+                total_tokens: input,
+            },
+            embedded: local,
+        }
+    }
 
     #[test]
     fn the_budget_admits_requests_until_the_next_would_go_over() {
-        // 1 per 1000 tokens: a budget of 0.01 is 10 tokens.
-        let budget = Budget::new(
-            0.01,
-            Prices {
-                input: 0.001,
-                output: 0.002,
-            },
+        // A budget of 0.01 is 10 input tokens.
+        let budget = Budget::new(0.01, PRICES, 0);
+        assert_eq!(budget.try_admit(4), Some(true));
+        budget.settle(answered(4, 4));
+        assert_eq!(budget.try_admit(4), Some(true));
+        assert_eq!(
+            budget.try_admit(4),
+            Some(false),
+            "4 billed and 4 + 4 in flight would be 12 tokens"
         );
-        assert!(budget.admit(4));
-        assert!(budget.admit(4));
-        assert!(!budget.admit(4), "4 + 4 + 4 in flight would be 12 tokens");
         assert!(budget.exceeded().unwrap().contains("budget of 0.01"));
-        assert!(budget.admit(2), "a smaller request still fits");
+        assert_eq!(
+            budget.try_admit(2),
+            Some(true),
+            "a smaller request still fits"
+        );
     }
 
     #[test]
     fn output_tokens_are_priced_at_the_output_price() {
-        let prices = Prices {
-            input: 0.001,
-            output: 0.002,
-        };
-        let budget = Budget::new(0.0105, prices);
-        assert!(budget.admit(2));
+        let budget = Budget::new(0.0105, PRICES, 0);
+        assert_eq!(budget.try_admit(2), Some(true));
         // Two input tokens and two output tokens billed: 0.002 + 0.004.
-        budget.settle(
-            2,
-            Usage {
+        budget.settle(Settled {
+            billed: Usage {
                 prompt_tokens: 2,
                 completion_tokens: 2,
                 total_tokens: 4,
             },
+            ..answered(2, 2)
+        });
+        assert_eq!(
+            budget.try_admit(4),
+            Some(true),
+            "0.006 billed and 0.004 more fit"
         );
-        assert!(budget.admit(4), "0.006 billed and 0.004 more fit");
-        assert!(!budget.admit(1));
+        assert_eq!(budget.try_admit(1), Some(false));
         let stop = budget.exceeded().unwrap();
         assert!(stop.contains("0.006000 billed"), "{stop}");
         assert!(stop.contains("0.011000"), "{stop}");
+    }
+
+    #[test]
+    fn what_is_in_flight_counts_as_the_service_bills_it() {
+        // A budget of 0.02 is 20 input tokens; the service bills three for
+        // every local token (as infinity bills characters).
+        let budget = Budget::new(0.02, PRICES, 0);
+        assert_eq!(budget.try_admit(2), Some(true));
+        budget.settle(answered(2, 6));
+        // 6 billed, and 2 local tokens in flight count as 6.
+        assert_eq!(budget.try_admit(2), Some(true), "6 + 6 of 20");
+        assert_eq!(budget.try_admit(2), Some(true), "6 + 12 of 20");
+        assert_eq!(
+            budget.try_admit(2),
+            Some(false),
+            "6 + 18 is over 20, though 6 + 6 local tokens are not"
+        );
+        // The scale is what every answer so far was billed for its chunks.
+        budget.settle(answered(2, 2));
+        budget.settle(answered(2, 2));
+        assert_eq!(
+            budget.try_admit(2),
+            Some(true),
+            "10 billed for 6 local tokens: 2 more count as 3.3"
+        );
+    }
+
+    #[test]
+    fn what_the_window_probe_was_billed_counts_from_the_start() {
+        let budget = Budget::new(0.01, PRICES, 9);
+        assert_eq!(budget.try_admit(2), Some(false), "9 + 2 is over 10");
+        let budget = Budget::new(0.01, PRICES, 8);
+        assert_eq!(budget.try_admit(2), Some(true), "8 + 2 is 10");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn until_an_answer_tells_how_the_service_bills_one_request_is_in_flight() {
+        let budget = Arc::new(Budget::new(1.0, PRICES, 0));
+        let running = || false;
+        assert!(budget.admit(10, running).await);
+        let second = {
+            let budget = Arc::clone(&budget);
+            tokio::spawn(async move { budget.admit(10, || false).await })
+        };
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert!(!second.is_finished(), "held while the first is unanswered");
+        // An answer without vectors (its chunks quarantined) tells nothing.
+        budget.settle(Settled {
+            embedded: 0,
+            ..answered(10, 0)
+        });
+        assert!(second.await.unwrap(), "nothing in flight: it goes alone");
+        let third = {
+            let budget = Arc::clone(&budget);
+            tokio::spawn(async move { budget.admit(10, || false).await })
+        };
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert!(!third.is_finished());
+        budget.settle(answered(10, 12));
+        assert!(third.await.unwrap());
+        // Told: several go at once.
+        assert_eq!(budget.try_admit(10), Some(true));
+        assert_eq!(budget.try_admit(10), Some(true));
+        // A run that stops meanwhile admits nothing more.
+        let held = Budget::new(1.0, PRICES, 0);
+        assert!(held.admit(10, running).await);
+        assert!(!held.admit(10, || true).await);
     }
 
     #[tokio::test(start_paused = true)]

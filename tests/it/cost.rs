@@ -326,3 +326,66 @@ async fn regression_the_learned_estimate_was_tested_only_on_the_corpus_it_learne
     .await;
     assert_eq!(json(&output)["billed_token_ratio"], Value::Null);
 }
+
+/// A service that bills its own count, more than the local one: `--max-cost`
+/// holds to what it bills, the window probe's requests included. Counted
+/// in local tokens, what was in flight was priced at a third of its bill or
+/// less here, and a run behind LiteLLM (infinity bills characters) with
+/// `--max-cost 0.005` was billed 0.0085 and finished with exit 0.
+#[tokio::test]
+async fn a_budget_holds_to_what_the_service_bills_not_to_the_local_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let sim = simulator(SimConfig {
+        billing: embedjob::simulate::Billing {
+            count: embedjob::simulate::TokenCount::Bytes,
+            factor: 3.0,
+        },
+        bare_listing: true,
+        ..SimConfig::default()
+    })
+    .await;
+    let price = 0.5;
+    let job = write_cost_job(
+        dir.path(),
+        &sim.base_url(),
+        &format!("input_per_1k = {price}"),
+    );
+    let estimate = json(&embedjob(&["estimate", path_arg(&job), "--json"]).await);
+    // Half again what the local count prices the whole job at: under what
+    // the service bills for it.
+    let budget = estimate["cost"].as_f64().unwrap() * 1.5;
+
+    let max_cost = budget.to_string();
+    let output = embedjob(&["run", path_arg(&job), "--json", "--max-cost", &max_cost]).await;
+    let (stdout, stderr) = no_key(&output, KEY);
+    assert_eq!(output.status.code(), Some(4), "{stdout}\n{stderr}");
+    let summary = json(&output);
+    assert!(
+        summary["stopped"].as_str().unwrap().contains("budget"),
+        "{summary}"
+    );
+    assert!(
+        summary["learned_limits"]["window_probe"]["tokens"].as_u64() > Some(0),
+        "the probe was billed: {summary}"
+    );
+    let ledger = sim.ledger();
+    let billed = ledger.prompt_tokens as f64 * price / 1000.0;
+    assert!(
+        billed <= budget,
+        "billed {billed}, over the budget {budget}"
+    );
+    assert!(
+        billed > budget * 0.5,
+        "the budget was used, not left idle: {billed} of {budget}"
+    );
+    let cost = summary["cost"].as_f64().unwrap();
+    assert!((cost - billed).abs() < 1e-12, "{cost} against {billed}");
+    assert!(
+        summary["billed_token_ratio"].as_f64().unwrap() > 2.0,
+        "the service billed more than the local count: {summary}"
+    );
+    assert!(
+        ledger.texts.values().all(|&n| n == 1),
+        "nothing embedded twice"
+    );
+}
