@@ -267,7 +267,7 @@ async fn run_stages(
     let most_uncommitted = (job.backend.shared.most_in_flight() as u64)
         .saturating_mul(job.backend.shared.max_inputs_per_request as u64);
     let (committed_tx, committed_rx) = watch::channel(0u64);
-    let writing = writing(job, &info, &state, sink, checkpoint_dimensions, gate)
+    let writing = writing(job, &*backend, &state, sink, checkpoint_dimensions, gate)
         .with_exposure(committed_tx, most_uncommitted);
     let writer = tokio::task::spawn_blocking(move || writing.run(sink_rx));
 
@@ -351,19 +351,28 @@ fn dispatcher(
 /// without vectors only once they hold vectors) and the failures file.
 fn writing(
     job: &Job,
-    info: &crate::backend::BackendInfo,
+    backend: &dyn EmbeddingBackend,
     state: &JobState,
     sink: Box<dyn Sink>,
     checkpoint_dimensions: Option<usize>,
     gate: Arc<repeats::RepeatGate>,
 ) -> Writing {
-    let parts = state
+    let info = backend.info();
+    let mut parts = state
         .part_writer(
             &info.model,
             &info.kind.to_string(),
             output_row_group_bytes(job),
         )
         .with_dimensions(checkpoint_dimensions);
+    // The window the chunks were cut to, for a next run after a stop.
+    let window = RecordedWindow {
+        chunks: backend.stats().window,
+        pieces: None,
+    };
+    if let Some(json) = window.to_json(crate::backend::tokenizer_name(&job.chunking)) {
+        parts.set_extra(crate::contract::CONTEXT_WINDOW_KEY, json);
+    }
     Writing::new(sink, parts, state.failures(), gate)
 }
 

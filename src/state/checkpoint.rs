@@ -7,6 +7,7 @@
 //!     part-000002.parquet            columns without `text`; usage in the metadata
 //! ```
 
+use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 
@@ -233,6 +234,23 @@ impl Checkpoint {
             })),
         }
     }
+}
+
+/// The key-value metadata of the newest part of the checkpoint at
+/// `location`: what the run that committed it knew (its model, the window it
+/// learned). Empty when there is no part or it cannot be read; nothing on
+/// disk changes and no lock is needed.
+pub fn newest_part_metadata(location: &StateLocation) -> BTreeMap<String, String> {
+    let dir = location.checkpoint();
+    if !dir.is_dir() {
+        return BTreeMap::new();
+    }
+    list_parts(&dir)
+        .ok()
+        .and_then(|parts| parts.last().cloned())
+        .and_then(|part| crate::parquet_io::load_metadata(&part).ok())
+        .map(|metadata| crate::parquet_io::key_values(metadata.metadata()))
+        .unwrap_or_default()
 }
 
 fn list_parts(dir: &Path) -> Result<Vec<PathBuf>, StateError> {

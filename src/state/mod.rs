@@ -40,7 +40,7 @@ use crate::job::Job;
 use crate::parquet_io::{FileError, ParquetRows};
 use crate::store::{HeldIds, Origin, Store, StoreError, StoredRows};
 
-pub use self::checkpoint::Checkpoint;
+pub use self::checkpoint::{newest_part_metadata, Checkpoint};
 pub use self::failures::{FailuresFile, FailuresReport};
 pub use self::fingerprint::Fingerprint;
 pub use self::lock::JobLock;

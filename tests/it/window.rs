@@ -542,3 +542,64 @@ async fn a_listed_window_counted_in_another_tokenizer_is_warned_about() {
     // Nothing to probe: the listing gives the window.
     assert_eq!(summary["learned_limits"]["window_probe"], Value::Null);
 }
+
+/// A run stopped before its end leaves no output, where the learned window
+/// is kept: the next run takes it from the checkpoint's parts, probes
+/// nothing, and cuts the chunks as the stopped run did. Probing again
+/// against infinity was billed again, and a window found anew at another
+/// size would change the chunks and so the fingerprint the checkpoint was
+/// made under.
+#[tokio::test]
+async fn a_run_after_a_stop_takes_the_window_from_the_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = prose(dir.path());
+    let sim = simulator(unlisted("truncate")).await;
+    let job = job(
+        dir.path(),
+        &sim,
+        &root,
+        "input_per_1k = 0.1\nmax_inputs_per_request = 8",
+    );
+    // Enough for the probe (about 2,500 tokens) and a part of the job
+    // (about 8,700 more): 6,000 tokens at 0.1 per 1000.
+    let output = run_job(&job, &["--json", "--max-cost", "0.6"]).await;
+    let (stdout, stderr) = no_key(&output, KEY);
+    assert_eq!(output.status.code(), Some(4), "{stdout}\n{stderr}");
+    let stopped: Value = serde_json::from_str(&stdout).unwrap();
+    let window = stopped["learned_limits"]["context_window"].clone();
+    assert_eq!(window["from"], "truncation", "{stopped}");
+    assert!(stopped["learned_limits"]["window_probe"]["requests"].as_u64() > Some(0));
+    assert!(!dir.path().join("out/result.parquet").exists());
+    let requests = sim.ledger().embedding_requests;
+
+    let output = run_job(&job, &["--json"]).await;
+    let again = summary_of(&output);
+    assert_eq!(again["exit_code"], 0, "{again}");
+    assert_eq!(
+        again["learned_limits"]["window_probe"],
+        Value::Null,
+        "{again}"
+    );
+    assert_eq!(
+        again["learned_limits"]["context_window"]["tokens"],
+        window["tokens"]
+    );
+    assert!(again["resumed"].as_u64() > Some(0), "{again}");
+    let stderr = text(&output.stderr);
+    assert!(
+        stderr.contains("the window an earlier run learned"),
+        "{stderr}"
+    );
+    let rows = read_output(&dir.path().join("out/result.parquet"));
+    let ledger = sim.ledger();
+    assert_read_whole(&rows, &ledger);
+    // Every request of the second run embedded chunks: none probed.
+    assert_eq!(
+        ledger.embedding_requests - requests,
+        again["requests"].as_u64().unwrap(),
+        "{again}"
+    );
+    for text in &rows.texts {
+        assert_eq!(ledger.texts.get(&text_hash(text)), Some(&1), "{text}");
+    }
+}

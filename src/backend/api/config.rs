@@ -332,17 +332,26 @@ impl ApiParams {
 }
 
 /// The windows an earlier run of the job learned for `model`, as its
-/// output records them (a Parquet file's footer, a table's metadata); none
-/// when the output cannot be read yet, which its sink then reports.
+/// output records them (a Parquet file's footer, a table's metadata), or
+/// else as the checkpoint's newest part does: a run stopped before its end
+/// (the budget, a signal) leaves no output, and probing again on the next
+/// run was billed again (28,569 units against infinity) and could find
+/// another window, which changes the chunks and refuses the checkpoint.
+/// None when neither can be read yet; the sink then reports the output.
 async fn earlier_window(job: &Job, model: &str) -> crate::backend::RecordedWindow {
+    let tokenizer = crate::backend::tokenizer_name(&job.chunking);
     let metadata = crate::sink::recorded(&job.output, job.shard)
         .await
         .unwrap_or_default();
-    crate::backend::RecordedWindow::of_output(
-        &metadata,
-        model,
-        crate::backend::tokenizer_name(&job.chunking),
-    )
+    let recorded = crate::backend::RecordedWindow::of_output(&metadata, model, tokenizer);
+    if recorded != crate::backend::RecordedWindow::default() {
+        return recorded;
+    }
+    let location = crate::state::StateLocation::for_job(job);
+    let part = tokio::task::spawn_blocking(move || crate::state::newest_part_metadata(&location))
+        .await
+        .unwrap_or_default();
+    crate::backend::RecordedWindow::of_output(&part, model, tokenizer)
 }
 
 /// A listed window is counted in the model's own tokens, chunks in the
