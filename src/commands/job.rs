@@ -103,7 +103,7 @@ async fn run_once(
         stop: Some(stop_on_signals()),
         warnings: messages::printed(),
     };
-    let fingerprint = Fingerprint::new(job, &info);
+    let fingerprint = Fingerprint::new(job, &info.model, info.dimensions, info.chunk_window());
     let state = match JobState::open(
         &job.name,
         StateLocation::for_job(job),
@@ -336,7 +336,7 @@ pub async fn estimate(args: &EstimateArgs) -> Outcome {
     }
     let estimate = tokio::task::spawn_blocking(move || {
         // What a run would reuse, found as the run finds it, without its lock or clean-up.
-        let fingerprint = Fingerprint::new(&job, &info);
+        let fingerprint = Fingerprint::new(&job, &info.model, info.dimensions, info.chunk_window());
         let mut reuse = crate::state::Reuse::default();
         let mut ratio = None;
         let mut pieces = None;

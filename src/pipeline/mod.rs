@@ -224,7 +224,7 @@ async fn run_stages(
         input_ids,
     } = stages;
     let info = backend.info().clone();
-    let fingerprint = Fingerprint::new(job, &info);
+    let fingerprint = Fingerprint::new(job, &info.model, info.dimensions, info.chunk_window());
     let batch_mode =
         batch_mode::BatchMode::start(backend.batch(), job, &fingerprint, &mut state, &options)
             .await?;

@@ -396,7 +396,12 @@ async fn run_with(
     backend: Arc<Texts>,
     sink: Box<dyn Sink>,
 ) -> Summary {
-    let fingerprint = Fingerprint::new(job, backend.info());
+    let fingerprint = Fingerprint::new(
+        job,
+        &backend.info().model,
+        backend.info().dimensions,
+        backend.info().chunk_window(),
+    );
     let state =
         JobState::open(&job.name, StateLocation::for_job(job), &fingerprint, false).unwrap();
     let stages = Stages {
@@ -600,7 +605,12 @@ async fn regression_a_split_requests_first_half_was_dropped_when_the_second_fail
         let docs = [("a", text)];
         // Requests of one input at most: the batch is split down to single texts.
         let backend = Texts::failing(1, failing);
-        let fingerprint = Fingerprint::new(&job, backend.info());
+        let fingerprint = Fingerprint::new(
+            &job,
+            &backend.info().model,
+            backend.info().dimensions,
+            backend.info().chunk_window(),
+        );
         let state =
             JobState::open(&job.name, StateLocation::for_job(&job), &fingerprint, false).unwrap();
         let stages = Stages {

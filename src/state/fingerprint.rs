@@ -5,7 +5,6 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::backend::BackendInfo;
 use crate::job::Job;
 
 /// What decides whether a stored vector may stand for a chunk: the same text
@@ -15,15 +14,23 @@ use crate::job::Job;
 pub struct Fingerprint(pub(super) BTreeMap<String, String>);
 
 impl Fingerprint {
-    /// The fingerprint of `job` run on a backend described by `info`.
-    pub fn new(job: &Job, info: &BackendInfo) -> Fingerprint {
+    /// The fingerprint of `job` run on `model`, with vectors of
+    /// `dimensions` when known, on a backend whose chunks fit `chunk_window`
+    /// (see `BackendInfo::chunk_window`). The state takes these, not the
+    /// backend's description, so that it depends on no stage above it.
+    pub fn new(
+        job: &Job,
+        model: &str,
+        dimensions: Option<usize>,
+        chunk_window: Option<u64>,
+    ) -> Fingerprint {
         let mut fields: BTreeMap<String, String> = job
             .fingerprint_fields()
             .into_iter()
             .map(|(k, v)| (k.to_string(), v))
             .collect();
         // The chunk sizes the run uses, fitted to the model where the job leaves them out.
-        let chunking = job.chunking_for(info.chunk_window());
+        let chunking = job.chunking_for(chunk_window);
         fields.insert(
             "chunking.max_tokens".into(),
             chunking.max_tokens.to_string(),
@@ -32,8 +39,8 @@ impl Fingerprint {
             "chunking.overlap_tokens".into(),
             chunking.overlap_tokens.to_string(),
         );
-        fields.insert("backend.model".into(), info.model.clone());
-        if let Some(dimensions) = info.dimensions {
+        fields.insert("backend.model".into(), model.to_string());
+        if let Some(dimensions) = dimensions {
             fields.insert("backend.dimensions".into(), dimensions.to_string());
         }
         Fingerprint(fields)
