@@ -207,7 +207,7 @@ impl Budget {
     /// over budget; `None` while a request is in flight and no answer has
     /// told how the service bills.
     #[allow(clippy::cast_precision_loss)]
-    pub(super) fn try_admit(&self, tokens: u64) -> Option<bool> {
+    fn try_admit(&self, tokens: u64) -> Option<bool> {
         let mut state = self.state();
         if !state.told && state.in_flight > 0 {
             return None;

@@ -241,11 +241,7 @@ impl Checkpoint {
 /// learned). Empty when there is no part or it cannot be read; nothing on
 /// disk changes and no lock is needed.
 pub fn newest_part_metadata(location: &StateLocation) -> BTreeMap<String, String> {
-    let dir = location.checkpoint();
-    if !dir.is_dir() {
-        return BTreeMap::new();
-    }
-    list_parts(&dir)
+    list_parts(&location.checkpoint())
         .ok()
         .and_then(|parts| parts.last().cloned())
         .and_then(|part| crate::parquet_io::load_metadata(&part).ok())
