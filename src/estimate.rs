@@ -251,6 +251,32 @@ pub fn estimate(
     })
 }
 
+/// The models whose service bills by the count of an encoding embedjob
+/// has: OpenAI's embedding models (`text-embedding-3-small`, `-large`,
+/// `text-embedding-ada-002`) bill `cl100k_base` tokens.
+const BILLED_IN_CL100K: &str = "text-embedding-";
+
+/// A warning that the estimate's tokens and cost are the local count, for a
+/// service whose own count is not known: no earlier run of the job recorded
+/// the ratio of billed to local tokens, and the job's tokenizer is not the
+/// one the service is known to bill by. A self-hosted server bills its
+/// model's tokens or the characters: behind LiteLLM, infinity's
+/// all-MiniLM-L6-v2 billed 3.31 units for each `cl100k_base` token, and a
+/// job estimated at 0.0024 was billed 0.0085.
+pub fn unknown_count_warning(info: &BackendInfo, tokenizer: &str) -> Option<String> {
+    let known =
+        tokenizer == crate::job::DEFAULT_TOKENIZER && info.model.starts_with(BILLED_IN_CL100K);
+    (info.kind == BackendKind::Api && !known).then(|| {
+        format!(
+            "the tokens and the cost are counted in {tokenizer} tokens, the job's count: how \
+             the service counts for model {} is not known yet (a self-hosted server bills its \
+             model's tokens or characters, often more); a run records the ratio of billed to \
+             local tokens, and estimates after it scale by it",
+            info.model
+        )
+    })
+}
+
 #[derive(Default)]
 struct Counts {
     chunks: u64,
@@ -418,6 +444,29 @@ path = "{out}"
             output_per_1k: None,
             special_tokens: 0,
         }
+    }
+
+    #[test]
+    fn an_estimate_warns_that_its_count_is_the_jobs_unless_the_service_bills_by_it() {
+        let openai = |model: &str| BackendInfo {
+            model: model.into(),
+            ..info(Some(0.02))
+        };
+        for model in ["text-embedding-3-small", "text-embedding-ada-002"] {
+            assert_eq!(unknown_count_warning(&openai(model), "cl100k_base"), None);
+            let other = unknown_count_warning(&openai(model), "o200k_base").unwrap();
+            assert!(other.contains("counted in o200k_base tokens"), "{other}");
+        }
+        let served = unknown_count_warning(&info(Some(0.02)), "cl100k_base").unwrap();
+        assert!(
+            served.contains("model svc-embed-1 is not known yet"),
+            "{served}"
+        );
+        let local = BackendInfo {
+            kind: BackendKind::Local,
+            ..info(None)
+        };
+        assert_eq!(unknown_count_warning(&local, "model.json"), None);
     }
 
     fn corpus(dir: &std::path::Path) {

@@ -360,6 +360,12 @@ pub async fn estimate(args: &EstimateArgs) -> Outcome {
             messages::warn_all(reuse.warnings.drain(..));
             keeps_rows = sink.keeps_rows();
         }
+        let mut warnings = warnings;
+        if ratio.is_none() {
+            let unknown = crate::estimate::unknown_count_warning(&info, tokenizer);
+            messages::warn_all(&unknown);
+            warnings.extend(unknown);
+        }
         let rechunk = Rechunker::new(std::sync::Arc::clone(&chunker), pieces);
         let classifier = Classifier::new(reuse.store, reuse.held_ids, keeps_rows)
             .cutting(std::sync::Arc::new(rechunk));

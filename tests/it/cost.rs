@@ -234,9 +234,17 @@ async fn regression_the_learned_estimate_was_tested_only_on_the_corpus_it_learne
         }
     };
 
-    // Corpus A: nothing learned yet.
+    // Corpus A: nothing learned yet, and the estimate says its count is the job's.
+    let unknown = |estimate: &Value| {
+        estimate["warnings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|w| w.as_str().unwrap().contains("is not known yet"))
+    };
     let before = estimate(&[]).await;
     assert_eq!(before["billed_token_ratio"], Value::Null);
+    assert!(unknown(&before), "{before}");
     let local = before["tokens"].as_u64().unwrap();
     let cost = before["cost"].as_f64().unwrap();
     assert!(
@@ -278,6 +286,7 @@ async fn regression_the_learned_estimate_was_tested_only_on_the_corpus_it_learne
     let tokens_b = fresh["tokens"].as_u64().unwrap();
     assert_ne!(tokens_b, local, "B is not A's size");
     assert_eq!(fresh["billed_token_ratio"].as_f64(), Some(ratio), "{fresh}");
+    assert!(!unknown(&fresh), "{fresh}");
     let expected_b = (tokens_b as f64 * ratio).round() as u64;
     assert_eq!(fresh["expected_billed_tokens"].as_u64(), Some(expected_b));
     assert_ne!(expected_b, billed_a, "not A's bill remembered");
@@ -325,6 +334,7 @@ async fn regression_the_learned_estimate_was_tested_only_on_the_corpus_it_learne
     ])
     .await;
     assert_eq!(json(&output)["billed_token_ratio"], Value::Null);
+    assert!(unknown(&json(&output)), "{}", text(&output.stdout));
 }
 
 /// A service that bills its own count, more than the local one: `--max-cost`
