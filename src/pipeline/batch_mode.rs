@@ -108,9 +108,10 @@ impl BatchMode {
         self,
         batches: mpsc::Receiver<Result<Batch, RunError>>,
         sink: &mpsc::Sender<SinkMessage>,
+        previous_ratio: Option<f64>,
     ) -> Dispatched {
         let mut dispatched = Dispatched::default();
-        match self.run(batches, sink).await {
+        match self.run(batches, sink, previous_ratio).await {
             Ok((summary, over_budget)) => {
                 let pending = summary.pending_batches > 0 || summary.held_back_chunks > 0;
                 dispatched.stopped = match over_budget {
@@ -132,6 +133,7 @@ impl BatchMode {
         self,
         batches: mpsc::Receiver<Result<Batch, RunError>>,
         sink: &mpsc::Sender<SinkMessage>,
+        previous_ratio: Option<f64>,
     ) -> Result<(BatchSummary, Option<String>), RunError> {
         let BatchMode {
             service,
@@ -157,7 +159,12 @@ impl BatchMode {
             cap,
             budget: max_cost.map(|max_cost| SubmitBudget {
                 max_cost,
-                per_token: service.input_per_1k.unwrap_or(0.0) / 1000.0,
+                // A line is billed in the service's count: the job's last
+                // run recorded its ratio to the local one.
+                per_token: service.input_per_1k.unwrap_or(0.0) / 1000.0
+                    * previous_ratio
+                        .filter(|r| r.is_finite() && *r > 0.0)
+                        .unwrap_or(1.0),
                 billed: summary.collected_cost.unwrap_or(0.0),
             }),
         };

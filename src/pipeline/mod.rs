@@ -272,11 +272,12 @@ async fn run_stages(
     let writer = tokio::task::spawn_blocking(move || writing.run(sink_rx));
 
     let exposure = (committed_rx, most_uncommitted);
-    let d = dispatcher(job, &backend, &rechunk, (halt, settled, limits), exposure);
+    let mut d = dispatcher(job, &backend, &rechunk, (halt, settled, limits), exposure);
+    d.budget = budget(job, backend.as_ref(), previous_ratio);
     let stops = Stops::new(options.stop, started, options.max_duration);
     let finished = || reader.is_finished();
     let dispatched = match batch_mode {
-        Some(mode) => mode.submit(batch_rx, &sink_tx).await,
+        Some(mode) => mode.submit(batch_rx, &sink_tx, previous_ratio).await,
         None => {
             d.run(batch_rx, &sink_tx, stops, &mut display, &finished)
                 .await
@@ -325,7 +326,8 @@ fn progress_display(job: &Job, progress: bool) -> Progress {
     Progress::new(mode, job.pipeline.progress_seconds).for_shard(job.shard)
 }
 
-/// The dispatching stage, but for what the pipeline shares with the reader.
+/// The dispatching stage, but for what the pipeline shares with the reader
+/// and the budget, which the run sets.
 fn dispatcher(
     job: &Job,
     backend: &Arc<dyn EmbeddingBackend>,
@@ -336,7 +338,8 @@ fn dispatcher(
     Dispatch {
         backend: Arc::clone(backend),
         concurrency: job.backend.shared.most_in_flight(),
-        budget: budget(job, backend.as_ref()),
+        // The run's: it knows the ratio the last run recorded.
+        budget: None,
         halt,
         drain: crate::job::seconds_in_range(Some(job.backend.shared.timeout_seconds))
             .unwrap_or_default(),
@@ -390,7 +393,11 @@ fn ending(ending: &bill::Ending<'_>) -> SinkMessage {
 /// `budget.max_cost`, priced by the model's prices per token (output
 /// tokens at the input price when it has no output price), less what the
 /// window probe was billed before the run.
-fn budget(job: &Job, backend: &dyn EmbeddingBackend) -> Option<Arc<Budget>> {
+fn budget(
+    job: &Job,
+    backend: &dyn EmbeddingBackend,
+    previous_ratio: Option<f64>,
+) -> Option<Arc<Budget>> {
     let info = backend.info();
     let probed = backend.stats().window_probe.map_or(0, |p| p.tokens);
     let input = info.input_per_1k.unwrap_or(0.0);
@@ -398,9 +405,9 @@ fn budget(job: &Job, backend: &dyn EmbeddingBackend) -> Option<Arc<Budget>> {
         input: input / 1000.0,
         output: info.output_per_1k.unwrap_or(input) / 1000.0,
     };
-    job.budget
-        .max_cost
-        .map(|max_cost| Arc::new(Budget::new(max_cost, prices, probed)))
+    job.budget.max_cost.map(|max_cost| {
+        Arc::new(Budget::new(max_cost, prices, probed).recorded_ratio(previous_ratio))
+    })
 }
 
 /// The windows the output records, as JSON: the one the chunks were cut to

@@ -96,9 +96,10 @@ impl Stops {
 /// for theirs: a service may bill by its own count (infinity bills
 /// characters, 3.3 times the local count of this repository's docs), and
 /// counted as local tokens, a run with `--max-cost 0.005` behind LiteLLM
-/// was billed 0.0085. Until an answer tells how the service bills, one
-/// request is in flight at a time: the first answer sets the scale before
-/// a second request is reserved.
+/// was billed 0.0085. Until an answer tells how the service bills, what
+/// is in flight counts at the ratio the job's last run recorded; without
+/// one, one request is in flight at a time: the first answer sets the scale
+/// before a second request is reserved.
 pub(super) struct Budget {
     max_cost: f64,
     prices: Prices,
@@ -124,8 +125,12 @@ struct BudgetState {
     /// input tokens billed for them: the scale of what is in flight.
     counted_local: u64,
     counted_billed: u64,
-    /// Whether an answer with vectors has come: how the service bills is known.
+    /// Whether an answer with vectors has come, or an earlier run's ratio
+    /// was given: how the service bills is known.
     told: bool,
+    /// Input tokens billed per local token, as an earlier run of the job
+    /// recorded: the scale until this run's answers tell.
+    recorded: Option<f64>,
     exceeded: Option<String>,
 }
 
@@ -135,7 +140,7 @@ impl BudgetState {
     #[allow(clippy::cast_precision_loss)]
     fn scale(&self) -> f64 {
         if self.counted_local == 0 {
-            1.0
+            self.recorded.unwrap_or(1.0)
         } else {
             self.counted_billed as f64 / self.counted_local as f64
         }
@@ -171,6 +176,20 @@ impl Budget {
             state: std::sync::Mutex::new(state),
             answers: watch::channel(0).0,
         }
+    }
+
+    /// Counts what is in flight at `ratio` (billed input tokens per local
+    /// token, as the job's last run recorded it) until this run's answers
+    /// tell: the first request need not go alone, and is not counted short
+    /// by a service that bills more than the local count.
+    #[must_use]
+    pub(super) fn recorded_ratio(self, ratio: Option<f64>) -> Budget {
+        if let Some(ratio) = ratio.filter(|r| r.is_finite() && *r > 0.0) {
+            let mut state = self.state();
+            state.recorded = Some(ratio);
+            state.told = true;
+        }
+        self
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, BudgetState> {
@@ -356,6 +375,33 @@ mod tests {
         assert_eq!(budget.try_admit(2), Some(false), "9 + 2 is over 10");
         let budget = Budget::new(0.01, PRICES, 8);
         assert_eq!(budget.try_admit(2), Some(true), "8 + 2 is 10");
+    }
+
+    #[test]
+    fn a_ratio_an_earlier_run_recorded_scales_what_is_in_flight_from_the_first_request() {
+        // A budget of 0.02 is 20 input tokens; the last run was billed
+        // three for every local token.
+        let budget = Budget::new(0.02, PRICES, 0).recorded_ratio(Some(3.0));
+        assert_eq!(budget.try_admit(3), Some(true), "9 of 20");
+        assert_eq!(
+            budget.try_admit(3),
+            Some(true),
+            "18 of 20, without waiting for the first answer"
+        );
+        assert_eq!(budget.try_admit(1), Some(false), "21 is over 20");
+        // This run's answers replace the recorded ratio.
+        budget.settle(answered(3, 3));
+        assert_eq!(
+            budget.try_admit(3),
+            Some(true),
+            "3 billed and 3 + 3 in flight at 1"
+        );
+        // A ratio that is no number is none.
+        for ratio in [f64::NAN, 0.0, -1.0] {
+            let budget = Budget::new(0.02, PRICES, 0).recorded_ratio(Some(ratio));
+            assert_eq!(budget.try_admit(15), Some(true));
+            assert_eq!(budget.try_admit(1), None, "held until the first answer");
+        }
     }
 
     #[tokio::test(start_paused = true)]

@@ -68,7 +68,8 @@ pub(super) struct Submitted {
 #[derive(Debug, Clone, Copy)]
 pub(super) struct SubmitBudget {
     pub max_cost: f64,
-    /// The batch price per token.
+    /// The batch price per local token: per token billed, times the ratio
+    /// of billed to local tokens the job's last run recorded.
     pub per_token: f64,
     /// What the lines collected in this run cost.
     pub billed: f64,

@@ -12,7 +12,7 @@ use rand::{Rng, SeedableRng};
 use serde_json::Value;
 
 use crate::support::{
-    assert_complete, corpus, expected_chunks, files_source, no_key, read_output, run_job,
+    assert_complete, corpus, embedjob, expected_chunks, files_source, no_key, read_output, run_job,
     simulator, spawn_job, text, wait, write_job, Rows, KEY,
 };
 
@@ -575,6 +575,64 @@ async fn the_budget_holds_back_batches_that_would_go_over_it() {
     let rows = read_output(&dir.path().join("out/result.parquet"));
     assert_complete(&rows, &expected, 1024);
     assert_eq!(sim.ledger().texts_billed_twice(), 0);
+}
+
+/// In batch mode the budget prices the lines it would submit at the ratio
+/// of billed to local tokens the job's last run recorded: the Batch API
+/// bills its own count, and lines priced at the local count would be
+/// submitted over a budget that covers only that.
+#[tokio::test]
+async fn the_budget_prices_lines_at_the_ratio_the_last_run_recorded() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = corpus(dir.path(), 12);
+    let sim = simulator(SimConfig {
+        billing: embedjob::simulate::Billing {
+            count: embedjob::simulate::TokenCount::Bytes,
+            factor: 3.0,
+        },
+        ..batch_sim(300, |_| {})
+    })
+    .await;
+    let job = write_job(dir.path(), &sim.base_url(), &files_source(&root), BATCH);
+    run_until_done(&job, 60, Duration::from_millis(200)).await;
+    let rows = read_output(&dir.path().join("out/result.parquet"));
+    let ratio: f64 = rows.metadata["embedjob.billed_token_ratio"]
+        .parse()
+        .unwrap();
+    assert!(
+        ratio > 2.0,
+        "the service bills more than the local count: {ratio}"
+    );
+
+    for i in 0..3 {
+        std::fs::write(
+            root.join(format!("added{i}.md")),
+            format!("Document {i} added after the first run, about batches and their budget."),
+        )
+        .unwrap();
+    }
+    let estimate = json(&embedjob(&["estimate", job.to_str().unwrap(), "--json"]).await);
+    let local = estimate["tokens"].as_f64().unwrap();
+    assert!(local > 0.0, "{estimate}");
+    let billed_before = sim.ledger().batch_tokens;
+    // The simulator's listing has no batch price: half its 0.0001 per 1k.
+    let per_token = 0.0001 / 1000.0 / 2.0;
+    // Enough for the new lines by the local count, not as the service bills them.
+    let max_cost = (local * per_token * 1.5).to_string();
+    let output = run_job(&job, &["--quiet", "--json", "--max-cost", &max_cost]).await;
+    assert_eq!(output.status.code(), Some(4), "{}", text(&output.stderr));
+    let summary = json(&output);
+    assert!(
+        summary["stopped"].as_str().unwrap().contains("budget"),
+        "{summary}"
+    );
+    assert_eq!(
+        summary["batch"]["submitted_chunks"].as_u64(),
+        Some(0),
+        "{summary}"
+    );
+    assert!(summary["batch"]["held_back_chunks"].as_u64().unwrap() > 0);
+    assert_eq!(sim.ledger().batch_tokens, billed_before);
 }
 
 /// The request files the simulator keeps with `purpose=batch`, by name.

@@ -205,6 +205,15 @@ async fn the_local_estimate_needs_no_key_and_costs_nothing() {
     );
 }
 
+/// Whether an estimate warns that how the service counts is not known yet.
+fn warns_of_an_unknown_count(estimate: &Value) -> bool {
+    estimate["warnings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|w| w.as_str().unwrap().contains("is not known yet"))
+}
+
 /// A service that counts tokens its own way: the next estimate scales the
 /// local count by what the last run was billed, and says so.
 ///
@@ -235,16 +244,9 @@ async fn regression_the_learned_estimate_was_tested_only_on_the_corpus_it_learne
     };
 
     // Corpus A: nothing learned yet, and the estimate says its count is the job's.
-    let unknown = |estimate: &Value| {
-        estimate["warnings"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|w| w.as_str().unwrap().contains("is not known yet"))
-    };
     let before = estimate(&[]).await;
     assert_eq!(before["billed_token_ratio"], Value::Null);
-    assert!(unknown(&before), "{before}");
+    assert!(warns_of_an_unknown_count(&before), "{before}");
     let local = before["tokens"].as_u64().unwrap();
     let cost = before["cost"].as_f64().unwrap();
     assert!(
@@ -286,7 +288,7 @@ async fn regression_the_learned_estimate_was_tested_only_on_the_corpus_it_learne
     let tokens_b = fresh["tokens"].as_u64().unwrap();
     assert_ne!(tokens_b, local, "B is not A's size");
     assert_eq!(fresh["billed_token_ratio"].as_f64(), Some(ratio), "{fresh}");
-    assert!(!unknown(&fresh), "{fresh}");
+    assert!(!warns_of_an_unknown_count(&fresh), "{fresh}");
     let expected_b = (tokens_b as f64 * ratio).round() as u64;
     assert_eq!(fresh["expected_billed_tokens"].as_u64(), Some(expected_b));
     assert_ne!(expected_b, billed_a, "not A's bill remembered");
@@ -334,7 +336,11 @@ async fn regression_the_learned_estimate_was_tested_only_on_the_corpus_it_learne
     ])
     .await;
     assert_eq!(json(&output)["billed_token_ratio"], Value::Null);
-    assert!(unknown(&json(&output)), "{}", text(&output.stdout));
+    assert!(
+        warns_of_an_unknown_count(&json(&output)),
+        "{}",
+        text(&output.stdout)
+    );
 }
 
 /// A service that bills its own count, more than the local one: `--max-cost`
@@ -397,5 +403,76 @@ async fn a_budget_holds_to_what_the_service_bills_not_to_the_local_count() {
     assert!(
         ledger.texts.values().all(|&n| n == 1),
         "nothing embedded twice"
+    );
+}
+
+/// A job whose last run recorded what the service bills per local token:
+/// the next run's budget counts its first request at that ratio. Counted at
+/// the local count until an answer told, a first request the budget could
+/// pay for by the local count but not as billed was sent, and the run went
+/// over its budget by the difference.
+#[tokio::test]
+async fn a_budget_counts_the_first_request_at_the_ratio_the_last_run_recorded() {
+    let dir = tempfile::tempdir().unwrap();
+    let sim = simulator(SimConfig {
+        billing: embedjob::simulate::Billing {
+            count: embedjob::simulate::TokenCount::Bytes,
+            factor: 3.0,
+        },
+        ..SimConfig::default()
+    })
+    .await;
+    let price = 0.5;
+    let job = write_cost_job(
+        dir.path(),
+        &sim.base_url(),
+        &format!("input_per_1k = {price}"),
+    );
+    let output = embedjob(&["run", path_arg(&job), "--json", "--quiet"]).await;
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    let ratio = json(&output)["billed_token_ratio"].as_f64().unwrap();
+    assert!(
+        ratio > 2.0,
+        "the service bills more than the local count: {ratio}"
+    );
+
+    // One new document: one request, whose local count the estimate gives.
+    std::fs::write(
+        dir.path().join("docs/added.txt"),
+        "A note added after the first run, short enough for one chunk.",
+    )
+    .unwrap();
+    let estimate = json(&embedjob(&["estimate", path_arg(&job), "--json"]).await);
+    assert_eq!(estimate["requests"].as_u64(), Some(1), "{estimate}");
+    let local = estimate["tokens"].as_f64().unwrap();
+    let billed_before = sim.ledger().prompt_tokens;
+
+    // Enough for the request by the local count, not as the service bills it.
+    let short = (local * 1.5 * price / 1000.0).to_string();
+    let output = embedjob(&["run", path_arg(&job), "--json", "--max-cost", &short]).await;
+    assert_eq!(output.status.code(), Some(4), "{}", text(&output.stderr));
+    assert!(
+        json(&output)["stopped"]
+            .as_str()
+            .unwrap()
+            .contains("budget"),
+        "{}",
+        text(&output.stdout)
+    );
+    assert_eq!(
+        sim.ledger().prompt_tokens,
+        billed_before,
+        "nothing was sent"
+    );
+
+    // Twice what the ratio predicts: the request goes. (Another text's
+    // ratio is its own: this plain one bills more per token than the mixed
+    // corpus did.)
+    let enough = (local * ratio * 2.0 * price / 1000.0).to_string();
+    let output = embedjob(&["run", path_arg(&job), "--json", "--max-cost", &enough]).await;
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    assert!(
+        sim.ledger().prompt_tokens > billed_before,
+        "the request was sent"
     );
 }
