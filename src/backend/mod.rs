@@ -299,6 +299,25 @@ impl RecordedWindow {
     }
 }
 
+impl RecordedWindow {
+    /// The window chunks were cut to from the start, as a run's summary
+    /// (`learned_limits.context_window`) records it, when `model` ran and
+    /// the chunks were counted in `tokenizer`: a run that stopped before it
+    /// kept any vectors leaves no output nor part to record it. Not the
+    /// pieces' window: the summary gives none.
+    pub fn of_summary(summary: &serde_json::Value, model: &str, tokenizer: &str) -> RecordedWindow {
+        let same = summary.get("model").and_then(serde_json::Value::as_str) == Some(model)
+            && summary.get("tokenizer").and_then(serde_json::Value::as_str) == Some(tokenizer);
+        RecordedWindow {
+            chunks: summary
+                .pointer("/learned_limits/context_window")
+                .filter(|_| same)
+                .and_then(LearnedWindow::from_value),
+            pieces: None,
+        }
+    }
+}
+
 /// `tokens` less the margin, at least 1.
 pub fn with_margin(tokens: u64) -> u64 {
     (tokens - tokens / 100 * WINDOW_MARGIN_PERCENT - tokens % 100 * WINDOW_MARGIN_PERCENT / 100)
@@ -325,7 +344,7 @@ pub struct ProbeCost {
 }
 
 /// Counters a backend keeps while it works.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct BackendStats {
     /// Requests answered whole (and so billed), whether or not their vectors
     /// passed every check.
@@ -349,8 +368,34 @@ pub struct BackendStats {
     pub window: Option<LearnedWindow>,
     /// What finding it cost, when the window was probed for.
     pub window_probe: Option<ProbeCost>,
+    /// What the window probe could have cost, when that was more than
+    /// `budget.max_cost` and it was not sent: the run stops at its first
+    /// request, for this.
+    #[serde(skip)]
+    pub probe_held: Option<HeldProbe>,
     /// What `backend.concurrency = "auto"` settled on.
     pub concurrency: Option<crate::rate::SettledConcurrency>,
+}
+
+/// A window probe not sent for the budget: what it could have sent, by the
+/// job's count, and cost.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct HeldProbe {
+    pub tokens: u64,
+    pub cost: f64,
+}
+
+impl HeldProbe {
+    /// Why the run stops at its first request, for a budget of `max_cost`
+    /// and `model`.
+    pub fn stop(&self, max_cost: f64, model: &str) -> String {
+        format!(
+            "stopped at the budget of {max_cost}: the probe for model {model}'s context window \
+             could cost {:.6} ({} tokens by the job's count) before the first request; set \
+             `backend.context_window`, or raise the budget",
+            self.cost, self.tokens
+        )
+    }
 }
 
 /// Turns texts into checked vectors, in input order.

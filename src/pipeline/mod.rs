@@ -392,21 +392,27 @@ fn ending(ending: &bill::Ending<'_>) -> SinkMessage {
 
 /// `budget.max_cost`, priced by the model's prices per token (output
 /// tokens at the input price when it has no output price), less what the
-/// window probe was billed before the run.
+/// window probe was billed before the run; spent before the first request
+/// when the probe could cost more and was not sent.
 fn budget(
     job: &Job,
     backend: &dyn EmbeddingBackend,
     previous_ratio: Option<f64>,
 ) -> Option<Arc<Budget>> {
     let info = backend.info();
-    let probed = backend.stats().window_probe.map_or(0, |p| p.tokens);
+    let stats = backend.stats();
+    let probed = stats.window_probe.map_or(0, |p| p.tokens);
     let input = info.input_per_1k.unwrap_or(0.0);
     let prices = Prices {
         input: input / 1000.0,
         output: info.output_per_1k.unwrap_or(input) / 1000.0,
     };
     job.budget.max_cost.map(|max_cost| {
-        Arc::new(Budget::new(max_cost, prices, probed).recorded_ratio(previous_ratio))
+        let held = stats
+            .probe_held
+            .map(|held| held.stop(max_cost, &info.model));
+        let budget = Budget::new(max_cost, prices, probed).recorded_ratio(previous_ratio);
+        Arc::new(budget.spent_before(held))
     })
 }
 

@@ -131,6 +131,8 @@ struct BudgetState {
     /// Input tokens billed per local token, as an earlier run of the job
     /// recorded: the scale until this run's answers tell.
     recorded: Option<f64>,
+    /// Nothing is admitted: the run stopped before its first request.
+    closed: bool,
     exceeded: Option<String>,
 }
 
@@ -192,6 +194,19 @@ impl Budget {
         self
     }
 
+    /// A budget that admits nothing, for `why` (the window probe could
+    /// cost more than it before the first request): the run stops at its
+    /// first request as over the budget.
+    #[must_use]
+    pub(super) fn spent_before(self, why: Option<String>) -> Budget {
+        if let Some(why) = why {
+            let mut state = self.state();
+            state.exceeded = Some(why);
+            state.closed = true;
+        }
+        self
+    }
+
     fn state(&self) -> std::sync::MutexGuard<'_, BudgetState> {
         self.state
             .lock()
@@ -228,6 +243,9 @@ impl Budget {
     #[allow(clippy::cast_precision_loss)]
     fn try_admit(&self, tokens: u64) -> Option<bool> {
         let mut state = self.state();
+        if state.closed {
+            return Some(false);
+        }
         if !state.told && state.in_flight > 0 {
             return None;
         }
@@ -402,6 +420,16 @@ mod tests {
             assert_eq!(budget.try_admit(15), Some(true));
             assert_eq!(budget.try_admit(1), None, "held until the first answer");
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_budget_spent_before_the_run_admits_nothing_and_says_why() {
+        let budget = Budget::new(1.0, PRICES, 0).spent_before(Some("the probe".into()));
+        assert!(!budget.admit(1, || false).await);
+        assert_eq!(budget.exceeded().as_deref(), Some("the probe"));
+        let open = Budget::new(1.0, PRICES, 0).spent_before(None);
+        assert_eq!(open.try_admit(1), Some(true));
+        assert_eq!(open.exceeded(), None);
     }
 
     #[tokio::test(start_paused = true)]

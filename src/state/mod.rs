@@ -421,6 +421,14 @@ pub fn write_summary(
     Ok(fsio::write_json_atomically(&location.summary(), &clean)?)
 }
 
+/// The summary the job's last run wrote, whatever its end: none when there
+/// is none or it cannot be read. It is read without the lock, as a whole
+/// file (summaries are written whole or not at all).
+pub fn last_summary(location: &StateLocation) -> Option<serde_json::Value> {
+    let text = std::fs::read(location.summary()).ok()?;
+    serde_json::from_slice(&text).ok()
+}
+
 /// [`write_summary`] for a run that did not open the job's state: under the
 /// job's lock, taken for the while. Returns `false`, writing nothing, when
 /// another run holds the lock: its summary is its own to write.

@@ -603,3 +603,98 @@ async fn a_run_after_a_stop_takes_the_window_from_the_checkpoint() {
         assert_eq!(ledger.texts.get(&text_hash(text)), Some(&1), "{text}");
     }
 }
+
+/// A run stopped before it kept any vector (here the budget, spent on the
+/// probe, stops it at its first request) leaves neither output nor part:
+/// the next run takes the window from the summary it wrote, probes nothing,
+/// and is not billed for the probe again.
+#[tokio::test]
+async fn a_run_stopped_before_it_kept_a_vector_takes_the_window_from_its_summary() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = prose(dir.path());
+    let sim = simulator(unlisted("truncate")).await;
+    let job = job(
+        dir.path(),
+        &sim,
+        &root,
+        "input_per_1k = 0.1\nmax_inputs_per_request = 64",
+    );
+    // The probe may send up to 7 texts of about 680 tokens (4,732 tokens,
+    // 0.4732 at 0.1 per 1000) and sends about 2,500; a first request of 64
+    // chunks of the window (the whole job, about 8,700 tokens) is far more
+    // than the 2,500 left.
+    let output = run_job(&job, &["--json", "--max-cost", "0.5"]).await;
+    let (stdout, stderr) = no_key(&output, KEY);
+    assert_eq!(output.status.code(), Some(4), "{stdout}\n{stderr}");
+    let stopped: Value = serde_json::from_str(&stdout).unwrap();
+    assert!(
+        stopped["stopped"].as_str().unwrap().contains("budget"),
+        "{stopped}"
+    );
+    assert_eq!(stopped["embedded"], 0, "{stopped}");
+    let window = stopped["learned_limits"]["context_window"].clone();
+    assert_eq!(window["from"], "truncation", "{stopped}");
+    let probe = &stopped["learned_limits"]["window_probe"];
+    assert!(probe["requests"].as_u64() > Some(0), "{stopped}");
+    assert_eq!(
+        sim.ledger().embedding_requests,
+        probe["requests"].as_u64().unwrap()
+    );
+    assert!(!dir.path().join("out/result.parquet.checkpoint").exists());
+
+    let output = run_job(&job, &["--json"]).await;
+    let again = summary_of(&output);
+    assert_eq!(
+        again["learned_limits"]["window_probe"],
+        Value::Null,
+        "{again}"
+    );
+    assert_eq!(again["learned_limits"]["context_window"], window);
+    let ledger = sim.ledger();
+    assert_eq!(
+        ledger.embedding_requests - probe["requests"].as_u64().unwrap(),
+        again["requests"].as_u64().unwrap(),
+        "every request of the second run embedded chunks: {again}"
+    );
+    assert_read_whole(
+        &read_output(&dir.path().join("out/result.parquet")),
+        &ledger,
+    );
+}
+
+/// A budget smaller than what the probe may send keeps it from being sent,
+/// and stops the run before its first request: the probe was billed in full
+/// before the budget's first request, and skipping it instead would store
+/// vectors of chunks the server read only in part.
+#[tokio::test]
+async fn a_probe_that_could_cost_more_than_the_budget_is_not_sent() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = prose(dir.path());
+    let sim = simulator(unlisted("truncate")).await;
+    let job = job(dir.path(), &sim, &root, "input_per_1k = 0.1");
+    // The probe may send 4,732 tokens, 0.4732 at 0.1 per 1000 (it sends
+    // about 2,500).
+    let output = run_job(&job, &["--json", "--max-cost", "0.3"]).await;
+    let (stdout, stderr) = no_key(&output, KEY);
+    assert_eq!(output.status.code(), Some(4), "{stdout}\n{stderr}");
+    let summary: Value = serde_json::from_str(&stdout).unwrap();
+    let stopped = summary["stopped"].as_str().unwrap();
+    assert!(
+        stopped.starts_with("stopped at the budget of 0.3: the probe for model svc-embed-1's"),
+        "{stopped}"
+    );
+    assert!(stopped.contains("`backend.context_window`"), "{stopped}");
+    assert_eq!(summary["learned_limits"]["window_probe"], Value::Null);
+    assert_eq!(sim.ledger().embedding_requests, 0, "nothing was sent");
+    assert!(!dir.path().join("out/result.parquet").exists());
+    assert!(!dir.path().join("out/result.parquet.checkpoint").exists());
+
+    // With a budget that covers it, the probe goes, and every chunk is read whole.
+    let output = run_job(&job, &["--json", "--max-cost", "10"]).await;
+    let again = summary_of(&output);
+    assert!(again["learned_limits"]["window_probe"]["requests"].as_u64() > Some(0));
+    assert_read_whole(
+        &read_output(&dir.path().join("out/result.parquet")),
+        &sim.ledger(),
+    );
+}

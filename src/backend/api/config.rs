@@ -333,11 +333,13 @@ impl ApiParams {
 
 /// The windows an earlier run of the job learned for `model`, as its
 /// output records them (a Parquet file's footer, a table's metadata), or
-/// else as the checkpoint's newest part does: a run stopped before its end
-/// (the budget, a signal) leaves no output, and probing again on the next
-/// run was billed again (28,569 units against infinity) and could find
-/// another window, which changes the chunks and refuses the checkpoint.
-/// None when neither can be read yet; the sink then reports the output.
+/// else as the checkpoint's newest part does, else as the last run's
+/// summary does: a run stopped before its end (the budget, a signal) leaves
+/// no output, one stopped before it kept any vectors (the probe alone over
+/// the budget) no part either, and probing again on the next run was billed
+/// again (28,569 units against infinity) and could find another window,
+/// which changes the chunks and refuses the checkpoint. None when none can
+/// be read yet; the sink then reports the output.
 async fn earlier_window(job: &Job, model: &str) -> crate::backend::RecordedWindow {
     let tokenizer = crate::backend::tokenizer_name(&job.chunking);
     let metadata = crate::sink::recorded(&job.output, job.shard)
@@ -348,10 +350,21 @@ async fn earlier_window(job: &Job, model: &str) -> crate::backend::RecordedWindo
         return recorded;
     }
     let location = crate::state::StateLocation::for_job(job);
-    let part = tokio::task::spawn_blocking(move || crate::state::newest_part_metadata(&location))
-        .await
-        .unwrap_or_default();
-    crate::backend::RecordedWindow::of_output(&part, model, tokenizer)
+    let (part, summary) = tokio::task::spawn_blocking(move || {
+        (
+            crate::state::newest_part_metadata(&location),
+            crate::state::last_summary(&location),
+        )
+    })
+    .await
+    .unwrap_or_default();
+    let recorded = crate::backend::RecordedWindow::of_output(&part, model, tokenizer);
+    if recorded != crate::backend::RecordedWindow::default() {
+        return recorded;
+    }
+    summary.map_or_else(crate::backend::RecordedWindow::default, |summary| {
+        crate::backend::RecordedWindow::of_summary(&summary, model, tokenizer)
+    })
 }
 
 /// A listed window is counted in the model's own tokens, chunks in the
@@ -499,9 +512,10 @@ async fn build(job: &Job) -> Result<Embedding, Failure> {
     } else if window.is_none() && api.probe_window {
         let unfitted = job.chunking_for(None);
         let counter = chunker_for(&unfitted)?;
-        let probed = backend
-            .probe_window(&|text| counter.count_tokens(text), unfitted.max_tokens)
-            .await;
+        let count = |text: &str| counter.count_tokens(text);
+        let max_cost = job.budget.max_cost;
+        let probed = backend.probe_window(&count, unfitted.max_tokens, max_cost);
+        let probed = probed.await;
         backend.learn_window(probed, &unfitted, &unknown);
     }
     let chunking = fitted_chunking(job, backend.info())?;

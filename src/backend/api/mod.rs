@@ -176,6 +176,8 @@ pub struct ApiBackend {
     learned_window: Option<LearnedWindow>,
     /// What the probe cost, when there was one.
     probe_cost: Option<ProbeCost>,
+    /// What the window probe could have cost, when the budget held it back.
+    probe_held: Option<crate::backend::HeldProbe>,
 }
 
 /// One failed attempt: the service said no, or its answer failed a check.
@@ -321,6 +323,7 @@ impl ApiBackend {
             price_source,
             learned_window: None,
             probe_cost: None,
+            probe_held: None,
         }
     }
 
@@ -764,6 +767,7 @@ impl EmbeddingBackend for ApiBackend {
             lowered_concurrency: self.rate.lowered(),
             window: self.learned_window,
             window_probe: self.probe_cost,
+            probe_held: self.probe_held,
             concurrency: self.rate.settled(),
         }
     }

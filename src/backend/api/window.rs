@@ -14,7 +14,8 @@
 
 use super::ApiBackend;
 use crate::backend::{
-    with_margin, BackendError, LearnedWindow, ProbeCost, WindowSource, WINDOW_MARGIN_PERCENT,
+    with_margin, BackendError, HeldProbe, LearnedWindow, ProbeCost, WindowSource,
+    WINDOW_MARGIN_PERCENT,
 };
 use crate::client::window_refusal;
 use crate::job::ChunkingConfig;
@@ -124,15 +125,31 @@ pub(super) struct Probed {
     pub cost: ProbeCost,
     /// Why it found nothing, when it could not finish.
     pub failed: Option<String>,
+    /// What it could have cost, when that was more than the budget and it
+    /// was not sent.
+    pub over_budget: Option<HeldProbe>,
 }
+
+/// The most the probe sends, in texts as long as its longest: two in its
+/// first request, then one a step of a binary search to a
+/// [`RESOLUTION`]th of the text (five steps), each shorter.
+const PROBE_TEXTS: u64 = 7;
 
 impl ApiBackend {
     /// Looks for the window of a model that lists none, for chunks of
-    /// `chunk_tokens` counted by `count` (the job's tokenizer).
+    /// `chunk_tokens` counted by `count` (the job's tokenizer). Sends
+    /// nothing when what it may send, priced at the job's count, could cost
+    /// more than `max_cost` (`budget.max_cost`): the probe is paid for
+    /// before the budget's first request, and a budget smaller than it had
+    /// it billed in full and the run stop before embedding anything. The
+    /// run then stops at its first request, as over the budget: skipping
+    /// the probe instead would store vectors of chunks a server that
+    /// truncates silently read in part.
     pub(super) async fn probe_window(
         &self,
         count: &(dyn Fn(&str) -> usize + Sync),
         chunk_tokens: usize,
+        max_cost: Option<f64>,
     ) -> Probed {
         let words = probe_words(count, chunk_tokens.saturating_add(chunk_tokens / 4).max(2));
         let prefix = |k: usize| words[..k].join(" ");
@@ -142,9 +159,20 @@ impl ApiBackend {
             window: None,
             cost: ProbeCost::default(),
             failed: None,
+            over_budget: None,
         };
         let n = words.len();
         let (whole, shorter) = (prefix(n), prefix(n - 1));
+        let most = tokens(&whole).saturating_mul(PROBE_TEXTS);
+        #[allow(clippy::cast_precision_loss)]
+        let could_cost = self
+            .info
+            .input_per_1k
+            .map(|price| most as f64 / 1000.0 * price);
+        if let Some((cost, _)) = could_cost.zip(max_cost).filter(|(c, m)| c > m) {
+            probed.over_budget = Some(HeldProbe { tokens: most, cost });
+            return probed;
+        }
         probed.cost.requests += 1;
         let first = self
             .embed_all(&[&whole, &shorter], tokens(&whole) + tokens(&shorter))
@@ -247,6 +275,11 @@ impl ApiBackend {
         let tokenizer = tokenizer_name(chunking);
         let choose = "set `backend.context_window` to choose the window, or \
                       `backend.probe_window = false` not to probe";
+        if let Some(held) = probed.over_budget {
+            // Nothing was sent: the run stops at its first request.
+            self.probe_held = Some(held);
+            return;
+        }
         self.probe_cost = Some(probed.cost);
         let warning = match (probed.window, probed.failed) {
             (Some(window), _) => {
