@@ -1,6 +1,6 @@
 //! Knowing the cost before a run: `estimate`, and what it is measured against.
 
-use embedjob::simulate::{KeySpec, SimConfig};
+use embedjob::simulate::{KeySpec, SimConfig, Simulator};
 use serde_json::Value;
 
 use crate::support::{
@@ -343,6 +343,24 @@ async fn regression_the_learned_estimate_was_tested_only_on_the_corpus_it_learne
     );
 }
 
+/// A simulator that bills three times the bytes over four (about three
+/// times the local count), listing windows unless `bare`, and the cost job
+/// against it at a price per 1000 tokens, which is returned.
+async fn billing_thrice(dir: &std::path::Path, bare: bool) -> (Simulator, std::path::PathBuf, f64) {
+    let sim = simulator(SimConfig {
+        billing: embedjob::simulate::Billing {
+            count: embedjob::simulate::TokenCount::Bytes,
+            factor: 3.0,
+        },
+        bare_listing: bare,
+        ..SimConfig::default()
+    })
+    .await;
+    let price = 0.5;
+    let job = write_cost_job(dir, &sim.base_url(), &format!("input_per_1k = {price}"));
+    (sim, job, price)
+}
+
 /// A service that bills its own count, more than the local one: `--max-cost`
 /// holds to what it bills, the window probe's requests included. Counted
 /// in local tokens, what was in flight was priced at a third of its bill or
@@ -351,21 +369,7 @@ async fn regression_the_learned_estimate_was_tested_only_on_the_corpus_it_learne
 #[tokio::test]
 async fn a_budget_holds_to_what_the_service_bills_not_to_the_local_count() {
     let dir = tempfile::tempdir().unwrap();
-    let sim = simulator(SimConfig {
-        billing: embedjob::simulate::Billing {
-            count: embedjob::simulate::TokenCount::Bytes,
-            factor: 3.0,
-        },
-        bare_listing: true,
-        ..SimConfig::default()
-    })
-    .await;
-    let price = 0.5;
-    let job = write_cost_job(
-        dir.path(),
-        &sim.base_url(),
-        &format!("input_per_1k = {price}"),
-    );
+    let (sim, job, price) = billing_thrice(dir.path(), true).await;
     let estimate = json(&embedjob(&["estimate", path_arg(&job), "--json"]).await);
     // Half again what the local count prices the whole job at: under what
     // the service bills for it.
@@ -414,20 +418,7 @@ async fn a_budget_holds_to_what_the_service_bills_not_to_the_local_count() {
 #[tokio::test]
 async fn a_budget_counts_the_first_request_at_the_ratio_the_last_run_recorded() {
     let dir = tempfile::tempdir().unwrap();
-    let sim = simulator(SimConfig {
-        billing: embedjob::simulate::Billing {
-            count: embedjob::simulate::TokenCount::Bytes,
-            factor: 3.0,
-        },
-        ..SimConfig::default()
-    })
-    .await;
-    let price = 0.5;
-    let job = write_cost_job(
-        dir.path(),
-        &sim.base_url(),
-        &format!("input_per_1k = {price}"),
-    );
+    let (sim, job, price) = billing_thrice(dir.path(), false).await;
     let output = embedjob(&["run", path_arg(&job), "--json", "--quiet"]).await;
     assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
     let ratio = json(&output)["billed_token_ratio"].as_f64().unwrap();

@@ -543,6 +543,76 @@ async fn a_listed_window_counted_in_another_tokenizer_is_warned_about() {
     assert_eq!(summary["learned_limits"]["window_probe"], Value::Null);
 }
 
+/// A run of the prose job against a server that truncates silently and
+/// lists no window, with `max_inputs` chunks a request, stopped by a budget
+/// of `max_cost` at 0.1 per 1000 tokens after the probe found the window:
+/// the job, the simulator, and the stopped run's summary.
+async fn stopped_after_the_probe(
+    dir: &Path,
+    max_inputs: u64,
+    max_cost: &str,
+) -> (PathBuf, Simulator, Value) {
+    let root = prose(dir);
+    let sim = simulator(unlisted("truncate")).await;
+    let extra = format!("input_per_1k = 0.1\nmax_inputs_per_request = {max_inputs}");
+    let job = job(dir, &sim, &root, &extra);
+    let output = run_job(&job, &["--json", "--max-cost", max_cost]).await;
+    let (stdout, stderr) = no_key(&output, KEY);
+    assert_eq!(output.status.code(), Some(4), "{stdout}\n{stderr}");
+    let stopped: Value = serde_json::from_str(&stdout).unwrap();
+    assert!(
+        stopped["stopped"].as_str().unwrap().contains("budget"),
+        "{stopped}"
+    );
+    assert_eq!(
+        stopped["learned_limits"]["context_window"]["from"], "truncation",
+        "{stopped}"
+    );
+    assert!(stopped["learned_limits"]["window_probe"]["requests"].as_u64() > Some(0));
+    assert!(!dir.join("out/result.parquet").exists());
+    (job, sim, stopped)
+}
+
+/// The run after [`stopped_after_the_probe`]: it probes nothing, cuts the
+/// chunks to the stopped run's window, and every chunk is read whole and
+/// embedded once; every request it made embedded chunks. Its summary.
+async fn the_next_run_probes_nothing(
+    dir: &Path,
+    job: &Path,
+    sim: &Simulator,
+    stopped: &Value,
+) -> Value {
+    let requests = sim.ledger().embedding_requests;
+    let output = run_job(job, &["--json"]).await;
+    let again = summary_of(&output);
+    assert_eq!(
+        again["learned_limits"]["window_probe"],
+        Value::Null,
+        "{again}"
+    );
+    assert_eq!(
+        again["learned_limits"]["context_window"],
+        stopped["learned_limits"]["context_window"]
+    );
+    let stderr = text(&output.stderr);
+    assert!(
+        stderr.contains("the window an earlier run learned"),
+        "{stderr}"
+    );
+    let rows = read_output(&dir.join("out/result.parquet"));
+    let ledger = sim.ledger();
+    assert_read_whole(&rows, &ledger);
+    assert_eq!(
+        ledger.embedding_requests - requests,
+        again["requests"].as_u64().unwrap(),
+        "{again}"
+    );
+    for text in &rows.texts {
+        assert_eq!(ledger.texts.get(&text_hash(text)), Some(&1), "{text}");
+    }
+    again
+}
+
 /// A run stopped before its end leaves no output, where the learned window
 /// is kept: the next run takes it from the checkpoint's parts, probes
 /// nothing, and cuts the chunks as the stopped run did. Probing again
@@ -552,56 +622,12 @@ async fn a_listed_window_counted_in_another_tokenizer_is_warned_about() {
 #[tokio::test]
 async fn a_run_after_a_stop_takes_the_window_from_the_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
-    let root = prose(dir.path());
-    let sim = simulator(unlisted("truncate")).await;
-    let job = job(
-        dir.path(),
-        &sim,
-        &root,
-        "input_per_1k = 0.1\nmax_inputs_per_request = 8",
-    );
     // Enough for the probe (about 2,500 tokens) and a part of the job
     // (about 8,700 more): 6,000 tokens at 0.1 per 1000.
-    let output = run_job(&job, &["--json", "--max-cost", "0.6"]).await;
-    let (stdout, stderr) = no_key(&output, KEY);
-    assert_eq!(output.status.code(), Some(4), "{stdout}\n{stderr}");
-    let stopped: Value = serde_json::from_str(&stdout).unwrap();
-    let window = stopped["learned_limits"]["context_window"].clone();
-    assert_eq!(window["from"], "truncation", "{stopped}");
-    assert!(stopped["learned_limits"]["window_probe"]["requests"].as_u64() > Some(0));
-    assert!(!dir.path().join("out/result.parquet").exists());
-    let requests = sim.ledger().embedding_requests;
-
-    let output = run_job(&job, &["--json"]).await;
-    let again = summary_of(&output);
-    assert_eq!(again["exit_code"], 0, "{again}");
-    assert_eq!(
-        again["learned_limits"]["window_probe"],
-        Value::Null,
-        "{again}"
-    );
-    assert_eq!(
-        again["learned_limits"]["context_window"]["tokens"],
-        window["tokens"]
-    );
+    let (job, sim, stopped) = stopped_after_the_probe(dir.path(), 8, "0.6").await;
+    assert!(stopped["embedded"].as_u64() > Some(0), "{stopped}");
+    let again = the_next_run_probes_nothing(dir.path(), &job, &sim, &stopped).await;
     assert!(again["resumed"].as_u64() > Some(0), "{again}");
-    let stderr = text(&output.stderr);
-    assert!(
-        stderr.contains("the window an earlier run learned"),
-        "{stderr}"
-    );
-    let rows = read_output(&dir.path().join("out/result.parquet"));
-    let ledger = sim.ledger();
-    assert_read_whole(&rows, &ledger);
-    // Every request of the second run embedded chunks: none probed.
-    assert_eq!(
-        ledger.embedding_requests - requests,
-        again["requests"].as_u64().unwrap(),
-        "{again}"
-    );
-    for text in &rows.texts {
-        assert_eq!(ledger.texts.get(&text_hash(text)), Some(&1), "{text}");
-    }
 }
 
 /// A run stopped before it kept any vector (here the budget, spent on the
@@ -611,55 +637,20 @@ async fn a_run_after_a_stop_takes_the_window_from_the_checkpoint() {
 #[tokio::test]
 async fn a_run_stopped_before_it_kept_a_vector_takes_the_window_from_its_summary() {
     let dir = tempfile::tempdir().unwrap();
-    let root = prose(dir.path());
-    let sim = simulator(unlisted("truncate")).await;
-    let job = job(
-        dir.path(),
-        &sim,
-        &root,
-        "input_per_1k = 0.1\nmax_inputs_per_request = 64",
-    );
     // The probe may send up to 7 texts of about 680 tokens (4,732 tokens,
     // 0.4732 at 0.1 per 1000) and sends about 2,500; a first request of 64
     // chunks of the window (the whole job, about 8,700 tokens) is far more
     // than the 2,500 left.
-    let output = run_job(&job, &["--json", "--max-cost", "0.5"]).await;
-    let (stdout, stderr) = no_key(&output, KEY);
-    assert_eq!(output.status.code(), Some(4), "{stdout}\n{stderr}");
-    let stopped: Value = serde_json::from_str(&stdout).unwrap();
-    assert!(
-        stopped["stopped"].as_str().unwrap().contains("budget"),
-        "{stopped}"
-    );
+    let (job, sim, stopped) = stopped_after_the_probe(dir.path(), 64, "0.5").await;
     assert_eq!(stopped["embedded"], 0, "{stopped}");
-    let window = stopped["learned_limits"]["context_window"].clone();
-    assert_eq!(window["from"], "truncation", "{stopped}");
-    let probe = &stopped["learned_limits"]["window_probe"];
-    assert!(probe["requests"].as_u64() > Some(0), "{stopped}");
     assert_eq!(
         sim.ledger().embedding_requests,
-        probe["requests"].as_u64().unwrap()
+        stopped["learned_limits"]["window_probe"]["requests"]
+            .as_u64()
+            .unwrap()
     );
     assert!(!dir.path().join("out/result.parquet.checkpoint").exists());
-
-    let output = run_job(&job, &["--json"]).await;
-    let again = summary_of(&output);
-    assert_eq!(
-        again["learned_limits"]["window_probe"],
-        Value::Null,
-        "{again}"
-    );
-    assert_eq!(again["learned_limits"]["context_window"], window);
-    let ledger = sim.ledger();
-    assert_eq!(
-        ledger.embedding_requests - probe["requests"].as_u64().unwrap(),
-        again["requests"].as_u64().unwrap(),
-        "every request of the second run embedded chunks: {again}"
-    );
-    assert_read_whole(
-        &read_output(&dir.path().join("out/result.parquet")),
-        &ledger,
-    );
+    the_next_run_probes_nothing(dir.path(), &job, &sim, &stopped).await;
 }
 
 /// A budget smaller than what the probe may send keeps it from being sent,
