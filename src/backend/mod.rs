@@ -391,8 +391,8 @@ impl HeldProbe {
     pub fn stop(&self, max_cost: f64, model: &str) -> String {
         format!(
             "stopped at the budget of {max_cost}: the probe for model {model}'s context window \
-             could cost {:.6} ({} tokens by the job's count) before the first request; set \
-             `backend.context_window`, or raise the budget",
+             could cost {:.6} before the first request ({} tokens by the job's count; set \
+             `backend.context_window` or raise the budget)",
             self.cost, self.tokens
         )
     }
