@@ -18,6 +18,7 @@ use super::submit::{FileLimits, RequestBody, Submit, SubmitBudget};
 use super::write::SinkMessage;
 use super::RunError;
 use crate::backend::api::BatchService;
+use crate::backend::HeldProbe;
 use crate::batch::Batch;
 use crate::state::batches::BatchRecord;
 use crate::state::{Fingerprint, JobState};
@@ -108,10 +109,10 @@ impl BatchMode {
         self,
         batches: mpsc::Receiver<Result<Batch, RunError>>,
         sink: &mpsc::Sender<SinkMessage>,
-        previous_ratio: Option<f64>,
+        earlier: (Option<f64>, Option<HeldProbe>),
     ) -> Dispatched {
         let mut dispatched = Dispatched::default();
-        match self.run(batches, sink, previous_ratio).await {
+        match self.run(batches, sink, earlier).await {
             Ok((summary, over_budget)) => {
                 let pending = summary.pending_batches > 0 || summary.held_back_chunks > 0;
                 dispatched.stopped = match over_budget {
@@ -133,7 +134,7 @@ impl BatchMode {
         self,
         batches: mpsc::Receiver<Result<Batch, RunError>>,
         sink: &mpsc::Sender<SinkMessage>,
-        previous_ratio: Option<f64>,
+        (previous_ratio, held): (Option<f64>, Option<HeldProbe>),
     ) -> Result<(BatchSummary, Option<String>), RunError> {
         let BatchMode {
             service,
@@ -166,6 +167,7 @@ impl BatchMode {
                         .filter(|r| r.is_finite() && *r > 0.0)
                         .unwrap_or(1.0),
                 billed: summary.collected_cost.unwrap_or(0.0),
+                spent: held.map(|held| held.stop(max_cost, &service.model)),
             }),
         };
         let sink = sink.clone();

@@ -277,7 +277,11 @@ async fn run_stages(
     let stops = Stops::new(options.stop, started, options.max_duration);
     let finished = || reader.is_finished();
     let dispatched = match batch_mode {
-        Some(mode) => mode.submit(batch_rx, &sink_tx, previous_ratio).await,
+        Some(mode) => {
+            let held = backend.stats().probe_held;
+            mode.submit(batch_rx, &sink_tx, (previous_ratio, held))
+                .await
+        }
         None => {
             d.run(batch_rx, &sink_tx, stops, &mut display, &finished)
                 .await

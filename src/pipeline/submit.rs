@@ -65,7 +65,7 @@ pub(super) struct Submitted {
 
 /// `budget.max_cost` in batch mode: what this run collected, what is
 /// enqueued and what is being prepared, at the batch price, stay within it.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(super) struct SubmitBudget {
     pub max_cost: f64,
     /// The batch price per local token: per token billed, times the ratio
@@ -73,12 +73,18 @@ pub(super) struct SubmitBudget {
     pub per_token: f64,
     /// What the lines collected in this run cost.
     pub billed: f64,
+    /// Why no line fits, whatever its size: the window probe could cost
+    /// more than the budget, and was not sent.
+    pub spent: Option<String>,
 }
 
 impl SubmitBudget {
     /// Why `tokens` more in batches would go over, if they would.
     #[allow(clippy::cast_precision_loss)]
     fn over(&self, tokens: u64) -> Option<String> {
+        if self.spent.is_some() {
+            return self.spent.clone();
+        }
         let projected = self.billed + tokens as f64 * self.per_token;
         (projected > self.max_cost).then(|| {
             format!(
@@ -249,7 +255,7 @@ impl Submit {
             return Ok(Added::Capped);
         }
         let ahead = enqueued + prepared + open_tokens + tokens;
-        if let Some(why) = self.budget.and_then(|b| b.over(ahead)) {
+        if let Some(why) = self.budget.as_ref().and_then(|b| b.over(ahead)) {
             return Ok(Added::OverBudget(why));
         }
         let file = match open {
@@ -485,6 +491,7 @@ mod tests {
             max_cost: 5.0,
             per_token: 1.0,
             billed: 2.0,
+            spent: None,
         });
         let batches = vec![
             Batch::new(vec![chunk("a", 1), chunk("b", 1)]),

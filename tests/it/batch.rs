@@ -635,6 +635,41 @@ async fn the_budget_prices_lines_at_the_ratio_the_last_run_recorded() {
     assert_eq!(sim.ledger().batch_tokens, billed_before);
 }
 
+/// In batch mode too, a window probe that could cost more than the budget
+/// is not sent, and the run submits nothing: lines of chunks cut without
+/// the window would be read only in part by a server that truncates.
+#[tokio::test]
+async fn a_probe_over_the_budget_holds_back_every_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = corpus(dir.path(), 12);
+    let sim = simulator(SimConfig {
+        bare_listing: true,
+        window: Some(embedjob::simulate::ServerWindow::parse("256:truncate").unwrap()),
+        ..batch_sim(300, |_| {})
+    })
+    .await;
+    let extra = format!("{BATCH}\ninput_per_1k = 0.1");
+    let job = write_job(dir.path(), &sim.base_url(), &files_source(&root), &extra);
+    // Chunks of 64 tokens: the probe may send 7 texts of about 80 tokens,
+    // 0.056 at 0.1 per 1000.
+    let output = run_job(&job, &["--quiet", "--json", "--max-cost", "0.03"]).await;
+    assert_eq!(output.status.code(), Some(4), "{}", text(&output.stderr));
+    let summary = json(&output);
+    let stopped = summary["stopped"].as_str().unwrap();
+    assert!(
+        stopped.starts_with("stopped at the budget of 0.03: the probe for model svc-embed-1's"),
+        "{stopped}"
+    );
+    assert_eq!(
+        summary["batch"]["submitted_chunks"].as_u64(),
+        Some(0),
+        "{summary}"
+    );
+    let ledger = sim.ledger();
+    assert_eq!(ledger.embedding_requests, 0, "no probe");
+    assert_eq!(ledger.batches_created, 0, "no batch");
+}
+
 /// The request files the simulator keeps with `purpose=batch`, by name.
 async fn batch_files(sim: &Simulator) -> Vec<String> {
     let config =
