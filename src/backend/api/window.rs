@@ -234,14 +234,15 @@ pub fn tokenizer_name(chunking: &ChunkingConfig) -> &str {
 }
 
 impl ApiBackend {
-    /// Takes the window an earlier run learned, as its output records it.
+    /// Takes the window an earlier run learned, as its output, the
+    /// checkpoint or the last summary records it.
     pub(super) fn remember_window(&mut self, window: LearnedWindow, chunking: &ChunkingConfig) {
         self.info.context_window = Some(window.tokens);
         self.learned_window = Some(window);
         self.warn(format!(
             "model {} lists no context window: chunks are cut to {} {} tokens, the window an \
-             earlier run learned (the output records it); set `backend.context_window` to \
-             choose another",
+             earlier run learned (its output, checkpoint or summary records it); set \
+             `backend.context_window` to choose another",
             self.info.model,
             window.tokens,
             tokenizer_name(chunking)
