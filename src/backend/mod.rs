@@ -341,6 +341,11 @@ pub struct ProbeCost {
     pub requests: u64,
     /// Tokens billed for them.
     pub tokens: u64,
+    /// The length of the vectors it was answered with, when it was: a
+    /// run stopped before any vector of its own keeps the probe's bill in
+    /// a checkpoint part of that width.
+    #[serde(skip)]
+    pub dimensions: Option<usize>,
 }
 
 /// Counters a backend keeps while it works.

@@ -371,7 +371,12 @@ fn writing(
             &info.kind.to_string(),
             output_row_group_bytes(job),
         )
-        .with_dimensions(checkpoint_dimensions);
+        // The checkpoint's width, else that of the window probe's vectors:
+        // the probe's bill then goes into a part even when the run stops
+        // before a vector of its own.
+        .with_dimensions(
+            checkpoint_dimensions.or(backend.stats().window_probe.and_then(|p| p.dimensions)),
+        );
     // The window the chunks were cut to, for a next run after a stop.
     let window = RecordedWindow {
         chunks: backend.stats().window,

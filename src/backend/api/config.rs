@@ -334,12 +334,13 @@ impl ApiParams {
 /// The windows an earlier run of the job learned for `model`, as its
 /// output records them (a Parquet file's footer, a table's metadata), or
 /// else as the checkpoint's newest part does, else as the last run's
-/// summary does: a run stopped before its end (the budget, a signal) leaves
-/// no output, one stopped before it kept any vectors (the probe alone over
-/// the budget) no part either, and probing again on the next run was billed
-/// again (28,569 units against infinity) and could find another window,
-/// which changes the chunks and refuses the checkpoint. None when none can
-/// be read yet; the sink then reports the output.
+/// summary does: a run stopped before its end (the budget, a signal)
+/// leaves no output, one stopped before it kept anything (a window learned
+/// from a refusal, which is not billed, then a stall) no part either, and
+/// probing again on the next run was billed again (28,569 units against
+/// infinity) and could find another window, which changes the chunks and
+/// refuses the checkpoint. None when none can be read yet; the sink then
+/// reports the output.
 async fn earlier_window(job: &Job, model: &str) -> crate::backend::RecordedWindow {
     let tokenizer = crate::backend::tokenizer_name(&job.chunking);
     let metadata = crate::sink::recorded(&job.output, job.shard)

@@ -177,6 +177,9 @@ impl ApiBackend {
         let first = self
             .embed_all(&[&whole, &shorter], tokens(&whole) + tokens(&shorter))
             .await;
+        if let Ok(vectors) = &first {
+            probed.cost.dimensions = Some(vectors.dimensions);
+        }
         match first {
             Err(BackendError::TooLarge { message, .. }) => match window_refusal(&message) {
                 Some(refusal) => {
