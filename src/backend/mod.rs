@@ -300,11 +300,12 @@ impl RecordedWindow {
 }
 
 impl RecordedWindow {
-    /// The window chunks were cut to from the start, as a run's summary
-    /// (`learned_limits.context_window`) records it, when `model` ran and
-    /// the chunks were counted in `tokenizer`: a run that stopped before it
-    /// kept any vectors leaves no output nor part to record it. Not the
-    /// pieces' window: the summary gives none.
+    /// The window a run's summary gives (`learned_limits.context_window`),
+    /// when `model` ran and the chunks were counted in `tokenizer`, as the
+    /// window to cut chunks to from the start: a run that stopped before it
+    /// kept anything leaves no output nor part to record it. The summary
+    /// gives the smaller of the probe's window and the one refusals taught,
+    /// so it is for a run that finds nothing kept to reuse.
     pub fn of_summary(summary: &serde_json::Value, model: &str, tokenizer: &str) -> RecordedWindow {
         let same = summary.get("model").and_then(serde_json::Value::as_str) == Some(model)
             && summary.get("tokenizer").and_then(serde_json::Value::as_str) == Some(tokenizer);

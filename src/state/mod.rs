@@ -421,11 +421,24 @@ pub fn write_summary(
     Ok(fsio::write_json_atomically(&location.summary(), &clean)?)
 }
 
+/// The most of a summary file read back: a run's summary is a few
+/// kilobytes; a larger file is not one embedjob wrote.
+const MAX_SUMMARY_BYTES: u64 = 1 << 20;
+
 /// The summary the job's last run wrote, whatever its end: none when there
-/// is none or it cannot be read. It is read without the lock, as a whole
-/// file (summaries are written whole or not at all).
+/// is none, it cannot be read, or it is larger than [`MAX_SUMMARY_BYTES`].
+/// It is read without the lock, as a whole file (summaries are written
+/// whole or not at all).
 pub fn last_summary(location: &StateLocation) -> Option<serde_json::Value> {
-    let text = std::fs::read(location.summary()).ok()?;
+    use std::io::Read as _;
+    let file = std::fs::File::open(location.summary()).ok()?;
+    let mut text = Vec::new();
+    file.take(MAX_SUMMARY_BYTES + 1)
+        .read_to_end(&mut text)
+        .ok()?;
+    if text.len() as u64 > MAX_SUMMARY_BYTES {
+        return None;
+    }
     serde_json::from_slice(&text).ok()
 }
 
@@ -449,6 +462,21 @@ pub fn write_summary_unlocked(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_last_summary_is_read_back_whole_or_not_at_all() {
+        let dir = tempfile::tempdir().unwrap();
+        let location = StateLocation::beside(&dir.path().join("docs.parquet"));
+        assert_eq!(last_summary(&location), None, "none written");
+        let summary = serde_json::json!({"model": "m", "learned_limits": {}});
+        write_summary(&location, &summary).unwrap();
+        assert_eq!(last_summary(&location), Some(summary));
+        std::fs::write(location.summary(), b"{\"model\": ").unwrap();
+        assert_eq!(last_summary(&location), None, "cut short");
+        let large = format!("{{\"padding\": \"{}\"}}", " ".repeat(1 << 20));
+        std::fs::write(location.summary(), large).unwrap();
+        assert_eq!(last_summary(&location), None, "larger than a summary");
+    }
 
     #[test]
     fn every_file_of_a_job_is_named_after_its_stem() {

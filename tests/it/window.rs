@@ -715,3 +715,36 @@ async fn a_probe_that_could_cost_more_than_the_budget_is_not_sent() {
         &sim.ledger(),
     );
 }
+
+/// A summary's window is taken only where nothing was kept: it may be the
+/// window chunks refused mid-run were cut to, and an output's chunks cut
+/// anew to it would not be reused. Here an output made without a window,
+/// and a summary (as a later run stopped before it kept anything would
+/// leave) naming one: the next run reuses every vector and sends nothing.
+#[tokio::test]
+async fn a_summarys_window_does_not_cut_anew_what_an_output_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = prose(dir.path());
+    let sim = simulator(unlisted("truncate")).await;
+    let job = job(dir.path(), &sim, &root, "probe_window = false");
+    let first = summary_of(&run_job(&job, &["--json"]).await);
+    assert_eq!(first["learned_limits"]["context_window"], Value::Null);
+    let chunks = first["chunks"].as_u64().unwrap();
+    let requests = sim.ledger().embedding_requests;
+
+    let mut stopped = first.clone();
+    stopped["learned_limits"]["context_window"] =
+        serde_json::json!({"tokens": 100, "server_tokens": 256, "from": "refusal"});
+    stopped["exit_code"] = 4.into();
+    std::fs::write(
+        dir.path().join("out/result.parquet.summary.json"),
+        stopped.to_string(),
+    )
+    .unwrap();
+
+    let again = summary_of(&run_job(&job, &["--json"]).await);
+    assert_eq!(again["learned_limits"]["context_window"], Value::Null);
+    assert_eq!(again["chunks"].as_u64(), Some(chunks), "{again}");
+    assert_eq!(again["reused"].as_u64(), Some(chunks), "{again}");
+    assert_eq!(sim.ledger().embedding_requests, requests, "nothing sent");
+}

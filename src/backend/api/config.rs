@@ -333,14 +333,14 @@ impl ApiParams {
 
 /// The windows an earlier run of the job learned for `model`, as its
 /// output records them (a Parquet file's footer, a table's metadata), or
-/// else as the checkpoint's newest part does, else as the last run's
-/// summary does: a run stopped before its end (the budget, a signal)
-/// leaves no output, one stopped before it kept anything (a window learned
-/// from a refusal, which is not billed, then a stall) no part either, and
-/// probing again on the next run was billed again (28,569 units against
-/// infinity) and could find another window, which changes the chunks and
-/// refuses the checkpoint. None when none can be read yet; the sink then
-/// reports the output.
+/// else as the checkpoint's newest part does, else, when neither exists, as
+/// the last run's summary does: a run stopped before its end (the budget, a
+/// signal) leaves no output, one stopped before it kept anything (a window
+/// learned from a refusal, which is not billed, then a stall) no part
+/// either, and probing again on the next run was billed again (28,569 units
+/// against infinity) and could find another window, which changes the
+/// chunks and refuses the checkpoint. None when none can be read yet; the
+/// sink then reports the output.
 async fn earlier_window(job: &Job, model: &str) -> crate::backend::RecordedWindow {
     let tokenizer = crate::backend::tokenizer_name(&job.chunking);
     let metadata = crate::sink::recorded(&job.output, job.shard)
@@ -360,7 +360,14 @@ async fn earlier_window(job: &Job, model: &str) -> crate::backend::RecordedWindo
     .await
     .unwrap_or_default();
     let recorded = crate::backend::RecordedWindow::of_output(&part, model, tokenizer);
-    if recorded != crate::backend::RecordedWindow::default() {
+    // The summary's only where nothing was kept: it may give the window
+    // chunks refused mid-run were cut to, and chunks of kept vectors cut
+    // anew to it would not be reused (nor the checkpoint, made under
+    // another window).
+    if recorded != crate::backend::RecordedWindow::default()
+        || !metadata.is_empty()
+        || !part.is_empty()
+    {
         return recorded;
     }
     summary.map_or_else(crate::backend::RecordedWindow::default, |summary| {
