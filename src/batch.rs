@@ -41,6 +41,17 @@ impl Batch {
         self.chunks.is_empty()
     }
 
+    /// Its first chunk alone, and the rest when there is any, in the
+    /// original order.
+    #[must_use]
+    pub fn split_first(mut self) -> (Batch, Option<Batch>) {
+        if self.chunks.len() < 2 {
+            return (self, None);
+        }
+        let rest = self.chunks.split_off(1);
+        (Batch::new(self.chunks), Some(Batch::new(rest)))
+    }
+
     /// Splits a request the service found too large into two, the first
     /// holding `len / 2` rounded up, in the original order.
     ///

@@ -431,17 +431,21 @@ impl Dispatch {
         let delivered = Arc::clone(&self.exposure.delivered);
         let committed = self.exposure.committed.clone();
         let most = self.exposure.most;
+        let start = (batches, committed, None::<Batch>);
         let admitted =
-            futures::stream::unfold((batches, committed), move |(mut batches, mut committed)| {
+            futures::stream::unfold(start, move |(mut batches, mut committed, mut rest)| {
                 let (halt, budget, delivered) =
                     (Arc::clone(&halt), budget.clone(), Arc::clone(&delivered));
                 async move {
                     if halt.load(Ordering::Relaxed) {
                         return None;
                     }
-                    let batch = match batches.recv().await? {
-                        Ok(batch) => batch,
-                        Err(e) => return Some((Err(e), (batches, committed))),
+                    let batch = match rest.take() {
+                        Some(batch) => batch,
+                        None => match batches.recv().await? {
+                            Ok(batch) => batch,
+                            Err(e) => return Some((Err(e), (batches, committed, None))),
+                        },
                     };
                     // Checked once the batch is at hand: answers may have come meanwhile.
                     if !Exposure::wait(&delivered, &mut committed, most).await
@@ -450,14 +454,20 @@ impl Dispatch {
                         return None;
                     }
                     let halted = || halt.load(Ordering::Relaxed);
+                    let mut batch = batch;
                     if let Some(budget) = &budget {
+                        // The request that tells how the service bills goes
+                        // with one chunk (see `Budget::next_tells`).
+                        if budget.next_tells() {
+                            (batch, rest) = batch.split_first();
+                        }
                         if !budget.admit(batch.tokens, halted).await {
                             // The batch is left for a later run.
                             halt.store(true, Ordering::Relaxed);
                             return None;
                         }
                     }
-                    Some((Ok(batch), (batches, committed)))
+                    Some((Ok(batch), (batches, committed, rest)))
                 }
             })
             .boxed();

@@ -98,8 +98,9 @@ impl Stops {
 /// counted as local tokens, a run with `--max-cost 0.005` behind LiteLLM
 /// was billed 0.0085. Until an answer tells how the service bills, what
 /// is in flight counts at the ratio the job's last run recorded; without
-/// one, one request is in flight at a time: the first answer sets the scale
-/// before a second request is reserved.
+/// one, one request is in flight at a time, holding one chunk
+/// ([`Budget::next_tells`]): the first answer sets the scale before a
+/// second request is reserved.
 pub(super) struct Budget {
     max_cost: f64,
     prices: Prices,
@@ -267,6 +268,16 @@ impl Budget {
         Some(true)
     }
 
+    /// Whether the next request is the one that tells how the service
+    /// bills: no answer (nor an earlier run) told yet, and none in flight.
+    /// It is counted at its local count, so the dispatcher sends it with
+    /// one chunk: a service that bills more can take the run past the
+    /// budget by that chunk's difference at most, not a whole request's.
+    pub(super) fn next_tells(&self) -> bool {
+        let state = self.state();
+        !state.told && !state.closed && state.in_flight == 0
+    }
+
     /// Replaces a finished request's reservation with what it was billed.
     pub(super) fn settle(&self, settled: Settled) {
         {
@@ -420,6 +431,27 @@ mod tests {
             assert_eq!(budget.try_admit(15), Some(true));
             assert_eq!(budget.try_admit(1), None, "held until the first answer");
         }
+    }
+
+    #[test]
+    fn the_next_request_tells_how_the_service_bills_until_an_answer_or_a_ratio_did() {
+        let budget = Budget::new(1.0, PRICES, 0);
+        assert!(budget.next_tells());
+        assert_eq!(budget.try_admit(1), Some(true));
+        assert!(!budget.next_tells(), "one is on its way to tell");
+        // An answer without vectors tells nothing: the next goes to tell.
+        budget.settle(Settled {
+            embedded: 0,
+            ..answered(1, 0)
+        });
+        assert!(budget.next_tells());
+        assert_eq!(budget.try_admit(1), Some(true));
+        budget.settle(answered(1, 3));
+        assert!(!budget.next_tells(), "told");
+        let recorded = Budget::new(1.0, PRICES, 0).recorded_ratio(Some(3.0));
+        assert!(!recorded.next_tells(), "an earlier run told");
+        let spent = Budget::new(1.0, PRICES, 0).spent_before(Some("the probe".into()));
+        assert!(!spent.next_tells(), "nothing goes");
     }
 
     #[tokio::test(start_paused = true)]

@@ -467,3 +467,35 @@ async fn a_budget_counts_the_first_request_at_the_ratio_the_last_run_recorded() 
         "the request was sent"
     );
 }
+
+/// With a budget and no ratio recorded, the first request is counted at its
+/// local count before any answer tells how the service bills, so it goes
+/// with one chunk: a service that bills more can take the run past the
+/// budget by that chunk's difference at most. Sent whole, a first request
+/// the budget covered by the local count was billed three times that, over
+/// the budget.
+#[tokio::test]
+async fn the_request_that_tells_how_the_service_bills_holds_one_chunk() {
+    let dir = tempfile::tempdir().unwrap();
+    let (sim, job, price) = billing_thrice(dir.path(), false).await;
+    let estimate = json(&embedjob(&["estimate", path_arg(&job), "--json"]).await);
+    // A whole first request fits by the local count; billed three times
+    // that, it would not.
+    let largest = estimate["largest_request_tokens"].as_f64().unwrap();
+    let budget = largest * 1.2 * price / 1000.0;
+    let max_cost = budget.to_string();
+    let output = embedjob(&["run", path_arg(&job), "--json", "--max-cost", &max_cost]).await;
+    assert_eq!(output.status.code(), Some(4), "{}", text(&output.stderr));
+    let summary = json(&output);
+    assert!(
+        summary["stopped"].as_str().unwrap().contains("budget"),
+        "{summary}"
+    );
+    let billed = sim.ledger().prompt_tokens as f64 * price / 1000.0;
+    assert!(
+        billed <= budget,
+        "billed {billed} over the budget {budget}: {summary}"
+    );
+    assert_eq!(summary["embedded"], 1, "{summary}");
+    assert_eq!(summary["requests"], 1, "{summary}");
+}

@@ -543,19 +543,27 @@ async fn a_listed_window_counted_in_another_tokenizer_is_warned_about() {
     assert_eq!(summary["learned_limits"]["window_probe"], Value::Null);
 }
 
-/// A run of the prose job against a server that lists no window and
-/// treats longer inputs as `over` says (the probe learns the window `from`
-/// that), with `max_inputs` chunks a request, stopped by a budget of
-/// `max_cost` at 0.1 per 1000 tokens after the probe found the window: the
-/// job, the simulator, and the stopped run's summary.
+/// A run of the prose job against a server that truncates silently and
+/// lists no window, billing `factor` times the bytes over four (about as
+/// many times the local count), with `max_inputs` chunks a request, stopped
+/// by a budget of `max_cost` at 0.1 per 1000 tokens after the probe found
+/// the window: the job, the simulator, and the stopped run's summary.
 async fn stopped_after_the_probe(
     dir: &Path,
-    (over, from): (&str, &str),
+    factor: f64,
     max_inputs: u64,
     max_cost: &str,
 ) -> (PathBuf, Simulator, Value) {
     let root = prose(dir);
-    let sim = simulator(unlisted(over)).await;
+    let billing = embedjob::simulate::Billing {
+        count: embedjob::simulate::TokenCount::Bytes,
+        factor,
+    };
+    let sim = simulator(SimConfig {
+        billing,
+        ..unlisted("truncate")
+    })
+    .await;
     let extra = format!("input_per_1k = 0.1\nmax_inputs_per_request = {max_inputs}");
     let job = job(dir, &sim, &root, &extra);
     let output = run_job(&job, &["--json", "--max-cost", max_cost]).await;
@@ -567,7 +575,7 @@ async fn stopped_after_the_probe(
         "{stopped}"
     );
     assert_eq!(
-        stopped["learned_limits"]["context_window"]["from"], from,
+        stopped["learned_limits"]["context_window"]["from"], "truncation",
         "{stopped}"
     );
     assert!(stopped["learned_limits"]["window_probe"]["requests"].as_u64() > Some(0));
@@ -626,27 +634,25 @@ async fn a_run_after_a_stop_takes_the_window_from_the_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
     // Enough for the probe (about 2,500 tokens) and a part of the job
     // (about 8,700 more): 6,000 tokens at 0.1 per 1000.
-    let over = ("truncate", "truncation");
-    let (job, sim, stopped) = stopped_after_the_probe(dir.path(), over, 8, "0.6").await;
+    let (job, sim, stopped) = stopped_after_the_probe(dir.path(), 1.0, 8, "0.6").await;
     assert!(stopped["embedded"].as_u64() > Some(0), "{stopped}");
     let again = the_next_run_probes_nothing(dir.path(), &job, &sim, &stopped).await;
     assert!(again["resumed"].as_u64() > Some(0), "{again}");
 }
 
-/// A run stopped before it kept any vector of its own (here the budget,
-/// spent on the probe, stops it at its first request) keeps what the probe
+/// A run stopped before it kept any vector of its own keeps what the probe
 /// was billed in a checkpoint part, of the probe's vectors' width, with the
 /// window: the next run probes nothing, and the output's usage counts every
-/// token billed, the probe's included.
+/// token billed, the probe's included. Here the service bills about three
+/// times the local count: the probe, which fits the budget by the job's
+/// count, is billed more than it, and the run stops at its first request.
 #[tokio::test]
 async fn a_run_stopped_after_a_billed_probe_keeps_its_bill_and_window_in_the_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
-    // The probe may send up to 7 texts of about 680 tokens (4,732 tokens,
-    // 0.4732 at 0.1 per 1000) and sends about 2,500; a first request of 64
-    // chunks of the window (the whole job, about 8,700 tokens) is far more
-    // than the 2,500 left.
-    let over = ("truncate", "truncation");
-    let (job, sim, stopped) = stopped_after_the_probe(dir.path(), over, 64, "0.5").await;
+    // The probe may send up to 7 texts of about 680 tokens (4,732 tokens by
+    // the job's count, 0.4732 at 0.1 per 1000); it sends about 2,500,
+    // billed about 7,500.
+    let (job, sim, stopped) = stopped_after_the_probe(dir.path(), 3.0, 64, "0.5").await;
     assert_eq!(stopped["embedded"], 0, "{stopped}");
     let probe = stopped["learned_limits"]["window_probe"].clone();
     assert_eq!(
@@ -664,18 +670,14 @@ async fn a_run_stopped_after_a_billed_probe_keeps_its_bill_and_window_in_the_che
     );
 }
 
-/// A run stopped before it kept anything (a window learned from a refusal,
-/// which is not billed, and the budget stopping the first request) leaves
-/// neither output nor part: the next run takes the window from the summary
-/// the stopped run wrote, and probes nothing.
+/// With neither output nor checkpoint (a run stopped before it kept
+/// anything, or a checkpoint removed by hand), the next run takes the
+/// window from the summary the stopped run wrote, and probes nothing.
 #[tokio::test]
-async fn a_run_stopped_before_it_kept_anything_takes_the_window_from_its_summary() {
+async fn with_nothing_kept_the_next_run_takes_the_window_from_the_summary() {
     let dir = tempfile::tempdir().unwrap();
-    let over = ("vllm", "refusal");
-    let (job, sim, stopped) = stopped_after_the_probe(dir.path(), over, 64, "0.5").await;
-    assert_eq!(stopped["embedded"], 0, "{stopped}");
-    assert_eq!(sim.ledger().prompt_tokens, 0, "the refusal was not billed");
-    assert!(!dir.path().join("out/result.parquet.checkpoint").exists());
+    let (job, sim, stopped) = stopped_after_the_probe(dir.path(), 3.0, 64, "0.5").await;
+    std::fs::remove_dir_all(dir.path().join("out/result.parquet.checkpoint")).unwrap();
     the_next_run_probes_nothing(dir.path(), &job, &sim, &stopped).await;
 }
 
