@@ -297,9 +297,7 @@ impl RecordedWindow {
             _ => RecordedWindow::default(),
         }
     }
-}
 
-impl RecordedWindow {
     /// The window a run's summary gives (`learned_limits.context_window`),
     /// when `model` ran and the chunks were counted in `tokenizer`, as the
     /// window to cut chunks to from the start: a run that stopped before it

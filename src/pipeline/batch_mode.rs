@@ -161,11 +161,10 @@ impl BatchMode {
             budget: max_cost.map(|max_cost| SubmitBudget {
                 max_cost,
                 // A line is billed in the service's count: the job's last
-                // run recorded its ratio to the local one.
+                // run recorded its ratio to the local one (a finite, positive
+                // ratio, as `recall` reads it).
                 per_token: service.input_per_1k.unwrap_or(0.0) / 1000.0
-                    * previous_ratio
-                        .filter(|r| r.is_finite() && *r > 0.0)
-                        .unwrap_or(1.0),
+                    * previous_ratio.unwrap_or(1.0),
                 billed: summary.collected_cost.unwrap_or(0.0),
                 spent: held.map(|held| held.stop(max_cost, &service.model)),
             }),

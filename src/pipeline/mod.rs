@@ -365,6 +365,7 @@ fn writing(
     gate: Arc<repeats::RepeatGate>,
 ) -> Writing {
     let info = backend.info();
+    let stats = backend.stats();
     let mut parts = state
         .part_writer(
             &info.model,
@@ -374,12 +375,10 @@ fn writing(
         // The checkpoint's width, else that of the window probe's vectors:
         // the probe's bill then goes into a part even when the run stops
         // before a vector of its own.
-        .with_dimensions(
-            checkpoint_dimensions.or(backend.stats().window_probe.and_then(|p| p.dimensions)),
-        );
+        .with_dimensions(checkpoint_dimensions.or(stats.window_probe.and_then(|p| p.dimensions)));
     // The window the chunks were cut to, for a next run after a stop.
     let window = RecordedWindow {
-        chunks: backend.stats().window,
+        chunks: stats.window,
         pieces: None,
     };
     if let Some(json) = window.to_json(crate::backend::tokenizer_name(&job.chunking)) {

@@ -351,28 +351,24 @@ async fn earlier_window(job: &Job, model: &str) -> crate::backend::RecordedWindo
         return recorded;
     }
     let location = crate::state::StateLocation::for_job(job);
+    let no_output = metadata.is_empty();
     let (part, summary) = tokio::task::spawn_blocking(move || {
-        (
-            crate::state::newest_part_metadata(&location),
-            crate::state::last_summary(&location),
-        )
+        let part = crate::state::newest_part_metadata(&location);
+        // The summary's only where nothing was kept: it may give the window
+        // chunks refused mid-run were cut to, and chunks of kept vectors cut
+        // anew to it would not be reused (nor the checkpoint, made under
+        // another window).
+        let summary = (no_output && part.is_empty())
+            .then(|| crate::state::last_summary(&location))
+            .flatten();
+        (part, summary)
     })
     .await
     .unwrap_or_default();
-    let recorded = crate::backend::RecordedWindow::of_output(&part, model, tokenizer);
-    // The summary's only where nothing was kept: it may give the window
-    // chunks refused mid-run were cut to, and chunks of kept vectors cut
-    // anew to it would not be reused (nor the checkpoint, made under
-    // another window).
-    if recorded != crate::backend::RecordedWindow::default()
-        || !metadata.is_empty()
-        || !part.is_empty()
-    {
-        return recorded;
+    match summary {
+        Some(summary) => crate::backend::RecordedWindow::of_summary(&summary, model, tokenizer),
+        None => crate::backend::RecordedWindow::of_output(&part, model, tokenizer),
     }
-    summary.map_or_else(crate::backend::RecordedWindow::default, |summary| {
-        crate::backend::RecordedWindow::of_summary(&summary, model, tokenizer)
-    })
 }
 
 /// A listed window is counted in the model's own tokens, chunks in the
