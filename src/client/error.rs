@@ -233,6 +233,9 @@ pub fn classify(status: u16, message: &str) -> ErrorKind {
     match status {
         413 => ErrorKind::TooLarge,
         400 | 422 if says_too_large(message) => ErrorKind::TooLarge,
+        // llama.cpp's server refuses an input longer than its physical batch
+        // with a 500 that no retry clears.
+        500 if over_physical_batch(message) => ErrorKind::TooLarge,
         // 409 is what OpenAI-style services send for a lock or conflict that clears on its own.
         408 | 409 | 425 | 429 => ErrorKind::Transient,
         // Not Implemented: the server lacks the route, and always will.
@@ -258,9 +261,19 @@ fn says_too_large(message: &str) -> bool {
         "maximum allowed batch size",
         "must have less than",
         "items after validation",
+        "available context size",
     ]
     .iter()
     .any(|needle| m.contains(needle))
+}
+
+/// Whether a message is llama.cpp's server refusing an input longer than
+/// its physical batch: "input (600 tokens) is too large to process.
+/// increase the physical batch size (current batch size: 512)", or without
+/// the numbers as older builds word it.
+fn over_physical_batch(message: &str) -> bool {
+    let m = message.to_ascii_lowercase();
+    m.contains("too large to process") && m.contains("physical batch size")
 }
 
 /// What a request was too large in, as far as the server's message tells.
@@ -276,12 +289,16 @@ pub enum SizeLimit {
     Request,
 }
 
-/// Reads a too-large message as OpenAI, TEI, vLLM and FastAPI (pydantic)
-/// servers word it.
+/// Reads a too-large message as OpenAI, TEI, vLLM, llama.cpp and FastAPI
+/// (pydantic) servers word it.
 pub fn size_limit(message: &str) -> SizeLimit {
     let m = message.to_ascii_lowercase();
     let has = |words: &[&str]| words.iter().any(|w| m.contains(w));
+    if over_physical_batch(&m) {
+        return SizeLimit::Input;
+    }
     if has(&[
+        "available context size",
         "context length",
         "context_length",
         "input is too long",
@@ -334,13 +351,25 @@ pub struct WindowRefusal {
 
 /// Reads the window from a refusal worded as OpenAI ("maximum context
 /// length is 8192 tokens, however you requested 9000 tokens"), vLLM
-/// ("… is 512 tokens. However, you requested 600 tokens in the input …") or
-/// TEI ("`inputs` must have less than 512 tokens. Given: 600") word it.
-/// A number too large for a `u64`, or none, is no window.
+/// ("… is 512 tokens. However, you requested 600 tokens in the input …"),
+/// TEI ("`inputs` must have less than 512 tokens. Given: 600") or
+/// llama.cpp's server ("input (600 tokens) is too large to process.
+/// increase the physical batch size (current batch size: 512)"; "request
+/// (600 tokens) exceeds the available context size (512 tokens), try
+/// increasing it") word it. A number too large for a `u64`, or none, is no
+/// window.
 pub fn window_refusal(message: &str) -> Option<WindowRefusal> {
     let m = message.to_ascii_lowercase();
-    let limit = number_right_after(&m, &["maximum context length is", "must have less than"])?;
-    let given = number_right_after(&m, &["you requested", "given:"]);
+    let limit = number_right_after(
+        &m,
+        &[
+            "maximum context length is",
+            "must have less than",
+            "current batch size:",
+            "available context size (",
+        ],
+    )?;
+    let given = number_right_after(&m, &["you requested", "given:", "input (", "request ("]);
     Some(WindowRefusal { limit, given })
 }
 
@@ -648,14 +677,25 @@ mod tests {
         let openai = br#"{"error":{"message":"This model's maximum context length is 8192 tokens, however you requested 9000 tokens (9000 in your prompt; 0 for the completion). Please reduce your prompt; or completion length.","type":"invalid_request_error","param":null,"code":"context_length_exceeded"}}"#;
         let tei = br#"{"error":"Input validation error: `inputs` must have less than 512 tokens. Given: 600","error_type":"Validation"}"#;
         let vllm = br#"{"object":"error","message":"This model's maximum context length is 512 tokens. However, you requested 600 tokens in the input for embedding generation. Please reduce the length of the input.","type":"BadRequestError","param":null,"code":400}"#;
+        let llama_batch = br#"{"error":{"code":500,"message":"input (600 tokens) is too large to process. increase the physical batch size (current batch size: 512)","type":"server_error"}}"#;
+        let llama_context = br#"{"error":{"code":400,"message":"request (600 tokens) exceeds the available context size (512 tokens), try increasing it","type":"exceed_context_size_error","n_prompt_tokens":600,"n_ctx":512}}"#;
+        // LiteLLM's proxy passes the server's words on inside its own.
+        let behind_litellm = br#"{"error":{"message":"litellm.InternalServerError: OpenAIException - input (600 tokens) is too large to process. increase the physical batch size (current batch size: 512)","type":null,"param":null,"code":"500"}}"#;
         for (status, body, limit, given) in [
             (400, &openai[..], 8192, 9000),
             (422, &tei[..], 512, 600),
             (413, &tei[..], 512, 600),
             (400, &vllm[..], 512, 600),
+            (500, &llama_batch[..], 512, 600),
+            (200, &llama_batch[..], 512, 600),
+            (400, &llama_context[..], 512, 600),
+            (500, &behind_litellm[..], 512, 600),
         ] {
-            let error =
-                ApiError::from_response("POST /v1/embeddings", status, &HeaderMap::new(), body);
+            let error = if status == 200 {
+                ApiError::from_error_body("POST /v1/embeddings", body).unwrap()
+            } else {
+                ApiError::from_response("POST /v1/embeddings", status, &HeaderMap::new(), body)
+            };
             assert_eq!(error.kind, ErrorKind::TooLarge, "{}", error.message);
             assert_eq!(error.size_limit(), SizeLimit::Input, "{}", error.message);
             assert_eq!(
@@ -667,6 +707,23 @@ mod tests {
                 "{}",
                 error.message
             );
+        }
+    }
+
+    #[test]
+    fn only_llama_cpps_physical_batch_makes_a_500_too_large() {
+        let older = br#"{"error":{"code":500,"message":"input is too large to process. increase the physical batch size","type":"server_error"}}"#;
+        let error = ApiError::from_response("POST /v1/embeddings", 500, &HeaderMap::new(), older);
+        assert_eq!(error.kind, ErrorKind::TooLarge, "{}", error.message);
+        assert_eq!(error.size_limit(), SizeLimit::Input);
+        assert_eq!(window_refusal(&error.message), None);
+        for other in [
+            &br#"{"error":{"code":500,"message":"the request is too large to process right now","type":"server_error"}}"#[..],
+            br#"{"error":{"code":500,"message":"failed to decode the batch","type":"server_error"}}"#,
+            b"Internal Server Error",
+        ] {
+            let error = ApiError::from_response("POST /v1/embeddings", 500, &HeaderMap::new(), other);
+            assert_eq!(error.kind, ErrorKind::Transient, "{}", error.message);
         }
     }
 

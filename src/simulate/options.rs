@@ -216,8 +216,13 @@ pub struct SimulateOptions {
 
     /// Keep an unlisted window of TOKENS (the server's own word pieces) for
     /// every embedding model: read only its first tokens, or refuse in the
-    /// words of OpenAI (400), TEI (422) or vLLM (400)
-    #[arg(long, value_name = "TOKENS:truncate|openai|tei|vllm")]
+    /// words of OpenAI (400), TEI (422), vLLM (400) or llama.cpp's server
+    /// (500 for a physical batch, 400 for a slot's context; `llamacpp-bare`
+    /// without the numbers, as older builds)
+    #[arg(
+        long,
+        value_name = "TOKENS:truncate|openai|tei|vllm|llamacpp|llamacpp-context|llamacpp-bare"
+    )]
     pub window: Option<String>,
 
     /// Inject at most this many faults in total

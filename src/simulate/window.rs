@@ -1,7 +1,7 @@
 //! A model's context window as self-hosted servers keep it, counted in the
 //! server's own tokens: it reads only the first tokens of a longer input
 //! (infinity, TEI with `truncate`, Ollama), or refuses the input in the
-//! words of OpenAI, TEI or vLLM.
+//! words of OpenAI, TEI, vLLM or llama.cpp's server.
 //!
 //! The server's tokens are word pieces, not cl100k's: a run of letters or
 //! digits is one piece per [`PIECE_CHARS`] characters (rounded up), any
@@ -27,7 +27,20 @@ pub enum OverWindow {
     Tei,
     /// 400 "maximum context length", as vLLM answers.
     Vllm,
+    /// 500 "too large to process. increase the physical batch size", as
+    /// llama.cpp's server answers for an embedding model (the whole input
+    /// must fit one physical batch, 512 tokens by default).
+    LlamaCpp,
+    /// 400 `exceed_context_size_error`, as llama.cpp's server answers an
+    /// input longer than a slot's context.
+    LlamaCppContext,
+    /// As [`OverWindow::LlamaCpp`], without the numbers, as older builds of
+    /// llama.cpp's server word it: the refusal does not say the window.
+    LlamaCppBare,
 }
+
+/// The modes of `--window`, as typed.
+const MODES: &str = "truncate|openai|tei|vllm|llamacpp|llamacpp-context|llamacpp-bare";
 
 /// A window every embedding model of the simulator keeps, in server tokens.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -37,14 +50,14 @@ pub struct ServerWindow {
 }
 
 impl ServerWindow {
-    /// Reads `--window TOKENS:truncate|openai|tei|vllm`.
+    /// Reads `--window TOKENS:MODE`, a mode of [`MODES`].
     ///
     /// # Errors
     /// A message naming the flag.
     pub fn parse(spec: &str) -> Result<ServerWindow, String> {
         let (tokens, over) = spec
             .split_once(':')
-            .ok_or_else(|| format!("--window {spec}: expected TOKENS:truncate|openai|tei|vllm"))?;
+            .ok_or_else(|| format!("--window {spec}: expected TOKENS:{MODES}"))?;
         let tokens: u32 = tokens
             .trim()
             .parse()
@@ -56,11 +69,10 @@ impl ServerWindow {
             "openai" => OverWindow::OpenAi,
             "tei" => OverWindow::Tei,
             "vllm" => OverWindow::Vllm,
-            other => {
-                return Err(format!(
-                    "--window {spec}: '{other}' is not truncate, openai, tei or vllm"
-                ))
-            }
+            "llamacpp" => OverWindow::LlamaCpp,
+            "llamacpp-context" => OverWindow::LlamaCppContext,
+            "llamacpp-bare" => OverWindow::LlamaCppBare,
+            other => return Err(format!("--window {spec}: '{other}' is not one of {MODES}")),
         };
         Ok(ServerWindow { tokens, over })
     }
@@ -195,6 +207,38 @@ fn refusal(over: OverWindow, limit: u32, given: u64) -> ApiError {
                 "code": 400,
             }),
         ),
+        OverWindow::LlamaCpp => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            serde_json::json!({"error": {
+                "code": 500,
+                "message": format!(
+                    "input ({given} tokens) is too large to process. increase the physical \
+                     batch size (current batch size: {limit})"
+                ),
+                "type": "server_error",
+            }}),
+        ),
+        OverWindow::LlamaCppBare => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            serde_json::json!({"error": {
+                "code": 500,
+                "message": "input is too large to process. increase the physical batch size",
+                "type": "server_error",
+            }}),
+        ),
+        OverWindow::LlamaCppContext => (
+            StatusCode::BAD_REQUEST,
+            serde_json::json!({"error": {
+                "code": 400,
+                "message": format!(
+                    "request ({given} tokens) exceeds the available context size ({limit} \
+                     tokens), try increasing it"
+                ),
+                "type": "exceed_context_size_error",
+                "n_prompt_tokens": given,
+                "n_ctx": limit,
+            }}),
+        ),
     };
     ApiError {
         fault: Some("too_large"),
@@ -226,18 +270,40 @@ mod tests {
 
     #[test]
     fn a_refusing_window_refuses_in_the_servers_words() {
-        for (over, status) in [("openai", 400), ("tei", 422), ("vllm", 400)] {
+        for (over, status) in [
+            ("openai", 400),
+            ("tei", 422),
+            ("vllm", 400),
+            ("llamacpp", 500),
+            ("llamacpp-context", 400),
+        ] {
             let window = ServerWindow::parse(&format!("2:{over}")).unwrap();
             assert!(window.check(["a b"].into_iter()).is_ok());
             let refused = window.check(["a b c"].into_iter()).unwrap_err();
             assert_eq!(refused.status.as_u16(), status, "{over}");
             assert!(refused.body.unwrap().to_string().contains('3'), "{over}");
         }
+        let bare = ServerWindow::parse("2:llamacpp-bare").unwrap();
+        let refused = bare.check(["a b c"].into_iter()).unwrap_err();
+        assert_eq!(refused.status.as_u16(), 500);
+        let body = refused.body.unwrap().to_string();
+        assert!(
+            body.contains("physical batch size") && !body.contains('3'),
+            "{body}"
+        );
     }
 
     #[test]
     fn a_window_spec_is_checked() {
-        for bad in ["", "12", "0:tei", "x:tei", "12:cut", "99999999999:tei"] {
+        for bad in [
+            "",
+            "12",
+            "0:tei",
+            "x:tei",
+            "12:cut",
+            "99999999999:tei",
+            "12:llama",
+        ] {
             assert!(ServerWindow::parse(bad).is_err(), "{bad}");
         }
     }

@@ -1,5 +1,6 @@
 //! A window nobody lists: servers that read only the start of a long input,
-//! or refuse it in OpenAI's, TEI's or vLLM's words, and list no window. A
+//! or refuse it in OpenAI's, TEI's, vLLM's or llama.cpp's words, and list
+//! no window. A
 //! job with the default chunking finds the window and cuts its chunks to it.
 
 use std::collections::BTreeMap;
@@ -243,6 +244,40 @@ async fn a_window_refused_in_vllms_words_is_learned() {
     assert_eq!(summary["probe"]["requests"], 1, "{summary}");
 }
 
+/// llama.cpp's server refuses an input longer than its physical batch with
+/// a 500, which no retry clears: before it was read as a refusal, the probe
+/// and then every request were retried until their attempts ran out, and
+/// the run exited 1 with nothing written.
+#[tokio::test]
+async fn a_window_refused_in_llama_cpps_words_is_learned_and_not_retried() {
+    for over in ["llamacpp", "llamacpp-context"] {
+        let summary = learns_the_window(over).await;
+        let window = &summary["learned_limits"]["context_window"];
+        assert_eq!(window["server_tokens"], WINDOW, "{over}: {summary}");
+        assert_eq!(window["from"], "refusal");
+        assert_eq!(summary["probe"]["requests"], 1, "{over}: {summary}");
+        assert_eq!(summary["retries"], 0, "{over}: {summary}");
+    }
+}
+
+/// Older builds of llama.cpp's server refuse without saying the window: the
+/// probe finds it as it finds where a truncating server stops reading, by a
+/// binary search over the long text's prefixes, a prefix refused being past it.
+#[tokio::test]
+async fn a_window_refused_without_its_size_is_found_by_a_few_requests() {
+    let summary = learns_the_window("llamacpp-bare").await;
+    let window = &summary["learned_limits"]["context_window"];
+    assert_eq!(window["from"], "refusal", "{summary}");
+    assert_eq!(window["server_tokens"], Value::Null);
+    // As for a truncating server (below): one request, then at most 6 of
+    // the binary search; only the prefixes taken are billed, one each.
+    let requests = summary["probe"]["requests"].as_u64().unwrap();
+    assert!((2..=7).contains(&requests), "{summary}");
+    let tokens = summary["probe"]["tokens"].as_u64().unwrap();
+    assert!(tokens > 0 && tokens <= 6 * 693, "{summary}");
+    assert_eq!(summary["retries"], 0, "{summary}");
+}
+
 #[tokio::test]
 async fn a_window_that_truncates_silently_is_found_by_a_few_requests() {
     let summary = learns_the_window("truncate").await;
@@ -297,7 +332,7 @@ async fn a_server_that_reads_everything_costs_one_probe_request() {
 /// cuts each refused chunk to fit instead of quarantining it.
 #[tokio::test]
 async fn a_chunk_refused_during_the_run_is_cut_to_the_window_it_states() {
-    for over in ["openai", "tei", "vllm"] {
+    for over in ["openai", "tei", "vllm", "llamacpp", "llamacpp-context"] {
         let dir = tempfile::tempdir().unwrap();
         let root = prose(dir.path());
         let sim = simulator(unlisted(over)).await;

@@ -4,9 +4,14 @@
 //! prefixes: a prefix with the whole text's vector shows where the server
 //! stopped reading, found by binary search.
 //!
+//! A refusal that does not say the window (older builds of llama.cpp's
+//! server: "input is too large to process. increase the physical batch
+//! size") is searched the same way: a prefix refused is past the window.
+//!
 //! Cost: one request with the whole text and the text less its last word,
-//! then, only when those two vectors are the same, ⌈log2((n − 1) / ⌊n /
-//! 32⌋)⌉ requests of one prefix each (at most 6), for a text of n words: the
+//! then, only when those two vectors are the same (or the request was
+//! refused without the window said), ⌈log2((n − 1) / ⌊n / 32⌋)⌉ requests of
+//! one prefix each (at most 6), for a text of n words: the
 //! search stops within a 32nd of the text, well inside the 10% the window
 //! is cut by, since each request is a round trip before the run starts. The
 //! text holds 5/4 of the chunk size the job would use, so the search ends
@@ -119,6 +124,24 @@ fn same(x: &[f32], y: &[f32]) -> bool {
     cosine.is_finite() && 1.0 - cosine <= SAME_VECTOR
 }
 
+/// How the probe's binary search tells a prefix past the window.
+enum Search {
+    /// The server reads the start of a longer text only: a prefix with
+    /// this vector, the whole text's, is past where it stops.
+    Truncation(Vec<f32>),
+    /// The server refuses a text over its window without saying the window.
+    Refusal,
+}
+
+impl Search {
+    fn source(&self) -> WindowSource {
+        match self {
+            Search::Truncation(_) => WindowSource::Truncation,
+            Search::Refusal => WindowSource::Refusal,
+        }
+    }
+}
+
 /// What the probe found.
 pub(super) struct Probed {
     pub window: Option<LearnedWindow>,
@@ -180,7 +203,10 @@ impl ApiBackend {
         if let Ok(vectors) = &first {
             probed.cost.dimensions = Some(vectors.dimensions);
         }
-        match first {
+        // The longest prefix the server reads whole lies below the first
+        // that shows it stopped reading: found by binary search, to within a
+        // `RESOLUTION`th of the text.
+        let search = match first {
             Err(BackendError::TooLarge { message, .. }) => match window_refusal(&message) {
                 Some(refusal) => {
                     probed.window = Some(LearnedWindow::from_refusal(
@@ -188,38 +214,52 @@ impl ApiBackend {
                         refusal.given,
                         tokens(&whole),
                     ));
+                    None
                 }
-                None => probed.failed = Some(message),
+                // Refused without the window said (older builds of
+                // llama.cpp's server): a prefix refused is past it.
+                None => Some((Search::Refusal, n)),
             },
-            Err(error) => probed.failed = Some(error.to_string()),
-            Ok(vectors) if !same(row(&vectors, 0), row(&vectors, 1)) => {}
-            Ok(vectors) => {
-                let whole = row(&vectors, 0);
-                // The server stopped reading within the last word: the
-                // longest prefix it reads whole is found by binary search,
-                // to within a `RESOLUTION`th of the text.
-                let (mut lo, mut hi) = (0, n - 1);
-                let close = (n / RESOLUTION).max(1);
-                while hi - lo > close {
-                    let mid = lo + (hi - lo) / 2;
-                    let text = prefix(mid);
-                    probed.cost.requests += 1;
-                    match self.embed_all(&[&text], tokens(&text)).await {
-                        Ok(vectors) if same(whole, row(&vectors, 0)) => hi = mid,
-                        Ok(_) => lo = mid,
-                        Err(error) => {
-                            probed.failed = Some(error.to_string());
-                            break;
-                        }
+            Err(error) => {
+                probed.failed = Some(error.to_string());
+                None
+            }
+            Ok(vectors) if !same(row(&vectors, 0), row(&vectors, 1)) => None,
+            // The server stopped reading within the last word: a prefix
+            // with the whole text's vector is past where it stops.
+            Ok(vectors) => Some((Search::Truncation(row(&vectors, 0).to_vec()), n - 1)),
+        };
+        if let Some((search, past)) = search {
+            let (mut lo, mut hi) = (0, past);
+            let close = (n / RESOLUTION).max(1);
+            while hi - lo > close {
+                let mid = lo + (hi - lo) / 2;
+                let text = prefix(mid);
+                probed.cost.requests += 1;
+                match (self.embed_all(&[&text], tokens(&text)).await, &search) {
+                    (Ok(vectors), Search::Truncation(whole)) if same(whole, row(&vectors, 0)) => {
+                        hi = mid;
+                    }
+                    (Err(BackendError::TooLarge { .. }), Search::Refusal) => hi = mid,
+                    (Ok(_), _) => lo = mid,
+                    (Err(error), _) => {
+                        probed.failed = Some(error.to_string());
+                        break;
                     }
                 }
-                if probed.failed.is_none() {
-                    probed.window = Some(LearnedWindow {
-                        server_tokens: None,
-                        tokens: with_margin(tokens(&prefix(lo))),
-                        from: WindowSource::Truncation,
-                    });
-                }
+            }
+            let read = tokens(&prefix(lo));
+            if probed.failed.is_none() && read > 0 {
+                probed.window = Some(LearnedWindow {
+                    server_tokens: None,
+                    tokens: with_margin(read),
+                    from: search.source(),
+                });
+            } else if probed.failed.is_none() {
+                probed.failed = Some(format!(
+                    "the server refused every prefix of a long text, down to {} tokens",
+                    tokens(&prefix(hi))
+                ));
             }
         }
         probed.cost.tokens = self
@@ -290,14 +330,20 @@ impl ApiBackend {
                 self.info.context_window = Some(window.tokens);
                 self.learned_window = Some(window);
                 let tokens = window.tokens;
-                match window.server_tokens {
-                    Some(limit) => format!(
+                match (window.server_tokens, window.from) {
+                    (None, WindowSource::Refusal) => format!(
+                        "model {model} lists no context window, and refused a long text as too \
+                         long without saying its window: chunks are cut to {tokens} {tokenizer} \
+                         tokens ({WINDOW_MARGIN_PERCENT}% less than the longest of its prefixes \
+                         it took); {choose}"
+                    ),
+                    (Some(limit), _) => format!(
                         "model {model} lists no context window, and refused a long text as over \
                          its window of {limit} of its own tokens: chunks are cut to {tokens} \
                          {tokenizer} tokens (its window scaled by its count over ours, less \
                          {WINDOW_MARGIN_PERCENT}%); {choose}"
                     ),
-                    None => format!(
+                    (None, WindowSource::Truncation) => format!(
                         "model {model} lists no context window, and reads only the start of a \
                          long text (its prefixes got the same vector): chunks are cut to \
                          {tokens} {tokenizer} tokens ({WINDOW_MARGIN_PERCENT}% less than it read); \
