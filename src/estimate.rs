@@ -251,11 +251,6 @@ pub fn estimate(
     })
 }
 
-/// The models whose service bills by the count of an encoding embedjob
-/// has: OpenAI's embedding models (`text-embedding-3-small`, `-large`,
-/// `text-embedding-ada-002`) bill `cl100k_base` tokens.
-const BILLED_IN_CL100K: &str = "text-embedding-";
-
 /// A warning that the estimate's tokens and cost are the local count, for a
 /// service whose own count is not known: no earlier run of the job recorded
 /// the ratio of billed to local tokens, and the job's tokenizer is not the
@@ -264,8 +259,7 @@ const BILLED_IN_CL100K: &str = "text-embedding-";
 /// all-MiniLM-L6-v2 billed 3.31 units for each `cl100k_base` token, and a
 /// job estimated at 0.0024 was billed 0.0085.
 pub fn unknown_count_warning(info: &BackendInfo, tokenizer: &str) -> Option<String> {
-    let known =
-        tokenizer == crate::job::DEFAULT_TOKENIZER && info.model.starts_with(BILLED_IN_CL100K);
+    let known = crate::job::counts_as(&info.model, tokenizer);
     (info.kind == BackendKind::Api && !known).then(|| {
         format!(
             "the tokens and the cost are counted in {tokenizer} tokens, the job's count: how \

@@ -679,6 +679,17 @@ pub fn named_encoding(tokenizer: &str) -> bool {
     matches!(tokenizer, "cl100k_base" | "o200k_base")
 }
 
+/// The models that count their tokens in an encoding embedjob has:
+/// OpenAI's embedding models (`text-embedding-3-small`, `-large`,
+/// `text-embedding-ada-002`) count, and bill, `cl100k_base` tokens.
+const COUNTED_IN_CL100K: &str = "text-embedding-";
+
+/// Whether `model` counts its tokens as `tokenizer` does: its window and
+/// its bill are then in the job's own count.
+pub fn counts_as(model: &str, tokenizer: &str) -> bool {
+    tokenizer == DEFAULT_TOKENIZER && model.starts_with(COUNTED_IN_CL100K)
+}
+
 /// The vector length of the models the service documents.
 pub fn known_model_dimensions(model: &str) -> Option<usize> {
     match model {

@@ -558,7 +558,8 @@ async fn a_listed_window_counted_in_another_tokenizer_is_warned_about() {
         ..SimConfig::default()
     })
     .await;
-    let job = job(dir.path(), &sim, &root, "");
+    // Told not to probe (the probe would check the window: below).
+    let job = job(dir.path(), &sim, &root, "probe_window = false");
     let output = run_job(&job, &["--json", "--set", "backend.api_path=/v1"]).await;
     let summary = summary_of(&output);
     let stderr = text(&output.stderr);
@@ -574,7 +575,6 @@ async fn a_listed_window_counted_in_another_tokenizer_is_warned_about() {
         "{summary}"
     );
     assert_eq!(summary["tokenizer"], "cl100k_base");
-    // Nothing to probe: the listing gives the window.
     assert_eq!(summary["learned_limits"]["window_probe"], Value::Null);
 }
 
@@ -784,4 +784,70 @@ async fn a_summarys_window_does_not_cut_anew_what_an_output_holds() {
     assert_eq!(again["chunks"].as_u64(), Some(chunks), "{again}");
     assert_eq!(again["reused"].as_u64(), Some(chunks), "{again}");
     assert_eq!(sim.ledger().embedding_requests, requests, "nothing sent");
+}
+
+/// A window the listing gives in the model's own tokens, where chunks are
+/// counted in another tokenizer, may hold fewer of the job's tokens than the
+/// chunks: a server that lists 512 and truncates there read 512-token
+/// `cl100k_base` chunks only in part, with no warning (the warning was for
+/// a listed window smaller than the chunks). The probe checks it, and the
+/// chunks are cut to what the server reads.
+#[tokio::test]
+async fn a_listed_window_in_another_tokenizer_is_checked_by_the_probe() {
+    const LISTED: u32 = 512;
+    let dir = tempfile::tempdir().unwrap();
+    let root = prose(dir.path());
+    let sim = simulator(SimConfig {
+        models: vec![simulate::ModelSpec {
+            context_window: LISTED,
+            ..simulate::ModelSpec::embedding("svc-embed-1", 1024)
+        }],
+        window: Some(ServerWindow::parse(&format!("{LISTED}:truncate")).unwrap()),
+        ..SimConfig::default()
+    })
+    .await;
+    let job = job(dir.path(), &sim, &root, "");
+    let output = run_job(&job, &["--json", "--set", "backend.api_path=/v1"]).await;
+    let summary = summary_of(&output);
+    let rows = read_output(&dir.path().join("out/result.parquet"));
+    let ledger = sim.ledger();
+    let over: Vec<u64> = rows
+        .texts
+        .iter()
+        .map(|text| simulate::server_tokens(text))
+        .filter(|&n| n > u64::from(LISTED))
+        .collect();
+    assert!(over.is_empty(), "chunks over the window: {over:?}");
+    // Only the probe's texts were read in part.
+    for text in &rows.texts {
+        assert!(!ledger.partly_read.contains_key(&text_hash(text)), "{text}");
+    }
+    let window = &summary["learned_limits"]["context_window"];
+    assert_eq!(window["from"], "truncation", "{summary}");
+    assert!(window["tokens"].as_u64().unwrap() < 512, "{summary}");
+    assert_eq!(
+        summary["usage"]["prompt_tokens"].as_u64().unwrap(),
+        ledger.prompt_tokens,
+        "{summary}"
+    );
+
+    // An output cut under the listed window, unchecked (told not to probe),
+    // is not cut anew by a run that may probe: that would refuse the output
+    // as made under another configuration. It says the window is unchecked.
+    let dir = tempfile::tempdir().unwrap();
+    let root = prose(dir.path());
+    let job = self::job(dir.path(), &sim, &root, "probe_window = false");
+    let set = ["--json", "--set", "backend.api_path=/v1"];
+    let first = summary_of(&run_job(&job, &set).await);
+    let job = self::job(dir.path(), &sim, &root, "");
+    let output = run_job(&job, &set).await;
+    let again = summary_of(&output);
+    assert_eq!(again["embedded"], 0, "{again}");
+    assert_eq!(again["unchanged"], first["chunks"], "{again}");
+    assert_eq!(again["learned_limits"]["window_probe"], Value::Null);
+    let stderr = text(&output.stderr);
+    assert!(
+        stderr.contains("lists a context window of 512 tokens, counted by its own tokenizer"),
+        "{stderr}"
+    );
 }

@@ -341,14 +341,17 @@ impl ApiParams {
 /// against infinity) and could find another window, which changes the
 /// chunks and refuses the checkpoint. None when none can be read yet; the
 /// sink then reports the output.
-async fn earlier_window(job: &Job, model: &str) -> crate::backend::RecordedWindow {
+///
+/// Also whether the earlier run kept anything (an output or a checkpoint
+/// part), with a window recorded or not: chunks it cut are not cut anew.
+async fn earlier_window(job: &Job, model: &str) -> (crate::backend::RecordedWindow, bool) {
     let tokenizer = crate::backend::tokenizer_name(&job.chunking);
     let metadata = crate::sink::recorded(&job.output, job.shard)
         .await
         .unwrap_or_default();
     let recorded = crate::backend::RecordedWindow::of_output(&metadata, model, tokenizer);
     if recorded != crate::backend::RecordedWindow::default() {
-        return recorded;
+        return (recorded, true);
     }
     let location = crate::state::StateLocation::for_job(job);
     let no_output = metadata.is_empty();
@@ -365,28 +368,104 @@ async fn earlier_window(job: &Job, model: &str) -> crate::backend::RecordedWindo
     })
     .await
     .unwrap_or_default();
-    match summary {
+    let kept = !no_output || !part.is_empty();
+    let recorded = match summary {
         Some(summary) => crate::backend::RecordedWindow::of_summary(&summary, model, tokenizer),
         None => crate::backend::RecordedWindow::of_output(&part, model, tokenizer),
-    }
+    };
+    (recorded, kept)
+}
+
+/// Whether a listed window of `listed` tokens, counted by the model's own
+/// tokenizer, may hold fewer of the job's tokens than the chunks it lets the
+/// job cut: the job counts in an encoding, not as the model does
+/// (`crate::job::counts_as`), and the window is less than twice those
+/// chunks (a model's count of a text is seldom more than twice an
+/// encoding's). A server that lists 512 and truncates there read
+/// `cl100k_base` chunks of 512 only in part: 15 of the chunks of
+/// `tests/it/window.rs`'s prose. Chunks set larger than the window are
+/// refused before any work (`fitted_chunking`).
+fn may_overflow(job: &Job, model: &str, listed: u64) -> bool {
+    let tokenizer = crate::backend::tokenizer_name(&job.chunking);
+    let chunks = job.chunking_for(Some(listed)).max_tokens as u64;
+    crate::job::named_encoding(tokenizer)
+        && !crate::job::counts_as(model, tokenizer)
+        && chunks <= listed
+        && listed < chunks.saturating_mul(2)
 }
 
 /// A listed window is counted in the model's own tokens, chunks in the
-/// job's tokenizer: when the window sets the chunk size and the tokenizer is
-/// not the model's (an encoding, not its `tokenizer.json`), the two counts
-/// may differ, and the chunks overflow the window.
-fn units_warning(job: &Job, model: &str, listed: u64) -> Option<String> {
+/// job's tokenizer: where the two counts may differ enough for the chunks
+/// to overflow the window ([`may_overflow`]) and the probe does not check
+/// it, the run says so.
+fn units_warning(job: &Job, model: &str, listed: u64) -> String {
     let tokenizer = crate::backend::tokenizer_name(&job.chunking);
-    let sets_the_size =
-        !job.chunk_sizes_set.max_tokens && listed < crate::job::DEFAULT_MAX_TOKENS as u64;
-    (sets_the_size && crate::job::named_encoding(tokenizer)).then(|| {
-        format!(
-            "model {model} lists a context window of {listed} tokens, counted by its own \
-             tokenizer; chunks are counted in {tokenizer} tokens, which may be fewer for the \
-             same text: set `chunking.tokenizer` to the model's tokenizer.json, or \
-             `backend.context_window` to the window in {tokenizer} tokens"
-        )
-    })
+    format!(
+        "model {model} lists a context window of {listed} tokens, counted by its own \
+         tokenizer; chunks are counted in {tokenizer} tokens, which may be fewer for the \
+         same text: set `chunking.tokenizer` to the model's tokenizer.json, or \
+         `backend.context_window` to the window in {tokenizer} tokens"
+    )
+}
+
+/// What a run knows of the model's window before it chunks, and what it
+/// must still find out.
+struct WindowPlan {
+    /// A listed window the chunks may overflow, in the model's own count.
+    unchecked: Option<u64>,
+    /// What an earlier run learned, to cut the chunks as it did.
+    earlier: crate::backend::RecordedWindow,
+    /// Whether the probe looks for the window: what it says when it finds none.
+    probe: Option<String>,
+    /// The listed window the probe checks, if that is what it looks for.
+    checked: Option<u64>,
+}
+
+/// The window the job sets, or the service lists (`listed`), and what the
+/// run must find of it: nothing, what an earlier run learned, or what the
+/// probe finds. Pushes the warnings that say what stays unknown.
+async fn plan_window(
+    job: &Job,
+    api: &ApiParams,
+    model: &str,
+    listed: Option<u64>,
+    warnings: &mut Vec<String>,
+) -> WindowPlan {
+    let window = api.context_window.or(listed);
+    let unchecked = listed.filter(|&w| may_overflow(job, model, w));
+    let unknown = format!(
+        "the context window of model {model} is unknown (the service does not list it and \
+         `backend.context_window` is not set): a server may silently truncate chunks longer \
+         than the model takes, so keep `chunking.max_tokens` within it"
+    );
+    let (earlier, kept) = if window.is_none() || unchecked.is_some() {
+        earlier_window(job, model).await
+    } else {
+        (crate::backend::RecordedWindow::default(), false)
+    };
+    let remembered = earlier.chunks.is_some() || earlier.pieces.is_some();
+    if window.is_none() && !remembered && !api.probe_window {
+        warnings.push(unknown.clone());
+    }
+    // The probe checks a listed window the chunks may overflow where it
+    // sets the chunk size, for a new output: chunks an earlier run cut under
+    // it are not cut anew, which would refuse its output, and chunks the job
+    // sets are its to choose (a smaller window found would refuse them).
+    let checked = unchecked
+        .filter(|_| api.probe_window && !remembered && !kept && !job.chunk_sizes_set.max_tokens);
+    if let Some(listed) = unchecked.filter(|_| checked.is_none() && !remembered) {
+        warnings.push(units_warning(job, model, listed));
+    }
+    let probe = match checked {
+        Some(listed) => Some(units_warning(job, model, listed)),
+        None => (window.is_none() && api.probe_window && !remembered).then_some(unknown),
+    };
+    WindowPlan {
+        unchecked,
+        earlier,
+        probe,
+        checked,
+    }
 }
 
 /// Batch mode's settings: the request's, and the batch price.
@@ -449,30 +528,11 @@ async fn build(job: &Job) -> Result<Embedding, Failure> {
         })?;
     let mut warnings = discovery.warnings;
     let listed = discovery.model.as_ref();
-    let window = api
-        .context_window
-        .or_else(|| listed.and_then(|m| m.context_window));
-    let unknown = format!(
-        "the context window of model {model} is unknown (the service does not list it and \
-         `backend.context_window` is not set): a server may silently truncate chunks longer \
-         than the model takes, so keep `chunking.max_tokens` within it"
-    );
-    let earlier = if window.is_none() {
-        earlier_window(job, &model).await
-    } else {
-        crate::backend::RecordedWindow::default()
-    };
-    let remembered = earlier.chunks.is_some() || earlier.pieces.is_some();
-    if window.is_none() && !remembered && !api.probe_window {
-        warnings.push(unknown.clone());
-    }
-    let special_tokens = crate::chunk::special_tokens(&job.chunking).map_err(Failure::usage)?;
-    if let Some(listed) = listed
+    let listed_window = listed
         .and_then(|m| m.context_window)
-        .filter(|_| api.context_window.is_none())
-    {
-        warnings.extend(units_warning(job, &model, listed));
-    }
+        .filter(|_| api.context_window.is_none());
+    let plan = plan_window(job, &api, &model, listed_window, &mut warnings).await;
+    let special_tokens = crate::chunk::special_tokens(&job.chunking).map_err(Failure::usage)?;
     let settings = ApiSettings {
         special_tokens,
         dimensions: b.dimensions,
@@ -509,18 +569,18 @@ async fn build(job: &Job) -> Result<Embedding, Failure> {
     };
     // Chunks cut as the earlier run cut them, to reuse what it paid for:
     // no probe, which could find another window.
-    if let Some(chunks) = earlier.chunks {
-        backend.remember_window(chunks, &job.chunking);
-    } else if let Some(pieces) = earlier.pieces {
-        backend.remember_pieces(pieces, &job.chunking);
-    } else if window.is_none() && api.probe_window {
+    if let Some(chunks) = plan.earlier.chunks {
+        backend.remember_window(chunks, &job.chunking, plan.unchecked);
+    } else if let Some(pieces) = plan.earlier.pieces {
+        backend.remember_pieces(pieces, &job.chunking, plan.unchecked);
+    } else if let Some(unknown) = plan.probe {
         let unfitted = job.chunking_for(None);
         let counter = chunker_for(&unfitted)?;
         let count = |text: &str| counter.count_tokens(text);
         let max_cost = job.budget.max_cost;
         let probed = backend.probe_window(&count, unfitted.max_tokens, max_cost);
         let probed = probed.await;
-        backend.learn_window(probed, &unfitted, &unknown);
+        backend.learn_window(probed, &unfitted, &unknown, plan.checked);
     }
     let chunking = fitted_chunking(job, backend.info())?;
     let chunker = chunker_for(&chunking)?;

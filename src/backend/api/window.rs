@@ -276,17 +276,34 @@ pub fn tokenizer_name(chunking: &ChunkingConfig) -> &str {
     chunking.tokenizer.as_deref().unwrap_or("cl100k_base")
 }
 
+/// What the service lists of `model`'s window: none, or `listed` tokens in
+/// the model's own count, which the job's may not be.
+fn lists(model: &str, listed: Option<u64>) -> String {
+    match listed {
+        Some(listed) => format!(
+            "model {model} lists a context window of {listed} tokens, counted by its own tokenizer"
+        ),
+        None => format!("model {model} lists no context window"),
+    }
+}
+
 impl ApiBackend {
     /// Takes the window an earlier run learned, as its output, the
-    /// checkpoint or the last summary records it.
-    pub(super) fn remember_window(&mut self, window: LearnedWindow, chunking: &ChunkingConfig) {
+    /// checkpoint or the last summary records it; `listed` is the window
+    /// the service lists in the model's own count, if any.
+    pub(super) fn remember_window(
+        &mut self,
+        window: LearnedWindow,
+        chunking: &ChunkingConfig,
+        listed: Option<u64>,
+    ) {
         self.info.context_window = Some(window.tokens);
         self.learned_window = Some(window);
         self.warn(format!(
-            "model {} lists no context window: chunks are cut to {} {} tokens, the window an \
-             earlier run learned (its output, checkpoint or summary records it); set \
-             `backend.context_window` to choose another",
-            self.info.model,
+            "{}: chunks are cut to {} {} tokens, the window an earlier run learned (its \
+             output, checkpoint or summary records it); set `backend.context_window` to choose \
+             another",
+            lists(&self.info.model, listed),
             window.tokens,
             tokenizer_name(chunking)
         ));
@@ -295,12 +312,17 @@ impl ApiBackend {
     /// Takes the window an earlier run cut the chunks the model refused
     /// to, as its output records it: chunks are cut as the job says, and
     /// those over the window into the same pieces, before they are sent.
-    pub(super) fn remember_pieces(&mut self, window: LearnedWindow, chunking: &ChunkingConfig) {
+    pub(super) fn remember_pieces(
+        &mut self,
+        window: LearnedWindow,
+        chunking: &ChunkingConfig,
+        listed: Option<u64>,
+    ) {
         self.warn(format!(
-            "model {} lists no context window: chunks over {} {} tokens are cut to that before \
-             they are sent, as an earlier run cut those it refused (the output records it); set \
-             `backend.context_window` to choose the window",
-            self.info.model,
+            "{}: chunks over {} {} tokens are cut to that before they are sent, as an earlier \
+             run cut those it refused (the output records it); set `backend.context_window` to \
+             choose the window",
+            lists(&self.info.model, listed),
             window.tokens,
             tokenizer_name(chunking)
         ));
@@ -308,14 +330,20 @@ impl ApiBackend {
 
     /// Takes what the probe found: the window chunks are cut to, and a
     /// warning that says it, in which tokens, and how to choose another;
-    /// `unknown` says the window is unknown, when the probe found none.
+    /// `unknown` says the window is unknown, or not known in the job's
+    /// tokens, when the probe found none. `listed` is the window the probe
+    /// checked, as the service lists it in the model's own count: a probe
+    /// that finds the server reads a text longer than the chunks whole
+    /// leaves the chunks as that window cuts them, and says nothing.
     pub(super) fn learn_window(
         &mut self,
         probed: Probed,
         chunking: &ChunkingConfig,
         unknown: &str,
+        listed: Option<u64>,
     ) {
         let model = self.info.model.clone();
+        let lists = lists(&model, listed);
         let tokenizer = tokenizer_name(chunking);
         let choose = "set `backend.context_window` to choose the window, or \
                       `backend.probe_window = false` not to probe";
@@ -332,26 +360,26 @@ impl ApiBackend {
                 let tokens = window.tokens;
                 match (window.server_tokens, window.from) {
                     (None, WindowSource::Refusal) => format!(
-                        "model {model} lists no context window, and refused a long text as too \
-                         long without saying its window: chunks are cut to {tokens} {tokenizer} \
-                         tokens ({WINDOW_MARGIN_PERCENT}% less than the longest of its prefixes \
-                         it took); {choose}"
+                        "{lists}, and refused a long text as too long without saying its \
+                         window: chunks are cut to {tokens} {tokenizer} tokens \
+                         ({WINDOW_MARGIN_PERCENT}% less than the longest of its prefixes it \
+                         took); {choose}"
                     ),
                     (Some(limit), _) => format!(
-                        "model {model} lists no context window, and refused a long text as over \
-                         its window of {limit} of its own tokens: chunks are cut to {tokens} \
-                         {tokenizer} tokens (its window scaled by its count over ours, less \
-                         {WINDOW_MARGIN_PERCENT}%); {choose}"
+                        "{lists}, and refused a long text as over its window of {limit} of its \
+                         own tokens: chunks are cut to {tokens} {tokenizer} tokens (its window \
+                         scaled by its count over ours, less {WINDOW_MARGIN_PERCENT}%); {choose}"
                     ),
                     (None, WindowSource::Truncation) => format!(
-                        "model {model} lists no context window, and reads only the start of a \
-                         long text (its prefixes got the same vector): chunks are cut to \
-                         {tokens} {tokenizer} tokens ({WINDOW_MARGIN_PERCENT}% less than it read); \
-                         {choose}"
+                        "{lists}, and reads only the start of a long text (its prefixes got the \
+                         same vector): chunks are cut to {tokens} {tokenizer} tokens \
+                         ({WINDOW_MARGIN_PERCENT}% less than it read); {choose}"
                     ),
                 }
             }
             (None, Some(failed)) => format!("{unknown}; probing for it failed: {failed}"),
+            // The chunks fit the window as listed.
+            (None, None) if listed.is_some() => return,
             (None, None) => format!(
                 "{unknown}; a probe found it reads a text longer than the {} {tokenizer} tokens \
                  chunks are cut to whole",

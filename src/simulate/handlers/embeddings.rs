@@ -359,7 +359,13 @@ pub(crate) fn check_request(
         .map(|input| input.ids.unwrap_or_else(|| count_tokens(&input.text)))
         .collect();
     let tokens: u64 = counts.iter().map(|&n| u64::from(n)).sum();
-    check_size(config, model.context_window, &inputs, &counts, tokens)?;
+    // A server keeps one window: with `--window`, that one, in its own tokens.
+    let context_window = if config.window.is_some() {
+        u32::MAX
+    } else {
+        model.context_window
+    };
+    check_size(config, context_window, &inputs, &counts, tokens)?;
     let longest = counts.iter().copied().max().unwrap_or(0);
     let padded = inputs.len() as u64 * u64::from(longest);
     if let Some(window) = &config.window {
