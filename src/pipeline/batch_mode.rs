@@ -18,7 +18,7 @@ use super::submit::{FileLimits, RequestBody, Submit, SubmitBudget};
 use super::write::SinkMessage;
 use super::RunError;
 use crate::backend::api::BatchService;
-use crate::backend::HeldProbe;
+use crate::backend::BackendStats;
 use crate::batch::Batch;
 use crate::state::batches::BatchRecord;
 use crate::state::{Fingerprint, JobState};
@@ -109,7 +109,7 @@ impl BatchMode {
         self,
         batches: mpsc::Receiver<Result<Batch, RunError>>,
         sink: &mpsc::Sender<SinkMessage>,
-        earlier: (Option<f64>, Option<HeldProbe>),
+        earlier: (Option<f64>, &BackendStats),
     ) -> Dispatched {
         let mut dispatched = Dispatched::default();
         match self.run(batches, sink, earlier).await {
@@ -134,8 +134,9 @@ impl BatchMode {
         self,
         batches: mpsc::Receiver<Result<Batch, RunError>>,
         sink: &mpsc::Sender<SinkMessage>,
-        (previous_ratio, held): (Option<f64>, Option<HeldProbe>),
+        (previous_ratio, stats): (Option<f64>, &BackendStats),
     ) -> Result<(BatchSummary, Option<String>), RunError> {
+        let (held, probed) = (stats.probe_held, stats.window_probe.map(|p| p.tokens));
         let BatchMode {
             service,
             dir,
@@ -165,7 +166,13 @@ impl BatchMode {
                 // ratio, as `recall` reads it).
                 per_token: service.input_per_1k.unwrap_or(0.0) / 1000.0
                     * previous_ratio.unwrap_or(1.0),
-                billed: summary.collected_cost.unwrap_or(0.0),
+                // What was collected, and the window probe's synchronous
+                // requests, at the synchronous price.
+                billed: summary.collected_cost.unwrap_or(0.0)
+                    + service
+                        .sync_input_per_1k
+                        .zip(probed)
+                        .map_or(0.0, |(price, tokens)| tokens as f64 / 1000.0 * price),
                 spent: held.map(|held| held.stop(max_cost, &service.model)),
             }),
         };

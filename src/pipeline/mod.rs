@@ -278,8 +278,7 @@ async fn run_stages(
     let finished = || reader.is_finished();
     let dispatched = match batch_mode {
         Some(mode) => {
-            let held = backend.stats().probe_held;
-            mode.submit(batch_rx, &sink_tx, (previous_ratio, held))
+            mode.submit(batch_rx, &sink_tx, (previous_ratio, &backend.stats()))
                 .await
         }
         None => {

@@ -71,7 +71,8 @@ pub(super) struct SubmitBudget {
     /// The batch price per local token: per token billed, times the ratio
     /// of billed to local tokens the job's last run recorded.
     pub per_token: f64,
-    /// What the lines collected in this run cost.
+    /// What the lines collected in this run cost, and the window probe's
+    /// synchronous requests.
     pub billed: f64,
     /// Why no line fits, whatever its size: the window probe could cost
     /// more than the budget, and was not sent.

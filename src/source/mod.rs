@@ -235,6 +235,32 @@ pub fn open(config: &SourceConfig) -> Result<Box<dyn Source>, SourceError> {
     Ok(Box::new(Checked::new(inner, config.clone())))
 }
 
+/// The start of the input's text, up to `bytes` bytes: its
+/// first documents, each on a line of its own, for measuring how a server
+/// counts the job's own text. `None` for stdin, which can be read once
+/// only, and for an input that cannot be read (the run says why).
+pub fn sample(config: &SourceConfig, bytes: usize) -> Option<String> {
+    if config.is_stdin() {
+        return None;
+    }
+    let mut source = open_unchecked(config).ok()?;
+    let mut sample = String::new();
+    while sample.len() < bytes {
+        let Ok(Some(document)) = source.next_document() else {
+            break;
+        };
+        if !sample.is_empty() {
+            sample.push('\n');
+        }
+        let mut end = document.text.len().min(bytes - sample.len().min(bytes));
+        while !document.text.is_char_boundary(end) {
+            end -= 1;
+        }
+        sample.push_str(&document.text[..end]);
+    }
+    (!sample.trim().is_empty()).then_some(sample)
+}
+
 fn open_unchecked(config: &SourceConfig) -> Result<Box<dyn Source>, SourceError> {
     let kind = KINDS
         .iter()
@@ -493,6 +519,35 @@ mod tests {
     use super::testing::SourceKind;
     use super::testing::*;
     use super::*;
+
+    #[test]
+    fn a_sample_is_the_inputs_first_documents_up_to_a_size_and_never_stdin() {
+        let dir = tempfile::tempdir().unwrap();
+        let docs = dir.path().join("docs");
+        std::fs::create_dir(&docs).unwrap();
+        std::fs::write(docs.join("a.txt"), "first document").unwrap();
+        std::fs::write(docs.join("b.txt"), "é".repeat(100)).unwrap();
+        let folder = SourceConfig::new(testing::FilesSource {
+            paths: vec![path_text(&docs)],
+            ..testing::FilesSource::default()
+        });
+        assert_eq!(
+            sample(&folder, 1000).unwrap(),
+            format!("first document\n{}", "é".repeat(100))
+        );
+        // Cut on a character's boundary: 14 + 1 bytes, then 2 of a 2-byte é.
+        assert_eq!(sample(&folder, 18).unwrap(), "first document\né");
+        assert_eq!(sample(&folder, 5).unwrap(), "first");
+        let stdin = config(SourceKind::Jsonl, Path::new("-"), "text", None);
+        assert_eq!(sample(&stdin, 1000), None);
+        let missing = config(
+            SourceKind::Jsonl,
+            &dir.path().join("none.jsonl"),
+            "text",
+            None,
+        );
+        assert_eq!(sample(&missing, 1000), None);
+    }
 
     /// An input whose every file was passed over said only that it had no
     /// documents, not which files were passed over nor why.

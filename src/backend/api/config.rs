@@ -578,8 +578,17 @@ async fn build(job: &Job) -> Result<Embedding, Failure> {
         let counter = chunker_for(&unfitted)?;
         let count = |text: &str| counter.count_tokens(text);
         let max_cost = job.budget.max_cost;
-        let probed = backend.probe_window(&count, unfitted.max_tokens, max_cost);
-        let probed = probed.await;
+        // The probe measures the server's count on the job's own text.
+        let (source, bytes) = (
+            job.source.clone(),
+            super::window::sample_bytes(unfitted.max_tokens),
+        );
+        let sample = tokio::task::spawn_blocking(move || crate::source::sample(&source, bytes))
+            .await
+            .ok()
+            .flatten();
+        let chunks = (unfitted.max_tokens, sample.as_deref());
+        let probed = backend.probe_window(&count, chunks, max_cost).await;
         backend.learn_window(probed, &unfitted, &unknown, plan.checked);
     }
     let chunking = fitted_chunking(job, backend.info())?;

@@ -36,7 +36,8 @@ const RESOLUTION: usize = 32;
 /// more.
 const SAME_VECTOR: f64 = 1e-5;
 
-/// Plain words of varied lengths, the probe text cycles through them.
+/// Plain words of varied lengths: the probe's text where the job's own is
+/// too short, or cannot be read twice (stdin).
 const WORDS: &[&str] = &[
     "the",
     "report",
@@ -92,14 +93,83 @@ const WORDS: &[&str] = &[
     "breakfast",
 ];
 
-/// Words enough for `tokens` local tokens, and more.
-fn probe_words(count: &(dyn Fn(&str) -> usize + Sync), tokens: usize) -> Vec<&'static str> {
-    let mut words = Vec::new();
-    loop {
-        words.extend(WORDS.iter().copied());
-        if count(&words.join(" ")) >= tokens {
-            return words;
+/// Characters a prefix of the probe's text grows by at most within a
+/// word: text without spaces (CJK, minified data) is cut within its runs.
+const CUT_CHARS: usize = 16;
+
+/// Bytes of the job's input the probe's text is taken from, for chunks of
+/// `chunk_tokens`: 5/4 of a chunk at 16 bytes a token, more than a token
+/// of any text takes.
+pub(super) fn sample_bytes(chunk_tokens: usize) -> usize {
+    probe_tokens(chunk_tokens).saturating_mul(16)
+}
+
+/// The local tokens the probe's text holds, for chunks of `chunk_tokens`:
+/// 5/4 of a chunk, so that the search ends within it.
+fn probe_tokens(chunk_tokens: usize) -> usize {
+    chunk_tokens.saturating_add(chunk_tokens / 4).max(2)
+}
+
+/// Where the prefixes of `text` may end: after each word, and every
+/// [`CUT_CHARS`] characters within a longer one.
+fn cuts(text: &str) -> Vec<usize> {
+    let mut cuts = Vec::new();
+    let mut run = 0;
+    let mut chars = text.char_indices().peekable();
+    while let Some((at, c)) = chars.next() {
+        if c.is_whitespace() {
+            run = 0;
+            continue;
         }
+        run += 1;
+        let ends_word = chars.peek().is_none_or(|(_, next)| next.is_whitespace());
+        if ends_word || run % CUT_CHARS == 0 {
+            cuts.push(at + c.len_utf8());
+        }
+    }
+    cuts
+}
+
+/// The probe's text, and where its prefixes end.
+struct ProbeText {
+    text: String,
+    cuts: Vec<usize>,
+}
+
+impl ProbeText {
+    /// The job's own text (`sample`, the start of its input), so that the
+    /// server's count is measured against the local one on text like the
+    /// chunks', then plain words if it is too short, up to the shortest
+    /// prefix that holds `tokens` local tokens by `count`. A fixed list of
+    /// plain words measured a window into which a reStructuredText
+    /// corpus's chunks did not fit: its underlines count a token a
+    /// character for a WordPiece model, and few for `cl100k_base`.
+    fn new(sample: Option<&str>, count: &(dyn Fn(&str) -> usize + Sync), tokens: usize) -> Self {
+        let mut text = sample.map(str::trim).unwrap_or_default().to_string();
+        while count(&text) < tokens || cuts(&text).len() < 2 {
+            if !text.is_empty() {
+                text.push(' ');
+            }
+            text.push_str(&WORDS.join(" "));
+        }
+        let mut cuts = cuts(&text);
+        // The first prefix that holds the tokens, by binary search.
+        let holds = cuts.partition_point(|&end| count(&text[..end]) < tokens);
+        cuts.truncate((holds + 1).clamp(2, cuts.len()));
+        text.truncate(cuts.last().copied().unwrap_or(text.len()));
+        ProbeText { text, cuts }
+    }
+
+    /// Prefixes there are, the whole text the last.
+    fn len(&self) -> usize {
+        self.cuts.len()
+    }
+
+    /// The text up to its `k`th cut; empty for 0.
+    fn prefix(&self, k: usize) -> &str {
+        k.checked_sub(1)
+            .and_then(|i| self.cuts.get(i))
+            .map_or("", |&end| &self.text[..end])
     }
 }
 
@@ -171,11 +241,11 @@ impl ApiBackend {
     pub(super) async fn probe_window(
         &self,
         count: &(dyn Fn(&str) -> usize + Sync),
-        chunk_tokens: usize,
+        (chunk_tokens, sample): (usize, Option<&str>),
         max_cost: Option<f64>,
     ) -> Probed {
-        let words = probe_words(count, chunk_tokens.saturating_add(chunk_tokens / 4).max(2));
-        let prefix = |k: usize| words[..k].join(" ");
+        let probe = ProbeText::new(sample, count, probe_tokens(chunk_tokens));
+        let prefix = |k: usize| probe.prefix(k);
         let tokens = |text: &str| count(text) as u64;
         let billed_before = self.billed.get().prompt_tokens;
         let mut probed = Probed {
@@ -184,21 +254,24 @@ impl ApiBackend {
             failed: None,
             over_budget: None,
         };
-        let n = words.len();
+        let n = probe.len();
         let (whole, shorter) = (prefix(n), prefix(n - 1));
-        let most = tokens(&whole).saturating_mul(PROBE_TEXTS);
+        let most = tokens(whole).saturating_mul(PROBE_TEXTS);
         #[allow(clippy::cast_precision_loss)]
-        let could_cost = self
-            .info
-            .input_per_1k
-            .map(|price| most as f64 / 1000.0 * price);
+        // The probe's requests are synchronous, at the synchronous price in
+        // batch mode too.
+        let price = self
+            .batch
+            .as_ref()
+            .map_or(self.info.input_per_1k, |batch| batch.sync_input_per_1k);
+        let could_cost = price.map(|price| most as f64 / 1000.0 * price);
         if let Some((cost, _)) = could_cost.zip(max_cost).filter(|(c, m)| c > m) {
             probed.over_budget = Some(HeldProbe { tokens: most, cost });
             return probed;
         }
         probed.cost.requests += 1;
         let first = self
-            .embed_all(&[&whole, &shorter], tokens(&whole) + tokens(&shorter))
+            .embed_all(&[whole, shorter], tokens(whole) + tokens(shorter))
             .await;
         if let Ok(vectors) = &first {
             probed.cost.dimensions = Some(vectors.dimensions);
@@ -212,7 +285,7 @@ impl ApiBackend {
                     probed.window = Some(LearnedWindow::from_refusal(
                         refusal.limit,
                         refusal.given,
-                        tokens(&whole),
+                        tokens(whole),
                     ));
                     None
                 }
@@ -236,7 +309,7 @@ impl ApiBackend {
                 let mid = lo + (hi - lo) / 2;
                 let text = prefix(mid);
                 probed.cost.requests += 1;
-                match (self.embed_all(&[&text], tokens(&text)).await, &search) {
+                match (self.embed_all(&[text], tokens(text)).await, &search) {
                     (Ok(vectors), Search::Truncation(whole)) if same(whole, row(&vectors, 0)) => {
                         hi = mid;
                     }
@@ -248,7 +321,7 @@ impl ApiBackend {
                     }
                 }
             }
-            let read = tokens(&prefix(lo));
+            let read = tokens(prefix(lo));
             if probed.failed.is_none() && read > 0 {
                 probed.window = Some(LearnedWindow {
                     server_tokens: None,
@@ -258,7 +331,7 @@ impl ApiBackend {
             } else if probed.failed.is_none() {
                 probed.failed = Some(format!(
                     "the server refused every prefix of a long text, down to {} tokens",
-                    tokens(&prefix(hi))
+                    tokens(prefix(hi))
                 ));
             }
         }
@@ -454,9 +527,30 @@ mod tests {
     }
 
     #[test]
-    fn the_probe_text_holds_the_tokens_asked_for() {
-        let count = |text: &str| text.split(' ').count();
-        assert!(probe_words(&count, 640).len() >= 640);
-        assert!(probe_words(&count, 1).len() >= 2);
+    fn the_probe_text_is_the_jobs_own_as_far_as_it_goes() {
+        let count = |text: &str| text.split_whitespace().count();
+        // No sample: plain words, the shortest prefix that holds the tokens.
+        let plain = ProbeText::new(None, &count, 640);
+        assert_eq!(count(plain.prefix(plain.len())), 640);
+        assert_eq!(count(plain.prefix(plain.len() - 1)), 639);
+        assert_eq!(plain.prefix(0), "");
+        // A sample long enough is the text, cut after each word.
+        let sample = "one two three four five six seven eight";
+        let own = ProbeText::new(Some(sample), &count, 5);
+        assert_eq!(own.prefix(own.len()), "one two three four five");
+        assert_eq!(own.prefix(1), "one");
+        // A short one is followed by plain words.
+        let short = ProbeText::new(Some("  one two "), &count, 5);
+        assert!(short.prefix(short.len()).starts_with("one two the report"));
+        // Text without spaces is cut every few characters.
+        let dense = "汉".repeat(100);
+        let chars = |text: &str| text.chars().count();
+        let cut = ProbeText::new(Some(&dense), &chars, 40);
+        assert_eq!(cut.prefix(1).chars().count(), CUT_CHARS);
+        assert_eq!(chars(cut.prefix(cut.len())), 48);
+        assert!(cut.prefix(cut.len()).chars().all(|c| c == '汉'));
+        // At least two prefixes, however few tokens are asked for.
+        let one = ProbeText::new(Some("word"), &count, 1);
+        assert!(one.len() >= 2, "{}", one.len());
     }
 }
