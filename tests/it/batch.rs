@@ -635,60 +635,32 @@ async fn the_budget_prices_lines_at_the_ratio_the_last_run_recorded() {
     assert_eq!(sim.ledger().batch_tokens, billed_before);
 }
 
+/// A batch job of chunks of 64 tokens at 0.1 per 1000 (0.05 in batches)
+/// for a server that lists no window and truncates at 256: the window
+/// probe goes first, and may send 7 texts of 80 tokens, 0.056. Run under a
+/// budget of `max_cost`, it stops (exit 4); its summary, and the simulator.
+async fn probed_in_batch_mode(dir: &Path, max_cost: &str) -> (Value, Simulator) {
+    let root = corpus(dir, 12);
+    let sim = simulator(SimConfig {
+        bare_listing: true,
+        window: Some(embedjob::simulate::ServerWindow::parse("256:truncate").unwrap()),
+        ..batch_sim(300, |_| {})
+    })
+    .await;
+    let extra = format!("{BATCH}\ninput_per_1k = 0.1");
+    let job = write_job(dir, &sim.base_url(), &files_source(&root), &extra);
+    let output = run_job(&job, &["--quiet", "--json", "--max-cost", max_cost]).await;
+    assert_eq!(output.status.code(), Some(4), "{}", text(&output.stderr));
+    (json(&output), sim)
+}
+
 /// In batch mode too, a window probe that could cost more than the budget
 /// is not sent, and the run submits nothing: lines of chunks cut without
 /// the window would be read only in part by a server that truncates.
-/// The window probe's requests are synchronous: their worst case is priced
-/// at the synchronous price, and what they were billed counts against the
-/// budget before any line does. Priced at the batch price, a probe that
-/// could cost 0.056 (7 texts of 80 tokens at 0.1 per 1000) was sent under
-/// a budget of 0.03; and lines were submitted up to the whole budget, the
-/// probe's bill left out.
-#[tokio::test]
-async fn the_window_probe_is_priced_and_counted_as_synchronous_requests() {
-    let dir = tempfile::tempdir().unwrap();
-    let root = corpus(dir.path(), 12);
-    let sim = simulator(SimConfig {
-        bare_listing: true,
-        window: Some(embedjob::simulate::ServerWindow::parse("256:truncate").unwrap()),
-        ..batch_sim(300, |_| {})
-    })
-    .await;
-    let extra = format!("{BATCH}\ninput_per_1k = 0.1");
-    let job = write_job(dir.path(), &sim.base_url(), &files_source(&root), &extra);
-    let output = run_job(&job, &["--quiet", "--json", "--max-cost", "0.06"]).await;
-    assert_eq!(output.status.code(), Some(4), "{}", text(&output.stderr));
-    let summary = json(&output);
-    let probe = summary["learned_limits"]["window_probe"]["tokens"]
-        .as_u64()
-        .unwrap();
-    assert_eq!(probe, sim.ledger().prompt_tokens, "{summary}");
-    let stopped = summary["stopped"].as_str().unwrap();
-    #[allow(clippy::cast_precision_loss)]
-    let billed = format!("{:.6} billed", probe as f64 / 1000.0 * 0.1);
-    assert!(
-        stopped.starts_with(&format!("stopped at the budget of 0.06: {billed}")),
-        "{stopped}"
-    );
-}
-
 #[tokio::test]
 async fn a_probe_over_the_budget_holds_back_every_line() {
     let dir = tempfile::tempdir().unwrap();
-    let root = corpus(dir.path(), 12);
-    let sim = simulator(SimConfig {
-        bare_listing: true,
-        window: Some(embedjob::simulate::ServerWindow::parse("256:truncate").unwrap()),
-        ..batch_sim(300, |_| {})
-    })
-    .await;
-    let extra = format!("{BATCH}\ninput_per_1k = 0.1");
-    let job = write_job(dir.path(), &sim.base_url(), &files_source(&root), &extra);
-    // Chunks of 64 tokens: the probe may send 7 texts of about 80 tokens,
-    // 0.056 at 0.1 per 1000.
-    let output = run_job(&job, &["--quiet", "--json", "--max-cost", "0.03"]).await;
-    assert_eq!(output.status.code(), Some(4), "{}", text(&output.stderr));
-    let summary = json(&output);
+    let (summary, sim) = probed_in_batch_mode(dir.path(), "0.03").await;
     let stopped = summary["stopped"].as_str().unwrap();
     assert!(
         stopped.starts_with("stopped at the budget of 0.03: the probe for model svc-embed-1's"),
@@ -702,6 +674,28 @@ async fn a_probe_over_the_budget_holds_back_every_line() {
     let ledger = sim.ledger();
     assert_eq!(ledger.embedding_requests, 0, "no probe");
     assert_eq!(ledger.batches_created, 0, "no batch");
+}
+
+/// The window probe's requests are synchronous: their worst case is priced
+/// at the synchronous price, and what they were billed counts against the
+/// budget before any line does. Priced at the batch price, a probe that
+/// could cost 0.056 was sent under a budget of 0.03; and lines were
+/// submitted up to the whole budget, the probe's bill left out.
+#[tokio::test]
+async fn the_window_probe_is_priced_and_counted_as_synchronous_requests() {
+    let dir = tempfile::tempdir().unwrap();
+    let (summary, sim) = probed_in_batch_mode(dir.path(), "0.06").await;
+    let probe = summary["learned_limits"]["window_probe"]["tokens"]
+        .as_u64()
+        .unwrap();
+    assert_eq!(probe, sim.ledger().prompt_tokens, "{summary}");
+    let stopped = summary["stopped"].as_str().unwrap();
+    #[allow(clippy::cast_precision_loss)]
+    let billed = format!("{:.6} billed", probe as f64 / 1000.0 * 0.1);
+    assert!(
+        stopped.starts_with(&format!("stopped at the budget of 0.06: {billed}")),
+        "{stopped}"
+    );
 }
 
 /// The request files the simulator keeps with `purpose=batch`, by name.

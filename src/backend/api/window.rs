@@ -1,5 +1,6 @@
-//! A window nobody lists, found before any chunking: a long text is sent,
-//! and a refusal says the window (OpenAI, TEI and vLLM state it); a text
+//! A window nobody lists, found before any chunking: a long text (the start
+//! of the job's own input) is sent, and a refusal says the window (OpenAI,
+//! TEI, vLLM and llama.cpp's server state it); a text
 //! the server accepts is checked for silent truncation by embedding its
 //! prefixes: a prefix with the whole text's vector shows where the server
 //! stopped reading, found by binary search.
@@ -8,10 +9,10 @@
 //! server: "input is too large to process. increase the physical batch
 //! size") is searched the same way: a prefix refused is past the window.
 //!
-//! Cost: one request with the whole text and the text less its last word,
+//! Cost: one request with the whole text and the text less its last cut,
 //! then, only when those two vectors are the same (or the request was
 //! refused without the window said), ⌈log2((n − 1) / ⌊n / 32⌋)⌉ requests of
-//! one prefix each (at most 6), for a text of n words: the
+//! one prefix each (at most 6), for a text cut in n prefixes: the
 //! search stops within a 32nd of the text, well inside the 10% the window
 //! is cut by, since each request is a round trip before the run starts. The
 //! text holds 5/4 of the chunk size the job would use, so the search ends
