@@ -260,43 +260,39 @@ async fn a_window_refused_in_llama_cpps_words_is_learned_and_not_retried() {
     }
 }
 
+/// The probe text is the shortest prefix of the job's prose that holds
+/// 5/4 of the 512-token default chunk, 640 cl100k tokens: at most 642 (a
+/// word of the prose, with its mark, is at most 3 tokens), in 214 ≤ n ≤ 640
+/// words. A window found by the binary search over its n − 1 shorter
+/// prefixes, which stops within ⌊n / 32⌋ of them, took one request, then at
+/// most ⌈log2(213 / 6)⌉ = 6; `texts` of at most 642 tokens were billed, as
+/// the simulator bills cl100k.
+fn assert_searched(summary: &Value, from: &str, texts: u64) {
+    let window = &summary["learned_limits"]["context_window"];
+    assert_eq!(window["from"], from, "{summary}");
+    assert_eq!(window["server_tokens"], Value::Null);
+    let requests = summary["probe"]["requests"].as_u64().unwrap();
+    assert!((2..=7).contains(&requests), "{summary}");
+    let tokens = summary["probe"]["tokens"].as_u64().unwrap();
+    assert!(tokens > 0 && tokens <= texts * 642, "{summary}");
+}
+
 /// Older builds of llama.cpp's server refuse without saying the window: the
 /// probe finds it as it finds where a truncating server stops reading, by a
 /// binary search over the long text's prefixes, a prefix refused being past it.
 #[tokio::test]
 async fn a_window_refused_without_its_size_is_found_by_a_few_requests() {
     let summary = learns_the_window("llamacpp-bare").await;
-    let window = &summary["learned_limits"]["context_window"];
-    assert_eq!(window["from"], "refusal", "{summary}");
-    assert_eq!(window["server_tokens"], Value::Null);
-    // As for a truncating server (below): one request, then at most 6 of
-    // the binary search; only the prefixes taken are billed, one each,
-    // shorter than the whole text's 642 tokens at most.
-    let requests = summary["probe"]["requests"].as_u64().unwrap();
-    assert!((2..=7).contains(&requests), "{summary}");
-    let tokens = summary["probe"]["tokens"].as_u64().unwrap();
-    assert!(tokens > 0 && tokens <= 6 * 642, "{summary}");
+    // Only the prefixes taken are billed, one a request of the search.
+    assert_searched(&summary, "refusal", 6);
     assert_eq!(summary["retries"], 0, "{summary}");
 }
 
 #[tokio::test]
 async fn a_window_that_truncates_silently_is_found_by_a_few_requests() {
     let summary = learns_the_window("truncate").await;
-    let window = &summary["learned_limits"]["context_window"];
-    assert_eq!(window["from"], "truncation", "{summary}");
-    assert_eq!(window["server_tokens"], Value::Null);
-    // The probe text is the shortest prefix of the job's prose that holds
-    // 5/4 of the 512-token default chunk, 640 cl100k tokens: at most 642 (a
-    // word of the prose, with its mark, is at most 3 tokens), in 214 ≤ n ≤
-    // 640 words. The probe is one request, then a binary search over the
-    // n − 1 shorter prefixes that stops within ⌊n / 32⌋ of them: at most
-    // ⌈log2(213 / 6)⌉ = 6.
-    let requests = summary["probe"]["requests"].as_u64().unwrap();
-    assert!((2..=7).contains(&requests), "{summary}");
-    // The first request holds the text twice, each later one a prefix:
-    // at most 2 × 642 + 6 × 642 tokens, as the simulator bills cl100k.
-    let tokens = summary["probe"]["tokens"].as_u64().unwrap();
-    assert!(tokens > 0 && tokens <= 8 * 642, "{summary}");
+    // The first request holds the text twice, each later one a prefix.
+    assert_searched(&summary, "truncation", 8);
 }
 
 #[tokio::test]

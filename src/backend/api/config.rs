@@ -401,10 +401,10 @@ fn may_overflow(job: &Job, model: &str, listed: u64) -> bool {
 fn units_warning(job: &Job, model: &str, listed: u64) -> String {
     let tokenizer = crate::backend::tokenizer_name(&job.chunking);
     format!(
-        "model {model} lists a context window of {listed} tokens, counted by its own \
-         tokenizer; chunks are counted in {tokenizer} tokens, which may be fewer for the \
-         same text: set `chunking.tokenizer` to the model's tokenizer.json, or \
-         `backend.context_window` to the window in {tokenizer} tokens"
+        "{}; chunks are counted in {tokenizer} tokens, which may be fewer for the same text: \
+         set `chunking.tokenizer` to the model's tokenizer.json, or `backend.context_window` \
+         to the window in {tokenizer} tokens",
+        super::window::lists(model, Some(listed))
     )
 }
 

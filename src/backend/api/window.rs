@@ -352,7 +352,7 @@ pub fn tokenizer_name(chunking: &ChunkingConfig) -> &str {
 
 /// What the service lists of `model`'s window: none, or `listed` tokens in
 /// the model's own count, which the job's may not be.
-fn lists(model: &str, listed: Option<u64>) -> String {
+pub(super) fn lists(model: &str, listed: Option<u64>) -> String {
     match listed {
         Some(listed) => format!(
             "model {model} lists a context window of {listed} tokens, counted by its own tokenizer"
