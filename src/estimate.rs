@@ -437,6 +437,7 @@ path = "{out}"
             input_per_1k: price,
             output_per_1k: None,
             special_tokens: 0,
+            max_inputs_per_request: None,
         }
     }
 

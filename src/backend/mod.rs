@@ -69,6 +69,11 @@ pub struct BackendInfo {
     /// model's, or those of the `tokenizer.json` chunks are counted with.
     #[serde(skip)]
     pub special_tokens: u64,
+    /// The most inputs a request may hold, when the service says so before
+    /// any request (TEI's `max_client_batch_size`): requests are made no
+    /// larger, whatever `backend.max_inputs_per_request` allows.
+    #[serde(skip)]
+    pub max_inputs_per_request: Option<usize>,
 }
 
 /// Tokens the local model adds to every text (`[CLS]` and `[SEP]`), which
@@ -80,6 +85,12 @@ impl BackendInfo {
     /// context window, less the special tokens the model adds.
     pub fn chunk_window(&self) -> Option<u64> {
         Some(self.context_window?.saturating_sub(self.special_tokens))
+    }
+
+    /// The most inputs a request holds: `configured` (the job's
+    /// `backend.max_inputs_per_request`), or fewer as the service says.
+    pub fn inputs_per_request(&self, configured: usize) -> usize {
+        configured.min(self.max_inputs_per_request.unwrap_or(usize::MAX))
     }
 
     /// What `usage` costs at the model's prices, when it has an input price:

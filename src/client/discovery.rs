@@ -11,13 +11,16 @@
 //! When neither model route exists, the embeddings route is asked with no
 //! input (nothing to compute or bill): a server with no route there either
 //! is being asked under the wrong `backend.api_path`, which is said before
-//! any work. A model still without a price is looked up in LiteLLM's
-//! `GET /v1/model/info` (`model_info.rs`).
+//! any work, and TEI's `GET /info` is asked what it serves: the model's
+//! window and the most inputs a request may hold (`server_info.rs`). A model
+//! still without a price is looked up in LiteLLM's `GET /v1/model/info`
+//! (`model_info.rs`).
 
 use reqwest::Method;
 
 use super::{
-    model_info, ApiError, Client, EmbeddingInput, EmbeddingRequest, ErrorKind, Model, Pricing,
+    model_info, server_info, ApiError, Client, EmbeddingInput, EmbeddingRequest, ErrorKind, Model,
+    Pricing,
 };
 use crate::rate::{with_retries, RetryPolicy};
 
@@ -26,9 +29,13 @@ use crate::rate::{with_retries, RetryPolicy};
 pub struct Discovery {
     /// The model as the service describes it, when it does.
     pub model: Option<Model>,
-    /// Where the description came from: `"model route"`, `"listing"` or
-    /// `"model info"` (LiteLLM's `GET /v1/model/info` alone).
+    /// Where the description came from: `"model route"`, `"listing"`,
+    /// `"server info"` (TEI's `GET /info`) or `"model info"` (LiteLLM's
+    /// `GET /v1/model/info` alone).
     pub source: Option<&'static str>,
+    /// The most inputs a request may hold, when the service says it (TEI's
+    /// `max_client_batch_size`).
+    pub max_inputs: Option<usize>,
     /// The request the model's input price was read from, e.g.
     /// `GET /v1/model/info`, when the service gave one.
     pub price_source: Option<String>,
@@ -200,14 +207,30 @@ async fn look_up(
             if route_missing(&e) {
                 check_embeddings_route(client, model).await?;
             }
+            let info = server_info::fetch(client, model).await;
+            if !info.is_empty() {
+                return Ok(Discovery {
+                    model: Some(Model {
+                        id: model.to_string(),
+                        context_window: info.context_window,
+                        modalities: Vec::new(),
+                        pricing: None,
+                    }),
+                    source: Some("server info"),
+                    max_inputs: info.max_inputs,
+                    warnings: info.warnings,
+                    ..Discovery::default()
+                });
+            }
+            let mut warnings = info.warnings;
+            warnings.push(format!(
+                "the service describes no model (GET {path}/models/{{id}}: HTTP {}; \
+                 GET {path}/models: HTTP {}): going on with what the job declares for {model}",
+                first.status.unwrap_or_default(),
+                e.status.unwrap_or_default()
+            ));
             Ok(Discovery {
-                warnings: vec![format!(
-                    "the service describes no model (GET {path}/models/{{id}}: HTTP {}; \
-                     GET {path}/models: HTTP {}): going on with what the job declares for \
-                     {model}",
-                    first.status.unwrap_or_default(),
-                    e.status.unwrap_or_default()
-                )],
+                warnings,
                 ..Discovery::default()
             })
         }

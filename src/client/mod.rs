@@ -12,6 +12,7 @@ mod discovery;
 mod error;
 mod flat;
 mod model_info;
+mod server_info;
 mod sse;
 mod wire;
 

@@ -247,25 +247,26 @@ async fn run_stages(
 
     let (sink_tx, sink_rx) = mpsc::channel::<SinkMessage>(capacity);
     let (batch_tx, batch_rx) = mpsc::channel::<Result<Batch, RunError>>(capacity);
+    let inputs = info.inputs_per_request(job.backend.shared.max_inputs_per_request);
     let gate = repeats::RepeatGate::new();
     // In batch mode no repeat's first copy is answered in this run: none may hold the reader up.
     batch_mode.is_some().then(|| gate.close());
     let reading = Reading {
         classifier: Classifier::new(reuse.store, reuse.held_ids, keeps_rows)
             .cutting(Arc::clone(&rechunk)),
-        batcher: Batcher::for_backend(&job.backend),
+        batcher: Batcher::by_length(inputs, job.backend.shared.max_tokens_per_request as u64),
         removes_rows: keeps_rows,
         halt: Arc::clone(&halt),
         settled: Arc::clone(&settled),
         batches: batch_tx,
         sink: sink_tx.clone(),
         repeats: Arc::clone(&gate),
-        reuse_batch: job.backend.shared.max_inputs_per_request.max(1),
+        reuse_batch: inputs.max(1),
     };
     let reader = tokio::task::spawn_blocking(move || reading.run(source, chunker.as_ref()));
     // What a kill can lose: see `Exposure`.
-    let most_uncommitted = (job.backend.shared.most_in_flight() as u64)
-        .saturating_mul(job.backend.shared.max_inputs_per_request as u64);
+    let most_uncommitted =
+        (job.backend.shared.most_in_flight() as u64).saturating_mul(inputs as u64);
     let (committed_tx, committed_rx) = watch::channel(0u64);
     let writing = writing(job, &*backend, &state, sink, checkpoint_dimensions, gate)
         .with_exposure(committed_tx, most_uncommitted);

@@ -268,6 +268,7 @@ impl Summary {
                 input_per_1k: None,
                 output_per_1k: None,
                 special_tokens: 0,
+                max_inputs_per_request: None,
             };
             &fallback
         };
@@ -589,6 +590,7 @@ mod tests {
             input_per_1k,
             output_per_1k: None,
             special_tokens: 0,
+            max_inputs_per_request: None,
         }
     }
 

@@ -150,6 +150,7 @@ impl Texts {
                 input_per_1k: None,
                 output_per_1k: None,
                 special_tokens: 0,
+                max_inputs_per_request: None,
             },
             max_inputs,
             refused,

@@ -37,6 +37,10 @@ pub struct SimConfig {
     /// Serve LiteLLM's `GET /v1/model/info`: each model's prices per token
     /// and window, in LiteLLM's shape.
     pub model_info: bool,
+    /// Serve TEI's `GET /info` at the root: the first embedding model's id,
+    /// window and the most inputs a request may hold, and refuse more inputs
+    /// with TEI's 422.
+    pub tei_info: bool,
     /// Describe models by `id`, `object`, `created` and `owned_by` only, without
     /// a context window or a price, as most servers list them.
     pub bare_listing: bool,
@@ -81,6 +85,7 @@ impl Default for SimConfig {
             model_route: true,
             models_routes: true,
             model_info: false,
+            tei_info: false,
             bare_listing: false,
             billing: Billing::default(),
             max_inputs_per_request: None,
@@ -101,7 +106,17 @@ impl Default for SimConfig {
 /// Default for [`SimConfig::max_body_bytes`]: 64 MiB.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
 
+/// The most inputs TEI takes in a request by default (`max_client_batch_size`).
+pub const TEI_BATCH_SIZE: usize = 32;
+
 impl SimConfig {
+    /// The most inputs one embeddings request may carry: as set, else TEI's
+    /// default when the simulator answers as TEI.
+    pub fn most_inputs(&self) -> Option<usize> {
+        self.max_inputs_per_request
+            .or(self.tei_info.then_some(TEI_BATCH_SIZE))
+    }
+
     /// Checks the whole configuration and reports every problem at once, one per line.
     ///
     /// # Errors

@@ -147,6 +147,23 @@ impl ApiError {
         }
     }
 
+    /// TEI's 422 for a request of more inputs than `max_client_batch_size`.
+    pub fn tei_batch_too_large(given: usize, max: usize) -> Self {
+        let body = serde_json::json!({
+            "error": format!("batch size {given} > maximum allowed batch size {max}"),
+            "error_type": "Validation",
+        });
+        ApiError {
+            fault: Some("too_large"),
+            body: Some(Box::new(body)),
+            ..ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                INVALID_REQUEST,
+                "too many inputs",
+            )
+        }
+    }
+
     /// The body of a 200 that carries an error, as some gateways send.
     pub fn error_in_200_body() -> Vec<u8> {
         serde_json::json!({

@@ -189,6 +189,9 @@ fn router(shared: Arc<Shared>) -> Router {
     if shared.config.model_info {
         router = router.route(&format!("{prefix}/model/info"), get(handlers::model_info));
     }
+    if shared.config.tei_info {
+        router = router.route("/info", get(handlers::tei_info));
+    }
     router
         .merge(batch_routes(&shared))
         .route("/_ledger", get(handlers::get_ledger))
@@ -315,10 +318,11 @@ fn describe_routes(config: &SimConfig) -> Option<String> {
         || !config.model_route
         || !config.models_routes
         || config.model_info
+        || config.tei_info
         || config.bare_listing
     {
         return Some(format!(
-            "  routes under {:?}{}{}{}",
+            "  routes under {:?}{}{}{}{}",
             config.url_prefix,
             if !config.models_routes {
                 ", no GET /models nor /models/{id}"
@@ -329,6 +333,11 @@ fn describe_routes(config: &SimConfig) -> Option<String> {
             },
             if config.model_info {
                 ", LiteLLM's GET /model/info"
+            } else {
+                ""
+            },
+            if config.tei_info {
+                ", TEI's GET /info"
             } else {
                 ""
             },
@@ -444,7 +453,7 @@ fn describe(config: &SimConfig) -> String {
     lines.extend(describe_capacity(&config.capacity));
     lines.extend(describe_batches(&config.batches));
     let mut limits = Vec::new();
-    if let Some(max) = config.max_inputs_per_request {
+    if let Some(max) = config.most_inputs() {
         limits.push(format!("{max} inputs"));
     }
     if let Some(max) = config.max_tokens_per_request {
@@ -454,7 +463,11 @@ fn describe(config: &SimConfig) -> String {
         lines.push(format!(
             "  limits: {} per request (status {})",
             limits.join(", "),
-            config.too_large_status
+            if config.tei_info {
+                422
+            } else {
+                config.too_large_status
+            }
         ));
     }
     lines.join("\n")

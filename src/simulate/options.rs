@@ -51,6 +51,11 @@ pub struct SimulateOptions {
     #[arg(long)]
     pub model_info: bool,
 
+    /// Serve TEI's GET /info (the model's window, the most inputs a request), and
+    /// refuse more inputs with TEI's 422
+    #[arg(long)]
+    pub tei_info: bool,
+
     /// List models without context window and price, as most servers do
     #[arg(long)]
     pub bare_listing: bool,
@@ -334,6 +339,7 @@ impl SimulateOptions {
             model_route: !self.no_model_route,
             models_routes: !self.no_models_routes,
             model_info: self.model_info,
+            tei_info: self.tei_info,
             bare_listing: self.bare_listing,
             billing: Billing {
                 count,

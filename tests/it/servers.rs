@@ -313,6 +313,49 @@ async fn a_422_over_8_inputs_completes_with_requests_of_at_most_8() {
     );
 }
 
+/// TEI's `GET /info` says, before any request, the most inputs a request
+/// may hold: requests are cut to its 32 inputs from the first, and none is
+/// refused (before, the first request, of all the chunks, was).
+#[tokio::test]
+async fn teis_info_sizes_the_requests_before_the_first_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = corpus(dir.path(), 40);
+    let sim = simulator(SimConfig {
+        models_routes: false,
+        tei_info: true,
+        window: Some(simulate::ServerWindow::parse("256:tei").unwrap()),
+        ..SimConfig::default()
+    })
+    .await;
+    let job = write_job(dir.path(), &sim.base_url(), &files_source(&root), "");
+    let output = run_job(
+        &job,
+        &["--json", "--set", "backend.max_inputs_per_request=128"],
+    )
+    .await;
+    let summary = summary_of(&output);
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    assert_complete(
+        &read_output(&dir.path().join("out/result.parquet")),
+        &expected_chunks(&root),
+        1024,
+    );
+    let ledger = sim.ledger();
+    let largest = ledger.billed_sizes.keys().max().copied().unwrap();
+    assert_eq!(largest, 32, "{:?}", ledger.billed_sizes);
+    assert_eq!(ledger.faults.get("too_large"), None, "{:?}", ledger.faults);
+    assert_eq!(
+        summary["learned_limits"]["max_inputs_per_request"],
+        Value::Null
+    );
+    let warnings = summary["warnings"].to_string();
+    assert!(
+        warnings.contains("at most 32 inputs a request (GET /info, `max_client_batch_size`)")
+            && !warnings.contains("describes no model"),
+        "{warnings}"
+    );
+}
+
 #[tokio::test]
 async fn a_request_that_times_out_but_is_billed_is_not_sent_again_whole() {
     let dir = tempfile::tempdir().unwrap();

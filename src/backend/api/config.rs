@@ -468,6 +468,25 @@ async fn plan_window(
     }
 }
 
+/// The most inputs a request may hold as the service states it, when that
+/// is fewer than `backend.max_inputs_per_request`, said in a warning: the
+/// requests are made that small from the first, instead of learning it from
+/// a refusal.
+fn stated_inputs(
+    stated: Option<usize>,
+    b: &BackendShared,
+    warnings: &mut Vec<String>,
+) -> Option<usize> {
+    let most = stated.filter(|&n| n < b.max_inputs_per_request)?;
+    warnings.push(format!(
+        "the service takes at most {most} inputs a request (GET /info, \
+         `max_client_batch_size`): requests hold at most {most}, not \
+         `backend.max_inputs_per_request` = {}",
+        b.max_inputs_per_request
+    ));
+    Some(most)
+}
+
 /// Batch mode's settings: the request's, and the batch price.
 fn batch_service(
     api: &ApiParams,
@@ -527,6 +546,7 @@ async fn build(job: &Job) -> Result<Embedding, Failure> {
             _ => Failure::usage(e),
         })?;
     let mut warnings = discovery.warnings;
+    let max_inputs = stated_inputs(discovery.max_inputs, b, &mut warnings);
     let listed = discovery.model.as_ref();
     let listed_window = listed
         .and_then(|m| m.context_window)
@@ -552,6 +572,7 @@ async fn build(job: &Job) -> Result<Embedding, Failure> {
         renames_models: api.server_renames_models,
         stall_timeout: Duration::from_secs(api.stall_timeout_seconds),
         sharing: job.shard.map_or(1, |shard| shard.count),
+        max_inputs,
         ..ApiSettings::new(model)
     };
     let batch_client = client.clone();

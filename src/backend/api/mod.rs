@@ -84,6 +84,9 @@ pub struct ApiSettings {
     pub sharing: u32,
     /// Tokens the model adds to every text, as `chunking.tokenizer` says.
     pub special_tokens: u64,
+    /// The most inputs a request may hold, as the service says it
+    /// (`Discovery::max_inputs`).
+    pub max_inputs: Option<usize>,
 }
 
 impl ApiSettings {
@@ -108,6 +111,7 @@ impl ApiSettings {
             warnings: Vec::new(),
             sharing: 1,
             special_tokens: 0,
+            max_inputs: None,
             renames_models: false,
             stall_timeout: Duration::from_secs(600),
         }
@@ -283,6 +287,7 @@ impl ApiBackend {
                 .output_per_1k
                 .or_else(|| listed("output", |p| p.output_per_1k)),
             special_tokens: settings.special_tokens,
+            max_inputs_per_request: settings.max_inputs,
         };
         let price_source = if settings.input_per_1k.is_some() {
             Some("`backend.input_per_1k`".to_string())

@@ -74,6 +74,7 @@ impl LocalBackend {
                 input_per_1k: Some(0.0),
                 output_per_1k: None,
                 special_tokens: crate::backend::LOCAL_SPECIAL_TOKENS,
+                max_inputs_per_request: None,
             },
             requests,
             tokenizer,

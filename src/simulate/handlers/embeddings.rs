@@ -522,8 +522,11 @@ fn check_size(
     counts: &[u32],
     tokens: u64,
 ) -> Result<(), ApiError> {
-    if let Some(max) = config.max_inputs_per_request {
+    if let Some(max) = config.most_inputs() {
         if inputs.len() > max {
+            if config.tei_info {
+                return Err(ApiError::tei_batch_too_large(inputs.len(), max));
+            }
             if config.too_large_status == 422 {
                 let texts: Vec<&str> = inputs.iter().map(|i| i.text.as_str()).collect();
                 return Err(ApiError::pydantic_too_long(max, &texts));

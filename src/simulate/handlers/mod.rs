@@ -27,7 +27,7 @@ mod models;
 
 pub(crate) use embeddings::{answer_fault_free, embeddings};
 pub(crate) use ledger::{get_ledger, method_not_allowed, reset_ledger, unknown_url};
-pub(crate) use models::{get_model, list_models, model_info, no_model_route};
+pub(crate) use models::{get_model, list_models, model_info, no_model_route, tei_info};
 
 /// The fixed `created` timestamp of every model and completion.
 pub(crate) const CREATED: u64 = 1_700_000_000;

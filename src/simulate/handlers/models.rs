@@ -1,4 +1,5 @@
-//! `GET /v1/models`, `GET /v1/models/{id}` and LiteLLM's `GET /v1/model/info`.
+//! `GET /v1/models`, `GET /v1/models/{id}`, LiteLLM's `GET /v1/model/info`
+//! and TEI's `GET /info`.
 
 use std::sync::Arc;
 
@@ -11,6 +12,7 @@ use serde_json::{json, Value};
 use super::{authorize, Shared, CREATED};
 use crate::simulate::config::{ModelKind, ModelSpec};
 use crate::simulate::error::ApiError;
+use crate::simulate::window::OverWindow;
 
 fn model_json(model: &ModelSpec, bare: bool) -> Value {
     if bare {
@@ -103,4 +105,41 @@ pub(crate) async fn model_info(State(shared): State<Arc<Shared>>, headers: Heade
         })
         .collect();
     axum::Json(json!({ "data": data })).into_response()
+}
+
+/// TEI's `GET /info`: the one model it serves (the first embedding model the
+/// key sees), its window in its own tokens, and the most inputs a request
+/// may hold (32 without `max_inputs_per_request`, TEI's default).
+pub(crate) async fn tei_info(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Response {
+    let caller = match authorize(&shared, &headers) {
+        Ok(caller) => caller,
+        Err(error) => return shared.fail(error),
+    };
+    let Some(model) = shared
+        .visible_models(caller)
+        .find(|m| matches!(m.kind, ModelKind::Embedding { .. }))
+    else {
+        return shared.fail(ApiError::bad_request("no embedding model is served"));
+    };
+    let window = shared
+        .config
+        .window
+        .map_or(model.context_window, |w| w.tokens);
+    axum::Json(json!({
+        "model_id": model.id,
+        "model_sha": null,
+        "model_dtype": "float32",
+        "model_type": {"embedding": {"pooling": "mean"}},
+        "max_concurrent_requests": shared.config.max_concurrent_requests.unwrap_or(512),
+        "max_input_length": window,
+        "max_batch_tokens": 16384,
+        "max_batch_requests": null,
+        "max_client_batch_size": shared.config.most_inputs(),
+        "auto_truncate": shared.config.window.is_some_and(|w| w.over == OverWindow::Truncate),
+        "tokenization_workers": 2,
+        "version": "1.5.0",
+        "sha": null,
+        "docker_label": null,
+    }))
+    .into_response()
 }
