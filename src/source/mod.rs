@@ -235,30 +235,66 @@ pub fn open(config: &SourceConfig) -> Result<Box<dyn Source>, SourceError> {
     Ok(Box::new(Checked::new(inner, config.clone())))
 }
 
-/// The start of the input's text, up to `bytes` bytes: its
-/// first documents, each on a line of its own, for measuring how a server
-/// counts the job's own text. `None` for stdin, which can be read once
-/// only, and for an input that cannot be read (the run says why).
-pub fn sample(config: &SourceConfig, bytes: usize) -> Option<String> {
-    if config.is_stdin() {
-        return None;
+/// Bytes of the input [`sample`] reads at most: all of a small input, the
+/// start of a large one.
+pub const SAMPLE_READ_BYTES: usize = 16 << 20;
+
+/// Pieces [`sample`] takes at most.
+pub const SAMPLE_PIECES: usize = 256;
+
+/// Pieces of the input's text of up to `piece_bytes` bytes each, spread
+/// evenly over its first [`SAMPLE_READ_BYTES`] (at most [`SAMPLE_PIECES`]
+/// of them, within one document each, in the input's order): text to
+/// measure how a server counts the job's own text on, from its whole
+/// length rather than its first documents. Empty for stdin, which can be
+/// read once only, and for an input that cannot be read (the run says why).
+pub fn sample(config: &SourceConfig, piece_bytes: usize) -> Vec<String> {
+    if config.is_stdin() || piece_bytes == 0 {
+        return Vec::new();
     }
-    let mut source = open_unchecked(config).ok()?;
-    let mut sample = String::new();
-    while sample.len() < bytes {
+    let Ok(mut source) = open_unchecked(config) else {
+        return Vec::new();
+    };
+    let mut texts = Vec::new();
+    let mut read = 0usize;
+    while read < SAMPLE_READ_BYTES {
         let Ok(Some(document)) = source.next_document() else {
             break;
         };
-        if !sample.is_empty() {
-            sample.push('\n');
-        }
-        let mut end = document.text.len().min(bytes - sample.len().min(bytes));
-        while !document.text.is_char_boundary(end) {
-            end -= 1;
-        }
-        sample.push_str(&document.text[..end]);
+        let text = prefix_within(&document.text, SAMPLE_READ_BYTES - read);
+        read += text.len();
+        texts.push(text.to_string());
     }
-    (!sample.trim().is_empty()).then_some(sample)
+    let stride = piece_bytes.max(read.div_ceil(SAMPLE_PIECES));
+    let mut pieces = Vec::new();
+    let mut offset = 0usize;
+    for text in &texts {
+        // The sample points (multiples of the stride) within this document.
+        let mut at = offset.next_multiple_of(stride) - offset;
+        while at < text.len() {
+            let mut start = at;
+            while !text.is_char_boundary(start) {
+                start += 1;
+            }
+            let piece = prefix_within(&text[start..], piece_bytes).trim();
+            if !piece.is_empty() {
+                pieces.push(piece.to_string());
+            }
+            at += stride;
+        }
+        offset += text.len();
+    }
+    pieces
+}
+
+/// The longest prefix of `text` of at most `bytes` bytes that ends on a
+/// character's boundary.
+fn prefix_within(text: &str, bytes: usize) -> &str {
+    let mut end = text.len().min(bytes);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
 }
 
 fn open_unchecked(config: &SourceConfig) -> Result<Box<dyn Source>, SourceError> {
@@ -521,7 +557,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_sample_is_the_inputs_first_documents_up_to_a_size_and_never_stdin() {
+    fn a_sample_is_pieces_spread_over_the_input_and_never_stdin() {
         let dir = tempfile::tempdir().unwrap();
         let docs = dir.path().join("docs");
         std::fs::create_dir(&docs).unwrap();
@@ -531,22 +567,40 @@ mod tests {
             paths: vec![path_text(&docs)],
             ..testing::FilesSource::default()
         });
-        assert_eq!(
-            sample(&folder, 1000).unwrap(),
-            format!("first document\n{}", "é".repeat(100))
-        );
-        // Cut on a character's boundary: 14 + 1 bytes, then 2 of a 2-byte é.
-        assert_eq!(sample(&folder, 18).unwrap(), "first document\né");
-        assert_eq!(sample(&folder, 5).unwrap(), "first");
+        // A small input: a piece at every stride of 20 bytes of the 214
+        // read, within one document each and cut on characters' boundaries.
+        let pieces = sample(&folder, 20);
+        assert_eq!(pieces[0], "first document");
+        assert_eq!(pieces[1], "é".repeat(10), "from byte 20, 6 into b.txt");
+        assert_eq!(pieces.len(), 1 + 10, "{pieces:?}");
+        assert_eq!(sample(&folder, 5)[0], "first");
+        // A large one: no more than SAMPLE_PIECES pieces, from its whole
+        // length: 1,000 files, each 40 in turn of one letter.
+        let many = dir.path().join("many");
+        std::fs::create_dir(&many).unwrap();
+        for i in 0..1000u16 {
+            let letter = char::from(b'a' + u8::try_from(i / 40).unwrap());
+            let text = letter.to_string().repeat(18);
+            std::fs::write(many.join(format!("{i:04}.txt")), text).unwrap();
+        }
+        let folder = SourceConfig::new(testing::FilesSource {
+            paths: vec![path_text(&many)],
+            ..testing::FilesSource::default()
+        });
+        let pieces = sample(&folder, 10);
+        assert!(pieces.len() <= SAMPLE_PIECES, "{}", pieces.len());
+        let letters: std::collections::BTreeSet<char> =
+            pieces.iter().filter_map(|p| p.chars().next()).collect();
+        assert_eq!(letters.len(), 25, "every part of the input: {letters:?}");
         let stdin = config(SourceKind::Jsonl, Path::new("-"), "text", None);
-        assert_eq!(sample(&stdin, 1000), None);
+        assert!(sample(&stdin, 1000).is_empty());
         let missing = config(
             SourceKind::Jsonl,
             &dir.path().join("none.jsonl"),
             "text",
             None,
         );
-        assert_eq!(sample(&missing, 1000), None);
+        assert!(sample(&missing, 1000).is_empty());
     }
 
     /// An input whose every file was passed over said only that it had no

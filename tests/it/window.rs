@@ -387,7 +387,9 @@ async fn pieces_cut_during_a_run_are_not_sent_again_by_the_next_run() {
 /// Documents of long common words: one cl100k token each, two or three of
 /// the simulated server's (a piece per 6 letters), after one of short
 /// words, one of each: the probe measures the first, so that the dense
-/// chunks cut to the probed window are refused.
+/// chunks cut to the probed window are refused. (The probe's text is the
+/// input's densest pieces first, by words and marks over the local count:
+/// a word is one however long, so these tie, and go in the input's order.)
 fn dense(dir: &Path) -> PathBuf {
     const WORDS: &[&str] = &[
         "government",
@@ -424,7 +426,7 @@ fn dense(dir: &Path) -> PathBuf {
         std::fs::write(root.join(format!("dense{doc}.txt")), words.join(" ")).unwrap();
     }
     // Read first, plain words: the probe measures the server's count on
-    // the start of the input, and the dense documents count more.
+    // them, and the dense documents count more.
     let plain: Vec<&str> = (0..900).map(|w| ["the", "river", "rose"][w % 3]).collect();
     std::fs::write(root.join("a-plain.txt"), plain.join(" ")).unwrap();
     root
@@ -862,25 +864,59 @@ async fn a_listed_window_in_another_tokenizer_is_checked_by_the_probe() {
 /// this one). Measured on the job's own text, every chunk is read whole.
 #[tokio::test]
 async fn the_window_is_measured_on_the_jobs_own_text() {
-    const WORDS: &[&str] = &["river", "levels", "rose", "after", "the", "storm", "and"];
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("docs");
     std::fs::create_dir_all(&root).unwrap();
     for doc in 0..4 {
-        let mut body = String::new();
-        for section in 0..80 {
-            let word = |i: usize| WORDS[(doc * 7 + section * 5 + i * 3) % WORDS.len()];
-            let title: Vec<&str> = (0..5).map(word).collect();
-            let title = title.join(" ");
-            let text: Vec<&str> = (5..17).map(word).collect();
-            body.push_str(&format!(
-                "{title}\n{}\n\n{}.\n\n",
-                "=".repeat(title.len()),
-                text.join(" ")
-            ));
-        }
-        std::fs::write(root.join(format!("doc{doc}.rst")), body).unwrap();
+        std::fs::write(root.join(format!("doc{doc}.rst")), titled(doc)).unwrap();
     }
+    let sim = simulator(unlisted("truncate")).await;
+    let job = job(dir.path(), &sim, &root, "");
+    let summary = summary_of(&run_job(&job, &["--json"]).await);
+    assert_eq!(
+        summary["learned_limits"]["context_window"]["from"],
+        "truncation"
+    );
+    let rows = read_output(&dir.path().join("out/result.parquet"));
+    assert_read_whole(&rows, &sim.ledger());
+}
+
+/// A reStructuredText document of 80 sections, each title underlined with
+/// `=`s: dense for the simulated server (a mark is a token) and light for
+/// `cl100k_base`.
+fn titled(doc: usize) -> String {
+    const WORDS: &[&str] = &["river", "levels", "rose", "after", "the", "storm", "and"];
+    let mut body = String::new();
+    for section in 0..80 {
+        let word = |i: usize| WORDS[(doc * 7 + section * 5 + i * 3) % WORDS.len()];
+        let title: Vec<&str> = (0..5).map(word).collect();
+        let title = title.join(" ");
+        let text: Vec<&str> = (5..17).map(word).collect();
+        body.push_str(&format!(
+            "{title}\n{}\n\n{}.\n\n",
+            "=".repeat(title.len()),
+            text.join(" ")
+        ));
+    }
+    body
+}
+
+/// The probe's text is taken from the whole input, its densest pieces
+/// first: plain prose at the start of the input (the first 16 KiB), and the
+/// reStructuredText after it. Measured on the input's first documents, the
+/// window fitted the prose, and chunks of the titled sections were read in
+/// part.
+#[tokio::test]
+async fn the_window_is_measured_on_the_densest_of_the_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("docs");
+    std::fs::create_dir_all(&root).unwrap();
+    let words = [
+        "the", "river", "rose", "slowly", "after", "a", "storm", "upstream",
+    ];
+    let prose: Vec<&str> = (0..3000).map(|i| words[i * 5 % words.len()]).collect();
+    std::fs::write(root.join("a-notes.txt"), prose.join(" ")).unwrap();
+    std::fs::write(root.join("b-guide.rst"), titled(0)).unwrap();
     let sim = simulator(unlisted("truncate")).await;
     let job = job(dir.path(), &sim, &root, "");
     let summary = summary_of(&run_job(&job, &["--json"]).await);

@@ -602,13 +602,12 @@ async fn build(job: &Job) -> Result<Embedding, Failure> {
         // The probe measures the server's count on the job's own text.
         let (source, bytes) = (
             job.source.clone(),
-            super::window::sample_bytes(unfitted.max_tokens),
+            super::window::piece_bytes(unfitted.max_tokens),
         );
-        let sample = tokio::task::spawn_blocking(move || crate::source::sample(&source, bytes))
+        let pieces = tokio::task::spawn_blocking(move || crate::source::sample(&source, bytes))
             .await
-            .ok()
-            .flatten();
-        let chunks = (unfitted.max_tokens, sample.as_deref());
+            .unwrap_or_default();
+        let chunks = (unfitted.max_tokens, pieces.as_slice());
         let probed = backend.probe_window(&count, chunks, max_cost).await;
         backend.learn_window(probed, &unfitted, &unknown, plan.checked);
     }

@@ -1,5 +1,5 @@
-//! A window nobody lists, found before any chunking: a long text (the start
-//! of the job's own input) is sent, and a refusal says the window (OpenAI,
+//! A window nobody lists, found before any chunking: a long text (pieces
+//! of the job's own input, the densest first) is sent, and a refusal says the window (OpenAI,
 //! TEI, vLLM and llama.cpp's server state it); a text
 //! the server accepts is checked for silent truncation by embedding its
 //! prefixes: a prefix with the whole text's vector shows where the server
@@ -98,11 +98,12 @@ const WORDS: &[&str] = &[
 /// word: text without spaces (CJK, minified data) is cut within its runs.
 const CUT_CHARS: usize = 16;
 
-/// Bytes of the job's input the probe's text is taken from, for chunks of
-/// `chunk_tokens`: 5/4 of a chunk at 16 bytes a token, more than a token
-/// of any text takes.
-pub(super) fn sample_bytes(chunk_tokens: usize) -> usize {
-    probe_tokens(chunk_tokens).saturating_mul(16)
+/// Bytes of each piece of the job's input the probe's text is made of, for
+/// chunks of `chunk_tokens`: half a chunk of prose (4 bytes a token), from
+/// 256 bytes to 4 KiB, enough to tell how densely a piece counts and few
+/// enough to count them all (256 pieces of 4 KiB at most).
+pub(super) fn piece_bytes(chunk_tokens: usize) -> usize {
+    chunk_tokens.saturating_mul(2).clamp(256, 4096)
 }
 
 /// The local tokens the probe's text holds, for chunks of `chunk_tokens`:
@@ -131,6 +132,37 @@ fn cuts(text: &str) -> Vec<usize> {
     cuts
 }
 
+/// The words and marks `text` holds as a BERT-style pre-tokenizer splits
+/// it: each run of letters and digits one, and every other character but a
+/// space (a punctuation mark, a symbol, a CJK ideograph) one on its own.
+/// Each is at least a token of a WordPiece model, however few
+/// `cl100k_base` makes of them (a title's underline of `=`s is one or two).
+fn units(text: &str) -> usize {
+    let mut units = 0;
+    let mut in_word = false;
+    for c in text.chars() {
+        if c.is_alphanumeric() && !is_cjk_ideograph(c) {
+            units += usize::from(!in_word);
+            in_word = true;
+        } else {
+            in_word = false;
+            units += usize::from(!c.is_whitespace());
+        }
+    }
+    units
+}
+
+/// A CJK ideograph, which a BERT-style pre-tokenizer splits off on its own.
+fn is_cjk_ideograph(c: char) -> bool {
+    matches!(u32::from(c),
+        0x4E00..=0x9FFF
+        | 0x3400..=0x4DBF
+        | 0x2_0000..=0x2_A6DF
+        | 0x2_A700..=0x2_CEAF
+        | 0xF900..=0xFAFF
+        | 0x2_F800..=0x2_FA1F)
+}
+
 /// The probe's text, and where its prefixes end.
 struct ProbeText {
     text: String,
@@ -138,15 +170,41 @@ struct ProbeText {
 }
 
 impl ProbeText {
-    /// The job's own text (`sample`, the start of its input), so that the
-    /// server's count is measured against the local one on text like the
-    /// chunks', then plain words if it is too short, up to the shortest
-    /// prefix that holds `tokens` local tokens by `count`. A fixed list of
-    /// plain words measured a window into which a reStructuredText
-    /// corpus's chunks did not fit: its underlines count a token a
-    /// character for a WordPiece model, and few for `cl100k_base`.
-    fn new(sample: Option<&str>, count: &(dyn Fn(&str) -> usize + Sync), tokens: usize) -> Self {
-        let mut text = sample.map(str::trim).unwrap_or_default().to_string();
+    /// The job's own text (`pieces` of its input, see `source::sample`),
+    /// so that the server's count is measured against the local one on
+    /// text like the chunks', then plain words if it is too short, up to
+    /// the shortest prefix that holds `tokens` local tokens by `count`.
+    ///
+    /// The pieces go densest first, as [`units`] over the local count: the
+    /// window is found where the server stops reading the text that counts
+    /// the most tokens for it, the input's densest of the pieces sampled,
+    /// so that chunks of lighter text fit it too. A fixed list of plain
+    /// words measured a window into which a reStructuredText corpus's
+    /// chunks did not fit (its underlines count a token a character for a
+    /// WordPiece model, and few for `cl100k_base`), and so did the input's
+    /// first documents, where they were plain prose before such text.
+    fn new(pieces: &[String], count: &(dyn Fn(&str) -> usize + Sync), tokens: usize) -> Self {
+        let mut dense: Vec<(f64, &str)> = pieces
+            .iter()
+            .map(|piece| {
+                let piece = piece.trim();
+                #[allow(clippy::cast_precision_loss)]
+                let density = units(piece) as f64 / count(piece).max(1) as f64;
+                (density, piece)
+            })
+            .filter(|(_, piece)| !piece.is_empty())
+            .collect();
+        dense.sort_by(|a, b| b.0.total_cmp(&a.0));
+        let mut text = String::new();
+        for (_, piece) in dense {
+            if count(&text) >= tokens && cuts(&text).len() >= 2 {
+                break;
+            }
+            if !text.is_empty() {
+                text.push('\n');
+            }
+            text.push_str(piece);
+        }
         while count(&text) < tokens || cuts(&text).len() < 2 {
             if !text.is_empty() {
                 text.push(' ');
@@ -242,10 +300,10 @@ impl ApiBackend {
     pub(super) async fn probe_window(
         &self,
         count: &(dyn Fn(&str) -> usize + Sync),
-        (chunk_tokens, sample): (usize, Option<&str>),
+        (chunk_tokens, pieces): (usize, &[String]),
         max_cost: Option<f64>,
     ) -> Probed {
-        let probe = ProbeText::new(sample, count, probe_tokens(chunk_tokens));
+        let probe = ProbeText::new(pieces, count, probe_tokens(chunk_tokens));
         let prefix = |k: usize| probe.prefix(k);
         let tokens = |text: &str| count(text) as u64;
         let billed_before = self.billed.get().prompt_tokens;
@@ -530,28 +588,62 @@ mod tests {
     #[test]
     fn the_probe_text_is_the_jobs_own_as_far_as_it_goes() {
         let count = |text: &str| text.split_whitespace().count();
+        let pieces = |texts: &[&str]| texts.iter().map(ToString::to_string).collect::<Vec<_>>();
         // No sample: plain words, the shortest prefix that holds the tokens.
-        let plain = ProbeText::new(None, &count, 640);
+        let plain = ProbeText::new(&[], &count, 640);
         assert_eq!(count(plain.prefix(plain.len())), 640);
         assert_eq!(count(plain.prefix(plain.len() - 1)), 639);
         assert_eq!(plain.prefix(0), "");
         // A sample long enough is the text, cut after each word.
-        let sample = "one two three four five six seven eight";
-        let own = ProbeText::new(Some(sample), &count, 5);
+        let sample = pieces(&["one two three four five six seven eight"]);
+        let own = ProbeText::new(&sample, &count, 5);
         assert_eq!(own.prefix(own.len()), "one two three four five");
         assert_eq!(own.prefix(1), "one");
         // A short one is followed by plain words.
-        let short = ProbeText::new(Some("  one two "), &count, 5);
+        let short = ProbeText::new(&pieces(&["  one two "]), &count, 5);
         assert!(short.prefix(short.len()).starts_with("one two the report"));
         // Text without spaces is cut every few characters.
         let dense = "汉".repeat(100);
         let chars = |text: &str| text.chars().count();
-        let cut = ProbeText::new(Some(&dense), &chars, 40);
+        let cut = ProbeText::new(&[dense], &chars, 40);
         assert_eq!(cut.prefix(1).chars().count(), CUT_CHARS);
         assert_eq!(chars(cut.prefix(cut.len())), 48);
         assert!(cut.prefix(cut.len()).chars().all(|c| c == '汉'));
         // At least two prefixes, however few tokens are asked for.
-        let one = ProbeText::new(Some("word"), &count, 1);
+        let one = ProbeText::new(&pieces(&["word"]), &count, 1);
         assert!(one.len() >= 2, "{}", one.len());
+    }
+
+    #[test]
+    fn the_densest_pieces_of_the_input_go_first() {
+        // Words and marks as a BERT-style pre-tokenizer splits them.
+        assert_eq!(units("Storm levels rose."), 4);
+        assert_eq!(units("Title\n====="), 6);
+        assert_eq!(units("fn main() { x.y(); }"), 12);
+        assert_eq!(units("汉字 kana"), 3);
+        assert_eq!(units(""), 0);
+        // Counted as `cl100k_base` would, about: a run of `=`s is one token.
+        let count = |text: &str| {
+            text.split(|c: char| c.is_whitespace())
+                .filter(|w| !w.is_empty())
+                .map(|w| {
+                    if w.chars().all(|c| c == '=') {
+                        1
+                    } else {
+                        w.len().div_ceil(8)
+                    }
+                })
+                .sum::<usize>()
+        };
+        let prose = "the river rose after the storm".to_string();
+        let titled = "Rivers\n======\nthe river rose".to_string();
+        let probe = ProbeText::new(&[prose.clone(), titled, prose], &count, 8);
+        assert!(
+            probe
+                .prefix(probe.len())
+                .starts_with("Rivers\n======\nthe river rose\nthe river"),
+            "{:?}",
+            probe.prefix(probe.len())
+        );
     }
 }
