@@ -274,6 +274,26 @@ async fn under_wrong_length_and_nan_faults_the_bill_is_the_ledgers_with_floats()
     bill_under_vector_faults("float").await;
 }
 
+/// Runs `job` (its output beside it, in `out/`) with requests of at most
+/// `max_inputs` inputs, to a complete output of `root`'s chunks: its summary,
+/// the simulator's ledger, and the most inputs a billed request held.
+async fn run_complete(
+    job: &Path,
+    root: &Path,
+    max_inputs: usize,
+    sim: &simulate::Simulator,
+) -> (Value, simulate::Ledger, u64) {
+    let most = format!("backend.max_inputs_per_request={max_inputs}");
+    let output = run_job(job, &["--json", "--set", &most]).await;
+    let summary = summary_of(&output);
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    let out = job.parent().unwrap().join("out/result.parquet");
+    assert_complete(&read_output(&out), &expected_chunks(root), 1024);
+    let ledger = sim.ledger();
+    let largest = ledger.billed_sizes.keys().max().copied().unwrap();
+    (summary, ledger, largest)
+}
+
 #[tokio::test]
 async fn a_422_over_8_inputs_completes_with_requests_of_at_most_8() {
     let dir = tempfile::tempdir().unwrap();
@@ -285,20 +305,7 @@ async fn a_422_over_8_inputs_completes_with_requests_of_at_most_8() {
         &files_source(&root),
         "api_path = \"\"\ncontext_window = 512",
     );
-    let output = run_job(
-        &job,
-        &["--json", "--set", "backend.max_inputs_per_request=32"],
-    )
-    .await;
-    let summary = summary_of(&output);
-    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
-    assert_complete(
-        &read_output(&dir.path().join("out/result.parquet")),
-        &expected_chunks(&root),
-        1024,
-    );
-    let ledger = sim.ledger();
-    let largest = ledger.billed_sizes.keys().max().copied().unwrap();
+    let (summary, ledger, largest) = run_complete(&job, &root, 32, &sim).await;
     assert!(largest <= 8, "{:?}", ledger.billed_sizes);
     assert_eq!(largest, 8, "requests as large as the service takes");
     assert_eq!(summary["learned_limits"]["max_inputs_per_request"], 8);
@@ -328,20 +335,7 @@ async fn teis_info_sizes_the_requests_before_the_first_one() {
     })
     .await;
     let job = write_job(dir.path(), &sim.base_url(), &files_source(&root), "");
-    let output = run_job(
-        &job,
-        &["--json", "--set", "backend.max_inputs_per_request=128"],
-    )
-    .await;
-    let summary = summary_of(&output);
-    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
-    assert_complete(
-        &read_output(&dir.path().join("out/result.parquet")),
-        &expected_chunks(&root),
-        1024,
-    );
-    let ledger = sim.ledger();
-    let largest = ledger.billed_sizes.keys().max().copied().unwrap();
+    let (summary, ledger, largest) = run_complete(&job, &root, 128, &sim).await;
     assert_eq!(largest, 32, "{:?}", ledger.billed_sizes);
     assert_eq!(ledger.faults.get("too_large"), None, "{:?}", ledger.faults);
     assert_eq!(

@@ -870,14 +870,20 @@ async fn the_window_is_measured_on_the_jobs_own_text() {
     for doc in 0..4 {
         std::fs::write(root.join(format!("doc{doc}.rst")), titled(doc)).unwrap();
     }
+    read_whole_by_a_truncating_server(dir.path(), &root).await;
+}
+
+/// A job over `root` against a server that truncates at [`WINDOW`] and
+/// lists no window: the probe finds it, and every chunk is read whole.
+async fn read_whole_by_a_truncating_server(dir: &Path, root: &Path) {
     let sim = simulator(unlisted("truncate")).await;
-    let job = job(dir.path(), &sim, &root, "");
+    let job = job(dir, &sim, root, "");
     let summary = summary_of(&run_job(&job, &["--json"]).await);
     assert_eq!(
         summary["learned_limits"]["context_window"]["from"],
         "truncation"
     );
-    let rows = read_output(&dir.path().join("out/result.parquet"));
+    let rows = read_output(&dir.join("out/result.parquet"));
     assert_read_whole(&rows, &sim.ledger());
 }
 
@@ -917,13 +923,5 @@ async fn the_window_is_measured_on_the_densest_of_the_input() {
     let prose: Vec<&str> = (0..3000).map(|i| words[i * 5 % words.len()]).collect();
     std::fs::write(root.join("a-notes.txt"), prose.join(" ")).unwrap();
     std::fs::write(root.join("b-guide.rst"), titled(0)).unwrap();
-    let sim = simulator(unlisted("truncate")).await;
-    let job = job(dir.path(), &sim, &root, "");
-    let summary = summary_of(&run_job(&job, &["--json"]).await);
-    assert_eq!(
-        summary["learned_limits"]["context_window"]["from"],
-        "truncation"
-    );
-    let rows = read_output(&dir.path().join("out/result.parquet"));
-    assert_read_whole(&rows, &sim.ledger());
+    read_whole_by_a_truncating_server(dir.path(), &root).await;
 }
