@@ -908,10 +908,10 @@ fn titled(doc: usize) -> String {
 }
 
 /// The probe's text is taken from the whole input, its densest pieces
-/// first: plain prose at the start of the input (the first 16 KiB), and the
-/// reStructuredText after it. Measured on the input's first documents, the
-/// window fitted the prose, and chunks of the titled sections were read in
-/// part.
+/// first: plain prose at the start of the input (16 KiB, more than the 10
+/// KiB the probe's text was read from), and the reStructuredText after it.
+/// Measured on the input's first documents, the window fitted the prose,
+/// and chunks of the titled sections were read in part.
 #[tokio::test]
 async fn the_window_is_measured_on_the_densest_of_the_input() {
     let dir = tempfile::tempdir().unwrap();
