@@ -348,6 +348,13 @@ async fn teis_info_sizes_the_requests_before_the_first_one() {
             && !warnings.contains("describes no model"),
         "{warnings}"
     );
+    // A job that asks for no more says nothing of it.
+    let (summary, _, largest) = run_complete(&job, &root, 32, &sim).await;
+    assert_eq!(largest, 32);
+    assert!(
+        !summary["warnings"].to_string().contains("GET /info"),
+        "{summary}"
+    );
 }
 
 #[tokio::test]

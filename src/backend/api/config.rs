@@ -481,7 +481,7 @@ fn stated_inputs(
     warnings.push(format!(
         "the service takes at most {most} inputs a request (GET /info, \
          `max_client_batch_size`): requests hold at most {most}, not \
-         `backend.max_inputs_per_request` = {}",
+         `backend.max_inputs_per_request` = {} (set it to {most} or fewer to say so)",
         b.max_inputs_per_request
     ));
     Some(most)
