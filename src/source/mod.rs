@@ -261,9 +261,10 @@ pub fn sample(config: &SourceConfig, piece_bytes: usize) -> Vec<String> {
         let Ok(Some(document)) = source.next_document() else {
             break;
         };
-        let text = prefix_within(&document.text, SAMPLE_READ_BYTES - read);
+        let mut text = document.text;
+        text.truncate(prefix_within(&text, SAMPLE_READ_BYTES - read).len());
         read += text.len();
-        texts.push(text.to_string());
+        texts.push(text);
     }
     let stride = piece_bytes.max(read.div_ceil(SAMPLE_PIECES));
     let mut pieces = Vec::new();

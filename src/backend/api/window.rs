@@ -1,6 +1,6 @@
 //! A window nobody lists, found before any chunking: a long text (pieces
-//! of the job's own input, the densest first) is sent, and a refusal says the window (OpenAI,
-//! TEI, vLLM and llama.cpp's server state it); a text
+//! of the job's own input, the densest first) is sent, and a refusal says
+//! the window (OpenAI, TEI, vLLM and llama.cpp's server state it); a text
 //! the server accepts is checked for silent truncation by embedding its
 //! prefixes: a prefix with the whole text's vector shows where the server
 //! stopped reading, found by binary search.
