@@ -261,14 +261,17 @@ impl SmallBytes {
     }
 }
 
-fn floor_char(text: &str, mut at: usize) -> usize {
+/// The last character boundary of `text` at or before byte `at` (at most its length).
+pub(crate) fn floor_char(text: &str, mut at: usize) -> usize {
+    at = at.min(text.len());
     while !text.is_char_boundary(at) {
         at -= 1;
     }
     at
 }
 
-fn ceil_char(text: &str, mut at: usize) -> usize {
+/// The first character boundary of `text` at or after byte `at` (at most its length).
+pub(crate) fn ceil_char(text: &str, mut at: usize) -> usize {
     at = at.min(text.len());
     while !text.is_char_boundary(at) {
         at += 1;

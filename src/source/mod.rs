@@ -262,7 +262,7 @@ pub fn sample(config: &SourceConfig, piece_bytes: usize) -> Vec<String> {
             break;
         };
         let mut text = document.text;
-        text.truncate(prefix_within(&text, SAMPLE_READ_BYTES - read).len());
+        text.truncate(crate::secret::floor_char(&text, SAMPLE_READ_BYTES - read));
         read += text.len();
         texts.push(text);
     }
@@ -273,11 +273,9 @@ pub fn sample(config: &SourceConfig, piece_bytes: usize) -> Vec<String> {
         // The sample points (multiples of the stride) within this document.
         let mut at = offset.next_multiple_of(stride) - offset;
         while at < text.len() {
-            let mut start = at;
-            while !text.is_char_boundary(start) {
-                start += 1;
-            }
-            let piece = prefix_within(&text[start..], piece_bytes).trim();
+            let start = crate::secret::ceil_char(text, at);
+            let end = crate::secret::floor_char(text, start.saturating_add(piece_bytes));
+            let piece = text[start..end].trim();
             if !piece.is_empty() {
                 pieces.push(piece.to_string());
             }
@@ -286,16 +284,6 @@ pub fn sample(config: &SourceConfig, piece_bytes: usize) -> Vec<String> {
         offset += text.len();
     }
     pieces
-}
-
-/// The longest prefix of `text` of at most `bytes` bytes that ends on a
-/// character's boundary.
-fn prefix_within(text: &str, bytes: usize) -> &str {
-    let mut end = text.len().min(bytes);
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    &text[..end]
 }
 
 fn open_unchecked(config: &SourceConfig) -> Result<Box<dyn Source>, SourceError> {

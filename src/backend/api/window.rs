@@ -184,26 +184,30 @@ impl ProbeText {
     /// WordPiece model, and few for `cl100k_base`), and so did the input's
     /// first documents, where they were plain prose before such text.
     fn new(pieces: &[String], count: &(dyn Fn(&str) -> usize + Sync), tokens: usize) -> Self {
-        let mut dense: Vec<(f64, &str)> = pieces
+        let mut dense: Vec<(f64, usize, &str)> = pieces
             .iter()
             .map(|piece| {
                 let piece = piece.trim();
+                let local = count(piece);
                 #[allow(clippy::cast_precision_loss)]
-                let density = units(piece) as f64 / count(piece).max(1) as f64;
-                (density, piece)
+                let density = units(piece) as f64 / local.max(1) as f64;
+                (density, local, piece)
             })
-            .filter(|(_, piece)| !piece.is_empty())
+            .filter(|(_, _, piece)| !piece.is_empty())
             .collect();
         dense.sort_by(|a, b| b.0.total_cmp(&a.0));
-        let mut text = String::new();
-        for (_, piece) in dense {
-            if count(&text) >= tokens && cuts(&text).len() >= 2 {
+        // Pieces until their counts add up to the tokens; the text's own
+        // count is checked below.
+        let (mut text, mut held) = (String::new(), 0);
+        for (_, local, piece) in dense {
+            if held >= tokens {
                 break;
             }
             if !text.is_empty() {
                 text.push('\n');
             }
             text.push_str(piece);
+            held += local;
         }
         while count(&text) < tokens || cuts(&text).len() < 2 {
             if !text.is_empty() {
