@@ -36,6 +36,9 @@ pub struct Discovery {
     /// The most inputs a request may hold, when the service says it (TEI's
     /// `max_client_batch_size`).
     pub max_inputs: Option<usize>,
+    /// The most requests the server takes at once, when it says it (TEI's
+    /// `max_concurrent_requests`).
+    pub max_in_flight: Option<usize>,
     /// The request the model's input price was read from, e.g.
     /// `GET /v1/model/info`, when the service gave one.
     pub price_source: Option<String>,
@@ -218,6 +221,7 @@ async fn look_up(
                     }),
                     source: Some("server info"),
                     max_inputs: info.max_inputs,
+                    max_in_flight: info.max_in_flight,
                     warnings: info.warnings,
                     ..Discovery::default()
                 });

@@ -5,7 +5,9 @@
 //! "max_batch_tokens", "auto_truncate", "version", …}` at the server's root,
 //! whatever the API path. `max_input_length` is the model's window, in its
 //! own tokens; `max_client_batch_size` (32 by default) the most inputs a
-//! request may hold, more getting a 422. A body without either is not TEI's
+//! request may hold, more getting a 422; `max_concurrent_requests` (512 by
+//! default) the most requests it takes at once, more getting a 429 ("Model
+//! is overloaded"). A body without the first two is not TEI's
 //! and says nothing; a value that is no count is left out with a warning.
 //! TEI embeds with its own model whatever a request names, so a
 //! `model_id` other than the job's is warned about.
@@ -25,6 +27,8 @@ pub(super) struct ServerInfo {
     pub context_window: Option<u64>,
     /// The most inputs a request may hold (`max_client_batch_size`).
     pub max_inputs: Option<usize>,
+    /// The most requests the server takes at once (`max_concurrent_requests`).
+    pub max_in_flight: Option<usize>,
     pub warnings: Vec<String>,
 }
 
@@ -80,6 +84,7 @@ pub(super) fn read(value: &Value, model: &str) -> ServerInfo {
     };
     let context_window = count("max_input_length");
     let max_inputs = count("max_client_batch_size").and_then(|n| usize::try_from(n).ok());
+    let max_in_flight = count("max_concurrent_requests").and_then(|n| usize::try_from(n).ok());
     if let Some(served) = object.get("model_id").and_then(Value::as_str) {
         if !names_the_same(served, model) {
             let mut served = served.to_string();
@@ -94,6 +99,7 @@ pub(super) fn read(value: &Value, model: &str) -> ServerInfo {
     ServerInfo {
         context_window,
         max_inputs,
+        max_in_flight,
         warnings,
     }
 }
@@ -145,6 +151,7 @@ mod tests {
             ServerInfo {
                 context_window: Some(512),
                 max_inputs: Some(32),
+                max_in_flight: Some(512),
                 warnings: Vec::new(),
             }
         );
@@ -183,15 +190,21 @@ mod tests {
             json!(1u64 << 40),
         ] {
             let info = read(
-                &json!({"max_client_batch_size": wrong, "max_input_length": null}),
+                &json!({
+                    "max_client_batch_size": wrong,
+                    "max_input_length": null,
+                    "max_concurrent_requests": wrong,
+                }),
                 "m",
             );
             assert_eq!(info.max_inputs, None, "{wrong}");
             assert_eq!(info.context_window, None, "{wrong}");
+            assert_eq!(info.max_in_flight, None, "{wrong}");
             assert!(
-                info.warnings.len() == 1
+                info.warnings.len() == 2
                     && info.warnings[0].contains("`max_client_batch_size`")
-                    && info.warnings[0].starts_with(ENDPOINT),
+                    && info.warnings[1].contains("`max_concurrent_requests`")
+                    && info.warnings.iter().all(|w| w.starts_with(ENDPOINT)),
                 "{wrong}: {info:?}"
             );
             assert!(info.is_empty());

@@ -164,6 +164,24 @@ impl ApiError {
         }
     }
 
+    /// TEI's 429 for a request beyond `max_concurrent_requests` at once: no
+    /// `Retry-After`, and TEI's own body.
+    pub fn tei_overloaded() -> Self {
+        let body = serde_json::json!({
+            "error": "Model is overloaded",
+            "error_type": "overloaded",
+        });
+        ApiError {
+            fault: Some("concurrency_limit"),
+            body: Some(Box::new(body)),
+            ..ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "overloaded",
+                "Model is overloaded",
+            )
+        }
+    }
+
     /// The body of a 200 that carries an error, as some gateways send.
     pub fn error_in_200_body() -> Vec<u8> {
         serde_json::json!({

@@ -357,6 +357,94 @@ async fn teis_info_sizes_the_requests_before_the_first_one() {
     );
 }
 
+/// TEI's `/info` also says how many requests it takes at once
+/// (`max_concurrent_requests`), answering a 429 to more: no more are sent,
+/// whether the job fixes its concurrency above it (with a warning) or
+/// leaves it `auto` (whose ceiling is lowered quietly).
+#[tokio::test]
+async fn teis_info_caps_the_requests_in_flight() {
+    let config = |tei_info: bool| SimConfig {
+        models_routes: !tei_info,
+        tei_info,
+        latency_ms: 50,
+        max_concurrent_requests: Some(2),
+        ..SimConfig::default()
+    };
+    let sim = simulator(config(true)).await;
+    let summary = run_fresh(&sim, "8").await;
+    let ledger = sim.ledger();
+    assert_eq!(
+        ledger.faults.get("concurrency_limit"),
+        None,
+        "{:?}",
+        ledger.faults
+    );
+    assert!(
+        ledger.embedding_requests >= 10,
+        "{}",
+        ledger.embedding_requests
+    );
+    assert_eq!(summary["throttled"], 0, "{summary}");
+    let warnings = summary["warnings"].to_string();
+    assert!(
+        warnings.contains("at most 2 requests at once (GET /info, `max_concurrent_requests`)")
+            && warnings.contains("not `backend.concurrency` = 8"),
+        "{warnings}"
+    );
+    sim.reset_ledger();
+    let summary = run_fresh(&sim, "auto").await;
+    let ledger = sim.ledger();
+    assert_eq!(
+        ledger.faults.get("concurrency_limit"),
+        None,
+        "{:?}",
+        ledger.faults
+    );
+    assert!(
+        ledger.embedding_requests >= 10,
+        "{}",
+        ledger.embedding_requests
+    );
+    assert!(
+        !summary["warnings"]
+            .to_string()
+            .contains("max_concurrent_requests"),
+        "{summary}"
+    );
+    // A server that does not say so refuses what goes beyond.
+    let silent = simulator(config(false)).await;
+    run_fresh(&silent, "8").await;
+    let refused = silent.ledger().faults.get("concurrency_limit").copied();
+    assert!(refused.is_some_and(|n| n > 0), "{refused:?}");
+}
+
+/// A job of 40 documents in requests of 4 inputs, at `concurrency`, run
+/// to its end against `sim` in a directory of its own; its summary.
+async fn run_fresh(sim: &simulate::Simulator, concurrency: &str) -> Value {
+    let dir = tempfile::tempdir().unwrap();
+    let root = corpus(dir.path(), 40);
+    let job = write_job(
+        dir.path(),
+        &sim.base_url(),
+        &files_source(&root),
+        "context_window = 512\nprobe_window = false",
+    );
+    let concurrency = format!("backend.concurrency={concurrency}");
+    let output = run_job(
+        &job,
+        &[
+            "--json",
+            "--set",
+            "backend.max_inputs_per_request=4",
+            "--set",
+            &concurrency,
+        ],
+    )
+    .await;
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    summary_of(&output)
+}
+
 #[tokio::test]
 async fn a_request_that_times_out_but_is_billed_is_not_sent_again_whole() {
     let dir = tempfile::tempdir().unwrap();

@@ -487,6 +487,41 @@ fn stated_inputs(
     Some(most)
 }
 
+/// The most requests in flight: the job's (`backend.concurrency`, or
+/// `auto`'s ceiling), or fewer when the server says it takes fewer at once
+/// (TEI's `max_concurrent_requests`, more getting a 429), split among
+/// `sharing` shards of the job, which share the server. A fixed concurrency
+/// lowered so is said in a warning; `auto`'s ceiling is lowered quietly,
+/// and the summary reports the concurrency it settled on.
+fn stated_in_flight(
+    stated: Option<usize>,
+    sharing: u32,
+    b: &BackendShared,
+    warnings: &mut Vec<String>,
+) -> usize {
+    let configured = b.most_in_flight();
+    let Some(stated) = stated else {
+        return configured;
+    };
+    let part = (stated / usize::try_from(sharing).unwrap_or(usize::MAX).max(1)).max(1);
+    if part >= configured {
+        return configured;
+    }
+    if let Concurrency::Fixed(n) = b.concurrency {
+        let shards = if sharing > 1 {
+            format!(", {part} for each of the job's {sharing} shards")
+        } else {
+            String::new()
+        };
+        warnings.push(format!(
+            "the service takes at most {stated} requests at once (GET /info, \
+             `max_concurrent_requests`): at most {part} are sent at once{shards}, not \
+             `backend.concurrency` = {n} (set it to {part} or fewer to say so)"
+        ));
+    }
+    part
+}
+
 /// Batch mode's settings: the request's, and the batch price.
 fn batch_service(
     api: &ApiParams,
@@ -547,6 +582,8 @@ async fn build(job: &Job) -> Result<Embedding, Failure> {
         })?;
     let mut warnings = discovery.warnings;
     let max_inputs = stated_inputs(discovery.max_inputs, b, &mut warnings);
+    let sharing = job.shard.map_or(1, |shard| shard.count);
+    let concurrency = stated_in_flight(discovery.max_in_flight, sharing, b, &mut warnings);
     let listed = discovery.model.as_ref();
     let listed_window = listed
         .and_then(|m| m.context_window)
@@ -556,7 +593,7 @@ async fn build(job: &Job) -> Result<Embedding, Failure> {
     let settings = ApiSettings {
         special_tokens,
         dimensions: b.dimensions,
-        concurrency: b.most_in_flight(),
+        concurrency,
         adaptive: b.concurrency == Concurrency::Auto,
         timeout: Some(timeout),
         requests_per_minute: api.requests_per_minute,
@@ -571,7 +608,7 @@ async fn build(job: &Job) -> Result<Embedding, Failure> {
         warnings,
         renames_models: api.server_renames_models,
         stall_timeout: Duration::from_secs(api.stall_timeout_seconds),
-        sharing: job.shard.map_or(1, |shard| shard.count),
+        sharing,
         max_inputs,
         ..ApiSettings::new(model)
     };
@@ -617,4 +654,43 @@ async fn build(job: &Job) -> Result<Embedding, Failure> {
         backend: Arc::new(backend),
         chunker: Arc::new(chunker),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shared(concurrency: Concurrency) -> BackendShared {
+        BackendShared {
+            concurrency,
+            ..BackendShared::default()
+        }
+    }
+
+    #[test]
+    fn the_servers_most_requests_at_once_caps_the_jobs_split_among_its_shards() {
+        let mut warnings = Vec::new();
+        let auto = shared(Concurrency::Auto);
+        // TEI's default of 512 is above auto's ceiling of 64.
+        assert_eq!(stated_in_flight(Some(512), 1, &auto, &mut warnings), 64);
+        assert_eq!(stated_in_flight(None, 4, &auto, &mut warnings), 64);
+        assert!(warnings.is_empty(), "{warnings:?}");
+        // Auto's ceiling is lowered quietly; four shards take a quarter each.
+        assert_eq!(stated_in_flight(Some(16), 1, &auto, &mut warnings), 16);
+        assert_eq!(stated_in_flight(Some(16), 4, &auto, &mut warnings), 4);
+        assert_eq!(stated_in_flight(Some(3), 8, &auto, &mut warnings), 1);
+        assert!(warnings.is_empty(), "{warnings:?}");
+        // A fixed concurrency above it is lowered with a warning.
+        let fixed = shared(Concurrency::Fixed(8));
+        assert_eq!(stated_in_flight(Some(8), 1, &fixed, &mut warnings), 8);
+        assert!(warnings.is_empty(), "{warnings:?}");
+        assert_eq!(stated_in_flight(Some(12), 3, &fixed, &mut warnings), 4);
+        assert_eq!(warnings.len(), 1);
+        assert!(
+            warnings[0].contains("at most 12 requests at once")
+                && warnings[0].contains("4 for each of the job's 3 shards")
+                && warnings[0].contains("`backend.concurrency` = 8"),
+            "{warnings:?}"
+        );
+    }
 }

@@ -72,7 +72,8 @@ impl Shared {
     }
 
     /// Takes a place among the embeddings requests served at once, or
-    /// refuses with a 429 when `max_concurrent_requests` are already in.
+    /// refuses with a 429 when `max_concurrent_requests` are already in
+    /// (TEI's, with `tei_info`).
     pub fn enter(&self) -> Result<Slot<'_>, ApiError> {
         let now = self.embeddings_in_flight.fetch_add(1, Ordering::SeqCst) + 1;
         let slot = Slot(self);
@@ -82,6 +83,7 @@ impl Shared {
             *most = (*most).max(now as u64);
         }
         match self.config.max_concurrent_requests {
+            Some(max) if now > max && self.config.tei_info => Err(ApiError::tei_overloaded()),
             Some(max) if now > max => Err(ApiError {
                 fault: Some("concurrency_limit"),
                 ..ApiError::rate_limited(self.config.faults.retry_after_seconds)
