@@ -147,6 +147,8 @@ pub(super) struct Bill {
     pub usage: Usage,
     pub discarded_tokens: u64,
     pub ratio: Option<f64>,
+    /// Of `usage`, the input tokens the window probe's requests were billed.
+    pub probed: u64,
 }
 
 /// Everything a finished run reports, gathered from its stages.
@@ -228,7 +230,7 @@ impl Summary {
             requests_per_minute: per_minute(o.stats.requests, o.elapsed_seconds),
             tokens_per_minute: per_minute(o.bill.usage.prompt_tokens, o.elapsed_seconds),
             timeouts: o.stats.timeouts,
-            cost: cost(o.info, o.bill.usage),
+            cost: super::bill::run_cost(o.info, o.bill.usage, o.dispatched, o.bill.probed),
             learned_limits: o.limits,
             tokenizer: crate::backend::tokenizer_name(&o.job.chunking).to_string(),
             concurrency: o.stats.concurrency,

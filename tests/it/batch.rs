@@ -680,7 +680,8 @@ async fn a_probe_over_the_budget_holds_back_every_line() {
 /// at the synchronous price, and what they were billed counts against the
 /// budget before any line does. Priced at the batch price, a probe that
 /// could cost 0.056 was sent under a budget of 0.03; and lines were
-/// submitted up to the whole budget, the probe's bill left out.
+/// submitted up to the whole budget, the probe's bill left out; and the
+/// summary's cost priced them at half what they cost.
 #[tokio::test]
 async fn the_window_probe_is_priced_and_counted_as_synchronous_requests() {
     let dir = tempfile::tempdir().unwrap();
@@ -695,6 +696,15 @@ async fn the_window_probe_is_priced_and_counted_as_synchronous_requests() {
     assert!(
         stopped.starts_with(&format!("stopped at the budget of 0.06: {billed}")),
         "{stopped}"
+    );
+    // The summary's cost prices them so too, not at the batch price.
+    assert_eq!(summary["usage"]["prompt_tokens"].as_u64(), Some(probe));
+    let cost = summary["cost"].as_f64().unwrap();
+    #[allow(clippy::cast_precision_loss)]
+    let synchronous = probe as f64 / 1000.0 * 0.1;
+    assert!(
+        (cost - synchronous).abs() < 1e-12,
+        "{cost} for {probe} tokens"
     );
 }
 
