@@ -371,56 +371,46 @@ async fn teis_info_caps_the_requests_in_flight() {
         ..SimConfig::default()
     };
     let sim = simulator(config(true)).await;
-    let summary = run_fresh(&sim, "8").await;
-    let ledger = sim.ledger();
-    assert_eq!(
-        ledger.faults.get("concurrency_limit"),
-        None,
-        "{:?}",
-        ledger.faults
-    );
-    assert!(
-        ledger.embedding_requests >= 10,
-        "{}",
-        ledger.embedding_requests
-    );
-    assert_eq!(summary["throttled"], 0, "{summary}");
-    let warnings = summary["warnings"].to_string();
-    assert!(
-        warnings.contains("at most 2 requests at once (GET /info, `max_concurrent_requests`)")
-            && warnings.contains("not `backend.concurrency` = 8"),
-        "{warnings}"
-    );
-    sim.reset_ledger();
-    let summary = run_fresh(&sim, "auto").await;
-    let ledger = sim.ledger();
-    assert_eq!(
-        ledger.faults.get("concurrency_limit"),
-        None,
-        "{:?}",
-        ledger.faults
-    );
-    assert!(
-        ledger.embedding_requests >= 10,
-        "{}",
-        ledger.embedding_requests
-    );
-    assert!(
-        !summary["warnings"]
-            .to_string()
-            .contains("max_concurrent_requests"),
-        "{summary}"
-    );
+    for (concurrency, warned) in [("8", true), ("auto", false)] {
+        let (summary, ledger) = run_fresh(&sim, concurrency).await;
+        let faults = &ledger.faults;
+        assert_eq!(
+            faults.get("concurrency_limit"),
+            None,
+            "{concurrency}: {faults:?}"
+        );
+        assert!(
+            ledger.embedding_requests >= 10,
+            "{}",
+            ledger.embedding_requests
+        );
+        assert_eq!(summary["throttled"], 0, "{summary}");
+        let warnings = summary["warnings"].to_string();
+        assert_eq!(
+            warnings.contains(
+                "at most 2 requests at once (GET /info, `max_concurrent_requests`): \
+                 at most 2 are sent at once, not `backend.concurrency` = 8"
+            ),
+            warned,
+            "{concurrency}: {warnings}"
+        );
+        assert!(
+            warned || !warnings.contains("max_concurrent_requests"),
+            "{warnings}"
+        );
+    }
     // A server that does not say so refuses what goes beyond.
     let silent = simulator(config(false)).await;
-    run_fresh(&silent, "8").await;
-    let refused = silent.ledger().faults.get("concurrency_limit").copied();
+    let (_, ledger) = run_fresh(&silent, "8").await;
+    let refused = ledger.faults.get("concurrency_limit").copied();
     assert!(refused.is_some_and(|n| n > 0), "{refused:?}");
 }
 
 /// A job of 40 documents in requests of 4 inputs, at `concurrency`, run
-/// to its end against `sim` in a directory of its own; its summary.
-async fn run_fresh(sim: &simulate::Simulator, concurrency: &str) -> Value {
+/// to its end against `sim` in a directory of its own; its summary, and
+/// the simulator's ledger of it.
+async fn run_fresh(sim: &simulate::Simulator, concurrency: &str) -> (Value, simulate::Ledger) {
+    sim.reset_ledger();
     let dir = tempfile::tempdir().unwrap();
     let root = corpus(dir.path(), 40);
     let job = write_job(
@@ -442,7 +432,7 @@ async fn run_fresh(sim: &simulate::Simulator, concurrency: &str) -> Value {
     )
     .await;
     assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
-    summary_of(&output)
+    (summary_of(&output), sim.ledger())
 }
 
 #[tokio::test]
