@@ -61,27 +61,6 @@ pub(super) struct Ending<'a> {
     pub window: Option<String>,
 }
 
-/// What `usage` cost at the model's prices, `probed` tokens of it billed
-/// for the window probe's requests. In batch mode the model's price is the
-/// batch one, and the probe's requests were synchronous: their tokens are
-/// at the synchronous price, when it is known.
-pub(super) fn run_cost(
-    info: &BackendInfo,
-    usage: Usage,
-    dispatched: &Dispatched,
-    probed: u64,
-) -> Option<f64> {
-    let cost = super::summary::cost(info, usage)?;
-    let dearer = dispatched
-        .batch
-        .as_ref()
-        .and_then(|b| Some(b.sync_input_per_1k? - b.input_per_1k?))
-        .unwrap_or(0.0);
-    #[allow(clippy::cast_precision_loss)]
-    let cost = cost + probed as f64 / 1000.0 * dearer;
-    cost.is_finite().then_some(cost)
-}
-
 /// The metadata of a finished output: what this run and the unfinished runs
 /// it took over from were billed, what of it paid for discarded vectors, and
 /// the ratio of billed to local tokens the next estimate scales by.
@@ -127,7 +106,7 @@ pub(super) fn output_metadata(e: &Ending<'_>) -> OutputMetadata {
         backend: e.info.kind.to_string(),
         usage,
         requests: e.requests + e.earlier.requests,
-        cost: run_cost(e.info, usage, e.dispatched, e.bill.probed),
+        cost: super::summary::run_cost(e.info, usage, e.dispatched, e.bill.probed),
         extra,
     }
 }

@@ -230,7 +230,7 @@ impl Summary {
             requests_per_minute: per_minute(o.stats.requests, o.elapsed_seconds),
             tokens_per_minute: per_minute(o.bill.usage.prompt_tokens, o.elapsed_seconds),
             timeouts: o.stats.timeouts,
-            cost: super::bill::run_cost(o.info, o.bill.usage, o.dispatched, o.bill.probed),
+            cost: run_cost(o.info, o.bill.usage, o.dispatched, o.bill.probed),
             learned_limits: o.limits,
             tokenizer: crate::backend::tokenizer_name(&o.job.chunking).to_string(),
             concurrency: o.stats.concurrency,
@@ -537,6 +537,27 @@ const MAX_ERROR_CHARS: usize = 2000;
 /// What `usage` costs at the model's prices, when it has them.
 pub(super) fn cost(info: &BackendInfo, usage: Usage) -> Option<f64> {
     info.cost(usage)
+}
+
+/// What `usage` cost at the model's prices, `probed` tokens of it billed
+/// for the window probe's requests. In batch mode the model's price is the
+/// batch one, and the probe's requests were synchronous: their tokens are
+/// at the synchronous price, when it is known.
+pub(super) fn run_cost(
+    info: &BackendInfo,
+    usage: Usage,
+    dispatched: &Dispatched,
+    probed: u64,
+) -> Option<f64> {
+    let cost = cost(info, usage)?;
+    let dearer = dispatched
+        .batch
+        .as_ref()
+        .and_then(|b| Some(b.sync_input_per_1k? - b.input_per_1k?))
+        .unwrap_or(0.0);
+    #[allow(clippy::cast_precision_loss)]
+    let cost = cost + probed as f64 / 1000.0 * dearer;
+    cost.is_finite().then_some(cost)
 }
 
 /// Batch mode's line: collected at the batch price, sent, pending.
