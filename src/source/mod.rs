@@ -275,7 +275,7 @@ pub fn sample(config: &SourceConfig, piece_bytes: usize) -> Vec<String> {
         while at < text.len() {
             let start = crate::secret::ceil_char(text, at);
             let end = crate::secret::floor_char(text, start.saturating_add(piece_bytes));
-            let piece = text[start..end].trim();
+            let piece = whole_words(text, start, end);
             if !piece.is_empty() {
                 pieces.push(piece.to_string());
             }
@@ -284,6 +284,25 @@ pub fn sample(config: &SourceConfig, piece_bytes: usize) -> Vec<String> {
         offset += text.len();
     }
     pieces
+}
+
+/// `text[start..end]`, trimmed, less the part of a word cut at either end
+/// where it has a space to end at instead: a tokenizer counts a word's
+/// fragment otherwise than the word, and the sample is to measure how it
+/// counts the job's text.
+fn whole_words(text: &str, start: usize, end: usize) -> &str {
+    let mut piece = &text[start..end];
+    if !text[..start].is_empty() && !text[..start].ends_with(char::is_whitespace) {
+        if let Some(at) = piece.find(char::is_whitespace) {
+            piece = &piece[at..];
+        }
+    }
+    if !text[end..].is_empty() && !text[end..].starts_with(char::is_whitespace) {
+        if let Some(at) = piece.rfind(char::is_whitespace) {
+            piece = &piece[..at];
+        }
+    }
+    piece.trim()
 }
 
 fn open_unchecked(config: &SourceConfig) -> Result<Box<dyn Source>, SourceError> {
@@ -563,6 +582,12 @@ mod tests {
         assert_eq!(pieces[1], "é".repeat(10), "from byte 20, 6 into b.txt");
         assert_eq!(pieces.len(), 1 + 10, "{pieces:?}");
         assert_eq!(sample(&folder, 5)[0], "first");
+        assert_eq!(sample(&folder, 8)[0], "first", "not a word's fragment");
+        // Words cut at either end are left out, where there is a space.
+        assert_eq!(whole_words("alpha beta gamma", 2, 13), "beta");
+        assert_eq!(whole_words("alpha beta gamma", 0, 16), "alpha beta gamma");
+        assert_eq!(whole_words("alpha beta", 6, 10), "beta");
+        assert_eq!(whole_words("alphabet", 2, 6), "phab");
         // A large one: no more than SAMPLE_PIECES pieces, from its whole
         // length: 1,000 files, each 40 in turn of one letter.
         let many = dir.path().join("many");

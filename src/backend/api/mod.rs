@@ -14,6 +14,7 @@
 mod batch;
 mod config;
 mod window;
+mod wordpiece;
 
 pub use self::batch::{batch_price, BatchService};
 

@@ -132,11 +132,17 @@ fn cuts(text: &str) -> Vec<usize> {
     cuts
 }
 
-/// The words and marks `text` holds as a BERT-style pre-tokenizer splits
-/// it: each run of letters and digits one, and every other character but a
-/// space (a punctuation mark, a symbol, a CJK ideograph) one on its own.
-/// Each is at least a token of a WordPiece model, however few
-/// `cl100k_base` makes of them (a title's underline of `=`s is one or two).
+/// The tokens a WordPiece model makes of `text` ([`super::wordpiece`]);
+/// should its vocabulary not load, the fewest it could make: the words and
+/// marks a BERT-style pre-tokenizer splits `text` into, each run of letters
+/// and digits one, and every other character but a space (a punctuation
+/// mark, a symbol, a CJK ideograph) one on its own. Either counts more than
+/// `cl100k_base` for a title's underline of `=`s (one or two tokens).
+fn server_pieces(text: &str) -> usize {
+    super::wordpiece::count(text).unwrap_or_else(|| units(text))
+}
+
+/// The words and marks, as [`server_pieces`] says.
 fn units(text: &str) -> usize {
     let mut units = 0;
     let mut in_word = false;
@@ -175,7 +181,8 @@ impl ProbeText {
     /// text like the chunks', then plain words if it is too short, up to
     /// the shortest prefix that holds `tokens` local tokens by `count`.
     ///
-    /// The pieces go densest first, as [`units`] over the local count: the
+    /// The pieces go densest first, as [`server_pieces`] over the local
+    /// count: the
     /// window is found where the server stops reading the text that counts
     /// the most tokens for it, the input's densest of the pieces sampled,
     /// so that chunks of lighter text fit it too. A fixed list of plain
@@ -190,7 +197,7 @@ impl ProbeText {
                 let piece = piece.trim();
                 let local = count(piece);
                 #[allow(clippy::cast_precision_loss)]
-                let density = units(piece) as f64 / local.max(1) as f64;
+                let density = server_pieces(piece) as f64 / local.max(1) as f64;
                 (density, local, piece)
             })
             .filter(|(_, _, piece)| !piece.is_empty())
@@ -620,7 +627,11 @@ mod tests {
 
     #[test]
     fn the_densest_pieces_of_the_input_go_first() {
-        // Words and marks as a BERT-style pre-tokenizer splits them.
+        // Word pieces, and without the vocabulary words and marks, as a
+        // BERT-style pre-tokenizer splits them.
+        assert_eq!(server_pieces("Storm levels rose."), 4);
+        assert_eq!(server_pieces("getentropy(2)"), 7);
+        assert_eq!(units("getentropy(2)"), 4);
         assert_eq!(units("Storm levels rose."), 4);
         assert_eq!(units("Title\n====="), 6);
         assert_eq!(units("fn main() { x.y(); }"), 12);

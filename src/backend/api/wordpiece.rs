@@ -1,0 +1,69 @@
+//! How many tokens a BERT-style WordPiece model makes of a text, for the
+//! window probe to find the input's densest text for a self-hosted server.
+//!
+//! The vocabulary is `bert-base-uncased`'s (Apache-2.0; 30,522 tokens,
+//! `bert-uncased-vocab.txt`, a token a line), the one that all-MiniLM,
+//! BGE, E5, GTE and most embedding models self-hosted servers run share.
+//! Against another model it still counts what such vocabularies split: a
+//! word the vocabulary lacks is several pieces, every punctuation mark and
+//! CJK ideograph one of its own. `cl100k_base`, with a vocabulary three
+//! times larger, keeps more words whole, so a text of URLs, identifiers
+//! or rare words is denser for the server than its local count says.
+
+use std::sync::OnceLock;
+
+use tokenizers::models::wordpiece::WordPiece;
+use tokenizers::normalizers::bert::BertNormalizer;
+use tokenizers::pre_tokenizers::bert::BertPreTokenizer;
+use tokenizers::Tokenizer;
+
+/// `bert-base-uncased`'s vocabulary, a token a line, its id the line's.
+const VOCAB: &[u8] = include_bytes!("bert-uncased-vocab.txt");
+
+/// The tokenizer, built once; `None` if the vocabulary could not be read.
+fn tokenizer() -> Option<&'static Tokenizer> {
+    static TOKENIZER: OnceLock<Option<Tokenizer>> = OnceLock::new();
+    TOKENIZER
+        .get_or_init(|| {
+            let vocab = WordPiece::read_bytes(VOCAB).ok()?;
+            let model = WordPiece::builder()
+                .vocab(vocab)
+                .unk_token("[UNK]".to_string())
+                .continuing_subword_prefix("##".to_string())
+                .max_input_chars_per_word(100)
+                .build()
+                .ok()?;
+            let mut tokenizer = Tokenizer::new(model);
+            // Lower case, accents stripped, CJK ideographs split apart.
+            tokenizer
+                .with_normalizer(Some(BertNormalizer::new(true, true, None, true)))
+                .ok()?;
+            tokenizer.with_pre_tokenizer(Some(BertPreTokenizer));
+            Some(tokenizer)
+        })
+        .as_ref()
+}
+
+/// The word pieces of `text`, without the special tokens a model adds;
+/// `None` if it cannot be counted.
+pub(super) fn count(text: &str) -> Option<usize> {
+    tokenizer()?.encode(text, false).ok().map(|e| e.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_is_counted_as_bert_base_uncased_counts_it() {
+        // Each counted by all-MiniLM-L6-v2's own tokenizer.json.
+        assert_eq!(count("Hello, world!"), Some(4));
+        assert_eq!(count(""), Some(0));
+        assert_eq!(count("the quick brown fox"), Some(4));
+        // A word the vocabulary lacks is several pieces.
+        assert_eq!(count("getentropy"), Some(4));
+        // Every ideograph is one.
+        assert_eq!(count("漢字テスト"), Some(5));
+        assert_eq!(count("======"), Some(6));
+    }
+}
