@@ -446,7 +446,8 @@ fn name_problems(name: &str, p: &mut Vec<String>) {
 fn chunking_problems(c: &ChunkingConfig, p: &mut Vec<String>) {
     if c.tokenizer.as_deref().is_some_and(|t| t.trim().is_empty()) {
         p.push(
-            "`chunking.tokenizer` must name cl100k_base, o200k_base or a tokenizer.json file"
+            "`chunking.tokenizer` must name cl100k_base, o200k_base, bert-base-uncased or a \
+             tokenizer.json file"
                 .to_string(),
         );
     }
@@ -609,7 +610,7 @@ impl Job {
         self.backend.params.resolve_paths(base);
         self.output.params.resolve_paths(base);
         if let Some(tokenizer) = &mut self.chunking.tokenizer {
-            if !named_encoding(tokenizer) {
+            if !named_tokenizer(tokenizer) {
                 *tokenizer = paths::relative_to(base, Path::new(tokenizer.as_str()))
                     .to_string_lossy()
                     .into_owned();
@@ -657,7 +658,7 @@ impl Job {
 /// with the start of the SHA-256 of its content, so that an edited file counts
 /// as another tokenizer.
 fn tokenizer_identity(tokenizer: &str) -> String {
-    if named_encoding(tokenizer) {
+    if named_tokenizer(tokenizer) {
         return tokenizer.to_string();
     }
     // Bounded as the chunker's read is: past the limit the chunker refuses it.
@@ -674,9 +675,20 @@ fn tokenizer_identity(tokenizer: &str) -> String {
     }
 }
 
-/// Whether `chunking.tokenizer` names one of the built-in encodings rather than a file.
+/// Whether `chunking.tokenizer` names one of OpenAI's encodings, built in:
+/// a count that is not a self-hosted model's own.
 pub fn named_encoding(tokenizer: &str) -> bool {
     matches!(tokenizer, "cl100k_base" | "o200k_base")
+}
+
+/// `chunking.tokenizer`'s name for `bert-base-uncased`'s WordPiece tokenizer,
+/// built in: the count of all-MiniLM, BGE, E5, GTE and most embedding models
+/// self-hosted servers run, `[CLS]` and `[SEP]` reserved in the window.
+pub const BERT_WORDPIECE: &str = "bert-base-uncased";
+
+/// Whether `chunking.tokenizer` names a built-in tokenizer rather than a file.
+pub fn named_tokenizer(tokenizer: &str) -> bool {
+    named_encoding(tokenizer) || tokenizer == BERT_WORDPIECE
 }
 
 /// The models that count their tokens in an encoding embedjob has:

@@ -326,9 +326,12 @@ fn a_tokenizer_file_is_taken_from_the_job_files_directory_and_a_name_stays_a_nam
         job.chunking.tokenizer.as_deref().map(Path::new),
         Some(dir.path().join("tok/tokenizer.json").as_path())
     );
-    std::fs::write(&path, job_text("o200k_base")).unwrap();
-    let job = load(&path, &[]).unwrap();
-    assert_eq!(job.chunking.tokenizer.as_deref(), Some("o200k_base"));
+    for named in ["o200k_base", "bert-base-uncased"] {
+        std::fs::write(&path, job_text(named)).unwrap();
+        let job = load(&path, &[]).unwrap();
+        assert_eq!(job.chunking.tokenizer.as_deref(), Some(named));
+        assert_eq!(job.fingerprint_fields()["chunking.tokenizer"], named);
+    }
 }
 
 #[test]

@@ -178,6 +178,11 @@ async fn learns_the_window(over: &str) -> Value {
     let stderr = text(&output.stderr);
     assert!(stderr.contains("lists no context window"), "{stderr}");
     assert!(stderr.contains("cl100k_base tokens"), "{stderr}");
+    // Counted in an encoding, the run says how to count as the model does.
+    assert!(
+        stderr.contains("set `chunking.tokenizer` to the model's own (\"bert-base-uncased\""),
+        "{stderr}"
+    );
 
     let metadata = &rows.metadata["embedjob.context_window"];
     assert!(
@@ -501,7 +506,9 @@ async fn second_run_sends_nothing(
 }
 
 /// With `chunking.tokenizer` a model's `tokenizer.json`, a window of 256
-/// holds the chunk and the `[CLS]` and `[SEP]` the model adds to it.
+/// holds the chunk and the `[CLS]` and `[SEP]` the model adds to it; and
+/// `bert-base-uncased`, built in, cuts the same chunks as all-MiniLM's own
+/// `tokenizer.json`.
 #[tokio::test]
 async fn a_tokenizer_json_leaves_room_for_the_models_special_tokens() {
     let model_dir = std::env::var("EMBEDJOB_MODEL_DIR").map_or_else(
@@ -514,39 +521,41 @@ async fn a_tokenizer_json_leaves_room_for_the_models_special_tokens() {
         "{} is missing: run scripts/setup-local",
         tokenizer_path.display()
     );
-    let dir = tempfile::tempdir().unwrap();
-    // Words without a sentence's end: the chunker fills each chunk to its size.
-    let root = dir.path().join("docs");
-    std::fs::create_dir_all(&root).unwrap();
-    let words: Vec<String> = (0..3000).map(|i| format!("word{}", i % 97)).collect();
-    std::fs::write(root.join("words.txt"), words.join(" ")).unwrap();
-    let sim = simulator(SimConfig::default()).await;
-    let job = job(
-        dir.path(),
-        &sim,
-        &root,
-        &format!(
-            "context_window = 256\n[chunking]\ntokenizer = \"{}\"",
-            tokenizer_path.display()
-        ),
-    );
-    let summary = summary_of(&run_job(&job, &["--json", "--set", "backend.api_path=/v1"]).await);
-    assert_eq!(summary["tokenizer"], tokenizer_path.display().to_string());
-    let rows = read_output(&dir.path().join("out/result.parquet"));
     let mut tokenizer = tokenizers::Tokenizer::from_file(&tokenizer_path).unwrap();
     tokenizer.with_padding(None);
     tokenizer.with_truncation(None).unwrap();
-    let longest = rows
-        .texts
-        .iter()
-        .map(|text| tokenizer.encode_fast(text.as_str(), true).unwrap().len())
-        .max()
-        .unwrap();
-    // The chunker fills chunks to the size it is given: the longest is at the window.
-    assert!(
-        (250..=256).contains(&longest),
-        "the longest chunk with [CLS] and [SEP]: {longest}"
-    );
+    let sim = simulator(SimConfig::default()).await;
+    let mut chunks = Vec::new();
+    for named in [
+        tokenizer_path.display().to_string(),
+        "bert-base-uncased".to_string(),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        // Words without a sentence's end: the chunker fills each chunk to its size.
+        let root = dir.path().join("docs");
+        std::fs::create_dir_all(&root).unwrap();
+        let words: Vec<String> = (0..3000).map(|i| format!("word{}", i % 97)).collect();
+        std::fs::write(root.join("words.txt"), words.join(" ")).unwrap();
+        let extra = format!("context_window = 256\n[chunking]\ntokenizer = \"{named}\"");
+        let job = job(dir.path(), &sim, &root, &extra);
+        let summary =
+            summary_of(&run_job(&job, &["--json", "--set", "backend.api_path=/v1"]).await);
+        assert_eq!(summary["tokenizer"], named.as_str());
+        let rows = read_output(&dir.path().join("out/result.parquet"));
+        let longest = rows
+            .texts
+            .iter()
+            .map(|text| tokenizer.encode_fast(text.as_str(), true).unwrap().len())
+            .max()
+            .unwrap();
+        // The chunker fills chunks to the size it is given: the longest is at the window.
+        assert!(
+            (250..=256).contains(&longest),
+            "{named}: the longest chunk with [CLS] and [SEP]: {longest}"
+        );
+        chunks.push(rows.texts);
+    }
+    assert_eq!(chunks[0], chunks[1], "the same chunks, counted the same");
 }
 
 /// A window the listing gives is the model's own count: chunks counted in
@@ -573,10 +582,10 @@ async fn a_listed_window_counted_in_another_tokenizer_is_warned_about() {
         "{stderr}"
     );
     assert!(
-        summary["warnings"][0]
-            .as_str()
-            .unwrap()
-            .contains("chunks are counted in cl100k_base tokens"),
+        summary["warnings"][0].as_str().unwrap().contains(
+            "chunks are counted in cl100k_base tokens, which may be fewer for the same \
+                       text: set `chunking.tokenizer` to the model's own (\"bert-base-uncased\""
+        ),
         "{summary}"
     );
     assert_eq!(summary["tokenizer"], "cl100k_base");

@@ -402,9 +402,9 @@ fn units_warning(job: &Job, model: &str, listed: u64) -> String {
     let tokenizer = crate::backend::tokenizer_name(&job.chunking);
     format!(
         "{}; chunks are counted in {tokenizer} tokens, which may be fewer for the same text: \
-         set `chunking.tokenizer` to the model's tokenizer.json, or `backend.context_window` \
-         to the window in {tokenizer} tokens",
-        super::window::lists(model, Some(listed))
+         set {}or `backend.context_window` to the window in {tokenizer} tokens",
+        super::window::lists(model, Some(listed)),
+        super::window::OWN_TOKENIZER
     )
 }
 
@@ -618,7 +618,7 @@ async fn build(job: &Job) -> Result<Embedding, Failure> {
     let chunker_for = |chunking: &ChunkingConfig| {
         TokenChunker::for_config(chunking).map_err(|e| {
             let tokenizer = chunking.tokenizer.as_deref();
-            if tokenizer.is_some_and(|t| !crate::job::named_encoding(t)) {
+            if tokenizer.is_some_and(|t| !crate::job::named_tokenizer(t)) {
                 Failure::usage(e)
             } else {
                 Failure::failed(e)

@@ -14,7 +14,6 @@
 mod batch;
 mod config;
 mod window;
-mod wordpiece;
 
 pub use self::batch::{batch_price, BatchService};
 

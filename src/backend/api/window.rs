@@ -132,14 +132,14 @@ fn cuts(text: &str) -> Vec<usize> {
     cuts
 }
 
-/// The tokens a WordPiece model makes of `text` ([`super::wordpiece`]);
+/// The tokens a WordPiece model makes of `text` ([`crate::chunk::wordpiece`]);
 /// should its vocabulary not load, the fewest it could make: the words and
 /// marks a BERT-style pre-tokenizer splits `text` into, each run of letters
 /// and digits one, and every other character but a space (a punctuation
 /// mark, a symbol, a CJK ideograph) one on its own. Either counts more than
 /// `cl100k_base` for a title's underline of `=`s (one or two tokens).
 fn server_pieces(text: &str) -> usize {
-    super::wordpiece::count(text).unwrap_or_else(|| units(text))
+    crate::chunk::wordpiece::count(text).unwrap_or_else(|| units(text))
 }
 
 /// The words and marks, as [`server_pieces`] says.
@@ -414,6 +414,12 @@ impl ApiBackend {
     }
 }
 
+/// How a message tells a job that counts in an encoding to count as a
+/// self-hosted model does, so that chunks fit its window whatever the text.
+pub(super) const OWN_TOKENIZER: &str = "`chunking.tokenizer` to the model's own \
+     (\"bert-base-uncased\" for all-MiniLM, BGE, E5 and GTE models, or its tokenizer.json) \
+     to cut chunks as it counts, ";
+
 /// The tokenizer chunks are counted in, as messages name it.
 pub fn tokenizer_name(chunking: &ChunkingConfig) -> &str {
     chunking.tokenizer.as_deref().unwrap_or("cl100k_base")
@@ -488,8 +494,15 @@ impl ApiBackend {
         let model = self.info.model.clone();
         let lists = lists(&model, listed);
         let tokenizer = tokenizer_name(chunking);
-        let choose = "set `backend.context_window` to choose the window, or \
-                      `backend.probe_window = false` not to probe";
+        let own = if crate::job::named_encoding(tokenizer) {
+            OWN_TOKENIZER
+        } else {
+            ""
+        };
+        let choose = format!(
+            "set {own}`backend.context_window` to choose the window, or \
+             `backend.probe_window = false` not to probe"
+        );
         if let Some(held) = probed.over_budget {
             // Nothing was sent: the run stops at its first request.
             self.probe_held = Some(held);

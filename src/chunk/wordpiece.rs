@@ -1,5 +1,7 @@
-//! How many tokens a BERT-style WordPiece model makes of a text, for the
-//! window probe to find the input's densest text for a self-hosted server.
+//! `bert-base-uncased`'s WordPiece tokenizer, built in: `chunking.tokenizer
+//! = "bert-base-uncased"` counts chunks as the models that share it do, and
+//! the window probe finds the input's densest text for a self-hosted
+//! server by it.
 //!
 //! The vocabulary is `bert-base-uncased`'s (Apache-2.0; 30,522 tokens,
 //! `bert-uncased-vocab.txt`, a token a line), the one that all-MiniLM,
@@ -15,13 +17,15 @@ use std::sync::OnceLock;
 use tokenizers::models::wordpiece::WordPiece;
 use tokenizers::normalizers::bert::BertNormalizer;
 use tokenizers::pre_tokenizers::bert::BertPreTokenizer;
+use tokenizers::processors::bert::BertProcessing;
 use tokenizers::Tokenizer;
 
 /// `bert-base-uncased`'s vocabulary, a token a line, its id the line's.
 const VOCAB: &[u8] = include_bytes!("bert-uncased-vocab.txt");
 
-/// The tokenizer, built once; `None` if the vocabulary could not be read.
-fn tokenizer() -> Option<&'static Tokenizer> {
+/// The tokenizer, built once, with the `[CLS]` and `[SEP]` a model adds to
+/// every text; `None` if the vocabulary could not be read.
+pub(crate) fn tokenizer() -> Option<&'static Tokenizer> {
     static TOKENIZER: OnceLock<Option<Tokenizer>> = OnceLock::new();
     TOKENIZER
         .get_or_init(|| {
@@ -39,6 +43,9 @@ fn tokenizer() -> Option<&'static Tokenizer> {
                 .with_normalizer(Some(BertNormalizer::new(true, true, None, true)))
                 .ok()?;
             tokenizer.with_pre_tokenizer(Some(BertPreTokenizer));
+            let token = |name: &str| Some((name.to_string(), tokenizer.token_to_id(name)?));
+            let (sep, cls) = (token("[SEP]")?, token("[CLS]")?);
+            tokenizer.with_post_processor(Some(BertProcessing::new(sep, cls)));
             Some(tokenizer)
         })
         .as_ref()
@@ -46,7 +53,7 @@ fn tokenizer() -> Option<&'static Tokenizer> {
 
 /// The word pieces of `text`, without the special tokens a model adds;
 /// `None` if it cannot be counted.
-pub(super) fn count(text: &str) -> Option<usize> {
+pub(crate) fn count(text: &str) -> Option<usize> {
     tokenizer()?.encode(text, false).ok().map(|e| e.len())
 }
 
@@ -65,5 +72,8 @@ mod tests {
         // Every ideograph is one.
         assert_eq!(count("漢字テスト"), Some(5));
         assert_eq!(count("======"), Some(6));
+        // With the two special tokens a model adds.
+        let with_specials = tokenizer().unwrap().encode("Hello, world!", true).unwrap();
+        assert_eq!(with_specials.get_ids(), [101, 7592, 1010, 2088, 999, 102]);
     }
 }

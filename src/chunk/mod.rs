@@ -18,6 +18,8 @@ use crate::bounded::{self, BoundedError, MAX_TOKENIZER_BYTES};
 use crate::job::ChunkingConfig;
 use crate::types::{content_hash, Chunk, Document};
 
+pub(crate) mod wordpiece;
+
 /// Splits documents into chunks.
 pub trait Chunker: Send + Sync {
     fn chunk(&self, document: &Document) -> Vec<Chunk>;
@@ -66,21 +68,30 @@ fn read_tokenizer(path: &str) -> Result<tokenizers::Tokenizer, ChunkError> {
 }
 
 /// Tokens the model adds to every text (`[CLS]` and `[SEP]` for a BERT
-/// model), as the `tokenizer.json` that `config.tokenizer` names says; none
-/// for a named encoding.
+/// model), as the tokenizer `config.tokenizer` names says (its
+/// `tokenizer.json`, or `bert-base-uncased`'s); none for an encoding.
 ///
 /// # Errors
-/// A tokenizer file that cannot be read.
+/// A tokenizer that cannot be read.
 pub fn special_tokens(config: &ChunkingConfig) -> Result<u64, ChunkError> {
+    let added = |tokenizer: &tokenizers::Tokenizer| {
+        tokenizer.get_post_processor().map_or(0, |p| {
+            tokenizers::PostProcessor::added_tokens(p, false) as u64
+        })
+    };
     match config.tokenizer.as_deref() {
-        Some(path) if !named_encoding(path) => {
-            let tokenizer = read_tokenizer(path)?;
-            Ok(tokenizer.get_post_processor().map_or(0, |p| {
-                tokenizers::PostProcessor::added_tokens(p, false) as u64
-            }))
-        }
+        Some(BERT_WORDPIECE) => Ok(added(bert_wordpiece()?)),
+        Some(path) if !named_encoding(path) => Ok(added(&read_tokenizer(path)?)),
         _ => Ok(0),
     }
+}
+
+/// `bert-base-uncased`'s tokenizer, built in ([`wordpiece`]).
+fn bert_wordpiece() -> Result<&'static tokenizers::Tokenizer, ChunkError> {
+    wordpiece::tokenizer().ok_or_else(|| ChunkError::Tokenizer {
+        name: BERT_WORDPIECE.into(),
+        message: "its built-in vocabulary could not be read".into(),
+    })
 }
 
 /// The `cl100k_base` encoding, loaded once per process: building it takes
@@ -108,7 +119,7 @@ fn o200k_base() -> Result<&'static CoreBPE, ChunkError> {
         })
 }
 
-pub use crate::job::named_encoding;
+pub use crate::job::{named_encoding, BERT_WORDPIECE};
 
 /// What counts tokens.
 enum Counter {
@@ -249,8 +260,8 @@ impl TokenChunker {
     }
 
     /// A chunker that counts with what `config.tokenizer` names:
-    /// `cl100k_base` (also when absent), `o200k_base`, or the path of a
-    /// Hugging Face `tokenizer.json`.
+    /// `cl100k_base` (also when absent), `o200k_base`, `bert-base-uncased`,
+    /// or the path of a Hugging Face `tokenizer.json`.
     ///
     /// # Errors
     ///
@@ -259,6 +270,7 @@ impl TokenChunker {
         match config.tokenizer.as_deref() {
             None | Some("cl100k_base") => Self::cl100k(config),
             Some("o200k_base") => Self::new(config, Counter::Bpe(o200k_base()?, "o200k_base")),
+            Some(BERT_WORDPIECE) => Self::with_tokenizer(config, bert_wordpiece()?.clone()),
             Some(path) => {
                 let tokenizer = read_tokenizer(path)?;
                 Self::with_tokenizer(config, tokenizer)
@@ -715,6 +727,20 @@ mod tests {
         }
         let total: u32 = chunks.iter().map(|c| c.token_count).sum();
         assert_eq!(total, 6);
+    }
+
+    #[test]
+    fn bert_base_uncased_is_built_in_with_its_two_special_tokens() {
+        let named = ChunkingConfig {
+            tokenizer: Some(BERT_WORDPIECE.to_string()),
+            ..config(8, 0, Some(false))
+        };
+        let chunker = TokenChunker::for_config(&named).unwrap();
+        // As all-MiniLM-L6-v2's tokenizer.json counts them.
+        assert_eq!(chunker.count_tokens("Hello, world!"), 4);
+        assert_eq!(chunker.count_tokens("getentropy"), 4);
+        assert_eq!(special_tokens(&named).unwrap(), 2);
+        assert_eq!(special_tokens(&config(8, 0, Some(false))).unwrap(), 0);
     }
 
     const FRAGMENTS: &[&str] = &[
