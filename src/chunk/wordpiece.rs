@@ -57,6 +57,13 @@ pub(crate) fn count(text: &str) -> Option<usize> {
     tokenizer()?.encode(text, false).ok().map(|e| e.len())
 }
 
+/// Where each word piece of `text` ends, in bytes, in order, without the
+/// special tokens; `None` if it cannot be counted.
+pub(crate) fn ends(text: &str) -> Option<Vec<usize>> {
+    let encoding = tokenizer()?.encode(text, false).ok()?;
+    Some(encoding.get_offsets().iter().map(|&(_, end)| end).collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -75,5 +82,7 @@ mod tests {
         // With the two special tokens a model adds.
         let with_specials = tokenizer().unwrap().encode("Hello, world!", true).unwrap();
         assert_eq!(with_specials.get_ids(), [101, 7592, 1010, 2088, 999, 102]);
+        // Where the pieces end, in bytes of the text.
+        assert_eq!(ends("é getentropy"), Some(vec![2, 6, 9, 12, 13]));
     }
 }

@@ -223,10 +223,11 @@ pub struct SimulateOptions {
     /// every embedding model: read only its first tokens, or refuse in the
     /// words of OpenAI (400), TEI (422), vLLM (400) or llama.cpp's server
     /// (500 for a physical batch, 400 for a slot's context; `llamacpp-bare`
-    /// without the numbers, as older builds)
+    /// without the numbers, as older builds); `:wordpiece` counts as
+    /// bert-base-uncased does (all-MiniLM, BGE, E5), [CLS] and [SEP] included
     #[arg(
         long,
-        value_name = "TOKENS:truncate|openai|tei|vllm|llamacpp|llamacpp-context|llamacpp-bare"
+        value_name = "TOKENS:truncate|openai|tei|vllm|llamacpp|llamacpp-context|llamacpp-bare[:wordpiece]"
     )]
     pub window: Option<String>,
 

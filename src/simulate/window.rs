@@ -12,6 +12,7 @@ use axum::http::StatusCode;
 
 use super::error::ApiError;
 use super::vectors::text_digest;
+use crate::chunk::wordpiece;
 
 /// Characters of a word one server token holds.
 pub const PIECE_CHARS: usize = 6;
@@ -47,17 +48,26 @@ const MODES: &str = "truncate|openai|tei|vllm|llamacpp|llamacpp-context|llamacpp
 pub struct ServerWindow {
     pub tokens: u32,
     pub over: OverWindow,
+    /// Counted as `bert-base-uncased`'s WordPiece tokenizer counts, as
+    /// all-MiniLM, BGE and E5 servers do, the window holding the `[CLS]`
+    /// and `[SEP]` the model adds (`TOKENS:MODE:wordpiece`); else in the
+    /// word pieces of [`server_tokens`].
+    pub wordpiece: bool,
 }
 
 impl ServerWindow {
-    /// Reads `--window TOKENS:MODE`, a mode of [`MODES`].
+    /// Reads `--window TOKENS:MODE[:wordpiece]`, a mode of [`MODES`].
     ///
     /// # Errors
     /// A message naming the flag.
     pub fn parse(spec: &str) -> Result<ServerWindow, String> {
-        let (tokens, over) = spec
+        let (spec_counted, wordpiece) = match spec.strip_suffix(":wordpiece") {
+            Some(rest) => (rest, true),
+            None => (spec, false),
+        };
+        let (tokens, over) = spec_counted
             .split_once(':')
-            .ok_or_else(|| format!("--window {spec}: expected TOKENS:{MODES}"))?;
+            .ok_or_else(|| format!("--window {spec}: expected TOKENS:{MODES}[:wordpiece]"))?;
         let tokens: u32 = tokens
             .trim()
             .parse()
@@ -74,7 +84,17 @@ impl ServerWindow {
             "llamacpp-bare" => OverWindow::LlamaCppBare,
             other => return Err(format!("--window {spec}: '{other}' is not one of {MODES}")),
         };
-        Ok(ServerWindow { tokens, over })
+        if wordpiece && tokens <= SPECIAL_TOKENS {
+            return Err(format!(
+                "--window {spec}: a WordPiece window holds {SPECIAL_TOKENS} special tokens and \
+                 must be larger"
+            ));
+        }
+        Ok(ServerWindow {
+            tokens,
+            over,
+            wordpiece,
+        })
     }
 
     /// Refuses the first input over the window, when the server refuses.
@@ -83,7 +103,7 @@ impl ServerWindow {
             return Ok(());
         }
         for text in texts {
-            let given = server_tokens(text);
+            let given = self.count(text);
             if given > u64::from(self.tokens) {
                 return Err(refusal(self.over, self.tokens, given));
             }
@@ -96,10 +116,28 @@ impl ServerWindow {
         if self.over != OverWindow::Truncate {
             return None;
         }
-        let end = piece_ends(text).nth(self.tokens as usize - 1)?;
+        let end = if self.wordpiece {
+            let room = (self.tokens - SPECIAL_TOKENS) as usize;
+            *wordpiece::ends(text)?.get(room - 1)?
+        } else {
+            piece_ends(text).nth(self.tokens as usize - 1)?
+        };
         (end < text.len() && !text[end..].trim().is_empty()).then(|| &text[..end])
     }
+
+    /// The server's count of `text`, the special tokens it adds included.
+    pub fn count(&self, text: &str) -> u64 {
+        if self.wordpiece {
+            let pieces = wordpiece::count(text).map_or_else(|| server_tokens(text), |n| n as u64);
+            pieces + u64::from(SPECIAL_TOKENS)
+        } else {
+            server_tokens(text)
+        }
+    }
 }
+
+/// The `[CLS]` and `[SEP]` a WordPiece model adds to every text.
+const SPECIAL_TOKENS: u32 = 2;
 
 /// What the model reads of a request's inputs.
 pub(crate) struct Read {
@@ -291,6 +329,20 @@ mod tests {
             body.contains("physical batch size") && !body.contains('3'),
             "{body}"
         );
+    }
+
+    #[test]
+    fn a_wordpiece_window_counts_as_bert_base_uncased_with_its_special_tokens() {
+        let window = ServerWindow::parse("5:truncate:wordpiece").unwrap();
+        assert!(window.wordpiece);
+        // [CLS] get ##ent ##rop [SEP]: three pieces of text are read.
+        assert_eq!(window.count("getentropy"), 6);
+        assert_eq!(window.read_part("getentropy now"), Some("getentrop"));
+        assert_eq!(window.read_part("get it"), None);
+        let refusing = ServerWindow::parse("5:tei:wordpiece").unwrap();
+        assert!(refusing.check(["get it now"].into_iter()).is_ok());
+        assert!(refusing.check(["getentropy"].into_iter()).is_err());
+        assert!(ServerWindow::parse("2:truncate:wordpiece").is_err());
     }
 
     #[test]

@@ -934,3 +934,84 @@ async fn the_window_is_measured_on_the_densest_of_the_input() {
     std::fs::write(root.join("b-guide.rst"), titled(0)).unwrap();
     read_whole_by_a_truncating_server(dir.path(), &root).await;
 }
+
+/// A server that counts as all-MiniLM does (`bert-base-uncased`'s WordPiece,
+/// `[CLS]` and `[SEP]` in its window of 256) and truncates silently, as
+/// infinity does. Counted in `cl100k_base`, the window the probe finds is
+/// what the densest text (tables of identifiers and addresses) takes, and
+/// the prose's chunks are cut as short. Counted as the model counts, every
+/// chunk is read whole and the chunks are fewer and longer.
+#[tokio::test]
+async fn counted_as_the_model_counts_chunks_fit_a_wordpiece_server_whatever_the_text() {
+    let window = ServerWindow::parse(&format!("{WINDOW}:truncate:wordpiece")).unwrap();
+    let sim = simulator(SimConfig {
+        window: Some(window),
+        ..unlisted("truncate")
+    })
+    .await;
+    let mut chunks = Vec::new();
+    for tokenizer in ["cl100k_base", "bert-base-uncased"] {
+        let dir = tempfile::tempdir().unwrap();
+        let root = readmes(dir.path());
+        let extra = format!("[chunking]\ntokenizer = \"{tokenizer}\"");
+        let job = job(dir.path(), &sim, &root, &extra);
+        let summary = summary_of(&run_job(&job, &["--json"]).await);
+        assert_eq!(summary["quarantined"], 0, "{summary}");
+        let learned = &summary["learned_limits"]["context_window"];
+        assert_eq!(learned["from"], "truncation", "{summary}");
+        let rows = read_output(&dir.path().join("out/result.parquet"));
+        let ledger = sim.ledger();
+        let longest = rows.texts.iter().map(|t| window.count(t)).max().unwrap();
+        if tokenizer == "bert-base-uncased" {
+            for text in &rows.texts {
+                assert!(!ledger.partly_read.contains_key(&text_hash(text)), "{text}");
+            }
+            assert!(longest <= WINDOW, "{longest}: {summary}");
+            // The server reads 254 tokens of text, found to within a 32nd
+            // of the probe's 640 (at least 234), less the 10% margin.
+            let tokens = learned["tokens"].as_u64().unwrap();
+            assert!((210..=228).contains(&tokens), "{summary}");
+        }
+        chunks.push((rows.texts.len(), longest));
+    }
+    // The prose counts about the same either way, and its chunks are cut
+    // to the densest text's window in `cl100k_base`'s count.
+    assert!(
+        chunks[1].0 < chunks[0].0,
+        "fewer chunks counted as the model counts: {chunks:?}"
+    );
+}
+
+/// Documents as a crate's README is: prose, and tables of identifiers and
+/// addresses under a rule of dashes, which `bert-base-uncased` counts far
+/// more densely than `cl100k_base` (a dash a token, against one for
+/// sixteen).
+fn readmes(dir: &Path) -> PathBuf {
+    const WORDS: &[&str] = &[
+        "the", "river", "levels", "rose", "after", "storm", "and", "slowly",
+    ];
+    let root = dir.join("readmes");
+    std::fs::create_dir_all(&root).unwrap();
+    for doc in 0..4 {
+        let mut text = String::new();
+        for paragraph in 0..40 {
+            let words: Vec<&str> = (0..30)
+                .map(|i| WORDS[(doc * 5 + paragraph * 3 + i * 7) % WORDS.len()])
+                .collect();
+            text.push_str(&words.join(" "));
+            text.push_str(".\n\n");
+            if paragraph % 10 == 9 {
+                let rule = "-".repeat(48);
+                text.push_str(&format!("| crate | link |\n|{rule}|{rule}|\n"));
+                for row in 0..3 {
+                    text.push_str(&format!(
+                        "| `getentropy_{doc}{row}` | https://docs.rs/crypto-{row}/0.{doc}/ |\n"
+                    ));
+                }
+                text.push('\n');
+            }
+        }
+        std::fs::write(root.join(format!("r{doc}.md")), text).unwrap();
+    }
+    root
+}
