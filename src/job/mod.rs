@@ -67,9 +67,9 @@ pub struct ChunkingConfig {
     /// by file extension (`.md`, `.markdown`).
     pub markdown: Option<bool>,
     /// What counts tokens for an api backend: `cl100k_base` (absent),
-    /// `o200k_base`, or the path of a Hugging Face `tokenizer.json`, so that
-    /// chunks fit the model's window as the model counts. A local model
-    /// counts with its own.
+    /// `o200k_base`, `bert-base-uncased` (built in), or the path of a Hugging
+    /// Face `tokenizer.json`, so that chunks fit the model's window as the
+    /// model counts. A local model counts with its own.
     pub tokenizer: Option<String>,
 }
 

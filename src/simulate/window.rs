@@ -61,11 +61,11 @@ impl ServerWindow {
     /// # Errors
     /// A message naming the flag.
     pub fn parse(spec: &str) -> Result<ServerWindow, String> {
-        let (spec_counted, wordpiece) = match spec.strip_suffix(":wordpiece") {
+        let (window_spec, wordpiece) = match spec.strip_suffix(":wordpiece") {
             Some(rest) => (rest, true),
             None => (spec, false),
         };
-        let (tokens, over) = spec_counted
+        let (tokens, over) = window_spec
             .split_once(':')
             .ok_or_else(|| format!("--window {spec}: expected TOKENS:{MODES}[:wordpiece]"))?;
         let tokens: u32 = tokens
