@@ -292,12 +292,12 @@ pub fn sample(config: &SourceConfig, piece_bytes: usize) -> Vec<String> {
 /// counts the job's text.
 fn whole_words(text: &str, start: usize, end: usize) -> &str {
     let mut piece = &text[start..end];
-    if !text[..start].is_empty() && !text[..start].ends_with(char::is_whitespace) {
+    if start > 0 && !text[..start].ends_with(char::is_whitespace) {
         if let Some(at) = piece.find(char::is_whitespace) {
             piece = &piece[at..];
         }
     }
-    if !text[end..].is_empty() && !text[end..].starts_with(char::is_whitespace) {
+    if end < text.len() && !text[end..].starts_with(char::is_whitespace) {
         if let Some(at) = piece.rfind(char::is_whitespace) {
             piece = &piece[..at];
         }
