@@ -118,7 +118,8 @@ impl ServerWindow {
         }
         let end = if self.wordpiece {
             let room = (self.tokens - SPECIAL_TOKENS) as usize;
-            *wordpiece::ends(text)?.get(room - 1)?
+            // On a character's boundary, whatever the tokenizer's offsets.
+            crate::secret::floor_char(text, *wordpiece::ends(text)?.get(room - 1)?)
         } else {
             piece_ends(text).nth(self.tokens as usize - 1)?
         };
@@ -343,6 +344,15 @@ mod tests {
         assert!(refusing.check(["get it now"].into_iter()).is_ok());
         assert!(refusing.check(["getentropy"].into_iter()).is_err());
         assert!(ServerWindow::parse("2:truncate:wordpiece").is_err());
+        // Text the normalizer changes the length of is cut as a prefix.
+        for tokens in 3..12 {
+            let window = ServerWindow::parse(&format!("{tokens}:truncate:wordpiece")).unwrap();
+            for text in ["İstanbul ﬁle Straße ÉTÉ 漢字 \u{7}bell", "ǅ ŉ ΐ ﬃ ẞ"] {
+                if let Some(part) = window.read_part(text) {
+                    assert!(text.starts_with(part), "{part:?}");
+                }
+            }
+        }
     }
 
     #[test]
