@@ -182,10 +182,13 @@ impl ProbeText {
     /// the shortest prefix that holds `tokens` local tokens by `count`.
     ///
     /// The pieces go densest first, as [`server_pieces`] over the local
-    /// count: the
-    /// window is found where the server stops reading the text that counts
-    /// the most tokens for it, the input's densest of the pieces sampled,
-    /// so that chunks of lighter text fit it too. A fixed list of plain
+    /// count: the window is found where the server stops reading the text
+    /// that counts the most tokens for it, the input's densest of the
+    /// pieces sampled, so that chunks of lighter text fit it too. Only the
+    /// first piece or two are read within a window, and a piece's start
+    /// may be lighter than the whole of it: a chunk denser than those can
+    /// still be read in part, and a job that counts as the model does
+    /// (`chunking.tokenizer`) has none. A fixed list of plain
     /// words measured a window into which a reStructuredText corpus's
     /// chunks did not fit (its underlines count a token a character for a
     /// WordPiece model, and few for `cl100k_base`), and so did the input's
