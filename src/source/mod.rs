@@ -245,7 +245,7 @@ pub const SAMPLE_PIECES: usize = 256;
 /// Pieces of the input's text of up to `piece_bytes` bytes each, spread
 /// evenly over its first [`SAMPLE_READ_BYTES`] (at most [`SAMPLE_PIECES`]
 /// of them, within one document each, of whole words where it has spaces
-/// ([`whole_words`]), in the input's order): text to
+/// (`whole_words`), in the input's order): text to
 /// measure how a server counts the job's own text on, from its whole
 /// length rather than its first documents. Empty for stdin, which can be
 /// read once only, and for an input that cannot be read (the run says why).
