@@ -136,15 +136,7 @@ impl ApiError {
                 "ctx": {"field_type": "List", "max_length": max, "actual_length": inputs.len()},
             }]
         });
-        ApiError {
-            fault: Some("too_large"),
-            body: Some(Box::new(body)),
-            ..ApiError::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                INVALID_REQUEST,
-                "too many inputs",
-            )
-        }
+        ApiError::too_many_inputs(body)
     }
 
     /// TEI's 422 for a request of more inputs than `max_client_batch_size`.
@@ -153,15 +145,7 @@ impl ApiError {
             "error": format!("batch size {given} > maximum allowed batch size {max}"),
             "error_type": "Validation",
         });
-        ApiError {
-            fault: Some("too_large"),
-            body: Some(Box::new(body)),
-            ..ApiError::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                INVALID_REQUEST,
-                "too many inputs",
-            )
-        }
+        ApiError::too_many_inputs(body)
     }
 
     /// TEI's 429 for a request beyond `max_concurrent_requests` at once: no
@@ -171,14 +155,31 @@ impl ApiError {
             "error": "Model is overloaded",
             "error_type": "overloaded",
         });
+        ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "overloaded",
+            "Model is overloaded",
+        )
+        .answered_with("concurrency_limit", body)
+    }
+
+    /// A 422 for too many inputs, answered with a server's own `body`.
+    fn too_many_inputs(body: serde_json::Value) -> Self {
+        ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            INVALID_REQUEST,
+            "too many inputs",
+        )
+        .answered_with("too_large", body)
+    }
+
+    /// This error, counted in the ledger as `fault`, with a server's own
+    /// `body` instead of OpenAI's shape.
+    pub(super) fn answered_with(self, fault: &'static str, body: serde_json::Value) -> Self {
         ApiError {
-            fault: Some("concurrency_limit"),
+            fault: Some(fault),
             body: Some(Box::new(body)),
-            ..ApiError::new(
-                StatusCode::TOO_MANY_REQUESTS,
-                "overloaded",
-                "Model is overloaded",
-            )
+            ..self
         }
     }
 

@@ -279,11 +279,8 @@ fn refusal(over: OverWindow, limit: u32, given: u64) -> ApiError {
             }}),
         ),
     };
-    ApiError {
-        fault: Some("too_large"),
-        body: Some(Box::new(body)),
-        ..ApiError::new(status, "invalid_request_error", "over the context window")
-    }
+    ApiError::new(status, "invalid_request_error", "over the context window")
+        .answered_with("too_large", body)
 }
 
 #[cfg(test)]
