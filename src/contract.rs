@@ -36,6 +36,9 @@ pub const COST_KEY: &str = "embedjob.cost";
 /// Batch mode: the price per 1000 input tokens the batches were billed at
 /// (`embedjob.cost` is at this price).
 pub const BATCH_PRICE_KEY: &str = "embedjob.batch.input_per_1k";
+/// A checkpoint part's: the batch of the Batch API its rows came from (its
+/// usage was billed at the batch price).
+pub const BATCH_ID_KEY: &str = "embedjob.batch_id";
 /// Of `embedjob.usage.prompt_tokens`, the tokens that paid for vectors that
 /// failed a check and were discarded.
 pub const DISCARDED_TOKENS_KEY: &str = "embedjob.usage.discarded_tokens";

@@ -436,6 +436,7 @@ path = "{out}"
             context_window: Some(8192),
             input_per_1k: price,
             output_per_1k: None,
+            other_input_per_1k: None,
             special_tokens: 0,
             max_inputs_per_request: None,
         }

@@ -94,6 +94,10 @@ pub struct Earlier {
     pub discarded_tokens: u64,
     /// The local token count of the chunks the parts hold.
     pub local_tokens: u64,
+    /// Of `usage`, the prompt tokens of parts whose rows came from a batch
+    /// of the Batch API (billed at the batch price; the rest were billed
+    /// for synchronous requests).
+    pub batch_tokens: u64,
 }
 
 struct Source {
@@ -237,11 +241,15 @@ impl Store {
                 .unwrap_or(0)
         };
         self.earlier.parts += 1;
+        let prompt_tokens = number(crate::contract::PROMPT_TOKENS_KEY);
         self.earlier.usage += Usage {
-            prompt_tokens: number(crate::contract::PROMPT_TOKENS_KEY),
+            prompt_tokens,
             completion_tokens: 0,
             total_tokens: number(crate::contract::TOTAL_TOKENS_KEY),
         };
+        if metadata.contains_key(crate::contract::BATCH_ID_KEY) {
+            self.earlier.batch_tokens = self.earlier.batch_tokens.saturating_add(prompt_tokens);
+        }
         self.earlier.requests = self
             .earlier
             .requests

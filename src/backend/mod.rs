@@ -64,6 +64,13 @@ pub struct BackendInfo {
     /// tokens are priced as input tokens without it. Embeddings have none.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub output_per_1k: Option<f64>,
+    /// The price per 1000 input tokens of the other way of sending, when
+    /// known: in batch mode (where `input_per_1k` is the batch price) the
+    /// synchronous price, which the window probe's requests are billed at;
+    /// otherwise the batch price, which the vectors of batches an earlier
+    /// run of the job collected were billed at.
+    #[serde(skip)]
+    pub other_input_per_1k: Option<f64>,
     /// Tokens the model adds to every text (`[CLS]` and `[SEP]` for a BERT
     /// model), which its window must hold besides the chunk: the local
     /// model's, or those of the `tokenizer.json` chunks are counted with.
@@ -102,6 +109,19 @@ impl BackendInfo {
         let output = self.output_per_1k.unwrap_or(input);
         let cost = usage.prompt_tokens as f64 / 1000.0 * input
             + usage.completion_tokens as f64 / 1000.0 * output;
+        cost.is_finite().then_some(cost)
+    }
+
+    /// What `usage` costs when `other` of its prompt tokens were billed at
+    /// the other way of sending's price ([`BackendInfo::other_input_per_1k`]),
+    /// or at the run's when that is not known.
+    #[allow(clippy::cast_precision_loss)]
+    pub fn cost_with_other(&self, usage: Usage, other: u64) -> Option<f64> {
+        let cost = self.cost(usage)?;
+        let apart = self
+            .other_input_per_1k
+            .map_or(0.0, |price| price - self.input_per_1k.unwrap_or(price));
+        let cost = cost + other.min(usage.prompt_tokens) as f64 / 1000.0 * apart;
         cost.is_finite().then_some(cost)
     }
 }

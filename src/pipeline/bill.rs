@@ -106,9 +106,23 @@ pub(super) fn output_metadata(e: &Ending<'_>) -> OutputMetadata {
         backend: e.info.kind.to_string(),
         usage,
         requests: e.requests + e.earlier.requests,
-        cost: super::summary::run_cost(e.info, usage, e.dispatched, e.bill.probed),
+        cost: output_cost(e, usage),
         extra,
     }
+}
+
+/// What `usage`, the output's, cost: each token at the price of the way it
+/// was sent. The parts of collected batches are at the batch price; the
+/// rest (the runs' window probes, in batch mode, and the vectors of
+/// synchronous runs) at the synchronous one.
+fn output_cost(e: &Ending<'_>, usage: Usage) -> Option<f64> {
+    let batches = e.earlier.batch_tokens;
+    let other = if e.dispatched.batch.is_some() {
+        usage.prompt_tokens.saturating_sub(batches)
+    } else {
+        batches
+    };
+    e.info.cost_with_other(usage, other)
 }
 
 #[cfg(test)]

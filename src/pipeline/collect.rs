@@ -19,14 +19,13 @@ use futures::StreamExt;
 use super::RunError;
 use crate::backend::api::BatchService;
 use crate::client::{embeddings_from_body, ApiError, BatchLine, BatchObject, BatchStatus};
+use crate::contract::BATCH_ID_KEY;
 use crate::state::batches::{
     index_by_id, index_path, parse_hash, remove_part_files, BatchRecord, IndexedChunk, PartState,
 };
 use crate::state::{Billed, PartWriter};
 use crate::types::{Chunk, EmbeddedBatch, Usage};
 
-/// The batch a checkpoint part's rows came from.
-pub(super) const BATCH_ID_KEY: &str = "embedjob.batch_id";
 /// How many lines of that batch's files the parts up to this one hold.
 pub(super) const BATCH_LINES_KEY: &str = "embedjob.batch_lines";
 

@@ -269,6 +269,7 @@ impl Summary {
                 context_window: None,
                 input_per_1k: None,
                 output_per_1k: None,
+                other_input_per_1k: None,
                 special_tokens: 0,
                 max_inputs_per_request: None,
             };
@@ -534,30 +535,17 @@ fn error_text(error: &str) -> String {
 /// The longest error a summary keeps.
 const MAX_ERROR_CHARS: usize = 2000;
 
-/// What `usage` costs at the model's prices, when it has them.
-pub(super) fn cost(info: &BackendInfo, usage: Usage) -> Option<f64> {
-    info.cost(usage)
-}
-
 /// What `usage` cost at the model's prices, `probed` tokens of it billed
 /// for the window probe's requests. In batch mode the model's price is the
 /// batch one, and the probe's requests were synchronous: their tokens are
 /// at the synchronous price, when it is known.
-pub(super) fn run_cost(
-    info: &BackendInfo,
-    usage: Usage,
-    dispatched: &Dispatched,
-    probed: u64,
-) -> Option<f64> {
-    let cost = cost(info, usage)?;
-    let dearer = dispatched
-        .batch
-        .as_ref()
-        .and_then(|b| Some(b.sync_input_per_1k? - b.input_per_1k?))
-        .unwrap_or(0.0);
-    #[allow(clippy::cast_precision_loss)]
-    let cost = cost + probed as f64 / 1000.0 * dearer;
-    cost.is_finite().then_some(cost)
+fn run_cost(info: &BackendInfo, usage: Usage, dispatched: &Dispatched, probed: u64) -> Option<f64> {
+    let synchronous = if dispatched.batch.is_some() {
+        probed
+    } else {
+        0
+    };
+    info.cost_with_other(usage, synchronous)
 }
 
 /// Batch mode's line: collected at the batch price, sent, pending.
@@ -612,6 +600,7 @@ mod tests {
             context_window: None,
             input_per_1k,
             output_per_1k: None,
+            other_input_per_1k: None,
             special_tokens: 0,
             max_inputs_per_request: None,
         }
@@ -969,12 +958,34 @@ mod tests {
     #[test]
     fn the_cost_needs_a_price() {
         let usage = usage(2500);
-        assert_eq!(cost(&info(None), usage), None);
-        assert_eq!(cost(&info(Some(0.0)), usage), Some(0.0));
-        let priced = cost(&info(Some(0.02)), usage).unwrap();
+        assert_eq!(info(None).cost(usage), None);
+        assert_eq!(info(Some(0.0)).cost(usage), Some(0.0));
+        let priced = info(Some(0.02)).cost(usage).unwrap();
         assert!((priced - 0.05).abs() < 1e-12, "{priced}");
-        assert_eq!(cost(&info(Some(f64::INFINITY)), usage), None);
+        assert_eq!(info(Some(f64::INFINITY)).cost(usage), None);
         assert!((per_minute(30, 60.0) - 30.0).abs() < 1e-12);
         assert!(per_minute(30, 0.0).abs() < f64::EPSILON);
+    }
+
+    #[test]
+    fn tokens_sent_the_other_way_are_at_its_price_when_it_is_known() {
+        let usage = usage(2500);
+        // Batch mode at 0.01, the probe's 500 tokens at the synchronous 0.02.
+        let batch = BackendInfo {
+            other_input_per_1k: Some(0.02),
+            ..info(Some(0.01))
+        };
+        let priced = batch.cost_with_other(usage, 500).unwrap();
+        assert!(
+            (priced - (2.0 * 0.01 + 0.5 * 0.02)).abs() < 1e-12,
+            "{priced}"
+        );
+        // No more than the usage is at the other price.
+        let all = batch.cost_with_other(usage, 9000).unwrap();
+        assert!((all - 2.5 * 0.02).abs() < 1e-12, "{all}");
+        // Without the other price, every token is at the run's.
+        let unknown = info(Some(0.01)).cost_with_other(usage, 500).unwrap();
+        assert!((unknown - 0.025).abs() < 1e-12, "{unknown}");
+        assert_eq!(info(None).cost_with_other(usage, 500), None);
     }
 }

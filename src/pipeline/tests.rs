@@ -149,6 +149,7 @@ impl Texts {
                 context_window: None,
                 input_per_1k: None,
                 output_per_1k: None,
+                other_input_per_1k: None,
                 special_tokens: 0,
                 max_inputs_per_request: None,
             },

@@ -349,11 +349,14 @@ mod tests {
         assert_eq!(store.earlier().rows, 4);
         assert_eq!(store.earlier().discarded_tokens, 1, "5 / 5 + 2 / 5 + 1 / 5");
         assert_eq!(store.earlier().local_tokens, 4);
+        assert_eq!(store.earlier().batch_tokens, 0, "no part is a batch's");
         let (loc, _) = store.locate(&content_hash("d")).unwrap();
         assert_eq!(store.fetch(&[(loc, content_hash("d"))]).unwrap(), [1.0]);
         let mut next = PartWriter::new(reopened, "m", "api", 8).with_dimensions(Some(1));
         assert_eq!(next.next_number, 3);
-        // A run that paid only for vectors it discarded still records what it paid.
+        // A run that paid only for vectors it discarded still records what
+        // it paid; here a batch's lines, at the batch price.
+        next.set_extra(crate::contract::BATCH_ID_KEY, "batch_1".to_string());
         next.add_billed(Billed {
             usage: Usage {
                 prompt_tokens: 6,
@@ -375,6 +378,7 @@ mod tests {
         assert_eq!(store.earlier().requests, 5);
         assert_eq!(store.earlier().rows, 4, "a part of no rows");
         assert_eq!(store.earlier().discarded_tokens, 7);
+        assert_eq!(store.earlier().batch_tokens, 6, "the batch's part");
         assert_eq!(next.next_number, 4);
         next.append(&batch(&["e", "f"], 1)).unwrap();
         assert_eq!(

@@ -577,6 +577,57 @@ async fn the_budget_holds_back_batches_that_would_go_over_it() {
     assert_eq!(sim.ledger().texts_billed_twice(), 0);
 }
 
+/// A job whose batches an earlier run collected, finished by a synchronous
+/// run (`backend.mode` is not part of what a vector is made under): the
+/// output prices the collected vectors at the batch price, the rest at the
+/// synchronous one. Before, the run's price went for every token.
+#[tokio::test]
+async fn a_synchronous_run_prices_what_batches_paid_for_at_the_batch_price() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = corpus(dir.path(), 30);
+    let expected = expected_chunks(&root);
+    let sim = simulator(batch_sim(300, |_| {})).await;
+    let batch = format!("{BATCH}\nbatch_poll_seconds = 1");
+    let job = write_job(dir.path(), &sim.base_url(), &files_source(&root), &batch);
+    // A budget that lets some of the lines go (as in the test before), and
+    // waited on until they are collected.
+    let bpe = tiktoken_rs::cl100k_base().unwrap();
+    let distinct: std::collections::HashSet<&String> = expected.values().collect();
+    let full_tokens: usize = distinct.iter().map(|t| bpe.encode_ordinary(t).len()).sum();
+    let max_cost = (full_tokens as f64 * 0.00005 / 1000.0 * 0.4).to_string();
+    let args = ["--quiet", "--json", "--max-cost", &max_cost];
+    let first = run_job(&job, &args).await;
+    assert_eq!(first.status.code(), Some(4), "{}", text(&first.stderr));
+    let waited = run_job(
+        &job,
+        &[&args[..], &["--wait", "--max-duration", "60s"]].concat(),
+    )
+    .await;
+    assert_eq!(waited.status.code(), Some(4), "{}", text(&waited.stderr));
+    let collected = sim.ledger().batch_tokens;
+    assert!(collected > 0, "{}", json(&waited));
+
+    let job = write_job(dir.path(), &sim.base_url(), &files_source(&root), "");
+    let output = run_job(&job, &["--quiet"]).await;
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    let rows = read_output(&dir.path().join("out/result.parquet"));
+    assert_complete(&rows, &expected, 1024);
+    let ledger = sim.ledger();
+    assert_eq!(ledger.batch_tokens, collected, "no batch after the switch");
+    assert_eq!(ledger.texts_billed_twice(), 0);
+    let synchronous = ledger.prompt_tokens - collected;
+    assert!(synchronous > 0);
+    // The simulator lists 0.0001 per 1k tokens and no batch price: half that.
+    #[allow(clippy::cast_precision_loss)]
+    let expected = (synchronous as f64 * 0.0001 + collected as f64 * 0.00005) / 1000.0;
+    let (tokens, cost) = billed(&rows);
+    assert_eq!(tokens, ledger.prompt_tokens);
+    assert!(
+        (cost - expected).abs() < 1e-15,
+        "{cost}, not {expected}: {synchronous} synchronous tokens, {collected} in batches"
+    );
+}
+
 /// In batch mode the budget prices the lines it would submit at the ratio
 /// of billed to local tokens the job's last run recorded: the Batch API
 /// bills its own count, and lines priced at the local count would be
@@ -705,6 +756,43 @@ async fn the_window_probe_is_priced_and_counted_as_synchronous_requests() {
     assert!(
         (cost - synchronous).abs() < 1e-12,
         "{cost} for {probe} tokens"
+    );
+}
+
+/// The output of a job finished over several runs prices every token as it
+/// was billed: the window probes' (synchronous requests, in whichever run
+/// sent them) at the synchronous price, the collected batches' at the batch
+/// price. The checkpoint's parts tell which: a part a batch paid for names
+/// it. Before, the first run's probe, which the checkpoint carries to the
+/// run that finishes the output, was priced at the batch price there.
+#[tokio::test]
+async fn a_finished_output_prices_every_runs_probe_at_the_synchronous_price() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = corpus(dir.path(), 12);
+    let sim = simulator(SimConfig {
+        bare_listing: true,
+        window: Some(embedjob::simulate::ServerWindow::parse("256:truncate").unwrap()),
+        ..batch_sim(300, |_| {})
+    })
+    .await;
+    let extra = format!("{BATCH}\ninput_per_1k = 0.1");
+    let job = write_job(dir.path(), &sim.base_url(), &files_source(&root), &extra);
+    let summaries = run_until_done(&job, 60, Duration::from_millis(200)).await;
+    assert!(summaries.len() >= 2, "{summaries:#?}");
+    let first = &summaries[0]["learned_limits"]["window_probe"]["tokens"];
+    assert!(first.as_u64().is_some_and(|t| t > 0), "{summaries:#?}");
+    let ledger = sim.ledger();
+    assert!(ledger.batch_tokens > 0);
+    // The ledger's prompt tokens are all it billed, batches' lines too.
+    let synchronous = ledger.prompt_tokens - ledger.batch_tokens;
+    let (tokens, cost) = billed(&read_output(&dir.path().join("out/result.parquet")));
+    assert_eq!(tokens, ledger.prompt_tokens);
+    #[allow(clippy::cast_precision_loss)]
+    let expected = synchronous as f64 / 1000.0 * 0.1 + ledger.batch_tokens as f64 / 1000.0 * 0.05;
+    assert!(
+        (cost - expected).abs() < 1e-9,
+        "{cost}, not {expected}: {synchronous} synchronous tokens, {} in batches",
+        ledger.batch_tokens
     );
 }
 

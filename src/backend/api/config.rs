@@ -544,19 +544,26 @@ fn batch_service(
 }
 
 /// In batch mode, the backend gets the Batch API to submit to, priced by
-/// the job, else the listing's batch price.
+/// the job, else the listing's batch price. A synchronous run knows that
+/// price too, for what batches of an earlier run were billed.
 fn in_batch_mode(
     backend: &mut ApiBackend,
     (api, b): (&ApiParams, &BackendShared),
     client: Client,
     listed: Option<&crate::client::Model>,
 ) {
+    let listed_batch = listed
+        .and_then(|m| m.pricing)
+        .and_then(|p| p.batch_input_per_1k);
     if api.mode == Mode::Batch {
-        let listed_batch = listed
-            .and_then(|m| m.pricing)
-            .and_then(|p| p.batch_input_per_1k);
         let service = batch_service(api, b, client, backend.info(), listed_batch);
         backend.for_batch(service);
+    } else {
+        let price = super::batch_price(
+            api.batch_input_per_1k.or(listed_batch),
+            backend.info().input_per_1k,
+        );
+        backend.batches_priced_at(price);
     }
 }
 

@@ -255,10 +255,18 @@ fn price_of(
 
 impl ApiBackend {
     /// Batch mode: requests go through the Batch API, and the run is billed
-    /// at `service.input_per_1k`.
+    /// at `service.input_per_1k`; the window probe's requests at the
+    /// synchronous price.
     pub fn for_batch(&mut self, service: BatchService) {
         self.info.input_per_1k = service.input_per_1k;
+        self.info.other_input_per_1k = service.sync_input_per_1k;
         self.batch = Some(std::sync::Arc::new(service));
+    }
+
+    /// A synchronous run: vectors of batches an earlier run of the job
+    /// collected were billed at `batch_input_per_1k`.
+    pub fn batches_priced_at(&mut self, batch_input_per_1k: Option<f64>) {
+        self.info.other_input_per_1k = batch_input_per_1k;
     }
 
     /// `model` is the service's description of the model, when it gave one.
@@ -286,6 +294,7 @@ impl ApiBackend {
             output_per_1k: settings
                 .output_per_1k
                 .or_else(|| listed("output", |p| p.output_per_1k)),
+            other_input_per_1k: None,
             special_tokens: settings.special_tokens,
             max_inputs_per_request: settings.max_inputs,
         };

@@ -73,6 +73,7 @@ impl LocalBackend {
                 context_window: Some(MAX_LENGTH as u64),
                 input_per_1k: Some(0.0),
                 output_per_1k: None,
+                other_input_per_1k: None,
                 special_tokens: crate::backend::LOCAL_SPECIAL_TOKENS,
                 max_inputs_per_request: None,
             },
