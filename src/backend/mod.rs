@@ -277,6 +277,10 @@ pub struct RecordedWindow {
     /// The window the chunks refused during the run were cut to: the next
     /// run cuts the chunks over it into the same pieces before it sends them.
     pub pieces: Option<LearnedWindow>,
+    /// The tokens of a text a probe found the server reads whole, when it
+    /// found no window within it: a run whose chunks are no longer does not
+    /// probe again.
+    pub read_whole: Option<u64>,
 }
 
 impl RecordedWindow {
@@ -286,12 +290,15 @@ impl RecordedWindow {
     pub fn to_json(&self, tokenizer: &str) -> Option<String> {
         let mut value = match self.chunks {
             Some(chunks) => chunks.to_value(),
-            None if self.pieces.is_some() => serde_json::json!({}),
+            None if self.pieces.is_some() || self.read_whole.is_some() => serde_json::json!({}),
             None => return None,
         };
         value["tokenizer"] = tokenizer.into();
         if let Some(pieces) = self.pieces {
             value["pieces"] = pieces.to_value();
+        }
+        if let Some(read_whole) = self.read_whole {
+            value["read_whole"] = read_whole.into();
         }
         Some(value.to_string())
     }
@@ -308,6 +315,10 @@ impl RecordedWindow {
         RecordedWindow {
             chunks: LearnedWindow::from_value(&value),
             pieces: value.get("pieces").and_then(LearnedWindow::from_value),
+            read_whole: value
+                .get("read_whole")
+                .and_then(serde_json::Value::as_u64)
+                .filter(|&n| n > 0),
         }
     }
 
@@ -344,7 +355,18 @@ impl RecordedWindow {
                 .filter(|_| same)
                 .and_then(LearnedWindow::from_value),
             pieces: None,
+            read_whole: None,
         }
+    }
+
+    /// Whether a probe for the window of a model that lists none would find
+    /// nothing new for chunks of `chunk_tokens`: an earlier run learned the
+    /// window, cut refused chunks to one, or found the server reads a text
+    /// at least that long whole.
+    pub fn known_for(&self, chunk_tokens: u64) -> bool {
+        self.chunks.is_some()
+            || self.pieces.is_some()
+            || self.read_whole.is_some_and(|read| read >= chunk_tokens)
     }
 }
 
@@ -403,6 +425,9 @@ pub struct BackendStats {
     pub window: Option<LearnedWindow>,
     /// What finding it cost, when the window was probed for.
     pub window_probe: Option<ProbeCost>,
+    /// The tokens of a text the server reads whole, when a probe (this
+    /// run's, or an earlier run's that this run took) found no window.
+    pub read_whole: Option<u64>,
     /// What the window probe could have cost, when that was more than
     /// `budget.max_cost` and it was not sent: the run stops at its first
     /// request, for this.

@@ -380,6 +380,7 @@ fn writing(
     let window = RecordedWindow {
         chunks: stats.window,
         pieces: None,
+        read_whole: stats.read_whole,
     };
     if let Some(json) = window.to_json(crate::backend::tokenizer_name(&job.chunking)) {
         parts.set_extra(crate::contract::CONTEXT_WINDOW_KEY, json);
@@ -434,6 +435,7 @@ fn recorded_window(
     let windows = RecordedWindow {
         chunks: stats.window,
         pieces: rechunk.learned(),
+        read_whole: stats.read_whole,
     };
     windows.to_json(crate::backend::tokenizer_name(&job.chunking))
 }

@@ -760,11 +760,13 @@ async fn the_window_probe_is_priced_and_counted_as_synchronous_requests() {
 }
 
 /// The output of a job finished over several runs prices every token as it
-/// was billed: the window probes' (synchronous requests, in whichever run
+/// was billed: the window probe's (synchronous requests, in whichever run
 /// sent them) at the synchronous price, the collected batches' at the batch
 /// price. The checkpoint's parts tell which: a part a batch paid for names
 /// it. Before, the first run's probe, which the checkpoint carries to the
-/// run that finishes the output, was priced at the batch price there.
+/// run that finishes the output, was priced at the batch price there. The
+/// probe found the server reads its text whole, and the checkpoint records
+/// that too: the later runs do not probe again (before, each did).
 #[tokio::test]
 async fn a_finished_output_prices_every_runs_probe_at_the_synchronous_price() {
     let dir = tempfile::tempdir().unwrap();
@@ -781,6 +783,13 @@ async fn a_finished_output_prices_every_runs_probe_at_the_synchronous_price() {
     assert!(summaries.len() >= 2, "{summaries:#?}");
     let first = &summaries[0]["learned_limits"]["window_probe"]["tokens"];
     assert!(first.as_u64().is_some_and(|t| t > 0), "{summaries:#?}");
+    for later in &summaries[1..] {
+        assert_eq!(
+            later["learned_limits"]["window_probe"],
+            Value::Null,
+            "{later}"
+        );
+    }
     let ledger = sim.ledger();
     assert!(ledger.batch_tokens > 0);
     // The ledger's prompt tokens are all it billed, batches' lines too.

@@ -317,6 +317,36 @@ async fn a_server_that_reads_everything_costs_one_probe_request() {
     let stderr = text(&output.stderr);
     assert!(stderr.contains("is unknown"), "{stderr}");
     assert!(stderr.contains("reads a text longer"), "{stderr}");
+    let recorded = &read_output(&dir.path().join("out/result.parquet")).metadata;
+    let window: Value = serde_json::from_str(&recorded["embedjob.context_window"]).unwrap();
+    let read = window["read_whole"].as_u64().unwrap();
+    // The probe's text is the chunks' 512 tokens and a quarter.
+    assert_eq!(read, 640, "{window}");
+
+    // The output records what the probe found: a later run, its chunks no
+    // longer than that, does not probe again, nor warn, and keeps the record.
+    std::fs::write(root.join("added.txt"), "A new report, short and plain.").unwrap();
+    let before = sim.ledger().embedding_requests;
+    let output = run_job(&job, &["--json"]).await;
+    let again = summary_of(&output);
+    assert_eq!(
+        again["learned_limits"]["window_probe"],
+        Value::Null,
+        "{again}"
+    );
+    assert_eq!(again["embedded"], 1, "{again}");
+    assert_eq!(
+        sim.ledger().embedding_requests - before,
+        again["requests"].as_u64().unwrap()
+    );
+    let stderr = text(&output.stderr);
+    assert!(!stderr.contains("is unknown"), "{stderr}");
+    let recorded = &read_output(&dir.path().join("out/result.parquet")).metadata;
+    assert_eq!(recorded["embedjob.context_window"], window.to_string());
+    // Chunks longer than the text read whole are probed for again.
+    let longer = self::job(dir.path(), &sim, &root, "[chunking]\nmax_tokens = 700");
+    let summary = summary_of(&run_job(&longer, &["--json", "--fresh"]).await);
+    assert_eq!(summary["learned_limits"]["window_probe"]["requests"], 1);
 
     // Told not to probe, it sends nothing before the run.
     let dir = tempfile::tempdir().unwrap();

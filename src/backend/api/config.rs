@@ -443,7 +443,11 @@ async fn plan_window(
     } else {
         (crate::backend::RecordedWindow::default(), false)
     };
-    let remembered = earlier.chunks.is_some() || earlier.pieces.is_some();
+    // A window learned, or, where none is listed, a text at least as long
+    // as the chunks found read whole.
+    let remembered = earlier.chunks.is_some()
+        || earlier.pieces.is_some()
+        || (window.is_none() && earlier.known_for(job.chunking.max_tokens as u64));
     if window.is_none() && !remembered && !api.probe_window {
         warnings.push(unknown.clone());
     }
@@ -634,6 +638,9 @@ async fn build(job: &Job) -> Result<Embedding, Failure> {
     };
     // Chunks cut as the earlier run cut them, to reuse what it paid for:
     // no probe, which could find another window.
+    if plan.probe.is_none() && listed_window.is_none() && api.context_window.is_none() {
+        backend.remember_read_whole(plan.earlier.read_whole);
+    }
     if let Some(chunks) = plan.earlier.chunks {
         backend.remember_window(chunks, &job.chunking, plan.unchecked);
     } else if let Some(pieces) = plan.earlier.pieces {

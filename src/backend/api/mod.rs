@@ -180,6 +180,9 @@ pub struct ApiBackend {
     learned_window: Option<LearnedWindow>,
     /// What the probe cost, when there was one.
     probe_cost: Option<ProbeCost>,
+    /// The tokens of a text the server reads whole, when a probe found no
+    /// window ([`crate::backend::RecordedWindow::read_whole`]).
+    read_whole: Option<u64>,
     /// What the window probe could have cost, when the budget held it back.
     probe_held: Option<crate::backend::HeldProbe>,
 }
@@ -336,6 +339,7 @@ impl ApiBackend {
             notices,
             price_source,
             learned_window: None,
+            read_whole: None,
             probe_cost: None,
             probe_held: None,
         }
@@ -781,6 +785,7 @@ impl EmbeddingBackend for ApiBackend {
             lowered_concurrency: self.rate.lowered(),
             window: self.learned_window,
             window_probe: self.probe_cost,
+            read_whole: self.read_whole,
             probe_held: self.probe_held,
             concurrency: self.rate.settled(),
         }

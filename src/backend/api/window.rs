@@ -291,6 +291,8 @@ pub(super) struct Probed {
     pub cost: ProbeCost,
     /// Why it found nothing, when it could not finish.
     pub failed: Option<String>,
+    /// The tokens of its text, when the server read it whole.
+    pub read_whole: Option<u64>,
     /// What it could have cost, when that was more than the budget and it
     /// was not sent.
     pub over_budget: Option<HeldProbe>,
@@ -325,6 +327,7 @@ impl ApiBackend {
             window: None,
             cost: ProbeCost::default(),
             failed: None,
+            read_whole: None,
             over_budget: None,
         };
         let n = probe.len();
@@ -370,7 +373,10 @@ impl ApiBackend {
                 probed.failed = Some(error.to_string());
                 None
             }
-            Ok(vectors) if !same(row(&vectors, 0), row(&vectors, 1)) => None,
+            Ok(vectors) if !same(row(&vectors, 0), row(&vectors, 1)) => {
+                probed.read_whole = Some(tokens(whole));
+                None
+            }
             // The server stopped reading within the last word: a prefix
             // with the whole text's vector is past where it stops.
             Ok(vectors) => Some((Search::Truncation(row(&vectors, 0).to_vec()), n - 1)),
@@ -480,13 +486,21 @@ impl ApiBackend {
         ));
     }
 
+    /// Takes the length of a text an earlier run's probe found the server
+    /// reads whole, for the output to record again: the chunks are no
+    /// longer, and nothing is probed.
+    pub(super) fn remember_read_whole(&mut self, read_whole: Option<u64>) {
+        self.read_whole = read_whole;
+    }
+
     /// Takes what the probe found: the window chunks are cut to, and a
     /// warning that says it, in which tokens, and how to choose another;
     /// `unknown` says the window is unknown, or not known in the job's
     /// tokens, when the probe found none. `listed` is the window the probe
     /// checked, as the service lists it in the model's own count: a probe
     /// that finds the server reads a text longer than the chunks whole
-    /// leaves the chunks as that window cuts them, and says nothing.
+    /// leaves the chunks as that window cuts them, and says nothing. With no
+    /// window listed, that text's length is kept for the output to record.
     pub(super) fn learn_window(
         &mut self,
         probed: Probed,
@@ -539,11 +553,15 @@ impl ApiBackend {
             (None, Some(failed)) => format!("{unknown}; probing for it failed: {failed}"),
             // The chunks fit the window as listed.
             (None, None) if listed.is_some() => return,
-            (None, None) => format!(
-                "{unknown}; a probe found it reads a text longer than the {} {tokenizer} tokens \
-                 chunks are cut to whole",
-                chunking.max_tokens
-            ),
+            (None, None) => {
+                self.read_whole = probed.read_whole;
+                format!(
+                    "{unknown}; a probe found it reads a text longer than the {} {tokenizer} \
+                     tokens chunks are cut to whole (the output records it: later runs with \
+                     chunks no longer do not probe again)",
+                    chunking.max_tokens
+                )
+            }
         };
         self.warn(warning);
     }
@@ -572,15 +590,25 @@ mod tests {
         for recorded in [
             RecordedWindow {
                 chunks: Some(window),
-                pieces: None,
+                ..RecordedWindow::default()
             },
             RecordedWindow {
-                chunks: None,
                 pieces: Some(pieces),
+                ..RecordedWindow::default()
             },
             RecordedWindow {
                 chunks: Some(window),
                 pieces: Some(pieces),
+                read_whole: None,
+            },
+            RecordedWindow {
+                pieces: Some(pieces),
+                read_whole: Some(640),
+                ..RecordedWindow::default()
+            },
+            RecordedWindow {
+                read_whole: Some(640),
+                ..RecordedWindow::default()
             },
         ] {
             let json = recorded.to_json("cl100k_base").unwrap();
@@ -603,6 +631,10 @@ mod tests {
             r#"{"tokens":5,"from":"refusal"}"#,
             r#"{"tokenizer":"cl100k_base","pieces":{"tokens":0,"from":"refusal"}}"#,
             r#"{"tokenizer":"cl100k_base","pieces":[5]}"#,
+            r#"{"tokenizer":"cl100k_base","read_whole":0}"#,
+            r#"{"tokenizer":"cl100k_base","read_whole":-640}"#,
+            r#"{"tokenizer":"cl100k_base","read_whole":"640"}"#,
+            r#"{"tokenizer":"cl100k_base","read_whole":1e400}"#,
         ] {
             assert_eq!(
                 RecordedWindow::from_json(hostile, "cl100k_base"),
@@ -610,6 +642,26 @@ mod tests {
                 "{hostile}"
             );
         }
+    }
+
+    #[test]
+    fn a_text_read_whole_is_known_for_chunks_no_longer() {
+        let read = RecordedWindow {
+            read_whole: Some(640),
+            ..RecordedWindow::default()
+        };
+        assert!(read.known_for(512));
+        assert!(read.known_for(640));
+        assert!(!read.known_for(641), "longer chunks are probed for again");
+        assert!(!RecordedWindow::default().known_for(1));
+        let learned = RecordedWindow {
+            chunks: Some(LearnedWindow::from_refusal(256, None, 256)),
+            ..RecordedWindow::default()
+        };
+        assert!(
+            learned.known_for(8192),
+            "a window learned is known for any chunks"
+        );
     }
 
     #[test]
