@@ -82,9 +82,31 @@ async fn run_once(
     args: &RunArgs,
     job: &crate::job::Job,
 ) -> Result<(Summary, Option<std::time::Duration>), Failure> {
+    // The lock first, where a run may hold it: one that overlaps another
+    // asks the service nothing (a window probe it sent would be paid for
+    // and lost). Where the lock's directory is not there yet, no run holds
+    // it, and a run that fails before its work creates nothing.
+    let location = StateLocation::for_job(job);
+    let lock_path = location.lock();
+    let lock_dir = lock_path
+        .parent()
+        .filter(|dir| !dir.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."));
+    let lock = if lock_dir.is_dir() {
+        match JobState::lock(&location) {
+            Ok(lock) => Some(lock),
+            Err(e) => return Err(failed_before_work(job, None, state_failure(e), args.json)),
+        }
+    } else {
+        None
+    };
     let stages = match crate::pipeline::build(job).await {
         Ok(stages) => stages,
-        Err(failure) => return Err(failed_before_work(job, None, failure, args.json)),
+        Err(failure) => {
+            // The summary of a run that failed is written under the lock.
+            drop(lock);
+            return Err(failed_before_work(job, None, failure, args.json));
+        }
     };
     messages::follow(&stages.backend.notices());
     messages::warn_all(stages.backend.warnings());
@@ -94,6 +116,7 @@ async fn run_once(
             "`budget.max_cost` is set, but model {} has no price to count it with",
             info.model
         ));
+        drop(lock);
         return Err(failed_before_work(job, Some(&info), failure, args.json));
     }
     let options = RunOptions {
@@ -104,12 +127,11 @@ async fn run_once(
         warnings: messages::printed(),
     };
     let fingerprint = Fingerprint::new(job, &info.model, info.dimensions, info.chunk_window());
-    let state = match JobState::open(
-        &job.name,
-        StateLocation::for_job(job),
-        &fingerprint,
-        args.fresh,
-    ) {
+    let opened = match lock {
+        Some(lock) => JobState::open_locked(&job.name, location, lock, &fingerprint, args.fresh),
+        None => JobState::open(&job.name, location, &fingerprint, args.fresh),
+    };
+    let state = match opened {
         Ok(state) => state,
         Err(e) => {
             return Err(failed_before_work(

@@ -195,7 +195,26 @@ impl JobState {
         fingerprint: &Fingerprint,
         fresh: bool,
     ) -> Result<JobState, StateError> {
-        let lock = JobLock::acquire(&location.lock())?;
+        let lock = JobState::lock(&location)?;
+        JobState::open_locked(job_name, location, lock, fingerprint, fresh)
+    }
+
+    /// Takes the job's lock at `location`, which [`JobState::open_locked`]
+    /// opens the state under: a run takes it before it asks the service
+    /// anything, so that one that overlaps another sends nothing (a window
+    /// probe it sent would be paid for and lost).
+    pub fn lock(location: &StateLocation) -> Result<JobLock, StateError> {
+        JobLock::acquire(&location.lock())
+    }
+
+    /// [`JobState::open`] under a `lock` already taken.
+    pub fn open_locked(
+        job_name: &str,
+        location: StateLocation,
+        lock: JobLock,
+        fingerprint: &Fingerprint,
+        fresh: bool,
+    ) -> Result<JobState, StateError> {
         let checkpoint = Checkpoint::open(job_name, &location, fingerprint, fresh)?;
         let warnings = checkpoint
             .discarded()

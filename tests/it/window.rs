@@ -361,6 +361,35 @@ async fn a_server_that_reads_everything_costs_one_probe_request() {
     );
 }
 
+/// A run that finds another run of the job holding its lock stops before
+/// it asks the service anything: the window probe it would send is paid
+/// for. Before, it looked the model up and probed, then found the lock.
+#[tokio::test]
+async fn a_run_that_overlaps_another_sends_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = prose(dir.path());
+    let sim = simulator(unlisted("truncate")).await;
+    let job = job(dir.path(), &sim, &root, "");
+    std::fs::create_dir_all(dir.path().join("out")).unwrap();
+    let held =
+        embedjob::state::JobLock::acquire(&dir.path().join("out/result.parquet.lock")).unwrap();
+    let output = run_job(&job, &["--json"]).await;
+    let (_, stderr) = no_key(&output, KEY);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("another run of this job"), "{stderr}");
+    let ledger = sim.ledger();
+    assert_eq!(
+        (ledger.requests, ledger.prompt_tokens),
+        (0, 0),
+        "nothing asked, nothing billed"
+    );
+    // Let go, the run probes for the window as any first run does.
+    drop(held);
+    let summary = summary_of(&run_job(&job, &["--json"]).await);
+    let probe = &summary["learned_limits"]["window_probe"];
+    assert!(probe["requests"].as_u64().is_some_and(|n| n > 1), "{summary}");
+}
+
 /// Told not to probe, a run learns the window from the first refusals and
 /// cuts each refused chunk to fit instead of quarantining it.
 #[tokio::test]
