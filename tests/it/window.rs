@@ -387,7 +387,10 @@ async fn a_run_that_overlaps_another_sends_nothing() {
     drop(held);
     let summary = summary_of(&run_job(&job, &["--json"]).await);
     let probe = &summary["learned_limits"]["window_probe"];
-    assert!(probe["requests"].as_u64().is_some_and(|n| n > 1), "{summary}");
+    assert!(
+        probe["requests"].as_u64().is_some_and(|n| n > 1),
+        "{summary}"
+    );
 }
 
 /// Told not to probe, a run learns the window from the first refusals and
