@@ -359,14 +359,11 @@ impl RecordedWindow {
         }
     }
 
-    /// Whether a probe for the window of a model that lists none would find
-    /// nothing new for chunks of `chunk_tokens`: an earlier run learned the
-    /// window, cut refused chunks to one, or found the server reads a text
-    /// at least that long whole.
-    pub fn known_for(&self, chunk_tokens: u64) -> bool {
-        self.chunks.is_some()
-            || self.pieces.is_some()
-            || self.read_whole.is_some_and(|read| read >= chunk_tokens)
+    /// Whether an earlier probe found the server reads whole a text at
+    /// least as long as chunks of `chunk_tokens`: a probe for them would
+    /// find no window either.
+    pub fn read_whole_covers(&self, chunk_tokens: u64) -> bool {
+        self.read_whole.is_some_and(|read| read >= chunk_tokens)
     }
 }
 

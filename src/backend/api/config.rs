@@ -447,7 +447,7 @@ async fn plan_window(
     // as the chunks found read whole.
     let remembered = earlier.chunks.is_some()
         || earlier.pieces.is_some()
-        || (window.is_none() && earlier.known_for(job.chunking.max_tokens as u64));
+        || (window.is_none() && earlier.read_whole_covers(job.chunking.max_tokens as u64));
     if window.is_none() && !remembered && !api.probe_window {
         warnings.push(unknown.clone());
     }

@@ -645,23 +645,18 @@ mod tests {
     }
 
     #[test]
-    fn a_text_read_whole_is_known_for_chunks_no_longer() {
+    fn a_text_read_whole_covers_chunks_no_longer() {
         let read = RecordedWindow {
             read_whole: Some(640),
             ..RecordedWindow::default()
         };
-        assert!(read.known_for(512));
-        assert!(read.known_for(640));
-        assert!(!read.known_for(641), "longer chunks are probed for again");
-        assert!(!RecordedWindow::default().known_for(1));
-        let learned = RecordedWindow {
-            chunks: Some(LearnedWindow::from_refusal(256, None, 256)),
-            ..RecordedWindow::default()
-        };
+        assert!(read.read_whole_covers(512));
+        assert!(read.read_whole_covers(640));
         assert!(
-            learned.known_for(8192),
-            "a window learned is known for any chunks"
+            !read.read_whole_covers(641),
+            "longer chunks are probed for again"
         );
+        assert!(!RecordedWindow::default().read_whole_covers(1));
     }
 
     #[test]
