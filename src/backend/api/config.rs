@@ -550,7 +550,7 @@ fn batch_service(
 /// In batch mode, the backend gets the Batch API to submit to, priced by
 /// the job, else the listing's batch price. A synchronous run knows that
 /// price too, for what batches of an earlier run were billed.
-fn in_batch_mode(
+fn batch_mode_and_price(
     backend: &mut ApiBackend,
     (api, b): (&ApiParams, &BackendShared),
     client: Client,
@@ -625,7 +625,7 @@ async fn build(job: &Job) -> Result<Embedding, Failure> {
     };
     let batch_client = client.clone();
     let mut backend = ApiBackend::new(client, settings, listed);
-    in_batch_mode(&mut backend, (&api, b), batch_client, listed);
+    batch_mode_and_price(&mut backend, (&api, b), batch_client, listed);
     let chunker_for = |chunking: &ChunkingConfig| {
         TokenChunker::for_config(chunking).map_err(|e| {
             let tokenizer = chunking.tokenizer.as_deref();
