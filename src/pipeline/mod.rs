@@ -457,6 +457,7 @@ fn learned(
             (probed, refused) => refused.or(probed),
         },
         window_probe: stats.window_probe,
+        read_whole: stats.read_whole,
     }
 }
 

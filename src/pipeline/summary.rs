@@ -133,6 +133,10 @@ pub struct LearnedLimits {
     pub context_window: Option<crate::backend::LearnedWindow>,
     /// What probing for the window cost, when it was probed for.
     pub window_probe: Option<crate::backend::ProbeCost>,
+    /// The tokens of a text the server read whole, counted in `tokenizer`,
+    /// when the model lists no window and a probe (this run's, or the one an
+    /// earlier run recorded) found none: chunks no longer are read whole.
+    pub read_whole: Option<u64>,
 }
 
 impl LearnedLimits {
@@ -493,6 +497,13 @@ impl Summary {
                     parts.join(", ")
                 );
             }
+            if let Some(n) = l.read_whole {
+                let _ = writeln!(
+                    out,
+                    "  no window found: the service read a text of {n} {} tokens whole",
+                    s.tokenizer
+                );
+            }
             if let Some(probe) = l.window_probe {
                 let _ = writeln!(
                     out,
@@ -803,6 +814,25 @@ mod tests {
         assert_eq!(lines[12], "  warning: the service sends no rate headers");
         assert_eq!(lines[13], "  2.0s, 2 chunks/s");
         assert_eq!(lines.len(), 14, "{text}");
+    }
+
+    #[test]
+    fn a_text_read_whole_is_reported_in_the_tokenizer() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = summary(&job(dir.path()), |_, _, _, _| {}, None);
+        assert!(!s.text().contains("read a text"), "{}", s.text());
+        s.learned_limits.read_whole = Some(640);
+        let text = s.text();
+        assert!(
+            text.lines().any(|line| line
+                == format!(
+                    "  no window found: the service read a text of 640 {} tokens whole",
+                    s.tokenizer
+                )),
+            "{text}"
+        );
+        let value = serde_json::to_value(&s).unwrap();
+        assert_eq!(value["learned_limits"]["read_whole"], 640);
     }
 
     #[test]

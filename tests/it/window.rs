@@ -322,6 +322,7 @@ async fn a_server_that_reads_everything_costs_one_probe_request() {
     let read = window["read_whole"].as_u64().unwrap();
     // The probe's text is the chunks' 512 tokens and a quarter.
     assert_eq!(read, 640, "{window}");
+    assert_eq!(summary["learned_limits"]["read_whole"], 640, "{summary}");
 
     // The output records what the probe found: a later run, its chunks no
     // longer than that, does not probe again, nor warn, and keeps the record.
@@ -335,6 +336,8 @@ async fn a_server_that_reads_everything_costs_one_probe_request() {
         "{again}"
     );
     assert_eq!(again["embedded"], 1, "{again}");
+    // The summary says so from the record.
+    assert_eq!(again["learned_limits"]["read_whole"], 640, "{again}");
     assert_eq!(
         sim.ledger().embedding_requests - before,
         again["requests"].as_u64().unwrap()
@@ -355,6 +358,7 @@ async fn a_server_that_reads_everything_costs_one_probe_request() {
     let job = self::job(dir.path(), &sim, &root, "probe_window = false");
     let summary = summary_of(&run_job(&job, &["--json"]).await);
     assert_eq!(summary["learned_limits"]["window_probe"], Value::Null);
+    assert_eq!(summary["learned_limits"]["read_whole"], Value::Null);
     assert_eq!(
         sim.ledger().embedding_requests - before,
         summary["requests"].as_u64().unwrap()
