@@ -7,7 +7,7 @@ use crate::backend::{Embedding, RecordedWindow};
 use crate::cli::{EstimateArgs, RunArgs};
 use crate::exit::{Exit, Failure};
 use crate::pipeline::{Classifier, Failed, Rechunker, RunOptions, StopRequest, Summary};
-use crate::state::{Fingerprint, JobState, StateError, StateLocation};
+use crate::state::{Fingerprint, JobState, Settled, StateError, StateLocation};
 
 pub async fn run(args: &RunArgs) -> Outcome {
     let mut overrides = args.job.overrides.clone();
@@ -100,7 +100,13 @@ async fn run_once(
     } else {
         None
     };
-    let stages = match crate::pipeline::build(job).await {
+    let built = async {
+        if !args.fresh {
+            check_settled(job, &location).await?;
+        }
+        crate::pipeline::build(job).await
+    };
+    let stages = match built.await {
         Ok(stages) => stages,
         Err(failure) => {
             // The summary of a run that failed is written under the lock.
@@ -163,6 +169,23 @@ async fn run_once(
         }
     };
     Ok((summary, poll))
+}
+
+/// Refuses a job file changed since its checkpoint was started or its
+/// output made, before the service is asked anything (see
+/// [`crate::state::check_settled`]): a model lookup and a window probe would
+/// be paid for, and the run refused after them.
+async fn check_settled(job: &crate::job::Job, location: &StateLocation) -> Result<(), Failure> {
+    // An output that cannot be read yet is the sink's to report.
+    let recorded = crate::sink::recorded(&job.output, job.shard)
+        .await
+        .unwrap_or_default();
+    let output = job.output.params.output_file().map_or_else(
+        || format!("the {} output", job.output.params.kind()),
+        |file| file.display().to_string(),
+    );
+    crate::state::check_settled(location, &Settled::of(job), (&output, &recorded))
+        .map_err(state_failure)
 }
 
 /// Loads the job file, and with `--shard`, makes the job that shard of it.

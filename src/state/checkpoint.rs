@@ -144,6 +144,15 @@ impl Checkpoint {
 }
 
 /// A manifest of another layout or fingerprint is refused.
+/// The fingerprint the checkpoint at `location` was started under, when
+/// its manifest can be read: a damaged one is discarded by the run.
+pub(super) fn started_under(location: &StateLocation) -> Option<Fingerprint> {
+    let bytes = fs::read(location.checkpoint().join(MANIFEST)).ok()?;
+    serde_json::from_slice::<Manifest>(&bytes)
+        .ok()
+        .map(|manifest| manifest.fingerprint)
+}
+
 fn check_manifest(
     dir: &Path,
     manifest: &Manifest,

@@ -32,6 +32,7 @@ mod fingerprint;
 mod lock;
 mod parts;
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use crate::contract::FINGERPRINT_KEY;
@@ -42,7 +43,7 @@ use crate::store::{HeldIds, Origin, Store, StoreError, StoredRows};
 
 pub use self::checkpoint::{newest_part_metadata, Checkpoint};
 pub use self::failures::{FailuresFile, FailuresReport};
-pub use self::fingerprint::Fingerprint;
+pub use self::fingerprint::{Fingerprint, Settled};
 pub use self::lock::JobLock;
 pub use self::parts::{Billed, PartWriter};
 
@@ -290,6 +291,36 @@ impl JobState {
     }
 }
 
+/// Refuses, before a run asks the service anything, a job file that changed
+/// what its checkpoint was started under, or, where none was started, what
+/// its previous output was made under (`output`: its name, and the
+/// `embedjob.*` keys it recorded): the refusals [`JobState::open`] and
+/// [`JobState::reuse`] give once the service has told the rest of the
+/// fingerprint, with nothing paid for first (a window probe). A record that
+/// cannot be read is left to those.
+pub fn check_settled(
+    location: &StateLocation,
+    settled: &Settled,
+    (output, recorded): (&str, &BTreeMap<String, String>),
+) -> Result<(), StateError> {
+    let (what, earlier) = match checkpoint::started_under(location) {
+        Some(started) => (location.checkpoint().display().to_string(), started),
+        None => match recorded
+            .get(FINGERPRINT_KEY)
+            .and_then(|text| Fingerprint::from_json(text))
+        {
+            Some(made) => (output.to_string(), made),
+            None => return Ok(()),
+        },
+    };
+    let differences = settled.differences(&earlier);
+    if differences.is_empty() {
+        Ok(())
+    } else {
+        Err(StateError::Changed { what, differences })
+    }
+}
+
 /// [`JobState::reuse`] without the lock or any change on disk, for a look at
 /// what a run would find (`estimate`).
 pub fn peek(
@@ -495,6 +526,53 @@ mod tests {
         let large = format!("{{\"padding\": \"{}\"}}", " ".repeat(1 << 20));
         std::fs::write(location.summary(), large).unwrap();
         assert_eq!(last_summary(&location), None, "larger than a summary");
+    }
+
+    #[test]
+    fn a_changed_job_file_is_checked_against_the_checkpoint_started_else_the_output() {
+        let dir = tempfile::tempdir().unwrap();
+        let job = |chunking: &str| {
+            let text = format!(
+                "[source]\nkind = \"files\"\npaths = [\"unused\"]\n\
+                 [chunking]\n{chunking}\n[backend]\nkind = \"local\"\n\
+                 [output]\npath = \"out.parquet\"\n"
+            );
+            crate::kinds::parse(&text, "job", &[]).unwrap()
+        };
+        let location = StateLocation::beside(&dir.path().join("out.parquet"));
+        let (plain, markdown) = (job(""), job("markdown = true"));
+        let made = |job: &Job| Fingerprint::new(job, "m", Some(8), Some(256));
+        let output =
+            |job: &Job| BTreeMap::from([(FINGERPRINT_KEY.to_string(), made(job).to_json())]);
+        let check = |job: &Job, recorded: &BTreeMap<String, String>| {
+            check_settled(&location, &Settled::of(job), ("out.parquet", recorded))
+        };
+        // No checkpoint: the output's record decides.
+        check(&plain, &output(&plain)).unwrap();
+        check(&plain, &BTreeMap::new()).unwrap();
+        let refused = check(&markdown, &output(&plain)).unwrap_err().to_string();
+        assert!(
+            refused.starts_with("out.parquet was made with a different configuration"),
+            "{refused}"
+        );
+        // A record that cannot be read is left to the run.
+        let unreadable = BTreeMap::from([(FINGERPRINT_KEY.to_string(), "{".to_string())]);
+        check(&markdown, &unreadable).unwrap();
+        // A checkpoint started under the changed job replaces the output.
+        Checkpoint::open("job", &location, &made(&markdown), false)
+            .unwrap()
+            .create()
+            .unwrap();
+        check(&markdown, &output(&plain)).unwrap();
+        let refused = check(&plain, &output(&plain)).unwrap_err().to_string();
+        assert!(
+            refused.starts_with(&format!(
+                "{} was made with a different configuration",
+                location.checkpoint().display()
+            )),
+            "{refused}"
+        );
+        assert!(refused.contains("chunking.markdown"), "{refused}");
     }
 
     #[test]

@@ -755,6 +755,60 @@ async fn a_run_after_a_stop_takes_the_window_from_the_checkpoint() {
     assert!(again["resumed"].as_u64() > Some(0), "{again}");
 }
 
+/// A job file changed since an earlier run is refused before the run asks
+/// the service anything. The window the earlier run learned is counted in
+/// its tokenizer, so a run with another would probe anew, pay for it, and
+/// then be refused for the change: before, 9 requests, of which 6 probed,
+/// billed 3,456 tokens. The checkpoint of a stopped run is named, else the
+/// finished output.
+#[tokio::test]
+async fn a_changed_job_file_is_refused_before_the_service_is_asked_anything() {
+    let dir = tempfile::tempdir().unwrap();
+    let (job, sim, _) = stopped_after_the_probe(dir.path(), 1.0, 8, "0.6").await;
+    let changed = dir.path().join("changed.toml");
+    let text = std::fs::read_to_string(&job).unwrap();
+    std::fs::write(
+        &changed,
+        text.replace(
+            "[output]",
+            "[chunking]\ntokenizer = \"o200k_base\"\n[output]",
+        ),
+    )
+    .unwrap();
+    let refused = |made: &str| {
+        let (sim, changed, made) = (&sim, &changed, made.to_string());
+        async move {
+            let before = sim.ledger().requests;
+            let output = run_job(changed, &["--json"]).await;
+            let (stdout, stderr) = no_key(&output, KEY);
+            assert_eq!(output.status.code(), Some(2), "{stdout}\n{stderr}");
+            assert!(
+                stderr.contains(&format!("{made} was made with a different configuration")),
+                "{stderr}"
+            );
+            assert!(
+                stderr.contains("chunking.tokenizer: (unset) → o200k_base"),
+                "{stderr}"
+            );
+            assert_eq!(sim.ledger().requests - before, 0, "nothing asked");
+        }
+    };
+    let output = dir.path().join("out/result.parquet");
+    let location = embedjob::state::StateLocation::beside(&output);
+    refused(&location.checkpoint().display().to_string()).await;
+    // Restored, the job finishes; changed again, its output is named.
+    let summary = summary_of(&run_job(&job, &["--json"]).await);
+    assert_eq!(summary["exit_code"], 0, "{summary}");
+    refused(&output.display().to_string()).await;
+    // With --fresh, the changed job runs, and probes for the window in its tokenizer.
+    let fresh = summary_of(&run_job(&changed, &["--json", "--fresh"]).await);
+    assert_eq!(fresh["tokenizer"], "o200k_base", "{fresh}");
+    assert!(
+        fresh["learned_limits"]["window_probe"]["requests"].as_u64() > Some(0),
+        "{fresh}"
+    );
+}
+
 /// A run stopped before it kept any vector of its own keeps what the probe
 /// was billed in a checkpoint part, of the probe's vectors' width, with the
 /// window: the next run probes nothing, and the output's usage counts every
