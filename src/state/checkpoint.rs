@@ -143,7 +143,6 @@ impl Checkpoint {
     }
 }
 
-/// A manifest of another layout or fingerprint is refused.
 /// The fingerprint the checkpoint at `location` was started under, when
 /// its manifest can be read: a damaged one is discarded by the run.
 pub(super) fn started_under(location: &StateLocation) -> Option<Fingerprint> {
@@ -153,6 +152,7 @@ pub(super) fn started_under(location: &StateLocation) -> Option<Fingerprint> {
         .map(|manifest| manifest.fingerprint)
 }
 
+/// A manifest of another layout or fingerprint is refused.
 fn check_manifest(
     dir: &Path,
     manifest: &Manifest,
