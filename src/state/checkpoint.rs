@@ -95,11 +95,9 @@ impl Checkpoint {
         let dir = location.checkpoint();
         let manifest_path = dir.join(MANIFEST);
         let mut damaged = None;
-        match fs::read(&manifest_path) {
-            Ok(bytes) => match serde_json::from_slice::<Manifest>(&bytes) {
-                Err(e) => damaged = Some(format!("{MANIFEST} cannot be read ({e})")),
-                Ok(manifest) => check_manifest(&dir, &manifest, fingerprint)?,
-            },
+        match read_manifest(&manifest_path) {
+            Ok(Err(e)) => damaged = Some(format!("{MANIFEST} cannot be read ({e})")),
+            Ok(Ok(manifest)) => check_manifest(&dir, &manifest, fingerprint)?,
             // Created with the first part, so that a run that pays for nothing leaves nothing.
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 if dir.exists() && !list_parts(&dir)?.is_empty() {
@@ -146,10 +144,13 @@ impl Checkpoint {
 /// The fingerprint the checkpoint at `location` was started under, when
 /// its manifest can be read: a damaged one is discarded by the run.
 pub(super) fn started_under(location: &StateLocation) -> Option<Fingerprint> {
-    let bytes = fs::read(location.checkpoint().join(MANIFEST)).ok()?;
-    serde_json::from_slice::<Manifest>(&bytes)
-        .ok()
-        .map(|manifest| manifest.fingerprint)
+    let manifest = read_manifest(&location.checkpoint().join(MANIFEST)).ok()?;
+    manifest.ok().map(|manifest| manifest.fingerprint)
+}
+
+/// The manifest at `path`: the file read, then its JSON parsed.
+fn read_manifest(path: &Path) -> std::io::Result<serde_json::Result<Manifest>> {
+    fs::read(path).map(|bytes| serde_json::from_slice::<Manifest>(&bytes))
 }
 
 /// A manifest of another layout or fingerprint is refused.
