@@ -25,6 +25,7 @@ mod limits;
 mod pacing;
 mod retry;
 mod share;
+mod stay;
 #[cfg(test)]
 mod strangers;
 
@@ -180,6 +181,12 @@ impl RateControl {
 
     pub fn retry_policy(&self) -> &RetryPolicy {
         &self.retry
+    }
+
+    /// The service's quota window as the pacing counts it.
+    #[cfg(test)]
+    pub(crate) fn quota_window(&self) -> Duration {
+        self.pacing.window()
     }
 
     /// Waits until a request of `tokens` (by the local count) may go: the

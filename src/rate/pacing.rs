@@ -555,6 +555,12 @@ impl Pacing {
     fn ratio(&self) -> f64 {
         self.lock().ratio()
     }
+
+    /// The longest of the quotas' windows, as this process counts it.
+    #[cfg(test)]
+    pub(super) fn window(&self) -> Duration {
+        self.lock().window()
+    }
 }
 
 impl State {
@@ -863,6 +869,37 @@ impl State {
                     Some(budget) => budget.update(header, ticket.sent_at, refused),
                     None => *budget = Some(Budget::new(header, ticket.sent_at, refused)),
                 }
+            }
+        }
+        // Where a sliding window's reset tells when its oldest use leaves,
+        // the process's own sends tell how long the window is: the longest
+        // reset a process that came to the window in use saw may be far
+        // shorter (`Share::stay`).
+        for (k, (budget, header)) in [
+            (&mut self.requests, headers.requests),
+            (&mut self.tokens, headers.tokens),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let Some(budget) = budget.as_mut().filter(|b| {
+                b.refill.sliding_rate(b.limit).is_some() && !b.refill.resets_when_whole()
+            }) else {
+                continue;
+            };
+            let Some(reset) = header
+                .filter(|h| h.remaining < h.limit)
+                .and_then(|h| h.reset)
+                .filter(|r| !r.is_zero())
+            else {
+                continue;
+            };
+            let stay = self
+                .pace
+                .stay(k, ticket.sent_at, reset, budget.refill.longest());
+            budget.refill.stay(stay);
+            if let Some(rate) = budget.refill.sliding_rate(budget.limit) {
+                budget.rate = rate;
             }
         }
         // A sliding window frees nothing before its reset when the reset

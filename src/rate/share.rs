@@ -57,6 +57,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::stay::Stays;
+
 /// The headroom each process leaves in proportion to the others' use: it
 /// absorbs what they send before their use shows in the headers.
 const HEADROOM: f64 = 0.05;
@@ -202,6 +204,9 @@ pub(super) const LEAVE_SLACK: f64 = 0.01;
 /// Own sends remembered, at most.
 const MAX_SENDS: usize = 4096;
 
+/// Own sends are remembered this many windows.
+const SENDS_KEPT: u32 = 8;
+
 /// Rates implied by a bucket's resets agree to rounding; a sliding
 /// window's differ by more than this factor.
 const SLIDING_SPREAD: f64 = 2.0;
@@ -243,6 +248,9 @@ pub(super) struct Refill {
     ceiling: Option<f64>,
     /// The longest reset seen, in seconds.
     longest: f64,
+    /// How long the latest answers tell a use stays in the window, in
+    /// seconds, where that is longer ([`Stays`]).
+    stay: f64,
     /// Headers with some of the quota used taken in.
     samples: u32,
     /// The shortest reset of the headers that showed the quota at least
@@ -304,6 +312,17 @@ impl Refill {
         self.longest = self.longest.max(reset.as_secs_f64());
     }
 
+    /// The window's length as the latest answers tell it from the
+    /// process's own uses ([`Stays`]); `None` where they tell none.
+    pub(super) fn stay(&mut self, length: Option<Duration>) {
+        self.stay = length.map_or(0.0, |l| l.as_secs_f64());
+    }
+
+    /// The longest reset seen.
+    pub(super) fn longest(&self) -> Duration {
+        Duration::try_from_secs_f64(self.longest).unwrap_or(Duration::ZERO)
+    }
+
     /// Whether the answers so far show a bucket: two or more, and one
     /// rate that gives every one of them.
     pub(super) fn is_bucket(&self) -> bool {
@@ -320,7 +339,8 @@ impl Refill {
         } else {
             SLIDING_SPREAD
         };
-        (self.floor > ceiling * spread && self.longest > 0.0).then(|| limit / self.longest)
+        let length = self.longest.max(self.stay);
+        (self.floor > ceiling * spread && length > 0.0).then(|| limit / length)
     }
 }
 
@@ -341,6 +361,8 @@ struct Send {
     took: [f64; 2],
     /// When its answer came: the service counted it by then.
     heard: Option<Instant>,
+    /// Whether it went at the share's pace, not in a burst.
+    paced: bool,
 }
 
 /// This process's share of the quotas and its own sends of the last window.
@@ -374,6 +396,8 @@ pub(super) struct Share {
     /// Among others where a request is small beside the window, what the
     /// part and the pull are scaled by ([`PULL`]); `None` where no pull applies.
     scale: Option<f64>,
+    /// What the answers tell of how long a use stays in each sliding window.
+    stays: [Stays; 2],
 }
 
 /// What an answer shows of a sliding window beside the others' use: this
@@ -415,6 +439,7 @@ impl Share {
             claimed_at: None,
             paced_from: None,
             scale: None,
+            stays: [Stays::default(), Stays::default()],
         }
     }
 
@@ -532,6 +557,47 @@ impl Share {
             .collect();
         leaving.sort_by_key(|(leaves, _)| *leaves);
         leaving
+    }
+
+    /// An answer to a request sent at `sent_at` showed quota `k`, a
+    /// sliding window whose longest reset so far is `known`, with its
+    /// oldest use leaving `reset` after: the window's length, where the
+    /// answers tell one longer ([`Stays`]).
+    pub(super) fn stay(
+        &mut self,
+        k: usize,
+        sent_at: Instant,
+        reset: Duration,
+        known: Duration,
+    ) -> Option<Duration> {
+        // A process alone sends in bursts, and the oldest use it is told
+        // of is one of a burst: its answers are read while it is paced.
+        if self.share >= 1.0 {
+            return self.stays[k].length();
+        }
+        // The service takes requests in a little sooner or later from one
+        // to the next: by about as much as their round trips differ.
+        let least = self.round_trips.iter().min().copied().unwrap_or_default();
+        let most = self.round_trips.iter().max().copied().unwrap_or_default();
+        let tolerance = Duration::from_millis(1) + (most - least) / 2;
+        let range = self.stays[k].range(known, tolerance);
+        let paced = self
+            .sends
+            .iter()
+            .rev()
+            .filter(|s| s.took[k] > 0.0 && s.paced)
+            .map(|s| s.at);
+        self.stays[k].answered((sent_at, reset), paced, range);
+        if !self.stays[k].due(sent_at, known) {
+            return self.stays[k].length();
+        }
+        let sends: Vec<Instant> = self
+            .sends
+            .iter()
+            .filter(|s| s.took[k] > 0.0)
+            .map(|s| s.at)
+            .collect();
+        self.stays[k].read(sent_at, &sends, known, tolerance)
     }
 
     /// The latest round trip; none before an answer.
@@ -671,8 +737,10 @@ impl Share {
                 now.checked_sub(slack).map_or(due, |start| due.max(start))
             });
         // Before a window is known every send is kept: the first headers
-        // count them. Sends are kept two windows, for what they free.
-        let span = (window + self.round_trip()) * 2;
+        // count them. Sends are kept two windows, for what they free, and
+        // as long as the answers read for the window's length go back
+        // ([`SENDS_KEPT`]).
+        let span = (window + self.round_trip()) * SENDS_KEPT;
         while self.sends.len() >= MAX_SENDS
             || self
                 .sends
@@ -686,6 +754,7 @@ impl Share {
             at: now,
             took,
             heard: None,
+            paced: self.share < 1.0,
         });
         self.first.get_or_insert(now);
     }
