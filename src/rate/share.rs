@@ -587,7 +587,7 @@ impl Share {
             .rev()
             .filter(|s| s.took[k] > 0.0 && s.paced)
             .map(|s| s.at);
-        self.stays[k].answered((sent_at, reset), paced, range);
+        self.stays[k].answered((sent_at, reset), paced, range, tolerance);
         if !self.stays[k].due(sent_at, known) {
             return self.stays[k].length();
         }

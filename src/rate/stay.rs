@@ -17,10 +17,14 @@
 //! often while the pace holds, and stand too; but a process's share, and
 //! its pace with it, moves with every answer, and they move with it while
 //! the window's length does not: of the lengths that stand, the one with
-//! the most hits is taken (the shorter of two alike). No window is shorter
+//! the most hits is taken (the shorter of two alike), and one taken holds
+//! while it stands with half the hits of the best. No window is shorter
 //! than a reset it gave ([`super::share::Refill`] keeps the longest), and
 //! the length is read afresh from the latest answers every eighth of a
-//! window, so a wrong one does not last.
+//! window, so a wrong one does not last. The same oldest use told by
+//! several answers counts once; a process alone, which sends in bursts,
+//! reads nothing; and where the round trips differ by more than a
+//! sixteenth of the longest reset, no length is read.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
@@ -93,12 +97,14 @@ impl Stays {
 
     /// Takes in an answer to a request sent at `sent_at` whose reset was
     /// `reset`, where the process's paced sends before it (the newest
-    /// first) were `paced`, the range of lengths being `(least, most)` ms.
+    /// first) were `paced`, the range of lengths being `(least, most)` ms
+    /// and the service taking requests in `tolerance` sooner or later.
     pub(super) fn answered(
         &mut self,
         (sent_at, reset): (Instant, Duration),
         paced: impl Iterator<Item = Instant>,
         (least, most): (i64, i64),
+        tolerance: Duration,
     ) {
         // The same oldest use told again gives the same lengths again:
         // they count once.
@@ -111,7 +117,7 @@ impl Stays {
                     millis(
                         a.saturating_duration_since(b)
                             .max(b.saturating_duration_since(a)),
-                    ) <= 1
+                    ) <= millis(tolerance).max(1)
                 })
         });
         let lengths = if told {
@@ -324,7 +330,7 @@ mod tests {
             // To the millisecond, as headers write it.
             let reset = ms(reset.as_millis() as u64).max(ms(1));
             let range = stays.range(known, ms(1));
-            stays.answered((sent_at, reset), own.iter().rev().copied(), range);
+            stays.answered((sent_at, reset), own.iter().rev().copied(), range, ms(1));
             if stays.due(sent_at, known) {
                 stays.read(sent_at, &own, known, ms(1));
             }
@@ -363,6 +369,7 @@ mod tests {
                 (sent_at, reset),
                 own[..i as usize].iter().rev().copied(),
                 (0, 10_000),
+                ms(1),
             );
         }
         let given: usize = stays
