@@ -579,7 +579,7 @@ impl Share {
         // to the next: by about as much as their round trips differ.
         let least = self.round_trips.iter().min().copied().unwrap_or_default();
         let most = self.round_trips.iter().max().copied().unwrap_or_default();
-        let tolerance = Duration::from_millis(1) + (most - least) / 2;
+        let tolerance = Duration::from_millis(1).saturating_add((most - least) / 2);
         let range = self.stays[k].range(known, tolerance);
         let paced = self
             .sends

@@ -20,8 +20,8 @@
 //! the most hits is taken (the shorter of two alike), and one taken holds
 //! while it stands with half the hits of the best. No window is shorter
 //! than a reset it gave ([`super::share::Refill`] keeps the longest), and
-//! the length is read afresh from the latest answers every eighth of a
-//! window, so a wrong one does not last. The same oldest use told by
+//! the length is read afresh from the latest answers every eighth of the
+//! longest reset, so a wrong one does not last. The same oldest use told by
 //! several answers counts once; a process alone, which sends in bursts,
 //! reads nothing; and where the round trips differ by more than a
 //! sixteenth of the longest reset, no length is read.
@@ -54,7 +54,7 @@ const MAX_EXAMINED: usize = 64;
 /// longest reset: round trips that differ by more blur every length.
 const COARSEST: u32 = 16;
 
-/// The answers are read for the length this many times a window.
+/// The answers are read for the length this many times in the longest reset.
 const READS: u32 = 8;
 
 /// The answers of the latest windows, and the length they tell.
@@ -154,7 +154,7 @@ impl Stays {
     }
 
     /// Whether the answers are due to be read again as of an answer to a
-    /// request sent at `sent_at`, the window being about `known` long.
+    /// request sent at `sent_at`, the longest reset being `known`.
     pub(super) fn due(&self, sent_at: Instant, known: Duration) -> bool {
         self.read_at
             .is_none_or(|at| sent_at.saturating_duration_since(at) >= known / READS)

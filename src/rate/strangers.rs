@@ -32,7 +32,7 @@ pub(crate) struct Outcome {
     /// left, from its start or its last success, in seconds: how long the
     /// others starved it.
     pub starved: f64,
-    /// The window each process counted the quota's in halfway through its work.
+    /// The window each process counted the quota in, halfway through its work.
     pub windows: Vec<Duration>,
 }
 
