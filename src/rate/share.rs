@@ -495,14 +495,14 @@ impl Share {
     /// spread and [`LEAVE_SLACK`] of the window, never more than the latest
     /// round trip (the most it can be wherever the service takes requests in).
     fn leaves_after(&self, window: Duration) -> Duration {
-        let latest = self.round_trip();
-        let (least, most) = self
-            .round_trips
-            .iter()
-            .fold((latest, latest), |(least, most), rt| {
-                (least.min(*rt), most.max(*rt))
-            });
-        ((most - least) + window.mul_f64(LEAVE_SLACK)).min(latest)
+        (self.round_trip_spread() + window.mul_f64(LEAVE_SLACK)).min(self.round_trip())
+    }
+
+    /// How much the latest round trips differ: the longest less the shortest.
+    fn round_trip_spread(&self) -> Duration {
+        let least = self.round_trips.iter().min().copied().unwrap_or_default();
+        let most = self.round_trips.iter().max().copied().unwrap_or_default();
+        most - least
     }
 
     /// When a use of this process's has surely left the service's `window`.
@@ -577,17 +577,14 @@ impl Share {
         }
         // The service takes requests in a little sooner or later from one
         // to the next: by about as much as their round trips differ.
-        let least = self.round_trips.iter().min().copied().unwrap_or_default();
-        let most = self.round_trips.iter().max().copied().unwrap_or_default();
-        let tolerance = Duration::from_millis(1).saturating_add((most - least) / 2);
-        let range = self.stays[k].range(known, tolerance);
+        let tolerance = Duration::from_millis(1).saturating_add(self.round_trip_spread() / 2);
         let paced = self
             .sends
             .iter()
             .rev()
             .filter(|s| s.took[k] > 0.0 && s.paced)
             .map(|s| s.at);
-        self.stays[k].answered((sent_at, reset), paced, range, tolerance);
+        self.stays[k].answered((sent_at, reset), paced, known, tolerance);
         if !self.stays[k].due(sent_at, known) {
             return self.stays[k].length();
         }

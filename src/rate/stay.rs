@@ -86,7 +86,7 @@ impl Stays {
     /// The range of lengths worth reading, in milliseconds, where the
     /// longest reset told is `known`: none is shorter, and none more than
     /// twice the length told so far (it grows in steps).
-    pub(super) fn range(&self, known: Duration, tolerance: Duration) -> (i64, i64) {
+    fn range(&self, known: Duration, tolerance: Duration) -> (i64, i64) {
         let least = millis(known.saturating_sub(tolerance));
         let told = self.length.unwrap_or(known).max(known);
         (
@@ -97,15 +97,16 @@ impl Stays {
 
     /// Takes in an answer to a request sent at `sent_at` whose reset was
     /// `reset`, where the process's paced sends before it (the newest
-    /// first) were `paced`, the range of lengths being `(least, most)` ms
-    /// and the service taking requests in `tolerance` sooner or later.
+    /// first) were `paced`, the longest reset so far being `known` and the
+    /// service taking requests in `tolerance` sooner or later.
     pub(super) fn answered(
         &mut self,
         (sent_at, reset): (Instant, Duration),
         paced: impl Iterator<Item = Instant>,
-        (least, most): (i64, i64),
+        known: Duration,
         tolerance: Duration,
     ) {
+        let (least, most) = self.range(known, tolerance);
         // The same oldest use told again gives the same lengths again:
         // they count once.
         let leaves = sent_at.checked_add(reset);
@@ -329,8 +330,7 @@ mod tests {
             };
             // To the millisecond, as headers write it.
             let reset = ms(reset.as_millis() as u64).max(ms(1));
-            let range = stays.range(known, ms(1));
-            stays.answered((sent_at, reset), own.iter().rev().copied(), range, ms(1));
+            stays.answered((sent_at, reset), own.iter().rev().copied(), known, ms(1));
             if stays.due(sent_at, known) {
                 stays.read(sent_at, &own, known, ms(1));
             }
@@ -368,7 +368,7 @@ mod tests {
             stays.answered(
                 (sent_at, reset),
                 own[..i as usize].iter().rev().copied(),
-                (0, 10_000),
+                ms(1000),
                 ms(1),
             );
         }
