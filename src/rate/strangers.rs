@@ -34,6 +34,12 @@ pub(crate) struct Outcome {
     pub starved: f64,
     /// The window each process counted the quota in, halfway through its work.
     pub windows: Vec<Duration>,
+    /// How evenly the processes shared the quota while all of them ran:
+    /// Jain's index of the requests each had taken in from three windows
+    /// after the last one started to the first end, `(sum x)^2 / (n sum
+    /// x^2)`, 1 for equal parts and `1/n` for one process taking all;
+    /// `None` where the first ended before then.
+    pub fair: Option<f64>,
 }
 
 /// `processes` jobs of `requests` requests of `tokens` billed tokens each,
@@ -118,6 +124,8 @@ pub(crate) async fn run(
     let seconds = start.elapsed().as_secs_f64();
     let first_end = ends.iter().copied().fold(seconds, f64::min);
     let before = at_first.await.unwrap_or(0);
+    let all_running = stagger.mul_f64(processes.saturating_sub(1) as f64) + window * 3;
+    let fair = tally.fairness(processes, all_running.as_secs_f64(), first_end);
     #[allow(clippy::cast_precision_loss)]
     let after = (tally.done.load(Ordering::SeqCst) - before) as f64;
     Outcome {
@@ -130,6 +138,7 @@ pub(crate) async fn run(
         #[allow(clippy::cast_precision_loss)]
         starved: tally.starved.load(Ordering::SeqCst) as f64 / 1000.0,
         windows,
+        fair,
     }
 }
 
@@ -147,6 +156,13 @@ async fn ask(
     tokio::time::sleep(latency).await;
     tally.received.fetch_add(1, Ordering::SeqCst);
     let answer = quotas.admit("key", tokens);
+    if answer.is_ok() {
+        tally
+            .taken
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push((start.elapsed().as_secs_f64(), id));
+    }
     if std::env::var_os("STRANGERS_TRACE").is_some() {
         println!(
             "{:.3} {} {}",
@@ -178,9 +194,36 @@ struct Tally {
     failed: AtomicU64,
     /// The longest wait of a process for a success, in milliseconds.
     starved: AtomicU64,
+    /// The requests the quota took in: when (from the start) and whose.
+    taken: std::sync::Mutex<Vec<(f64, usize)>>,
 }
 
 impl Tally {
+    /// Jain's index of the requests each of `processes` had taken in from
+    /// `from` to `to` (seconds from the start); `None` where that span is
+    /// empty or none was taken in.
+    fn fairness(&self, processes: usize, from: f64, to: f64) -> Option<f64> {
+        if to <= from {
+            return None;
+        }
+        let taken = self
+            .taken
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut counts = vec![0.0f64; processes];
+        for (at, id) in taken.iter() {
+            if (from..to).contains(at) {
+                if let Some(count) = counts.get_mut(*id) {
+                    *count += 1.0;
+                }
+            }
+        }
+        let sum: f64 = counts.iter().sum();
+        let squares: f64 = counts.iter().map(|c| c * c).sum();
+        #[allow(clippy::cast_precision_loss)]
+        (squares > 0.0).then(|| sum * sum / (processes as f64 * squares))
+    }
+
     /// A request that did `work` (`None`: it failed), of the process whose
     /// latest success was at `succeeded`.
     fn record(&self, work: Option<u64>, succeeded: &std::sync::Mutex<Instant>) {
@@ -555,7 +598,7 @@ async fn report() {
                     .await;
                     println!(
                         "{label}: {:.1}% used, {} of {} refused ({:.1}%), {} failed, {:.1}s, ended {:.1}s apart, \
-                         {:.1}s at most without a success",
+                         {:.1}s at most without a success, fairness {}",
                         o.utilisation * 100.0,
                         o.refused,
                         o.received,
@@ -563,7 +606,8 @@ async fn report() {
                         o.failed,
                         o.seconds,
                         o.spread,
-                        o.starved
+                        o.starved,
+                        o.fair.map_or_else(|| "-".to_string(), |f| format!("{f:.3}"))
                     );
                 }
             }
@@ -576,7 +620,10 @@ async fn report() {
 /// (the bench's, and ten times larger), reset and quota, the set-ups of
 /// processes started 0, 30, 100 or 300 ms apart and answered in 20 or
 /// 100 ms, each run `STRANGERS_RUNS` times (default 4): the mean of all
-/// runs, the lowest and highest set-up's mean, and refusals alike (`cargo
+/// runs, the lowest and highest set-up's mean, and refusals alike; how
+/// evenly the processes shared the window while all ran ([`Outcome::fair`],
+/// the mean over the runs that measured it), and how far apart they ended,
+/// as a part of the run (`cargo
 /// test --lib strangers::grid -- --ignored --nocapture`; `STRANGERS_ONLY`
 /// picks groups by their label, `STRANGERS_PROCESSES=N` runs N strangers
 /// instead of four, each with a quarter of the work, and
@@ -603,6 +650,8 @@ async fn grid() {
                 // Per set-up: the mean share of the quota used, and of requests refused.
                 let mut setups: Vec<(f64, f64)> = Vec::new();
                 let (mut failed, mut starved) = (0, 0.0f64);
+                // Fairness over the runs that measured it, and the ends apart over the run.
+                let (mut fair, mut fair_runs, mut apart) = (0.0f64, 0u32, 0.0f64);
                 for stagger in [0, 30, 100, 300] {
                     for latency in [20, 100] {
                         let (mut used, mut refused) = (0.0, 0.0);
@@ -617,6 +666,11 @@ async fn grid() {
                             )
                             .await;
                             used += o.utilisation;
+                            apart += o.spread / o.seconds;
+                            if let Some(f) = o.fair {
+                                fair += f;
+                                fair_runs += 1;
+                            }
                             failed += o.failed;
                             starved = starved.max(o.starved);
                             #[allow(clippy::cast_precision_loss)]
@@ -641,7 +695,10 @@ async fn grid() {
                 println!(
                     "{label}: {used:.1}% used (set-ups {least:.1}-{most:.1}%), \
                      {refused:.1}% refused (set-ups up to {most_refused:.1}%), \
-                     {starved:.0} s at most without a success, {runs} runs a set-up{}",
+                     {starved:.0} s at most without a success, {runs} runs a set-up, \
+                     fairness {:.3} ({fair_runs} runs), ends {:.0}% of the run apart{}",
+                    fair / f64::from(fair_runs.max(1)),
+                    apart * 100.0 / count / f64::from(runs),
                     if failed > 0 {
                         format!(", {failed} requests failed")
                     } else {
