@@ -696,8 +696,12 @@ async fn grid() {
                     "{label}: {used:.1}% used (set-ups {least:.1}-{most:.1}%), \
                      {refused:.1}% refused (set-ups up to {most_refused:.1}%), \
                      {starved:.0} s at most without a success, {runs} runs a set-up, \
-                     fairness {:.3} ({fair_runs} runs), ends {:.0}% of the run apart{}",
-                    fair / f64::from(fair_runs.max(1)),
+                     fairness {} ({fair_runs} runs), ends {:.0}% of the run apart{}",
+                    if fair_runs > 0 {
+                        format!("{:.3}", fair / f64::from(fair_runs))
+                    } else {
+                        "-".to_string()
+                    },
                     apart * 100.0 / count / f64::from(runs),
                     if failed > 0 {
                         format!(", {failed} requests failed")
