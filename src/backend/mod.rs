@@ -218,6 +218,13 @@ pub struct LearnedWindow {
     pub tokens: u64,
     /// How it was found.
     pub from: WindowSource,
+    /// Where the probe's search found it for a job that counts in an
+    /// encoding: the word pieces (`bert-base-uncased`'s count) of the text
+    /// the server read, less the margin. Chunks hold no more
+    /// (`ChunkingConfig::wordpieces`): text denser for the server than the
+    /// probe's fits the encoding's count and not the server's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub wordpieces: Option<u64>,
 }
 
 /// The part of a learned window left as a margin: the server's count over
@@ -237,6 +244,7 @@ impl LearnedWindow {
             server_tokens: Some(limit),
             tokens: with_margin(scaled),
             from: WindowSource::Refusal,
+            wordpieces: None,
         }
     }
 }
@@ -244,11 +252,15 @@ impl LearnedWindow {
 impl LearnedWindow {
     /// As an output records it, without the tokenizer.
     fn to_value(self) -> serde_json::Value {
-        serde_json::json!({
+        let mut value = serde_json::json!({
             "tokens": self.tokens,
             "server_tokens": self.server_tokens,
             "from": self.from,
-        })
+        });
+        if let Some(wordpieces) = self.wordpieces {
+            value["wordpieces"] = wordpieces.into();
+        }
+        value
     }
 
     /// A window as [`LearnedWindow::to_value`] records it; anything else is none.
@@ -264,6 +276,10 @@ impl LearnedWindow {
                 .get("server_tokens")
                 .and_then(serde_json::Value::as_u64),
             from,
+            wordpieces: value
+                .get("wordpieces")
+                .and_then(serde_json::Value::as_u64)
+                .filter(|&n| n > 0),
         })
     }
 }

@@ -201,19 +201,56 @@ impl Drop for CountLogSession {
 }
 
 /// The splitters' sizer: counts tokens and records the counts while a
-/// document is being chunked.
+/// document is being chunked; where chunks must also fit a number of word
+/// pieces, a text over them is over the tokens too ([`Fit`]).
 #[derive(Clone)]
-struct Sizer(Arc<Counter>);
+struct Sizer {
+    counter: Arc<Counter>,
+    fit: Option<Fit>,
+}
 
 impl ChunkSizer for Sizer {
     fn size(&self, chunk: &str) -> usize {
-        let count = self.0.count(chunk);
+        let count = self.counter.count(chunk);
         COUNTED.with_borrow_mut(|log| {
             if log.active {
                 log.counts.insert(slice_key(chunk), count);
             }
         });
-        count
+        self.fit.map_or(count, |fit| fit.size(chunk, count))
+    }
+}
+
+/// Chunks of at most `tokens` of the job's count that must also hold at
+/// most `pieces` word pieces (`bert-base-uncased`'s count,
+/// [`ChunkingConfig::wordpieces`]): the window a self-hosted server reads,
+/// found on the input's densest text. A chunk of text denser than that
+/// (tables, identifiers, rules of dashes) fits the job's count and not the
+/// server's; it is cut where its pieces fit.
+#[derive(Debug, Clone, Copy)]
+struct Fit {
+    tokens: usize,
+    pieces: usize,
+}
+
+impl Fit {
+    /// The size the splitter sees of `text`, of `count` tokens: its count,
+    /// or, where it holds more pieces than fit, its pieces scaled to the
+    /// tokens (more than fit by as much). Pieces are counted only for a
+    /// text within the tokens.
+    fn size(self, text: &str, count: usize) -> usize {
+        if count > self.tokens {
+            return count;
+        }
+        let pieces = wordpiece::server_pieces(text);
+        if pieces <= self.pieces {
+            return count;
+        }
+        count.max(
+            pieces
+                .saturating_mul(self.tokens)
+                .div_ceil(self.pieces.max(1)),
+        )
     }
 }
 
@@ -225,6 +262,7 @@ impl ChunkSizer for Sizer {
 /// if a single character encodes to more tokens than that.
 pub struct TokenChunker {
     counter: Arc<Counter>,
+    fit: Option<Fit>,
     text: TextSplitter<Sizer>,
     markdown: MarkdownSplitter<Sizer>,
     markdown_mode: Option<bool>,
@@ -241,6 +279,7 @@ impl fmt::Debug for TokenChunker {
         f.debug_struct("TokenChunker")
             .field("tokenizer", &tokenizer)
             .field("max_tokens", &self.max_tokens)
+            .field("fit", &self.fit)
             .field("overlap_tokens", &self.overlap_tokens)
             .field("markdown", &self.markdown_mode)
             .finish_non_exhaustive()
@@ -309,6 +348,7 @@ impl TokenChunker {
             max_tokens,
             overlap_tokens,
             markdown,
+            wordpieces,
             ..
         } = *config;
         if max_tokens == 0 {
@@ -321,9 +361,16 @@ impl TokenChunker {
         if overlap_tokens >= max_tokens {
             return Err(overlap_error());
         }
+        let fit = wordpieces.map(|pieces| Fit {
+            tokens: max_tokens,
+            pieces: pieces.max(1),
+        });
         let chunk_config = || {
             ChunkConfig::new(max_tokens)
-                .with_sizer(Sizer(Arc::clone(&counter)))
+                .with_sizer(Sizer {
+                    counter: Arc::clone(&counter),
+                    fit,
+                })
                 .with_trim(true)
                 .with_overlap(overlap_tokens)
                 .map_err(|_| overlap_error())
@@ -332,6 +379,7 @@ impl TokenChunker {
             text: TextSplitter::new(chunk_config()?),
             markdown: MarkdownSplitter::new(chunk_config()?),
             counter,
+            fit,
             markdown_mode: markdown,
             max_tokens,
             overlap_tokens,
@@ -406,7 +454,8 @@ impl TokenChunker {
             return None;
         }
         let tokens = self.counter.count(trimmed);
-        if tokens > self.max_tokens {
+        let size = self.fit.map_or(tokens, |fit| fit.size(trimmed, tokens));
+        if size > self.max_tokens {
             return None;
         }
         let offset = trimmed.as_ptr().addr() - text.as_ptr().addr();
@@ -547,6 +596,7 @@ impl Chunker for TokenChunker {
             overlap_tokens: (self.overlap_tokens * max_tokens / self.max_tokens.max(1))
                 .min(max_tokens - 1),
             markdown: self.markdown_mode,
+            wordpieces: self.fit.map(|fit| fit.pieces),
         };
         let chunker = TokenChunker::counting_with(&config, Arc::clone(&self.counter)).ok()?;
         Some(Box::new(chunker))
@@ -564,6 +614,7 @@ mod tests {
             max_tokens,
             overlap_tokens,
             markdown,
+            wordpieces: None,
         }
     }
 
@@ -619,6 +670,64 @@ mod tests {
                               "the": 4, "cat": 5, "sat": 6, "on": 7, "mat": 8}}
         }"#;
         json.parse().expect("test tokenizer")
+    }
+
+    #[test]
+    fn chunks_that_must_fit_word_pieces_too_hold_no_more_of_them() {
+        // Prose, and lines of hexadecimal ids, which `bert-base-uncased`
+        // splits into about twice as many pieces as `cl100k_base` counts
+        // tokens.
+        let mut text = String::new();
+        for paragraph in 0..6 {
+            text.push_str("the river levels rose slowly after the storm and then fell. ");
+            text.push_str("\n\n");
+            for row in 0..12 {
+                text.push_str(&format!(
+                    "0x{:08x}{:08x}\n",
+                    paragraph * 977 + row,
+                    row * 7919
+                ));
+            }
+            text.push('\n');
+        }
+        let doc = document("ids.txt", "ids.txt", &text);
+        let pieces = |chunk: &Chunk| wordpiece::server_pieces(&chunk.text);
+        let plain = TokenChunker::cl100k(&config(120, 0, Some(false))).unwrap();
+        let chunks = plain.chunk(&doc);
+        assert!(chunks.iter().any(|c| pieces(c) > 100), "{chunks:#?}");
+        // Within 100 pieces too: every chunk holds no more, and still no
+        // more than 120 tokens, each counted as `cl100k_base` counts it.
+        let config = ChunkingConfig {
+            wordpieces: Some(100),
+            ..config(120, 0, Some(false))
+        };
+        let fitted = TokenChunker::cl100k(&config).unwrap();
+        let chunks = fitted.chunk(&doc);
+        for chunk in &chunks {
+            assert!(
+                pieces(chunk) <= 100,
+                "{} pieces: {}",
+                pieces(chunk),
+                chunk.text
+            );
+            assert!(chunk.token_count <= 120, "{chunk:?}");
+            assert_eq!(chunk.token_count as usize, plain.count_tokens(&chunk.text));
+            assert_eq!(
+                chunk.text,
+                &text[chunk.byte_start as usize..chunk.byte_end as usize]
+            );
+        }
+        // A document within the tokens but over the pieces is not one chunk.
+        let short: String = text.lines().take(12).collect::<Vec<_>>().join("\n");
+        let doc = document("short.txt", "short.txt", &short);
+        assert!(plain.count_tokens(&short) <= 120 && wordpiece::server_pieces(&short) > 100);
+        assert!(fitted.chunk(&doc).len() > 1);
+        // A chunker cut narrower for a refused chunk keeps the pieces.
+        let narrower = fitted.narrower(60).unwrap();
+        let chunks = narrower.chunk(&document("ids.txt", "ids.txt", &text));
+        assert!(chunks
+            .iter()
+            .all(|c| pieces(c) <= 100 && c.token_count <= 60));
     }
 
     #[test]
@@ -810,6 +919,7 @@ mod tests {
                 max_tokens,
                 overlap_tokens,
                 markdown,
+                wordpieces: None,
             })
     }
 

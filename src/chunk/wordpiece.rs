@@ -64,6 +64,43 @@ pub(crate) fn ends(text: &str) -> Option<Vec<usize>> {
     Some(encoding.get_offsets().iter().map(|&(_, end)| end).collect())
 }
 
+/// The tokens a WordPiece model makes of `text` ([`count`]);
+/// should its vocabulary not load, the fewest it could make: the words and
+/// marks a BERT-style pre-tokenizer splits `text` into, each run of letters
+/// and digits one, and every other character but a space (a punctuation
+/// mark, a symbol, a CJK ideograph) one on its own. Either counts more than
+/// `cl100k_base` for a title's underline of `=`s (one or two tokens).
+pub(crate) fn server_pieces(text: &str) -> usize {
+    count(text).unwrap_or_else(|| units(text))
+}
+
+/// The words and marks, as [`server_pieces`] says.
+fn units(text: &str) -> usize {
+    let mut units = 0;
+    let mut in_word = false;
+    for c in text.chars() {
+        if c.is_alphanumeric() && !is_cjk_ideograph(c) {
+            units += usize::from(!in_word);
+            in_word = true;
+        } else {
+            in_word = false;
+            units += usize::from(!c.is_whitespace());
+        }
+    }
+    units
+}
+
+/// A CJK ideograph, which a BERT-style pre-tokenizer splits off on its own.
+fn is_cjk_ideograph(c: char) -> bool {
+    matches!(u32::from(c),
+        0x4E00..=0x9FFF
+        | 0x3400..=0x4DBF
+        | 0x2_0000..=0x2_A6DF
+        | 0x2_A700..=0x2_CEAF
+        | 0xF900..=0xFAFF
+        | 0x2_F800..=0x2_FA1F)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -84,5 +121,19 @@ mod tests {
         assert_eq!(with_specials.get_ids(), [101, 7592, 1010, 2088, 999, 102]);
         // Where the pieces end, in bytes of the text.
         assert_eq!(ends("é getentropy"), Some(vec![2, 6, 9, 12, 13]));
+    }
+
+    #[test]
+    fn without_the_vocabulary_words_and_marks_are_counted() {
+        // Word pieces, and without the vocabulary words and marks, as a
+        // BERT-style pre-tokenizer splits them.
+        assert_eq!(server_pieces("Storm levels rose."), 4);
+        assert_eq!(server_pieces("getentropy(2)"), 7);
+        assert_eq!(units("getentropy(2)"), 4);
+        assert_eq!(units("Storm levels rose."), 4);
+        assert_eq!(units("Title\n====="), 6);
+        assert_eq!(units("fn main() { x.y(); }"), 12);
+        assert_eq!(units("汉字 kana"), 3);
+        assert_eq!(units(""), 0);
     }
 }

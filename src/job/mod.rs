@@ -71,6 +71,12 @@ pub struct ChunkingConfig {
     /// Face `tokenizer.json`, so that chunks fit the model's window as the
     /// model counts. A local model counts with its own.
     pub tokenizer: Option<String>,
+    /// Besides `max_tokens`, the most word pieces (`bert-base-uncased`'s
+    /// count) a chunk's text may hold: where a job counts in an encoding,
+    /// what a probe found a self-hosted server reads of its densest text,
+    /// in those pieces. Not read from the job file.
+    #[serde(skip)]
+    pub wordpieces: Option<usize>,
 }
 
 /// The tokenizer counting when `chunking.tokenizer` is absent.
@@ -83,6 +89,7 @@ impl Default for ChunkingConfig {
             overlap_tokens: DEFAULT_OVERLAP_TOKENS,
             markdown: None,
             tokenizer: None,
+            wordpieces: None,
         }
     }
 }

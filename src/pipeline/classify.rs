@@ -268,6 +268,7 @@ mod tests {
             max_tokens: 1000,
             overlap_tokens: 0,
             markdown: Some(false),
+            wordpieces: None,
         };
         let chunker: Arc<dyn Chunker> = Arc::new(TokenChunker::cl100k(&config).unwrap());
         // Distinct words, so that no two pieces are alike.
@@ -285,6 +286,7 @@ mod tests {
             tokens: 40,
             server_tokens: Some(100),
             from: crate::backend::WindowSource::Refusal,
+            wordpieces: None,
         };
         let rechunk = Arc::new(Rechunker::new(Arc::clone(&chunker), Some(window)));
         // A text held whole by the output is reused whole.

@@ -149,6 +149,7 @@ mod tests {
             max_tokens: 200,
             overlap_tokens: 0,
             markdown: Some(false),
+            wordpieces: None,
         };
         let chunker: Arc<dyn Chunker> = Arc::new(TokenChunker::cl100k(&config).unwrap());
         let refused = chunk(&"word ".repeat(150), chunker.as_ref());
@@ -197,6 +198,7 @@ mod tests {
             max_tokens: 200,
             overlap_tokens: 20,
             markdown: Some(false),
+            wordpieces: None,
         };
         let chunker: Arc<dyn Chunker> = Arc::new(TokenChunker::cl100k(&config).unwrap());
         let refused = chunk(&"word ".repeat(150), chunker.as_ref());

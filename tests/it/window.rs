@@ -1059,8 +1059,10 @@ async fn the_window_is_measured_on_the_densest_of_the_input() {
 /// `[CLS]` and `[SEP]` in its window of 256) and truncates silently, as
 /// infinity does. Counted in `cl100k_base`, the window the probe finds is
 /// what the densest text (tables of identifiers and addresses) takes, and
-/// the prose's chunks are cut as short. Counted as the model counts, every
-/// chunk is read whole and the chunks are fewer and longer.
+/// the prose's chunks are cut as short; a chunk denser than the text the
+/// probe measured is cut to the word pieces the server read as well, so
+/// every chunk is read whole either way. Counted as the model counts, the
+/// chunks are fewer and longer.
 #[tokio::test]
 async fn counted_as_the_model_counts_chunks_fit_a_wordpiece_server_whatever_the_text() {
     let window = ServerWindow::parse(&format!("{WINDOW}:truncate:wordpiece")).unwrap();
@@ -1082,11 +1084,16 @@ async fn counted_as_the_model_counts_chunks_fit_a_wordpiece_server_whatever_the_
         let rows = read_output(&dir.path().join("out/result.parquet"));
         let ledger = sim.ledger();
         let longest = rows.texts.iter().map(|t| window.count(t)).max().unwrap();
-        if tokenizer == "bert-base-uncased" {
-            for text in &rows.texts {
-                assert!(!ledger.partly_read.contains_key(&text_hash(text)), "{text}");
-            }
-            assert!(longest <= WINDOW, "{longest}: {summary}");
+        for text in &rows.texts {
+            assert!(!ledger.partly_read.contains_key(&text_hash(text)), "{text}");
+        }
+        assert!(longest <= WINDOW, "{tokenizer}: {longest}: {summary}");
+        if tokenizer == "cl100k_base" {
+            // What the server read, less the margin: at most its 254 of text.
+            let pieces = learned["wordpieces"].as_u64().unwrap();
+            assert!((210..=228).contains(&pieces), "{summary}");
+        } else {
+            assert_eq!(learned.get("wordpieces"), None, "{summary}");
             // The server reads 254 tokens of text, found to within a 32nd
             // of the probe's 640 (at least 234), less the 10% margin.
             let tokens = learned["tokens"].as_u64().unwrap();
@@ -1134,4 +1141,110 @@ fn readmes(dir: &Path) -> PathBuf {
         std::fs::write(root.join(format!("r{doc}.md")), text).unwrap();
     }
     root
+}
+
+/// Records piped in (`path = "-"`, read once): the probe has none of the
+/// input to measure on and measures plain words, light for a WordPiece
+/// server. Records of prose with blocks of hexadecimal ids, which it counts
+/// about twice as densely as `cl100k_base` does, make chunks that fit the
+/// window in `cl100k_base`'s count and not in the server's; they are cut to
+/// the word pieces the server read of the probe's text as well, and every
+/// chunk is read whole. Cut to the window in `cl100k_base` tokens alone,
+/// chunks of these records were read in part.
+#[tokio::test]
+async fn records_denser_than_the_probes_text_are_cut_to_the_word_pieces_the_server_read() {
+    let window = ServerWindow::parse(&format!("{WINDOW}:truncate:wordpiece")).unwrap();
+    let sim = simulator(SimConfig {
+        window: Some(window),
+        ..unlisted("truncate")
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let job = job_piped(dir.path(), &sim);
+    let run = || async {
+        let mut command = crate::support::bin();
+        command.env("EMBEDJOB_API_KEY", KEY).args([
+            "run",
+            crate::support::path_arg(&job),
+            "--json",
+        ]);
+        summary_of(&crate::support::run_with_stdin(command, hex_records().into_bytes()).await)
+    };
+    let summary = run().await;
+    assert_eq!(summary["quarantined"], 0, "{summary}");
+    let learned = &summary["learned_limits"]["context_window"];
+    assert_eq!(learned["from"], "truncation", "{summary}");
+    // The server read at most its 254 pieces of text, less the margin.
+    let pieces = learned["wordpieces"].as_u64().unwrap();
+    assert!(pieces <= 229, "{summary}");
+    let rows = read_output(&dir.path().join("out/result.parquet"));
+    let ledger = sim.ledger();
+    for text in &rows.texts {
+        assert!(!ledger.partly_read.contains_key(&text_hash(text)), "{text}");
+        assert!(window.count(text) <= WINDOW, "{text}");
+    }
+    // The output records the pieces with the window: the next run cuts the
+    // same chunks, and sends nothing.
+    let again = run().await;
+    assert_eq!(again["requests"], 0, "{again}");
+    assert_eq!(again["unchanged"], rows.ids.len() as u64, "{again}");
+    assert_eq!(
+        again["learned_limits"]["context_window"], *learned,
+        "{again}"
+    );
+}
+
+/// A job reading JSON Lines from stdin, with the default chunking.
+fn job_piped(dir: &Path, sim: &Simulator) -> PathBuf {
+    let job = format!(
+        r#"name = "piped"
+[source]
+kind = "jsonl"
+path = "-"
+text_field = "text"
+id_field = "id"
+[backend]
+kind = "api"
+base_url = "{base_url}"
+api_path = ""
+model = "svc-embed-1"
+concurrency = 4
+max_retries = 3
+timeout_seconds = 10
+[output]
+path = "{out}"
+"#,
+        base_url = sim.base_url(),
+        out = dir.join("out/result.parquet").display()
+    );
+    let path = dir.join("job.toml");
+    std::fs::write(&path, job).unwrap();
+    path
+}
+
+/// Eight records of prose paragraphs, each followed by a block of
+/// hexadecimal ids (a line each), as JSON Lines.
+fn hex_records() -> String {
+    const WORDS: &[&str] = &[
+        "the", "river", "levels", "rose", "after", "storm", "and", "slowly",
+    ];
+    let mut lines = String::new();
+    for record in 0..8 {
+        let mut text = String::new();
+        for paragraph in 0..12 {
+            let words: Vec<&str> = (0..30)
+                .map(|i| WORDS[(record * 5 + paragraph * 3 + i * 7) % WORDS.len()])
+                .collect();
+            text.push_str(&words.join(" "));
+            text.push_str(".\n\n");
+            for row in 0..16 {
+                let (a, b) = (record * 977 + row * 31 + paragraph, row * 7919 + record);
+                text.push_str(&format!("0x{a:08x}{b:08x}\n"));
+            }
+            text.push('\n');
+        }
+        let line = serde_json::json!({"id": format!("r{record}"), "text": text});
+        lines.push_str(&format!("{line}\n"));
+    }
+    lines
 }

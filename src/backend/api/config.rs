@@ -662,7 +662,10 @@ async fn build(job: &Job) -> Result<Embedding, Failure> {
         let probed = backend.probe_window(&count, chunks, max_cost).await;
         backend.learn_window(probed, &unfitted, &unknown, plan.checked);
     }
-    let chunking = fitted_chunking(job, backend.info())?;
+    let chunking = ChunkingConfig {
+        wordpieces: backend.wordpieces(),
+        ..fitted_chunking(job, backend.info())?
+    };
     let chunker = chunker_for(&chunking)?;
     Ok(Embedding {
         backend: Arc::new(backend),

@@ -23,8 +23,9 @@ use crate::backend::{
     with_margin, BackendError, HeldProbe, LearnedWindow, ProbeCost, WindowSource,
     WINDOW_MARGIN_PERCENT,
 };
+use crate::chunk::wordpiece::server_pieces;
 use crate::client::window_refusal;
-use crate::job::ChunkingConfig;
+use crate::job::{ChunkingConfig, BERT_WORDPIECE};
 use crate::types::Vectors;
 
 /// The binary search stops when the prefixes it has left to tell apart
@@ -130,43 +131,6 @@ fn cuts(text: &str) -> Vec<usize> {
         }
     }
     cuts
-}
-
-/// The tokens a WordPiece model makes of `text` ([`crate::chunk::wordpiece`]);
-/// should its vocabulary not load, the fewest it could make: the words and
-/// marks a BERT-style pre-tokenizer splits `text` into, each run of letters
-/// and digits one, and every other character but a space (a punctuation
-/// mark, a symbol, a CJK ideograph) one on its own. Either counts more than
-/// `cl100k_base` for a title's underline of `=`s (one or two tokens).
-fn server_pieces(text: &str) -> usize {
-    crate::chunk::wordpiece::count(text).unwrap_or_else(|| units(text))
-}
-
-/// The words and marks, as [`server_pieces`] says.
-fn units(text: &str) -> usize {
-    let mut units = 0;
-    let mut in_word = false;
-    for c in text.chars() {
-        if c.is_alphanumeric() && !is_cjk_ideograph(c) {
-            units += usize::from(!in_word);
-            in_word = true;
-        } else {
-            in_word = false;
-            units += usize::from(!c.is_whitespace());
-        }
-    }
-    units
-}
-
-/// A CJK ideograph, which a BERT-style pre-tokenizer splits off on its own.
-fn is_cjk_ideograph(c: char) -> bool {
-    matches!(u32::from(c),
-        0x4E00..=0x9FFF
-        | 0x3400..=0x4DBF
-        | 0x2_0000..=0x2_A6DF
-        | 0x2_A700..=0x2_CEAF
-        | 0xF900..=0xFAFF
-        | 0x2_F800..=0x2_FA1F)
 }
 
 /// The probe's text, and where its prefixes end.
@@ -406,6 +370,9 @@ impl ApiBackend {
                     server_tokens: None,
                     tokens: with_margin(read),
                     from: search.source(),
+                    // What was read, counted as a WordPiece model counts:
+                    // chunks of text denser than this are cut to it too.
+                    wordpieces: Some(with_margin(server_pieces(prefix(lo)) as u64)),
                 });
             } else if probed.failed.is_none() {
                 probed.failed = Some(format!(
@@ -486,6 +453,13 @@ impl ApiBackend {
         ));
     }
 
+    /// The most word pieces a chunk may hold besides the job's tokens, as
+    /// the window learned says ([`LearnedWindow::wordpieces`]).
+    pub(super) fn wordpieces(&self) -> Option<usize> {
+        let pieces = self.learned_window?.wordpieces?;
+        usize::try_from(pieces).ok()
+    }
+
     /// Takes the length of a text an earlier run's probe found the server
     /// reads whole, for the output to record again: the chunks are no
     /// longer, and nothing is probed.
@@ -527,14 +501,21 @@ impl ApiBackend {
         }
         self.probe_cost = Some(probed.cost);
         let warning = match (probed.window, probed.failed) {
-            (Some(window), _) => {
+            (Some(mut window), _) => {
+                // A job that counts as the model does needs no other count.
+                if !crate::job::named_encoding(tokenizer) {
+                    window.wordpieces = None;
+                }
                 self.info.context_window = Some(window.tokens);
                 self.learned_window = Some(window);
                 let tokens = window.tokens;
+                let pieces = window.wordpieces.map_or(String::new(), |pieces| {
+                    format!(" and {pieces} word pieces as {BERT_WORDPIECE} counts")
+                });
                 match (window.server_tokens, window.from) {
                     (None, WindowSource::Refusal) => format!(
                         "{lists}, and refused a long text as too long without saying its \
-                         window: chunks are cut to {tokens} {tokenizer} tokens \
+                         window: chunks are cut to {tokens} {tokenizer} tokens{pieces} \
                          ({WINDOW_MARGIN_PERCENT}% less than the longest of its prefixes it \
                          took); {choose}"
                     ),
@@ -545,7 +526,7 @@ impl ApiBackend {
                     ),
                     (None, WindowSource::Truncation) => format!(
                         "{lists}, and reads only the start of a long text (its prefixes got the \
-                         same vector): chunks are cut to {tokens} {tokenizer} tokens \
+                         same vector): chunks are cut to {tokens} {tokenizer} tokens{pieces} \
                          ({WINDOW_MARGIN_PERCENT}% less than it read); {choose}"
                     ),
                 }
@@ -610,6 +591,15 @@ mod tests {
                 read_whole: Some(640),
                 ..RecordedWindow::default()
             },
+            RecordedWindow {
+                chunks: Some(LearnedWindow {
+                    server_tokens: None,
+                    tokens: 180,
+                    from: WindowSource::Truncation,
+                    wordpieces: Some(226),
+                }),
+                ..RecordedWindow::default()
+            },
         ] {
             let json = recorded.to_json("cl100k_base").unwrap();
             assert_eq!(RecordedWindow::from_json(&json, "cl100k_base"), recorded);
@@ -639,6 +629,19 @@ mod tests {
             assert_eq!(
                 RecordedWindow::from_json(hostile, "cl100k_base"),
                 RecordedWindow::default(),
+                "{hostile}"
+            );
+        }
+        // Word pieces that are no count are none; the window stands.
+        for hostile in [
+            r#"{"tokens":180,"tokenizer":"cl100k_base","from":"truncation","wordpieces":0}"#,
+            r#"{"tokens":180,"tokenizer":"cl100k_base","from":"truncation","wordpieces":-1}"#,
+            r#"{"tokens":180,"tokenizer":"cl100k_base","from":"truncation","wordpieces":"226"}"#,
+        ] {
+            let read = RecordedWindow::from_json(hostile, "cl100k_base").chunks;
+            assert_eq!(
+                read.map(|w| (w.tokens, w.wordpieces)),
+                Some((180, None)),
                 "{hostile}"
             );
         }
@@ -690,16 +693,6 @@ mod tests {
 
     #[test]
     fn the_densest_pieces_of_the_input_go_first() {
-        // Word pieces, and without the vocabulary words and marks, as a
-        // BERT-style pre-tokenizer splits them.
-        assert_eq!(server_pieces("Storm levels rose."), 4);
-        assert_eq!(server_pieces("getentropy(2)"), 7);
-        assert_eq!(units("getentropy(2)"), 4);
-        assert_eq!(units("Storm levels rose."), 4);
-        assert_eq!(units("Title\n====="), 6);
-        assert_eq!(units("fn main() { x.y(); }"), 12);
-        assert_eq!(units("汉字 kana"), 3);
-        assert_eq!(units(""), 0);
         // Counted as `cl100k_base` would, about: a run of `=`s is one token.
         let count = |text: &str| {
             text.split(|c: char| c.is_whitespace())

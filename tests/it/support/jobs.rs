@@ -74,6 +74,7 @@ pub fn expected_chunks(root: &Path) -> BTreeMap<String, String> {
         overlap_tokens: 8,
         markdown: None,
         tokenizer: None,
+        wordpieces: None,
     })
     .unwrap();
     let mut expected = BTreeMap::new();
