@@ -233,6 +233,13 @@ struct Fit {
     pieces: usize,
 }
 
+/// The splitters that cut a chunk over the word pieces ([`Fit`]).
+struct Fitted {
+    fit: Fit,
+    text: TextSplitter<Sizer>,
+    markdown: MarkdownSplitter<Sizer>,
+}
+
 impl Fit {
     /// The size the splitter sees of `text`, of `count` tokens: its count,
     /// or, where it holds more pieces than fit, its pieces scaled to the
@@ -262,7 +269,7 @@ impl Fit {
 /// if a single character encodes to more tokens than that.
 pub struct TokenChunker {
     counter: Arc<Counter>,
-    fit: Option<Fit>,
+    fitted: Option<Fitted>,
     text: TextSplitter<Sizer>,
     markdown: MarkdownSplitter<Sizer>,
     markdown_mode: Option<bool>,
@@ -279,7 +286,7 @@ impl fmt::Debug for TokenChunker {
         f.debug_struct("TokenChunker")
             .field("tokenizer", &tokenizer)
             .field("max_tokens", &self.max_tokens)
-            .field("fit", &self.fit)
+            .field("wordpieces", &self.fitted.as_ref().map(|f| f.fit.pieces))
             .field("overlap_tokens", &self.overlap_tokens)
             .field("markdown", &self.markdown_mode)
             .finish_non_exhaustive()
@@ -361,11 +368,7 @@ impl TokenChunker {
         if overlap_tokens >= max_tokens {
             return Err(overlap_error());
         }
-        let fit = wordpieces.map(|pieces| Fit {
-            tokens: max_tokens,
-            pieces: pieces.max(1),
-        });
-        let chunk_config = || {
+        let chunk_config = |fit: Option<Fit>| {
             ChunkConfig::new(max_tokens)
                 .with_sizer(Sizer {
                     counter: Arc::clone(&counter),
@@ -375,11 +378,25 @@ impl TokenChunker {
                 .with_overlap(overlap_tokens)
                 .map_err(|_| overlap_error())
         };
+        let fitted = match wordpieces {
+            Some(pieces) => {
+                let fit = Fit {
+                    tokens: max_tokens,
+                    pieces: pieces.max(1),
+                };
+                Some(Fitted {
+                    fit,
+                    text: TextSplitter::new(chunk_config(Some(fit))?),
+                    markdown: MarkdownSplitter::new(chunk_config(Some(fit))?),
+                })
+            }
+            None => None,
+        };
         Ok(TokenChunker {
-            text: TextSplitter::new(chunk_config()?),
-            markdown: MarkdownSplitter::new(chunk_config()?),
+            text: TextSplitter::new(chunk_config(None)?),
+            markdown: MarkdownSplitter::new(chunk_config(None)?),
             counter,
-            fit,
+            fitted,
             markdown_mode: markdown,
             max_tokens,
             overlap_tokens,
@@ -454,8 +471,7 @@ impl TokenChunker {
             return None;
         }
         let tokens = self.counter.count(trimmed);
-        let size = self.fit.map_or(tokens, |fit| fit.size(trimmed, tokens));
-        if size > self.max_tokens {
+        if tokens > self.max_tokens || self.over_pieces(trimmed) {
             return None;
         }
         let offset = trimmed.as_ptr().addr() - text.as_ptr().addr();
@@ -493,9 +509,40 @@ impl TokenChunker {
             } else {
                 Box::new(self.text.chunk_indices(window))
             };
-            chunks.map(move |(offset, piece)| (start + offset, piece))
+            chunks.flat_map(move |(offset, piece)| self.fit_pieces(start + offset, piece, markdown))
         });
         self.collect(document, pieces, &log)
+    }
+
+    /// Whether `text` holds more word pieces than the chunks may ([`Fit`]).
+    fn over_pieces(&self, text: &str) -> bool {
+        self.fitted
+            .as_ref()
+            .is_some_and(|fitted| wordpiece::server_pieces(text) > fitted.fit.pieces)
+    }
+
+    /// A chunk at `offset` of the document, or, where it holds more word
+    /// pieces than the chunks may, the chunks the fitted splitters cut it
+    /// into: the pieces are counted once a chunk, and only a chunk over
+    /// them is sized by them (counted at every size the splitter tries,
+    /// chunking took three times as long).
+    fn fit_pieces<'text>(
+        &'text self,
+        offset: usize,
+        chunk: &'text str,
+        markdown: bool,
+    ) -> Box<dyn Iterator<Item = (usize, &'text str)> + 'text> {
+        match self.fitted.as_ref().filter(|_| self.over_pieces(chunk)) {
+            Some(fitted) => {
+                let pieces: Box<dyn Iterator<Item = (usize, &str)>> = if markdown {
+                    Box::new(fitted.markdown.chunk_indices(chunk))
+                } else {
+                    Box::new(fitted.text.chunk_indices(chunk))
+                };
+                Box::new(pieces.map(move |(at, piece)| (offset + at, piece)))
+            }
+            None => Box::new(std::iter::once((offset, chunk))),
+        }
     }
 
     /// The longest text the splitter is given at once: room for a few
@@ -596,7 +643,7 @@ impl Chunker for TokenChunker {
             overlap_tokens: (self.overlap_tokens * max_tokens / self.max_tokens.max(1))
                 .min(max_tokens - 1),
             markdown: self.markdown_mode,
-            wordpieces: self.fit.map(|fit| fit.pieces),
+            wordpieces: self.fitted.as_ref().map(|fitted| fitted.fit.pieces),
         };
         let chunker = TokenChunker::counting_with(&config, Arc::clone(&self.counter)).ok()?;
         Some(Box::new(chunker))
@@ -717,6 +764,18 @@ mod tests {
                 &text[chunk.byte_start as usize..chunk.byte_end as usize]
             );
         }
+        // Only the chunks over the pieces are cut again: the others are as
+        // the job's count alone cuts them.
+        let span = |c: &Chunk| (c.byte_start, c.byte_end);
+        let plain_chunks = plain.chunk(&doc);
+        let kept: Vec<_> = plain_chunks
+            .iter()
+            .filter(|c| pieces(c) <= 100)
+            .map(span)
+            .collect();
+        let spans: Vec<_> = chunks.iter().map(span).collect();
+        assert!(!kept.is_empty() && chunks.len() > plain_chunks.len());
+        assert!(kept.iter().all(|s| spans.contains(s)), "{kept:?} {spans:?}");
         // A document within the tokens but over the pieces is not one chunk.
         let short: String = text.lines().take(12).collect::<Vec<_>>().join("\n");
         let doc = document("short.txt", "short.txt", &short);

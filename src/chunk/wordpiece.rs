@@ -54,7 +54,7 @@ pub(crate) fn tokenizer() -> Option<&'static Tokenizer> {
 /// The word pieces of `text`, without the special tokens a model adds;
 /// `None` if it cannot be counted.
 pub(crate) fn count(text: &str) -> Option<usize> {
-    tokenizer()?.encode(text, false).ok().map(|e| e.len())
+    tokenizer()?.encode_fast(text, false).ok().map(|e| e.len())
 }
 
 /// Where each word piece of `text` ends, in bytes, in order, without the

@@ -1168,12 +1168,19 @@ async fn records_denser_than_the_probes_text_are_cut_to_the_word_pieces_the_serv
             crate::support::path_arg(&job),
             "--json",
         ]);
-        summary_of(&crate::support::run_with_stdin(command, hex_records().into_bytes()).await)
+        crate::support::run_with_stdin(command, hex_records().into_bytes()).await
     };
-    let summary = run().await;
+    let output = run().await;
+    let summary = summary_of(&output);
     assert_eq!(summary["quarantined"], 0, "{summary}");
     let learned = &summary["learned_limits"]["context_window"];
     assert_eq!(learned["from"], "truncation", "{summary}");
+    let stderr = text(&output.stderr);
+    let said = format!(
+        "and {} word pieces as bert-base-uncased counts",
+        learned["wordpieces"]
+    );
+    assert!(stderr.contains(&said), "{stderr}");
     // The server read at most its 254 pieces of text, less the margin.
     let pieces = learned["wordpieces"].as_u64().unwrap();
     assert!(pieces <= 229, "{summary}");
@@ -1185,7 +1192,7 @@ async fn records_denser_than_the_probes_text_are_cut_to_the_word_pieces_the_serv
     }
     // The output records the pieces with the window: the next run cuts the
     // same chunks, and sends nothing.
-    let again = run().await;
+    let again = summary_of(&run().await);
     assert_eq!(again["requests"], 0, "{again}");
     assert_eq!(again["unchanged"], rows.ids.len() as u64, "{again}");
     assert_eq!(

@@ -401,6 +401,13 @@ pub fn tokenizer_name(chunking: &ChunkingConfig) -> &str {
     chunking.tokenizer.as_deref().unwrap_or("cl100k_base")
 }
 
+/// What a message says of the word pieces chunks hold at most, if any.
+fn word_pieces(window: LearnedWindow) -> String {
+    window.wordpieces.map_or(String::new(), |pieces| {
+        format!(" and {pieces} word pieces as {BERT_WORDPIECE} counts")
+    })
+}
+
 /// What the service lists of `model`'s window: none, or `listed` tokens in
 /// the model's own count, which the job's may not be.
 pub(super) fn lists(model: &str, listed: Option<u64>) -> String {
@@ -425,12 +432,13 @@ impl ApiBackend {
         self.info.context_window = Some(window.tokens);
         self.learned_window = Some(window);
         self.warn(format!(
-            "{}: chunks are cut to {} {} tokens, the window an earlier run learned (its \
+            "{}: chunks are cut to {} {} tokens{}, the window an earlier run learned (its \
              output, checkpoint or summary records it); set `backend.context_window` to choose \
              another",
             lists(&self.info.model, listed),
             window.tokens,
-            tokenizer_name(chunking)
+            tokenizer_name(chunking),
+            word_pieces(window)
         ));
     }
 
@@ -509,9 +517,7 @@ impl ApiBackend {
                 self.info.context_window = Some(window.tokens);
                 self.learned_window = Some(window);
                 let tokens = window.tokens;
-                let pieces = window.wordpieces.map_or(String::new(), |pieces| {
-                    format!(" and {pieces} word pieces as {BERT_WORDPIECE} counts")
-                });
+                let pieces = word_pieces(window);
                 match (window.server_tokens, window.from) {
                     (None, WindowSource::Refusal) => format!(
                         "{lists}, and refused a long text as too long without saying its \
