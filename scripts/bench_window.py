@@ -15,6 +15,9 @@ probe then has none of the input to measure on). A build is NAME=PATH of an
 embedjob binary; each corpus runs against each build in turn, on a
 simulator of that build.
 
+It needs pyarrow and tokenizers: the Python `scripts/setup-python` makes
+(`.cache/venv`) has both.
+
     .cache/venv/bin/python scripts/bench_window.py \\
         --build before=/tmp/embedjob-before --build after=target/debug/embedjob \\
         --corpus readmes=/tmp/readmes --corpus readmes-stdin=/tmp/readmes \\
