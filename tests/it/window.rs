@@ -90,11 +90,16 @@ pub(crate) fn prose(dir: &Path) -> PathBuf {
 
 /// A job over `root` with the default chunking.
 fn job(dir: &Path, sim: &Simulator, root: &Path, extra: &str) -> PathBuf {
+    let source = format!("kind = \"files\"\npaths = [\"{}\"]", root.display());
+    job_reading(dir, sim, &source, extra)
+}
+
+/// A job whose `[source]` is `source`, with the default chunking.
+fn job_reading(dir: &Path, sim: &Simulator, source: &str, extra: &str) -> PathBuf {
     let job = format!(
         r#"name = "window"
 [source]
-kind = "files"
-paths = ["{root}"]
+{source}
 [backend]
 kind = "api"
 base_url = "{base_url}"
@@ -107,7 +112,6 @@ timeout_seconds = 10
 [output]
 path = "{out}"
 "#,
-        root = root.display(),
         base_url = sim.base_url(),
         out = dir.join("out/result.parquet").display()
     );
@@ -1065,12 +1069,7 @@ async fn the_window_is_measured_on_the_densest_of_the_input() {
 /// chunks are fewer and longer.
 #[tokio::test]
 async fn counted_as_the_model_counts_chunks_fit_a_wordpiece_server_whatever_the_text() {
-    let window = ServerWindow::parse(&format!("{WINDOW}:truncate:wordpiece")).unwrap();
-    let sim = simulator(SimConfig {
-        window: Some(window),
-        ..unlisted("truncate")
-    })
-    .await;
+    let (window, sim) = wordpiece_server().await;
     let mut chunks = Vec::new();
     for tokenizer in ["cl100k_base", "bert-base-uncased"] {
         let dir = tempfile::tempdir().unwrap();
@@ -1109,24 +1108,30 @@ async fn counted_as_the_model_counts_chunks_fit_a_wordpiece_server_whatever_the_
     );
 }
 
+/// A server that counts as all-MiniLM does (`bert-base-uncased`'s WordPiece,
+/// `[CLS]` and `[SEP]` in its window of [`WINDOW`]), reads only the start of
+/// a longer input, and lists no window; and that window.
+async fn wordpiece_server() -> (ServerWindow, Simulator) {
+    let window = ServerWindow::parse(&format!("{WINDOW}:truncate:wordpiece")).unwrap();
+    let sim = simulator(SimConfig {
+        window: Some(window),
+        ..unlisted("truncate")
+    })
+    .await;
+    (window, sim)
+}
+
 /// Documents as a crate's README is: prose, and tables of identifiers and
 /// addresses under a rule of dashes, which `bert-base-uncased` counts far
 /// more densely than `cl100k_base` (a dash a token, against one for
 /// sixteen).
 fn readmes(dir: &Path) -> PathBuf {
-    const WORDS: &[&str] = &[
-        "the", "river", "levels", "rose", "after", "storm", "and", "slowly",
-    ];
     let root = dir.join("readmes");
     std::fs::create_dir_all(&root).unwrap();
     for doc in 0..4 {
         let mut text = String::new();
         for paragraph in 0..40 {
-            let words: Vec<&str> = (0..30)
-                .map(|i| WORDS[(doc * 5 + paragraph * 3 + i * 7) % WORDS.len()])
-                .collect();
-            text.push_str(&words.join(" "));
-            text.push_str(".\n\n");
+            text.push_str(&prose_paragraph(doc, paragraph));
             if paragraph % 10 == 9 {
                 let rule = "-".repeat(48);
                 text.push_str(&format!("| crate | link |\n|{rule}|{rule}|\n"));
@@ -1143,6 +1148,18 @@ fn readmes(dir: &Path) -> PathBuf {
     root
 }
 
+/// Paragraph `paragraph` of document `doc`: 30 plain words and a full stop,
+/// then a blank line.
+fn prose_paragraph(doc: usize, paragraph: usize) -> String {
+    const WORDS: &[&str] = &[
+        "the", "river", "levels", "rose", "after", "storm", "and", "slowly",
+    ];
+    let words: Vec<&str> = (0..30)
+        .map(|i| WORDS[(doc * 5 + paragraph * 3 + i * 7) % WORDS.len()])
+        .collect();
+    format!("{}.\n\n", words.join(" "))
+}
+
 /// Records piped in (`path = "-"`, read once): the probe has none of the
 /// input to measure on and measures plain words, light for a WordPiece
 /// server. Records of prose with blocks of hexadecimal ids, which it counts
@@ -1153,14 +1170,10 @@ fn readmes(dir: &Path) -> PathBuf {
 /// chunks of these records were read in part.
 #[tokio::test]
 async fn records_denser_than_the_probes_text_are_cut_to_the_word_pieces_the_server_read() {
-    let window = ServerWindow::parse(&format!("{WINDOW}:truncate:wordpiece")).unwrap();
-    let sim = simulator(SimConfig {
-        window: Some(window),
-        ..unlisted("truncate")
-    })
-    .await;
+    let (window, sim) = wordpiece_server().await;
     let dir = tempfile::tempdir().unwrap();
-    let job = job_piped(dir.path(), &sim);
+    let source = "kind = \"jsonl\"\npath = \"-\"\ntext_field = \"text\"\nid_field = \"id\"";
+    let job = job_reading(dir.path(), &sim, source, "");
     let run = || async {
         let mut command = crate::support::bin();
         command.env("EMBEDJOB_API_KEY", KEY).args([
@@ -1201,49 +1214,14 @@ async fn records_denser_than_the_probes_text_are_cut_to_the_word_pieces_the_serv
     );
 }
 
-/// A job reading JSON Lines from stdin, with the default chunking.
-fn job_piped(dir: &Path, sim: &Simulator) -> PathBuf {
-    let job = format!(
-        r#"name = "piped"
-[source]
-kind = "jsonl"
-path = "-"
-text_field = "text"
-id_field = "id"
-[backend]
-kind = "api"
-base_url = "{base_url}"
-api_path = ""
-model = "svc-embed-1"
-concurrency = 4
-max_retries = 3
-timeout_seconds = 10
-[output]
-path = "{out}"
-"#,
-        base_url = sim.base_url(),
-        out = dir.join("out/result.parquet").display()
-    );
-    let path = dir.join("job.toml");
-    std::fs::write(&path, job).unwrap();
-    path
-}
-
 /// Eight records of prose paragraphs, each followed by a block of
 /// hexadecimal ids (a line each), as JSON Lines.
 fn hex_records() -> String {
-    const WORDS: &[&str] = &[
-        "the", "river", "levels", "rose", "after", "storm", "and", "slowly",
-    ];
     let mut lines = String::new();
     for record in 0..8 {
         let mut text = String::new();
         for paragraph in 0..12 {
-            let words: Vec<&str> = (0..30)
-                .map(|i| WORDS[(record * 5 + paragraph * 3 + i * 7) % WORDS.len()])
-                .collect();
-            text.push_str(&words.join(" "));
-            text.push_str(".\n\n");
+            text.push_str(&prose_paragraph(record, paragraph));
             for row in 0..16 {
                 let (a, b) = (record * 977 + row * 31 + paragraph, row * 7919 + record);
                 text.push_str(&format!("0x{a:08x}{b:08x}\n"));
