@@ -7,7 +7,9 @@
 //! own tokens; `max_client_batch_size` (32 by default) the most inputs a
 //! request may hold, more getting a 422; `max_concurrent_requests` (512 by
 //! default) the most requests it takes at once, more getting a 429 ("Model
-//! is overloaded"). A body without the first two is not TEI's
+//! is overloaded"); `max_batch_tokens` (16,384 by default) the most tokens
+//! of a batch TEI computes, an input never split between two: a window
+//! longer than it is cut to it. A body without the first two is not TEI's
 //! and says nothing; a value that is no count is left out with a warning.
 //! TEI embeds with its own model whatever a request names, so a
 //! `model_id` other than the job's is warned about.
@@ -23,7 +25,8 @@ const ENDPOINT: &str = "GET /info";
 /// What TEI's `/info` says.
 #[derive(Debug, Default, PartialEq)]
 pub(super) struct ServerInfo {
-    /// The model's window, in its own tokens (`max_input_length`).
+    /// The model's window, in its own tokens (`max_input_length`, or
+    /// `max_batch_tokens` where that is less).
     pub context_window: Option<u64>,
     /// The most inputs a request may hold (`max_client_batch_size`).
     pub max_inputs: Option<usize>,
@@ -82,9 +85,26 @@ pub(super) fn read(value: &Value, model: &str) -> ServerInfo {
         }
         n
     };
-    let context_window = count("max_input_length");
     let max_inputs = count("max_client_batch_size").and_then(|n| usize::try_from(n).ok());
     let max_in_flight = count("max_concurrent_requests").and_then(|n| usize::try_from(n).ok());
+    let mut context_window = count("max_input_length");
+    let batch = count("max_batch_tokens");
+    // TEI computes an input within one batch of its own: one longer than
+    // `max_batch_tokens` is never answered by a build without the fix of
+    // its issue 723 (one with it does not start so, or lowers
+    // `max_input_length` to the batch with `--auto-truncate`).
+    if let Some(batch) = batch {
+        if context_window.is_none_or(|window| batch < window) {
+            if let Some(window) = context_window {
+                warnings.push(format!(
+                    "{ENDPOINT}: `max_batch_tokens` ({batch}) is less than `max_input_length` \
+                     ({window}), and TEI computes an input within one batch: inputs are kept \
+                     within {batch} tokens"
+                ));
+            }
+            context_window = Some(batch);
+        }
+    }
     if let Some(served) = object.get("model_id").and_then(Value::as_str) {
         if !names_the_same(served, model) {
             let mut served = served.to_string();
@@ -159,6 +179,30 @@ mod tests {
         assert!(read(&tei("BAAI/bge-small-en-v1.5"), "bge-small-en-v1.5")
             .warnings
             .is_empty());
+    }
+
+    #[test]
+    fn a_batch_of_fewer_tokens_than_the_window_is_the_window() {
+        // Served with `--max-batch-tokens 1000` (TEI's issue 723): an input
+        // of more than 1,000 tokens was never answered.
+        let mut body = tei("Qwen/Qwen3-Embedding-0.6B");
+        body["max_input_length"] = json!(32768);
+        body["max_batch_tokens"] = json!(1000);
+        let info = read(&body, "Qwen/Qwen3-Embedding-0.6B");
+        assert_eq!(info.context_window, Some(1000));
+        assert_eq!(info.warnings.len(), 1, "{info:?}");
+        assert!(
+            info.warnings[0].contains("`max_batch_tokens` (1000)")
+                && info.warnings[0].contains("`max_input_length` (32768)"),
+            "{info:?}"
+        );
+        // Without a window, the batch is the window, and nothing is said.
+        body["max_input_length"] = Value::Null;
+        let info = read(&body, "Qwen/Qwen3-Embedding-0.6B");
+        assert_eq!((info.context_window, info.warnings.len()), (Some(1000), 0));
+        // A batch larger than the window changes nothing.
+        let info = read(&tei("BAAI/bge-small-en-v1.5"), "BAAI/bge-small-en-v1.5");
+        assert_eq!(info.context_window, Some(512));
     }
 
     #[test]
