@@ -124,7 +124,7 @@ mod tests {
     }
 
     #[test]
-    fn without_the_vocabulary_words_and_marks_are_counted() {
+    fn pieces_are_counted_and_without_the_vocabulary_words_and_marks() {
         // Word pieces, and without the vocabulary words and marks, as a
         // BERT-style pre-tokenizer splits them.
         assert_eq!(server_pieces("Storm levels rose."), 4);
