@@ -110,7 +110,10 @@ impl Scrubber {
                 MIN_FRAGMENT
             } else {
                 match &self.whole {
-                    Some(whole) if bytes_at(bytes, start, whole.len()) == whole.as_slice() => {
+                    Some(whole)
+                        if bytes_at(bytes, start, whole.len()) == whole.as_slice()
+                            && stands_alone(bytes, start, whole.len()) =>
+                    {
                         whole.len()
                     }
                     _ => continue,
@@ -127,6 +130,17 @@ impl Scrubber {
             }
         }
     }
+}
+
+/// Whether the `len` bytes of `bytes` at `start` stand apart from the
+/// letters and digits around them. A short secret is scrubbed only so: a
+/// dummy key such as `1` or `x`, as servers that take any key are given,
+/// is in `cl100k_base` and `max_tokens` by chance, and scrubbed there it
+/// garbled every text.
+fn stands_alone(bytes: &[u8], start: usize, len: usize) -> bool {
+    let word = |byte: Option<&u8>| byte.is_some_and(u8::is_ascii_alphanumeric);
+    !word(start.checked_sub(1).and_then(|before| bytes.get(before)))
+        && !word(bytes.get(start + len))
 }
 
 /// The `len` bytes of `bytes` from `start`, or fewer at its end.
@@ -305,6 +319,25 @@ pub fn scrub(text: &str) -> Cow<'_, str> {
         }
     }
     text
+}
+
+/// `value` with every registered secret scrubbed from its strings (see
+/// [`scrub`]); its numbers, names and shape as they are. Scrubbed as text, a
+/// short secret (a dummy key `1`) was taken out of the numbers, and the
+/// summary was no JSON: the run failed after its vectors were paid for.
+#[must_use]
+pub fn scrub_json(value: &serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    match value {
+        Value::String(text) => Value::String(scrub(text).into_owned()),
+        Value::Array(items) => Value::Array(items.iter().map(scrub_json).collect()),
+        Value::Object(map) => Value::Object(
+            map.iter()
+                .map(|(name, item)| (name.clone(), scrub_json(item)))
+                .collect(),
+        ),
+        other => other.clone(),
+    }
 }
 
 /// The query parameters that carry a credential, as services name them
@@ -571,6 +604,41 @@ mod tests {
         for key in ["x", "7", "bench"] {
             assert_eq!(Scrubber::new(key).unwrap().scrub(text), text, "key {key:?}");
         }
+    }
+
+    /// A dummy key of a character, as servers that take any key are given:
+    /// scrubbed where it stands alone, not out of the words and numbers it
+    /// is part of.
+    #[test]
+    fn a_short_key_is_scrubbed_only_where_it_stands_alone() {
+        let scrubber = Scrubber::new("1").unwrap();
+        assert_eq!(
+            scrubber.scrub("cl100k_base 1024 0.1 svc-embed-1 key=1"),
+            "cl100k_base 1024 0.[REDACTED] svc-embed-[REDACTED] key=[REDACTED]"
+        );
+        let scrubber = Scrubber::new("abc").unwrap();
+        assert_eq!(scrubber.scrub("abcd xabc abc."), "abcd xabc [REDACTED].");
+    }
+
+    /// Scrubbed as JSON, a summary's strings lose the key and its numbers
+    /// and names stay: scrubbed as text, the dummy key `1` was taken out of
+    /// `"chunks":1` and the summary was no JSON.
+    #[test]
+    fn regression_a_summary_scrubbed_as_text_was_no_json() {
+        register("Zq9");
+        let value = serde_json::json!({
+            "chunks": 1,
+            "Zq9": ["echo Zq9", 2.5, null],
+            "error": {"message": "key Zq9 refused"},
+        });
+        assert_eq!(
+            scrub_json(&value),
+            serde_json::json!({
+                "chunks": 1,
+                "Zq9": ["echo [REDACTED]", 2.5, null],
+                "error": {"message": "key [REDACTED] refused"},
+            })
+        );
     }
 
     #[test]

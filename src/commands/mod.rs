@@ -93,9 +93,9 @@ pub fn client_from_env() -> Result<Client, Failure> {
 
 /// Prints `value` as one line of JSON, with no key in any form (see [`crate::secret`]).
 pub(crate) fn print_json(value: &serde_json::Value) -> Result<(), Failure> {
-    let text = serde_json::to_string(value).map_err(Failure::failed)?;
+    let text = serde_json::to_string(&crate::secret::scrub_json(value)).map_err(Failure::failed)?;
     let mut out = std::io::stdout().lock();
-    writeln!(out, "{}", crate::secret::scrub(&text))
+    writeln!(out, "{text}")
         .map_err(|e| Failure::failed(anyhow::Error::from(e).context("writing to stdout")))
 }
 

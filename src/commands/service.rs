@@ -132,27 +132,29 @@ pub async fn embed(args: &EmbedArgs) -> Outcome {
         dimensions = vectors.dimensions;
         // Begun with the first vectors, so an error before them prints nothing.
         if args.json && before_work {
+            // JSON whose strings are scrubbed, not its text (see `put_json`).
             let head = format!(
                 "{{\"backend\":{},\"model\":{},\"embeddings\":[",
                 json!(backend.info().kind.to_string()),
-                json!(model)
+                crate::secret::scrub_json(&json!(model))
             );
-            put(&mut out, &head)?;
+            put_json(&mut out, &head)?;
         }
         for (i, (row, text)) in vectors.rows().zip(&refs).enumerate() {
-            let line = if args.json {
+            if args.json {
                 let row = serde_json::to_string(row).map_err(Failure::failed)?;
-                format!("{}{row}", if embedded + i == 0 { "" } else { "," })
-            } else {
-                let head: Vec<String> = row.iter().take(4).map(|v| format!("{v:.6}")).collect();
-                format!(
-                    "{}\t{}\t[{}, …]\t{}\n",
-                    embedded + i,
-                    vectors.dimensions,
-                    head.join(", "),
-                    preview(text, 60)
-                )
-            };
+                let line = format!("{}{row}", if embedded + i == 0 { "" } else { "," });
+                put_json(&mut out, &line)?;
+                continue;
+            }
+            let head: Vec<String> = row.iter().take(4).map(|v| format!("{v:.6}")).collect();
+            let line = format!(
+                "{}\t{}\t[{}, …]\t{}\n",
+                embedded + i,
+                vectors.dimensions,
+                head.join(", "),
+                preview(text, 60)
+            );
             put(&mut out, &line)?;
         }
         out.flush().or_else(super::closed_stdout)?;
@@ -167,7 +169,7 @@ pub async fn embed(args: &EmbedArgs) -> Outcome {
             "],\"dimensions\":{dimensions},\"usage\":{}}}\n",
             json!(usage)
         );
-        put(&mut out, &tail)?;
+        put_json(&mut out, &tail)?;
     } else if backend.info().kind == crate::backend::BackendKind::Local {
         messages::say(&format!(
             "{} of {dimensions} dimensions from the local model {model}, which bills nothing",
@@ -181,6 +183,15 @@ pub async fn embed(args: &EmbedArgs) -> Outcome {
         ));
     }
     Ok(Exit::Success)
+}
+
+/// Writes JSON to stdout as it is: its strings were scrubbed, and its
+/// numbers hold no secret. Scrubbed as text, a dummy key such as `1` was
+/// taken out of the vectors' numbers, and the output was no JSON.
+fn put_json(out: &mut impl Write, json: &str) -> Result<(), Failure> {
+    out.write_all(json.as_bytes())
+        .context("writing to stdout")
+        .map_err(Failure::failed)
 }
 
 /// Writes `text` to stdout, scrubbed of every secret.

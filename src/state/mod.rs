@@ -459,15 +459,7 @@ pub fn write_summary(
     location: &StateLocation,
     value: &serde_json::Value,
 ) -> Result<(), StateError> {
-    let text = serde_json::to_string(value).map_err(|source| FsError::Json {
-        path: location.summary(),
-        source,
-    })?;
-    let clean: serde_json::Value =
-        serde_json::from_str(&crate::secret::scrub(&text)).map_err(|source| FsError::Json {
-            path: location.summary(),
-            source,
-        })?;
+    let clean = crate::secret::scrub_json(value);
     Ok(fsio::write_json_atomically(&location.summary(), &clean)?)
 }
 

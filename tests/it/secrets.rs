@@ -245,3 +245,57 @@ async fn regression_an_sslmode_needing_tls_was_an_invalid_connection_string() {
         "refused before any work"
     );
 }
+
+/// A dummy key of one character, as a server that takes any key is given
+/// (`EMBEDJOB_API_KEY=1`): the run succeeds, and its summary, on stdout and
+/// in `<output>.summary.json`, is JSON with its numbers and names whole.
+/// Scrubbed as text, every `1` of the summary was `[REDACTED]`, the summary
+/// file could not be written, and the run exited 1 after its vectors were
+/// paid for. `embed --json` prints vectors whose numbers are whole too.
+#[tokio::test]
+async fn regression_a_dummy_key_of_one_character_failed_the_run() {
+    let sim = simulator(SimConfig::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let root = three_documents(dir.path());
+    let source = crate::support::files_source(&root);
+    let job = write_job(dir.path(), &sim.base_url(), &source, "");
+    let mut command = bin();
+    command
+        .env("EMBEDJOB_API_KEY", "1")
+        .args(["run", crate::support::path_arg(&job), "--json"]);
+    let output = run(command).await;
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    let printed: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let file = std::fs::read(dir.path().join("out/result.parquet.summary.json")).unwrap();
+    let written: serde_json::Value = serde_json::from_slice(&file).unwrap();
+    for summary in [&printed, &written] {
+        assert_eq!(summary["exit_code"], 0, "{summary}");
+        assert_eq!(summary["tokenizer"], "cl100k_base", "{summary}");
+        assert!(summary["chunks"].as_u64().unwrap() >= 1, "{summary}");
+    }
+
+    let mut command = bin();
+    command
+        .env("EMBEDJOB_API_KEY", "1")
+        .env("EMBEDJOB_BASE_URL", sim.base_url())
+        .args([
+            "embed",
+            "--model",
+            "svc-embed-1",
+            "--json",
+            "the river rose",
+        ]);
+    let output = run(command).await;
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    let printed: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let vector: Vec<f32> = printed["embeddings"][0]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap() as f32)
+        .collect();
+    assert_eq!(
+        vector,
+        embedjob::simulate::embedding_vector(1024, "the river rose")
+    );
+}
