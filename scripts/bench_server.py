@@ -198,8 +198,12 @@ def main():
             os.makedirs(os.path.join(work, "out"))
             stem = os.path.join(work, f"{case.replace(' ', '-')}-{round_}")
             if case == "plain client":
+                if plain is None:
+                    sys.exit(f"bench_server: embedjob's run with auto failed (see {work}/auto-*.err): "
+                             "the plain client has no texts to send")
                 command = [args.python, os.path.join(HERE, "bench_openai.py"), plain[0],
-                           os.path.join(work, "out", "plain.parquet"), args.model, "384", "8", "128"]
+                           os.path.join(work, "out", "plain.parquet"), args.model,
+                           str(plain[2]), "8", "128"]
             else:
                 command = [args.embedjob, "run", jobs[case], "--json"]
             started = time.monotonic()
@@ -217,7 +221,8 @@ def main():
                 except ValueError:
                     summary = {}
                 if plain is None and code == 0:
-                    plain = plain_corpus(work, os.path.join(work, "out", "auto.parquet"))
+                    plain = (*plain_corpus(work, os.path.join(work, "out", "auto.parquet")),
+                             summary["dimensions"])
             left = [r for r in answers if not r["taken"]]
             rows.append({
                 "round": round_, "case": case, "exit": code, "wall": wall,
