@@ -44,6 +44,9 @@ pub struct SimConfig {
     /// Describe models by `id`, `object`, `created` and `owned_by` only, without
     /// a context window or a price, as most servers list them.
     pub bare_listing: bool,
+    /// Answer JSON numbers whatever `encoding_format` asks for, as
+    /// llama-cpp-python's server does (it ignores the field).
+    pub floats_only: bool,
     /// How the tokens reported in `usage` (and billed) are counted.
     pub billing: Billing,
     /// Most inputs one embeddings request may carry.
@@ -87,6 +90,7 @@ impl Default for SimConfig {
             model_info: false,
             tei_info: false,
             bare_listing: false,
+            floats_only: false,
             billing: Billing::default(),
             max_inputs_per_request: None,
             max_tokens_per_request: None,

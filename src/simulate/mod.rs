@@ -320,9 +320,10 @@ fn describe_routes(config: &SimConfig) -> Option<String> {
         || config.model_info
         || config.tei_info
         || config.bare_listing
+        || config.floats_only
     {
         return Some(format!(
-            "  routes under {:?}{}{}{}{}",
+            "  routes under {:?}{}{}{}{}{}",
             config.url_prefix,
             if !config.models_routes {
                 ", no GET /models nor /models/{id}"
@@ -343,6 +344,11 @@ fn describe_routes(config: &SimConfig) -> Option<String> {
             },
             if config.bare_listing {
                 ", a listing without window or price"
+            } else {
+                ""
+            },
+            if config.floats_only {
+                ", vectors as floats whatever encoding_format asks"
             } else {
                 ""
             }

@@ -60,6 +60,10 @@ pub struct SimulateOptions {
     #[arg(long)]
     pub bare_listing: bool,
 
+    /// Answer JSON floats whatever encoding_format asks for, as llama-cpp-python's server does
+    #[arg(long)]
+    pub floats_only: bool,
+
     /// Count billed tokens as cl100k tokens or as UTF-8 bytes / 4
     #[arg(long, value_name = "cl100k|bytes", default_value = "cl100k")]
     pub bill_by: String,
@@ -342,6 +346,7 @@ impl SimulateOptions {
             model_info: self.model_info,
             tei_info: self.tei_info,
             bare_listing: self.bare_listing,
+            floats_only: self.floats_only,
             billing: Billing {
                 count,
                 factor: self.bill_factor,

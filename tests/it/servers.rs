@@ -95,6 +95,53 @@ async fn a_server_without_the_model_route_and_with_a_bare_listing_runs_as_declar
     assert_eq!(summary["cost"], Value::Null, "no price listed or declared");
 }
 
+/// llama-cpp-python's server takes `encoding_format: "base64"` and answers
+/// JSON numbers all the same: a job that asks for base64, by default or by
+/// name, reads them.
+#[tokio::test]
+async fn a_server_that_answers_floats_to_a_request_for_base64_is_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = corpus(dir.path(), 12);
+    let sim = simulator(SimConfig {
+        model_route: false,
+        bare_listing: true,
+        floats_only: true,
+        ..SimConfig::default()
+    })
+    .await;
+    // The simulator answers floats to a request for base64.
+    let answer: Value = reqwest::Client::new()
+        .post(format!("{}/v1/embeddings", sim.base_url()))
+        .bearer_auth(KEY)
+        .json(&serde_json::json!({"model": "svc-embed-1", "input": ["a"], "encoding_format": "base64"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        answer["data"][0]["embedding"].as_array().map(Vec::len),
+        Some(1024),
+        "{answer}"
+    );
+    for encoding in ["auto", "base64"] {
+        let job = write_job(
+            dir.path(),
+            &sim.base_url(),
+            &files_source(&root),
+            &format!("context_window = 512\nencoding_format = \"{encoding}\""),
+        );
+        let output = run_job(&job, &["--json", "--fresh"]).await;
+        let summary = summary_of(&output);
+        assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+        let rows = read_output(&dir.path().join("out/result.parquet"));
+        assert_complete(&rows, &expected_chunks(&root), 1024);
+        assert_eq!(summary["invalid_responses"], 0, "{summary}");
+        assert_eq!(summary["retries"], 0, "{summary}");
+    }
+}
+
 #[tokio::test]
 async fn a_model_neither_routed_nor_listed_is_used_as_declared_with_a_warning() {
     let dir = tempfile::tempdir().unwrap();

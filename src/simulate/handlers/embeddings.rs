@@ -343,7 +343,8 @@ pub(crate) fn check_request(
     let mut object = parse_object(body)?;
     let model_id = required_string(&object, "model")?;
     let inputs = parse_inputs(object.remove("input"))?;
-    let base64 = encoding_is_base64(&object)?;
+    // llama-cpp-python's server reads the field and answers floats anyway.
+    let base64 = encoding_is_base64(&object)? && !config.floats_only;
     let model = shared.visible_model(caller, &model_id)?;
     let Some(model_dimensions) = model.dimensions() else {
         return Err(ApiError::invalid(
