@@ -7,7 +7,8 @@ embedjob's first output, in turns, several rounds. It needs pyarrow and
 openai: the benchmark's virtualenv (`.cache/bench-venv`, made by
 `scripts/bench`) has both.
 
-The proxy listens on 127.0.0.1 and forwards each request to the server. It
+The proxy listens on 127.0.0.1 and forwards each request to the server, and
+the server's headers back (a gateway's `x-ratelimit-*` pace embedjob). It
 waits for the server's answer even when the client has hung up (a request a
 client gives up on at its timeout is still computed, and on a paid gateway
 billed), and logs every answer: its inputs, the tokens the server reported,
@@ -91,7 +92,11 @@ def proxy(upstream, ledger):
                 conn.request(self.command, target.path.rstrip("/") + self.path, body, headers)
                 answer = conn.getresponse()
                 status, reply = answer.status, answer.read()
-                kind = answer.getheader("Content-Type")
+                # Every header but the connection's own: a gateway's
+                # x-ratelimit-* and Retry-After pace the client.
+                passed = [(k, v) for k, v in answer.getheaders()
+                          if k.lower() not in ("connection", "content-length", "server", "date",
+                                               "transfer-encoding", "keep-alive")]
                 conn.close()
             finally:
                 with ledger.lock:
@@ -107,8 +112,8 @@ def proxy(upstream, ledger):
                                        "status": status, "taken": taken})
             try:
                 self.send_response(status)
-                if kind:
-                    self.send_header("Content-Type", kind)
+                for name, value in passed:
+                    self.send_header(name, value)
                 self.send_header("Content-Length", str(len(reply)))
                 self.end_headers()
                 self.wfile.write(reply)
