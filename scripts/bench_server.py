@@ -21,8 +21,9 @@ request the proxy forwarded.
         --server http://127.0.0.1:8765 --model all-MiniLM-L6-v2 \\
         --corpus 'docs/*.md' --work .cache/bench-server
 
-The key sent is a dummy one (servers on 127.0.0.1 take any); each case's
-summary and stderr are kept under --work.
+The key sent is EMBEDJOB_API_KEY's, or a dummy one where it is unset (a
+server on 127.0.0.1 takes any); each case's summary and stderr are kept
+under --work.
 """
 
 import argparse
@@ -194,7 +195,8 @@ def main():
     url = proxy(args.server, ledger)
     jobs = {"auto": job(work, "auto", corpus, url, args.model, '"auto"'),
             f"fixed {args.fixed}": job(work, "fixed", corpus, url, args.model, args.fixed)}
-    env = {**os.environ, "EMBEDJOB_API_KEY": KEY, "EMBEDJOB_BASE_URL": url}
+    key = os.environ.get("EMBEDJOB_API_KEY") or KEY
+    env = {**os.environ, "EMBEDJOB_API_KEY": key, "EMBEDJOB_BASE_URL": url}
     plain = None
     rows = []
     for round_ in range(1, args.rounds + 1):
@@ -225,7 +227,7 @@ def main():
                         summary = json.loads(f.read() or "{}")
                 except ValueError:
                     summary = {}
-                if plain is None and code == 0:
+                if case == "auto" and plain is None and code == 0:
                     plain = (*plain_corpus(work, os.path.join(work, "out", "auto.parquet")),
                              summary["dimensions"])
             left = [r for r in answers if not r["taken"]]
