@@ -1,7 +1,8 @@
 """A job against a real server you run, through a logging proxy that counts
 what the server computed: embedjob with `concurrency = "auto"` (the
-default), embedjob with a fixed concurrency (8 by default, the old
-default), and the plain client (`scripts/bench_openai.py`: `AsyncOpenAI` with
+default), the same with the window its probe found known (read from that
+run's summary, as a later run does, so it does not probe), embedjob with a
+fixed concurrency (8 by default, the old default), and the plain client (`scripts/bench_openai.py`: `AsyncOpenAI` with
 its defaults, 8 in flight, 128 texts a request) on the distinct texts of
 embedjob's first output, in turns, several rounds. It needs pyarrow and
 openai: the benchmark's virtualenv (`.cache/bench-venv`, made by
@@ -194,7 +195,12 @@ def main():
     ledger = Ledger()
     url = proxy(args.server, ledger)
     jobs = {"auto": job(work, "auto", corpus, url, args.model, '"auto"'),
+            "auto, window known": job(work, "known", corpus, url, args.model, '"auto"'),
             f"fixed {args.fixed}": job(work, "fixed", corpus, url, args.model, args.fixed)}
+    # The summary of the round's run with auto, which records the window its
+    # probe found: the run with the window known reads it from there, as a
+    # run after one that kept nothing does, and does not probe.
+    known = os.path.join(work, "auto.summary.json")
     key = os.environ.get("EMBEDJOB_API_KEY") or KEY
     env = {**os.environ, "EMBEDJOB_API_KEY": key, "EMBEDJOB_BASE_URL": url}
     plain = None
@@ -204,6 +210,10 @@ def main():
             shutil.rmtree(os.path.join(work, "out"), ignore_errors=True)
             os.makedirs(os.path.join(work, "out"))
             stem = os.path.join(work, f"{case.replace(' ', '-')}-{round_}")
+            if case == "auto, window known":
+                if not os.path.exists(known):
+                    sys.exit(f"bench_server: embedjob's run with auto left no summary ({known})")
+                shutil.copy(known, os.path.join(work, "out", "known.parquet.summary.json"))
             if case == "plain client":
                 if plain is None:
                     sys.exit(f"bench_server: embedjob's run with auto failed (see {work}/auto-*.err): "
@@ -227,6 +237,8 @@ def main():
                         summary = json.loads(f.read() or "{}")
                 except ValueError:
                     summary = {}
+                if case == "auto" and code == 0:
+                    shutil.copy(os.path.join(work, "out", "auto.parquet.summary.json"), known)
                 if case == "auto" and plain is None and code == 0:
                     plain = (*plain_corpus(work, os.path.join(work, "out", "auto.parquet")),
                              summary["dimensions"])

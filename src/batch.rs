@@ -8,6 +8,9 @@
 //! together: a server that pads (infinity, TEI, sentence-transformers, the
 //! local model) computes every input of a batch at the length of its longest,
 //! so a request of similar lengths costs it less than one of mixed lengths.
+//! Its look-ahead starts at one request's worth and doubles, so that the
+//! first request leaves as soon as one request's worth is chunked, not
+//! [`LOOKAHEAD`] requests' worth.
 
 use crate::job::BackendConfig;
 use crate::types::Chunk;
@@ -85,6 +88,9 @@ pub struct Batcher {
     /// Requests' worth of chunks held before packing them by length; 1
     /// packs in input order.
     ahead: usize,
+    /// The look-ahead being filled, by length: 1 for the first, which
+    /// leaves whole, then doubling up to `ahead`.
+    filling: usize,
     pending: Vec<Chunk>,
     pending_tokens: u64,
 }
@@ -99,6 +105,7 @@ impl Batcher {
             max_inputs,
             max_tokens,
             ahead: 1,
+            filling: 1,
             pending: Vec::with_capacity(max_inputs.min(1024)),
             pending_tokens: 0,
         }
@@ -109,6 +116,12 @@ impl Batcher {
     /// token count and sends every request it fills; the chunks of the last,
     /// partly filled one wait for the next look-ahead, so requests stay as
     /// full as in input order.
+    ///
+    /// The first look-ahead is one request's worth and leaves whole, so the
+    /// first request waits for no more chunking than in input order; the
+    /// next are 2, 4, … up to [`LOOKAHEAD`] requests' worth. A look-ahead of
+    /// `a` requests' worth sends `a − 1` requests at least, and the first
+    /// one.
     #[must_use]
     pub fn by_length(max_inputs: usize, max_tokens: u64) -> Self {
         Batcher {
@@ -144,18 +157,26 @@ impl Batcher {
         }
         self.pending.push(chunk);
         self.pending_tokens = self.pending_tokens.saturating_add(tokens);
-        let ahead = self.ahead as u64;
-        if self.pending.len() < self.ahead.saturating_mul(self.max_inputs)
-            && self.pending_tokens < ahead.saturating_mul(self.max_tokens)
+        let ahead = self.filling;
+        if self.pending.len() < ahead.saturating_mul(self.max_inputs)
+            && self.pending_tokens < (ahead as u64).saturating_mul(self.max_tokens)
         {
             return Vec::new();
         }
         let mut batches = self.pack();
+        self.filling = ahead.saturating_mul(2).min(self.ahead);
         // The last request waits for more chunks of its length: at most one
-        // request's worth stays.
-        if let Some(last) = batches.pop() {
-            self.pending = last.chunks;
-            self.pending_tokens = last.tokens;
+        // request's worth stays. The first look-ahead sends its first
+        // request and keeps what the last chunk took past it, as in input
+        // order.
+        let kept = if ahead > 1 {
+            batches.pop().into_iter().collect()
+        } else {
+            batches.split_off(batches.len().min(1))
+        };
+        for batch in kept {
+            self.pending.extend(batch.chunks);
+            self.pending_tokens = self.pending_tokens.saturating_add(batch.tokens);
         }
         batches
     }
@@ -316,43 +337,78 @@ mod tests {
     fn by_length_packs_chunks_of_one_length_together() {
         // Long and short chunks alternate: in input order every request of
         // two holds one of each and pads the short one to 100 tokens.
-        let lengths = (0..2 * LOOKAHEAD).map(|i| if i % 2 == 0 { 100 } else { 1 });
+        let requests = 4 * LOOKAHEAD;
+        let lengths = (0..2 * requests).map(|i| if i % 2 == 0 { 100 } else { 1 });
         let chunks: Vec<Chunk> = lengths.enumerate().map(|(i, t)| chunk(i, t)).collect();
         let in_order = run(&mut Batcher::new(2, 1000), chunks.clone());
-        assert_eq!(padded(&in_order), 2 * LOOKAHEAD as u64 * 100);
+        assert_eq!(padded(&in_order), requests as u64 * 2 * 100);
 
         let mut batcher = Batcher::by_length(2, 1000);
         let mut left = Vec::new();
+        let mut look_aheads = Vec::new();
         for chunk in chunks {
-            left.extend(batcher.push(chunk));
+            let sent = batcher.push(chunk);
+            if !sent.is_empty() {
+                look_aheads.push(sent.len());
+            }
+            left.extend(sent);
         }
-        // A full look-ahead: all but its last request leave, shortest first.
-        assert_eq!(left.len(), LOOKAHEAD - 1);
-        assert_eq!(batcher.pending(), 2);
-        assert_eq!(ids(&left[0]), ["doc#1", "doc#3"]);
+        // The first request leaves alone, then a look-ahead of 2, 4 and 8
+        // requests' worth sends all but its last request.
+        assert_eq!(look_aheads[..4], [1, 1, 3, LOOKAHEAD - 1]);
+        assert!(look_aheads[4..].iter().all(|&n| n == LOOKAHEAD - 1));
         left.extend(batcher.finish());
-        assert_eq!(left.len(), LOOKAHEAD);
-        for batch in &left {
-            let first = batch.chunks[0].token_count;
-            assert!(
-                batch.chunks.iter().all(|c| c.token_count == first),
-                "{batch:?}"
-            );
-        }
-        // Half the requests at 1 token, half at 100.
-        assert_eq!(padded(&left), LOOKAHEAD as u64 * (1 + 100));
+        assert_eq!(left.len(), requests);
+        // Sorted, each look-ahead mixes the lengths in one request at most.
+        let mixed = left
+            .iter()
+            .filter(|b| {
+                b.chunks
+                    .iter()
+                    .any(|c| c.token_count != b.chunks[0].token_count)
+            })
+            .count();
+        assert!(mixed <= look_aheads.len() + 1, "{mixed} mixed requests");
+        let tokens = requests as u64 * (1 + 100);
+        assert_eq!(padded(&left), tokens + mixed as u64 * (100 - 1));
+        assert!(padded(&left) < padded(&in_order) * 2 / 3);
+    }
+
+    #[test]
+    fn by_length_sends_the_first_request_once_it_is_full() {
+        let mut batcher = Batcher::by_length(4, 1000);
+        let left: Vec<Batch> = (0..3)
+            .flat_map(|i| batcher.push(chunk(i, 10 - i as u32)))
+            .collect();
+        assert!(left.is_empty());
+        let first = batcher.push(chunk(3, 7));
+        let shapes: Vec<Vec<&str>> = first.iter().map(ids).collect();
+        assert_eq!(shapes, [vec!["doc#3", "doc#2", "doc#1", "doc#0"]]);
+        assert_eq!(batcher.pending(), 0);
+
+        // Full by tokens: one request leaves, the rest stays for the next.
+        let mut batcher = Batcher::by_length(8, 100);
+        assert!(batcher.push(chunk(0, 60)).is_empty());
+        let first = batcher.push(chunk(1, 50));
+        let shapes: Vec<Vec<&str>> = first.iter().map(ids).collect();
+        assert_eq!(shapes, [vec!["doc#1"]]);
+        assert_eq!(batcher.pending(), 1);
+        let rest = batcher.finish();
+        assert_eq!(rest.iter().map(ids).collect::<Vec<_>>(), [vec!["doc#0"]]);
     }
 
     #[test]
     fn by_length_holds_a_short_input_until_the_end() {
         let mut batcher = Batcher::by_length(4, 1000);
-        let left: Vec<Batch> = (0..5).flat_map(|i| batcher.push(chunk(i, 10))).collect();
-        assert!(left.is_empty());
+        let left: Vec<Batch> = (0..9).flat_map(|i| batcher.push(chunk(i, 10))).collect();
+        let shapes: Vec<Vec<&str>> = left.iter().map(ids).collect();
+        assert_eq!(shapes, [vec!["doc#0", "doc#1", "doc#2", "doc#3"]]);
+        // The second look-ahead, of two requests' worth, is not full.
         let batches = batcher.finish();
         let shapes: Vec<Vec<&str>> = batches.iter().map(ids).collect();
         assert_eq!(
             shapes,
-            [vec!["doc#0", "doc#1", "doc#2", "doc#3"], vec!["doc#4"]]
+            [vec!["doc#4", "doc#5", "doc#6", "doc#7"], vec!["doc#8"]]
         );
         assert!(batcher.finish().is_empty());
     }

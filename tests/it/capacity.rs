@@ -199,10 +199,11 @@ async fn auto_keeps_requests_from_queueing_into_their_timeout() {
 /// alternate: packed in input order every request of 4 holds two of each,
 /// and pads `2 × (long - short)` tokens. Packed by length within the
 /// look-ahead, only the request where the short chunks end and the long
-/// ones begin mixes them, one per look-ahead at most: a look-ahead sends
-/// `LOOKAHEAD - 1` requests at least and the end of the input one more, so
-/// at most `requests / (LOOKAHEAD - 1) + 1` requests mix, each padding
-/// fewer than 4 inputs.
+/// ones begin mixes them, one per look-ahead at most. The look-ahead is 1,
+/// 2, 4, … up to `LOOKAHEAD` requests' worth, and one of `a` sends
+/// `max(a - 1, 1)` requests at least: the look-aheads are at most as many
+/// as it takes those to add up to all the requests, and the end of the
+/// input is one more. Each mixed request pads fewer than 4 inputs.
 #[tokio::test(flavor = "multi_thread")]
 async fn requests_hold_chunks_of_about_one_length() {
     let sim = simulator(SimConfig::default()).await;
@@ -248,7 +249,14 @@ async fn requests_hold_chunks_of_about_one_length() {
         ledger.billed_sizes
     );
     let in_order = requests * 2 * spread;
-    let mixed = requests / (LOOKAHEAD as u64 - 1) + 1;
+    let (mut look_aheads, mut sent, mut ahead) = (0, 0, 1);
+    while sent < requests {
+        sent += (ahead - 1).max(1);
+        look_aheads += 1;
+        ahead = (ahead * 2).min(LOOKAHEAD as u64);
+    }
+    let mixed = look_aheads + 1;
+    assert!(mixed * (inputs as u64 - 1) < in_order / spread);
     let padding = ledger.padded_tokens - ledger.prompt_tokens;
     assert!(
         padding <= mixed * (inputs as u64 - 1) * spread,
