@@ -16,7 +16,16 @@ billed), and logs every answer: its inputs, the tokens the server reported,
 and whether the client was still there to take it. "not taken" is what the
 server computed for nobody: texts a client must send again, and pays for
 twice. Between cases the script waits until the server has answered every
-request the proxy forwarded.
+request the proxy forwarded. Each case's row also gives where its time went
+besides the server's computing, in seconds: from its start to its first
+embeddings request ("to first": the model lookup, the chunking the first
+request waits for, a Python client's start), from then to its last answer
+while the server had none of its requests ("idle": the wait between the
+window probe and the first request of the job, gaps between answers and
+requests), from the last answer to its end ("after last": the output's
+commit, a Python client's writing), and their sum ("client"): what the
+client added to the server's time, which does not vary with the server's
+speed as the wall time does.
 
     .cache/bench-venv/bin/python scripts/bench_server.py --embedjob target/release/embedjob \\
         --server http://127.0.0.1:8765 --model all-MiniLM-L6-v2 \\
@@ -89,6 +98,7 @@ def proxy(upstream, ledger):
                        if k.lower() not in ("host", "connection", "content-length")}
             with ledger.lock:
                 ledger.open += 1
+            sent = time.monotonic()
             try:
                 conn = http.client.HTTPConnection(target.hostname, target.port, timeout=3600)
                 conn.request(self.command, target.path.rstrip("/") + self.path, body, headers)
@@ -100,6 +110,7 @@ def proxy(upstream, ledger):
                           if k.lower() not in ("connection", "content-length", "server", "date",
                                                "transfer-encoding", "keep-alive")]
                 conn.close()
+                answered = time.monotonic()
             finally:
                 with ledger.lock:
                     ledger.open -= 1
@@ -111,7 +122,8 @@ def proxy(upstream, ledger):
                 pass
             with ledger.lock:
                 ledger.records.append({"path": self.path, "inputs": inputs, "tokens": tokens,
-                                       "status": status, "taken": taken})
+                                       "status": status, "taken": taken,
+                                       "sent": sent, "answered": answered})
             try:
                 self.send_response(status)
                 for name, value in passed:
@@ -139,6 +151,22 @@ def proxy(upstream, ledger):
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return f"http://127.0.0.1:{server.server_address[1]}"
+
+
+def timeline(records, started, ended):
+    """Where a case's time went besides the server's computing, in seconds:
+    from its start to its first embeddings request, from then to its last
+    answer while the server had none of its requests, and from that answer
+    to the case's end."""
+    embeddings = [r for r in records if r["path"].endswith("/embeddings")]
+    if not embeddings:
+        return None
+    first = min(r["sent"] for r in embeddings)
+    idle, reached = 0.0, first
+    for r in sorted(embeddings, key=lambda r: r["sent"]):
+        idle += max(0.0, r["sent"] - reached)
+        reached = max(reached, r["answered"])
+    return {"to first": first - started, "idle": idle, "after last": ended - reached}
 
 
 def job(work, name, corpus, url, model, concurrency):
@@ -226,10 +254,13 @@ def main():
             started = time.monotonic()
             with open(stem + ".json", "w") as out, open(stem + ".err", "w") as err:
                 code = subprocess.run(command, stdout=out, stderr=err, env=env, cwd=work).returncode
-            wall = time.monotonic() - started
+            ended = time.monotonic()
+            wall = ended - started
             while not ledger.settled():
                 time.sleep(0.5)
-            answers = [r for r in ledger.take() if r["path"].endswith("/embeddings")]
+            records = ledger.take()
+            answers = [r for r in records if r["path"].endswith("/embeddings")]
+            spent = timeline(records, started, ended) or {}
             summary = {}
             if case != "plain client":
                 try:
@@ -250,14 +281,16 @@ def main():
                 "tokens": sum(r["tokens"] or 0 for r in answers),
                 "not taken": f"{len(left)} ({sum(r['inputs'] or 0 for r in left)} texts, "
                              f"{sum(r['tokens'] or 0 for r in left):,} tokens)",
+                **{k: f"{spent[k]:.2f}" if spent else "-" for k in ["to first", "idle", "after last"]},
+                "client": f"{sum(spent.values()):.2f}" if spent else "-",
                 "timeouts": summary.get("timeouts", "-"),
                 "settled": (summary.get("concurrency") or {}).get("settled", "-"),
             })
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     print(f"{len(corpus)} files; the plain client sends the {plain[1] if plain else '?'} "
           f"distinct texts of embedjob's output")
-    head = ["round", "case", "exit", "wall", "requests", "inputs", "tokens", "not taken",
-            "timeouts", "settled"]
+    head = ["round", "case", "exit", "wall", "to first", "idle", "after last", "client", "requests",
+            "inputs", "tokens", "not taken", "timeouts", "settled"]
     print(" | ".join(head))
     for r in rows:
         print(" | ".join(f"{r[h]:.1f}" if h == "wall" else str(r[h]) for h in head))

@@ -281,6 +281,13 @@ impl Chunker for Counting {
         chunks
     }
 
+    fn chunk_each(&self, document: &Document, each: &mut dyn FnMut(Chunk) -> bool) {
+        self.inner.chunk_each(document, &mut |chunk| {
+            self.read.fetch_add(1, Ordering::Relaxed);
+            each(chunk)
+        });
+    }
+
     fn count_tokens(&self, text: &str) -> usize {
         self.inner.count_tokens(text)
     }

@@ -25,6 +25,18 @@ pub trait Chunker: Send + Sync {
     fn chunk(&self, document: &Document) -> Vec<Chunk>;
     fn count_tokens(&self, text: &str) -> usize;
 
+    /// The chunks of `document`, in order, handed to `each` as they are
+    /// cut, until it returns `false`: a run sends the first chunks of a long
+    /// document while the rest are still to cut. The same chunks as
+    /// [`Chunker::chunk`].
+    fn chunk_each(&self, document: &Document, each: &mut dyn FnMut(Chunk) -> bool) {
+        for chunk in self.chunk(document) {
+            if !each(chunk) {
+                return;
+            }
+        }
+    }
+
     /// A chunker that counts as this one, for chunks of at most
     /// `max_tokens`, when it can make one: a chunk the model refused as
     /// over its window is cut again with it.
@@ -169,15 +181,20 @@ fn slice_key(text: &str) -> (usize, usize) {
 
 /// Keeps the count log on for one document and clears it afterwards, also on
 /// unwinding.
-struct CountLogSession;
+/// A document chunked while another's chunks are handed on (a chunk cut
+/// again narrower) has a session of its own; the other's goes on after it.
+struct CountLogSession {
+    /// Whether a session was on when this one started.
+    outer: bool,
+}
 
 impl CountLogSession {
     fn start() -> Self {
-        COUNTED.with_borrow_mut(|log| {
-            log.active = true;
+        let outer = COUNTED.with_borrow_mut(|log| {
             log.counts.clear();
+            std::mem::replace(&mut log.active, true)
         });
-        CountLogSession
+        CountLogSession { outer }
     }
 
     /// The count recorded for `text`, a slice of the document being chunked,
@@ -194,7 +211,7 @@ impl CountLogSession {
 impl Drop for CountLogSession {
     fn drop(&mut self) {
         COUNTED.with_borrow_mut(|log| {
-            log.active = false;
+            log.active = self.outer;
             log.counts.clear();
         });
     }
@@ -419,18 +436,18 @@ impl TokenChunker {
             .unwrap_or_else(|| has_markdown_extension(&document.source))
     }
 
-    fn collect<'text>(
+    fn emit<'text>(
         &self,
         document: &'text Document,
         pieces: impl Iterator<Item = (usize, &'text str)>,
         log: &CountLogSession,
-    ) -> Vec<Chunk> {
+        each: &mut dyn FnMut(Chunk) -> bool,
+    ) {
         let doc_id: Arc<str> = Arc::from(document.doc_id.as_str());
-        let mut chunks = Vec::new();
-        for (offset, text) in pieces {
+        for (index, (offset, text)) in pieces.enumerate() {
             let tokens = log.take(text).unwrap_or_else(|| self.counter.count(text));
-            let chunk_index = u32::try_from(chunks.len()).unwrap_or(u32::MAX);
-            chunks.push(Chunk {
+            let chunk_index = u32::try_from(index).unwrap_or(u32::MAX);
+            let chunk = Chunk {
                 id: format!("{doc_id}#{chunk_index}"),
                 doc_id: Arc::clone(&doc_id),
                 source: Arc::clone(&document.source),
@@ -441,9 +458,11 @@ impl TokenChunker {
                 content_hash: content_hash(text),
                 token_count: u32::try_from(tokens).unwrap_or(u32::MAX),
                 metadata: document.metadata.clone(),
-            });
+            };
+            if !each(chunk) {
+                return;
+            }
         }
-        chunks
     }
 }
 
@@ -495,7 +514,7 @@ impl TokenChunker {
     /// the time taken grows with its length and not with its square. A
     /// document that could fit one chunk (see [`TokenChunker::whole`]) is
     /// never cut into windows.
-    fn split(&self, document: &Document) -> Vec<Chunk> {
+    fn split(&self, document: &Document, each: &mut dyn FnMut(Chunk) -> bool) {
         let text = document.text.as_str();
         let log = CountLogSession::start();
         let markdown = self.is_markdown(document);
@@ -512,7 +531,7 @@ impl TokenChunker {
             };
             chunks.flat_map(move |(offset, piece)| self.fit_pieces(start + offset, piece, markdown))
         });
-        self.collect(document, pieces, &log)
+        self.emit(document, pieces, &log, each);
     }
 
     /// Whether `text` holds more word pieces than the chunks may ([`Fit`]).
@@ -622,12 +641,23 @@ fn best_break(text: &str, size: usize) -> usize {
 
 impl Chunker for TokenChunker {
     fn chunk(&self, document: &Document) -> Vec<Chunk> {
+        let mut chunks = Vec::new();
+        self.chunk_each(document, &mut |chunk| {
+            chunks.push(chunk);
+            true
+        });
+        chunks
+    }
+
+    fn chunk_each(&self, document: &Document, each: &mut dyn FnMut(Chunk) -> bool) {
         if document.text.trim().is_empty() {
-            return Vec::new();
+            return;
         }
         match self.whole(document) {
-            Some(chunk) => vec![chunk],
-            None => self.split(document),
+            Some(chunk) => {
+                each(chunk);
+            }
+            None => self.split(document, each),
         }
     }
 
@@ -693,6 +723,45 @@ mod tests {
             text: text.into(),
             metadata: None,
         }
+    }
+
+    #[test]
+    fn chunks_handed_on_as_cut_are_the_chunks_and_stop_when_asked() {
+        let config = ChunkingConfig {
+            max_tokens: 16,
+            overlap_tokens: 4,
+            ..ChunkingConfig::default()
+        };
+        let chunker = TokenChunker::cl100k(&config).unwrap();
+        let text = "The river rose in spring. Farmers moved their herds uphill. ".repeat(40);
+        let doc = document("d", "d.txt", &text);
+        let whole = chunker.chunk(&doc);
+        assert!(whole.len() > 10, "{}", whole.len());
+
+        // Another document chunked between two chunks of this one (a chunk
+        // cut again narrower) changes none of them.
+        let narrower = TokenChunker::cl100k(&ChunkingConfig {
+            max_tokens: 4,
+            overlap_tokens: 0,
+            ..ChunkingConfig::default()
+        })
+        .unwrap();
+        let mut handed = Vec::new();
+        chunker.chunk_each(&doc, &mut |chunk| {
+            assert!(!narrower
+                .chunk(&document("e", "e.txt", &chunk.text))
+                .is_empty());
+            handed.push(chunk);
+            true
+        });
+        assert_eq!(handed, whole);
+
+        let mut first = Vec::new();
+        chunker.chunk_each(&doc, &mut |chunk| {
+            first.push(chunk);
+            first.len() < 3
+        });
+        assert_eq!(first, whole[..3]);
     }
 
     /// A word-level tokenizer over a tiny vocabulary, with truncation,
@@ -1068,7 +1137,12 @@ mod tests {
             };
             prop_assume!(!text.trim().is_empty());
             if let Some(whole) = chunker.whole(&doc) {
-                prop_assert_eq!(vec![whole], chunker.split(&doc));
+                let mut split = Vec::new();
+                chunker.split(&doc, &mut |chunk| {
+                    split.push(chunk);
+                    true
+                });
+                prop_assert_eq!(vec![whole], split);
             }
         }
 

@@ -78,12 +78,20 @@ impl Reading {
             let Some(document) = source.next_document()? else {
                 break;
             };
-            for chunk in chunker.chunk(&document) {
+            // Each chunk goes on as it is cut: the first request of a long
+            // document leaves before the document is all cut.
+            let mut outcome = Ok(true);
+            chunker.chunk_each(&document, &mut |chunk| {
                 for piece in self.classifier.fit(chunk) {
-                    if !self.route(piece, reuse, kept)? {
-                        return Ok(());
+                    outcome = self.route(piece, reuse, kept);
+                    if !matches!(outcome, Ok(true)) {
+                        return false;
                     }
                 }
+                true
+            });
+            if !outcome? {
+                return Ok(());
             }
         }
         self.flush_reuse(reuse)?;
