@@ -120,8 +120,7 @@ impl Batcher {
     /// The first look-ahead is one request's worth and leaves whole, so the
     /// first request waits for no more chunking than in input order; the
     /// next are 2, 4, … up to [`LOOKAHEAD`] requests' worth. A look-ahead of
-    /// `a` requests' worth sends `a − 1` requests at least, and the first
-    /// one.
+    /// `a` requests' worth sends `a − 1` requests at least (the first, one).
     #[must_use]
     pub fn by_length(max_inputs: usize, max_tokens: u64) -> Self {
         Batcher {

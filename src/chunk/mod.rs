@@ -181,6 +181,7 @@ fn slice_key(text: &str) -> (usize, usize) {
 
 /// Keeps the count log on for one document and clears it afterwards, also on
 /// unwinding.
+///
 /// A document chunked while another's chunks are handed on (a chunk cut
 /// again narrower) has a session of its own; the other's goes on after it.
 struct CountLogSession {
