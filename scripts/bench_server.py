@@ -2,9 +2,10 @@
 what the server computed: embedjob with `concurrency = "auto"` (the
 default), the same with the window its probe found known (read from that
 run's summary, as a later run does, so it does not probe), embedjob with a
-fixed concurrency (8 by default, the old default), and the plain client (`scripts/bench_openai.py`: `AsyncOpenAI` with
-its defaults, 8 in flight, 128 texts a request) on the distinct texts of
-embedjob's first output, in turns, several rounds. It needs pyarrow and
+fixed concurrency (8 by default, the old default), and the plain client
+(`scripts/bench_openai.py`: `AsyncOpenAI` with its defaults, 8 in flight,
+128 texts a request) on the distinct texts of embedjob's first output, in
+turns, several rounds. It needs pyarrow and
 openai: the benchmark's virtualenv (`.cache/bench-venv`, made by
 `scripts/bench`) has both.
 
