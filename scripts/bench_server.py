@@ -271,9 +271,9 @@ def main():
                     summary = {}
                 if case == "auto" and code == 0:
                     shutil.copy(os.path.join(work, "out", "auto.parquet.summary.json"), known)
-                if case == "auto" and plain is None and code == 0:
-                    plain = (*plain_corpus(work, os.path.join(work, "out", "auto.parquet")),
-                             summary["dimensions"])
+                    if plain is None:
+                        plain = (*plain_corpus(work, os.path.join(work, "out", "auto.parquet")),
+                                 summary["dimensions"])
             left = [r for r in answers if not r["taken"]]
             rows.append({
                 "round": round_, "case": case, "exit": code, "wall": wall,
