@@ -688,10 +688,10 @@ async fn the_budget_prices_lines_at_the_ratio_the_last_run_recorded() {
 
 /// A batch job of chunks of 64 tokens at 0.1 per 1000 (0.05 in batches)
 /// for a server that lists no window and truncates at 256: the window
-/// probe goes first, and may send 7 texts of 80 tokens, 0.056. The job's
+/// probe goes first, and may send 12 texts of 80 tokens, 0.096. The job's
 /// file, and the simulator.
 async fn probed_job(dir: &Path) -> (std::path::PathBuf, Simulator) {
-    let root = corpus(dir, 12);
+    let root = corpus(dir, 36);
     let sim = simulator(SimConfig {
         bare_listing: true,
         window: Some(embedjob::simulate::ServerWindow::parse("256:truncate").unwrap()),
@@ -745,7 +745,7 @@ async fn a_probe_over_the_budget_holds_back_every_line() {
 #[tokio::test]
 async fn the_window_probe_is_priced_and_counted_as_synchronous_requests() {
     let dir = tempfile::tempdir().unwrap();
-    let (summary, sim) = probed_in_batch_mode(dir.path(), "0.06").await;
+    let (summary, sim) = probed_in_batch_mode(dir.path(), "0.1").await;
     let probe = summary["learned_limits"]["window_probe"]["tokens"]
         .as_u64()
         .unwrap();
@@ -761,7 +761,7 @@ async fn the_window_probe_is_priced_and_counted_as_synchronous_requests() {
     #[allow(clippy::cast_precision_loss)]
     let billed = format!("{:.6} billed", probe as f64 / 1000.0 * 0.1);
     assert!(
-        stopped.starts_with(&format!("stopped at the budget of 0.06: {billed}")),
+        stopped.starts_with(&format!("stopped at the budget of 0.1: {billed}")),
         "{stopped}"
     );
     // The summary's cost prices them so too, not at the batch price.

@@ -272,17 +272,26 @@ async fn a_window_refused_in_llama_cpps_words_is_learned_and_not_retried() {
 /// The probe text is the shortest prefix of the job's prose that holds
 /// 5/4 of the 512-token default chunk, 640 cl100k tokens: at most 642 (a
 /// word of the prose, with its mark, is at most 3 tokens), in 214 ≤ n ≤ 640
-/// words. A window found by the binary search over its n − 1 shorter
-/// prefixes, which stops within ⌊n / 32⌋ of them, took one request, then at
-/// most ⌈log2(213 / 6)⌉ = 6; `texts` of at most 642 tokens were billed, as
-/// the simulator bills cl100k.
-fn assert_searched(summary: &Value, from: &str, texts: u64) {
+/// words. A window found by the search over its n − 1 shorter prefixes
+/// took one request; then two for each of at most two windows guessed
+/// (`texts_guessed` of them billed, `requests_guessed` requests), which
+/// this server, counting otherwise than a WordPiece model, does not keep;
+/// then the binary search, which stops within ⌊n / 32⌋ of them, at most
+/// ⌈log2(213 / 6)⌉ = 6, one text each. As many texts as the first request
+/// billed and those, of at most 642 tokens, were billed, as the simulator
+/// bills cl100k.
+fn assert_searched(summary: &Value, from: &str, billed: u64, guessed: (u64, u64)) {
     let window = &summary["learned_limits"]["context_window"];
     assert_eq!(window["from"], from, "{summary}");
     assert_eq!(window["server_tokens"], Value::Null);
+    let (texts_guessed, requests_guessed) = guessed;
     let requests = summary["probe"]["requests"].as_u64().unwrap();
-    assert!((2..=7).contains(&requests), "{summary}");
+    assert!(
+        (2..=1 + requests_guessed + 6).contains(&requests),
+        "{summary}"
+    );
     let tokens = summary["probe"]["tokens"].as_u64().unwrap();
+    let texts = billed + texts_guessed + 6;
     assert!(tokens > 0 && tokens <= texts * 642, "{summary}");
 }
 
@@ -292,16 +301,17 @@ fn assert_searched(summary: &Value, from: &str, texts: u64) {
 #[tokio::test]
 async fn a_window_refused_without_its_size_is_found_by_a_few_requests() {
     let summary = learns_the_window("llamacpp-bare").await;
-    // Only the prefixes taken are billed, one a request of the search.
-    assert_searched(&summary, "refusal", 6);
+    // Only the prefixes taken are billed, each in a request of its own, up
+    // to the first refused.
+    assert_searched(&summary, "refusal", 0, (4, 4));
     assert_eq!(summary["retries"], 0, "{summary}");
 }
 
 #[tokio::test]
 async fn a_window_that_truncates_silently_is_found_by_a_few_requests() {
     let summary = learns_the_window("truncate").await;
-    // The first request holds the text twice, each later one a prefix.
-    assert_searched(&summary, "truncation", 8);
+    // The first request holds the text twice, each guess two prefixes.
+    assert_searched(&summary, "truncation", 2, (4, 2));
 }
 
 #[tokio::test]
@@ -751,9 +761,9 @@ async fn the_next_run_probes_nothing(
 #[tokio::test]
 async fn a_run_after_a_stop_takes_the_window_from_the_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
-    // Enough for the probe (about 2,500 tokens) and a part of the job
-    // (about 8,700 more): 6,000 tokens at 0.1 per 1000.
-    let (job, sim, stopped) = stopped_after_the_probe(dir.path(), 1.0, 8, "0.6").await;
+    // Enough for what the probe may send (8,112 tokens) and a part of the
+    // job (about 8,700 more): 9,000 tokens at 0.1 per 1000.
+    let (job, sim, stopped) = stopped_after_the_probe(dir.path(), 1.0, 8, "0.9").await;
     assert!(stopped["embedded"].as_u64() > Some(0), "{stopped}");
     let again = the_next_run_probes_nothing(dir.path(), &job, &sim, &stopped).await;
     assert!(again["resumed"].as_u64() > Some(0), "{again}");
@@ -768,7 +778,7 @@ async fn a_run_after_a_stop_takes_the_window_from_the_checkpoint() {
 #[tokio::test]
 async fn a_changed_job_file_is_refused_before_the_service_is_asked_anything() {
     let dir = tempfile::tempdir().unwrap();
-    let (job, sim, _) = stopped_after_the_probe(dir.path(), 1.0, 8, "0.6").await;
+    let (job, sim, _) = stopped_after_the_probe(dir.path(), 1.0, 8, "0.9").await;
     let changed = dir.path().join("changed.toml");
     let text = std::fs::read_to_string(&job).unwrap();
     std::fs::write(
@@ -822,10 +832,10 @@ async fn a_changed_job_file_is_refused_before_the_service_is_asked_anything() {
 #[tokio::test]
 async fn a_run_stopped_after_a_billed_probe_keeps_its_bill_and_window_in_the_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
-    // The probe may send up to 7 texts of about 680 tokens (4,732 tokens by
-    // the job's count, 0.4732 at 0.1 per 1000); it sends about 2,500,
-    // billed about 7,500.
-    let (job, sim, stopped) = stopped_after_the_probe(dir.path(), 3.0, 64, "0.5").await;
+    // The probe may send up to 12 texts of 676 tokens (8,112 tokens by the
+    // job's count, 0.8112 at 0.1 per 1000); it sends about 3,000, billed
+    // about 9,000.
+    let (job, sim, stopped) = stopped_after_the_probe(dir.path(), 3.0, 64, "0.9").await;
     assert_eq!(stopped["embedded"], 0, "{stopped}");
     let probe = stopped["learned_limits"]["window_probe"].clone();
     assert_eq!(
@@ -849,7 +859,7 @@ async fn a_run_stopped_after_a_billed_probe_keeps_its_bill_and_window_in_the_che
 #[tokio::test]
 async fn with_nothing_kept_the_next_run_takes_the_window_from_the_summary() {
     let dir = tempfile::tempdir().unwrap();
-    let (job, sim, stopped) = stopped_after_the_probe(dir.path(), 3.0, 64, "0.5").await;
+    let (job, sim, stopped) = stopped_after_the_probe(dir.path(), 3.0, 64, "0.9").await;
     std::fs::remove_dir_all(dir.path().join("out/result.parquet.checkpoint")).unwrap();
     the_next_run_probes_nothing(dir.path(), &job, &sim, &stopped).await;
 }
@@ -864,8 +874,8 @@ async fn a_probe_that_could_cost_more_than_the_budget_is_not_sent() {
     let root = prose(dir.path());
     let sim = simulator(unlisted("truncate")).await;
     let job = job(dir.path(), &sim, &root, "input_per_1k = 0.1");
-    // The probe may send 4,732 tokens, 0.4732 at 0.1 per 1000 (it sends
-    // about 2,500).
+    // The probe may send 8,112 tokens, 0.8112 at 0.1 per 1000 (it sends
+    // about 3,000).
     let output = run_job(&job, &["--json", "--max-cost", "0.3"]).await;
     let (stdout, stderr) = no_key(&output, KEY);
     assert_eq!(output.status.code(), Some(4), "{stdout}\n{stderr}");
@@ -1107,6 +1117,45 @@ async fn counted_as_the_model_counts_chunks_fit_a_wordpiece_server_whatever_the_
         chunks[1].0 < chunks[0].0,
         "fewer chunks counted as the model counts: {chunks:?}"
     );
+}
+
+/// A server that counts as all-MiniLM does, with the window of 512 that
+/// llama.cpp's and TEI's servers keep for it, silent or refusing without
+/// saying it. The probe's text is the shortest prefix of the prose with
+/// 640 cl100k tokens (about as many word pieces: a word, or a mark, is one
+/// of either): past the window. Then the probe tests the prefixes either
+/// side of 512: the last whose pieces leave one to spare with `[CLS]` and
+/// `[SEP]`, at most 509 and at least 508 (a word and its mark are at most
+/// two pieces), read whole; and the first with 512, past it. A truncating
+/// server is asked for both in one request, a refusing one for each. The
+/// binary search that finds the window without them took 6 requests after
+/// the first, and stopped within a 32nd of the text, 20 pieces.
+#[tokio::test]
+async fn a_wordpiece_window_is_found_where_it_is_likeliest_in_a_request_or_two() {
+    for (over, requests) in [("truncate", 2), ("llamacpp-bare", 3)] {
+        let dir = tempfile::tempdir().unwrap();
+        let root = prose(dir.path());
+        let window = ServerWindow::parse(&format!("512:{over}:wordpiece")).unwrap();
+        let sim = simulator(SimConfig {
+            window: Some(window),
+            ..unlisted(over)
+        })
+        .await;
+        let job = job(dir.path(), &sim, &root, "");
+        let summary = summary_of(&run_job(&job, &["--json"]).await);
+        let probe = &summary["learned_limits"]["window_probe"];
+        assert_eq!(probe["requests"], requests, "{over}: {summary}");
+        let learned = &summary["learned_limits"]["context_window"];
+        let pieces = learned["wordpieces"].as_u64().unwrap();
+        let read = [508, 509].map(embedjob::backend::with_margin);
+        assert!((read[0]..=read[1]).contains(&pieces), "{over}: {summary}");
+        let rows = read_output(&dir.path().join("out/result.parquet"));
+        let ledger = sim.ledger();
+        for text in &rows.texts {
+            assert!(!ledger.partly_read.contains_key(&text_hash(text)), "{text}");
+            assert!(window.count(text) <= 512, "{over}: {text}");
+        }
+    }
 }
 
 /// A server that counts as all-MiniLM does (`bert-base-uncased`'s WordPiece,

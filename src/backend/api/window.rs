@@ -3,7 +3,8 @@
 //! the window (OpenAI, TEI, vLLM and llama.cpp's server state it); a text
 //! the server accepts is checked for silent truncation by embedding its
 //! prefixes: a prefix with the whole text's vector shows where the server
-//! stopped reading, found by binary search.
+//! stopped reading. The prefixes either side of the likeliest window go
+//! first ([`guess`]), then a binary search over what is left.
 //!
 //! A refusal that does not say the window (older builds of llama.cpp's
 //! server: "input is too large to process. increase the physical batch
@@ -11,12 +12,16 @@
 //!
 //! Cost: one request with the whole text and the text less its last cut,
 //! then, only when those two vectors are the same (or the request was
-//! refused without the window said), ⌈log2((n − 1) / ⌊n / 32⌋)⌉ requests of
-//! one prefix each (at most 6), for a text cut in n prefixes: the
-//! search stops within a 32nd of the text, well inside the 10% the window
-//! is cut by, since each request is a round trip before the run starts. The
-//! text holds 5/4 of the chunk size the job would use, so the search ends
-//! within that.
+//! refused without the window said), one for each window guessed (two
+//! against a server that refuses), at most [`GUESSES`], and
+//! ⌈log2((n − 1) / ⌊n / 32⌋)⌉ requests of one prefix each
+//! (at most 6), for a text cut in n prefixes: the search stops within a
+//! 32nd of the text, well inside the 10% the window is cut by, since each
+//! request is a round trip before the run starts. The text holds 5/4 of the
+//! chunk size the job would use, so the search ends within that. Against a
+//! WordPiece model whose window is the one guessed (all-MiniLM, BGE, E5 and
+//! GTE models keep 512 or 256), the guess finds it to the word, and the
+//! search has nothing left to do.
 
 use super::ApiBackend;
 use crate::backend::{
@@ -263,11 +268,130 @@ pub(super) struct Probed {
 }
 
 /// The most the probe sends, in texts as long as its longest: two in its
-/// first request, then one a step of a binary search to a
-/// [`RESOLUTION`]th of the text (five steps), each shorter.
-const PROBE_TEXTS: u64 = 7;
+/// first request, two for each of at most [`GUESSES`] windows it guesses,
+/// then one for each step of a binary search to a [`RESOLUTION`]th of the
+/// text: at most six steps, since what is left to search, at most the n
+/// prefixes, over the ⌊n / 32⌋ it stops within (at least one, and more
+/// than n / 64 for n ≥ 32), is below 64.
+const PROBE_TEXTS: u64 = 2 + 2 * GUESSES as u64 + 6;
+
+/// The most windows the probe guesses: 512 and then 256, for a job's
+/// default chunks, the windows of all-MiniLM, BGE, E5 and GTE models.
+const GUESSES: usize = 2;
+
+/// Windows are powers of two (512 for all-MiniLM, BGE, E5 and GTE models,
+/// 256, 8192): the smallest the probe guesses.
+const SMALLEST_GUESS: usize = 64;
+
+/// The prefixes of `probe` either side of the likeliest window past its
+/// prefix `lo` and short of its prefix `hi`, counted as a WordPiece model
+/// counts: the largest power of two in between. Below it, the last prefix
+/// whose pieces, with the `[CLS]` and `[SEP]` the model adds, leave one to
+/// spare (read whole, whatever a server adds); above it, the first with
+/// as many pieces as the window (past it). Against a server that counts
+/// otherwise, the guess is a step of the search like any other.
+fn guess(probe: &ProbeText, lo: usize, hi: usize) -> Option<(usize, usize)> {
+    let pieces = |k: usize| server_pieces(probe.prefix(k));
+    // The first prefix after `lo` and before `hi` with pieces that are
+    // `over`, by binary search; `hi` when there is none.
+    let first = |over: &dyn Fn(usize) -> bool| {
+        let (mut a, mut b) = (lo + 1, hi);
+        while a < b {
+            let mid = a + (b - a) / 2;
+            if over(pieces(mid)) {
+                b = mid;
+            } else {
+                a = mid + 1;
+            }
+        }
+        a
+    };
+    let mut window = 1_usize << pieces(hi).saturating_add(2).ilog2();
+    while window >= SMALLEST_GUESS {
+        let below = first(&|p| p + 3 > window).saturating_sub(1);
+        let above = first(&|p| p >= window);
+        if lo < below && below < above && above < hi {
+            return Some((below, above));
+        }
+        window /= 2;
+    }
+    None
+}
 
 impl ApiBackend {
+    /// Where the server stops reading, tested at the prefixes `ks` of the
+    /// probe's text, shortest first: the place in `ks` of the first past
+    /// it, or `None` when it read them all. A server that truncates is sent
+    /// them all in one request, its vectors telling; one that refuses, one
+    /// a request up to the first refused.
+    async fn first_past(
+        &self,
+        search: &Search,
+        probe: &ProbeText,
+        ks: &[usize],
+        count: &(dyn Fn(&str) -> usize + Sync),
+        cost: &mut ProbeCost,
+    ) -> Result<Option<usize>, BackendError> {
+        let texts: Vec<&str> = ks.iter().map(|&k| probe.prefix(k)).collect();
+        let tokens = |texts: &[&str]| texts.iter().map(|text| count(text) as u64).sum();
+        match search {
+            Search::Truncation(whole) => {
+                cost.requests += 1;
+                let vectors = self.embed_all(&texts, tokens(&texts)).await?;
+                Ok((0..texts.len()).position(|i| same(whole, row(&vectors, i))))
+            }
+            Search::Refusal => {
+                for (i, &text) in texts.iter().enumerate() {
+                    cost.requests += 1;
+                    match self.embed_all(&[text], tokens(&[text])).await {
+                        Ok(_) => {}
+                        Err(BackendError::TooLarge { .. }) => return Ok(Some(i)),
+                        Err(error) => return Err(error),
+                    }
+                }
+                Ok(None)
+            }
+        }
+    }
+
+    /// Where the server stops reading the probe's text, short of its
+    /// prefix `past`: the longest prefix found read whole (0 for none) and
+    /// the shortest found past it. The prefixes either side of the
+    /// likeliest window go first, while there is one, then one in the
+    /// middle of what is left at a time.
+    async fn search(
+        &self,
+        search: &Search,
+        probe: &ProbeText,
+        past: usize,
+        count: &(dyn Fn(&str) -> usize + Sync),
+        cost: &mut ProbeCost,
+    ) -> Result<(usize, usize), BackendError> {
+        let (mut lo, mut hi) = (0, past);
+        let close = (probe.len() / RESOLUTION).max(1);
+        let mut guesses = 0;
+        loop {
+            let guessed = (guesses < GUESSES).then(|| guess(probe, lo, hi)).flatten();
+            let next = match guessed {
+                Some((below, above)) => {
+                    guesses += 1;
+                    vec![below, above]
+                }
+                None if hi - lo > close => vec![lo + (hi - lo) / 2],
+                None => return Ok((lo, hi)),
+            };
+            let first = self.first_past(search, probe, &next, count, cost).await?;
+            // Those before the first past were read whole.
+            let read = first.unwrap_or(next.len());
+            if let Some(&k) = read.checked_sub(1).and_then(|i| next.get(i)) {
+                lo = k;
+            }
+            if let Some(&k) = first.and_then(|i| next.get(i)) {
+                hi = k;
+            }
+        }
+    }
+
     /// Looks for the window of a model that lists none, for chunks of
     /// `chunk_tokens` counted by `count` (the job's tokenizer). Sends
     /// nothing when what it may send, priced at the job's count, could cost
@@ -346,39 +470,28 @@ impl ApiBackend {
             Ok(vectors) => Some((Search::Truncation(row(&vectors, 0).to_vec()), n - 1)),
         };
         if let Some((search, past)) = search {
-            let (mut lo, mut hi) = (0, past);
-            let close = (n / RESOLUTION).max(1);
-            while hi - lo > close {
-                let mid = lo + (hi - lo) / 2;
-                let text = prefix(mid);
-                probed.cost.requests += 1;
-                match (self.embed_all(&[text], tokens(text)).await, &search) {
-                    (Ok(vectors), Search::Truncation(whole)) if same(whole, row(&vectors, 0)) => {
-                        hi = mid;
-                    }
-                    (Err(BackendError::TooLarge { .. }), Search::Refusal) => hi = mid,
-                    (Ok(_), _) => lo = mid,
-                    (Err(error), _) => {
-                        probed.failed = Some(error.to_string());
-                        break;
-                    }
+            match self
+                .search(&search, &probe, past, count, &mut probed.cost)
+                .await
+            {
+                Ok((lo, _)) if tokens(prefix(lo)) > 0 => {
+                    let read = prefix(lo);
+                    probed.window = Some(LearnedWindow {
+                        server_tokens: None,
+                        tokens: with_margin(tokens(read)),
+                        from: search.source(),
+                        // What was read, counted as a WordPiece model counts:
+                        // chunks of text denser than this are cut to it too.
+                        wordpieces: Some(with_margin(server_pieces(read) as u64)),
+                    });
                 }
-            }
-            let read = tokens(prefix(lo));
-            if probed.failed.is_none() && read > 0 {
-                probed.window = Some(LearnedWindow {
-                    server_tokens: None,
-                    tokens: with_margin(read),
-                    from: search.source(),
-                    // What was read, counted as a WordPiece model counts:
-                    // chunks of text denser than this are cut to it too.
-                    wordpieces: Some(with_margin(server_pieces(prefix(lo)) as u64)),
-                });
-            } else if probed.failed.is_none() {
-                probed.failed = Some(format!(
-                    "the server refused every prefix of a long text, down to {} tokens",
-                    tokens(prefix(hi))
-                ));
+                Ok((_, hi)) => {
+                    probed.failed = Some(format!(
+                        "the server refused every prefix of a long text, down to {} tokens",
+                        tokens(prefix(hi))
+                    ));
+                }
+                Err(error) => probed.failed = Some(error.to_string()),
             }
         }
         probed.cost.tokens = self
@@ -695,6 +808,32 @@ mod tests {
         // At least two prefixes, however few tokens are asked for.
         let one = ProbeText::new(&pieces(&["word"]), &count, 1);
         assert!(one.len() >= 2, "{}", one.len());
+    }
+
+    #[test]
+    fn the_guess_brackets_the_largest_power_of_two_in_the_range() {
+        let count = |text: &str| text.split_whitespace().count();
+        let probe = ProbeText::new(&[], &count, 800);
+        let pieces = |k: usize| server_pieces(probe.prefix(k));
+        let hi = probe.len() - 1;
+        assert!(pieces(hi) > 600, "{}", pieces(hi));
+        // Read whole with a piece to spare, and the next is not; past 512.
+        let bracket = |window: usize, (below, above): (usize, usize)| {
+            assert!(pieces(below) + 3 <= window && pieces(below + 1) + 3 > window);
+            assert!(pieces(above) >= window && pieces(above - 1) < window);
+        };
+        let (below, above) = guess(&probe, 0, hi).unwrap();
+        bracket(512, (below, above));
+        // Past the first prefix, the window is below it: half of it next.
+        let (low, high) = guess(&probe, 0, below).unwrap();
+        bracket(256, (low, high));
+        // Read past the second, no window of the kind is left in between.
+        assert_eq!(guess(&probe, above, hi), None);
+        assert_eq!(guess(&probe, below, above), None);
+        // Nor below the smallest guessed.
+        let small = (1..hi).find(|&k| pieces(k) >= 2 * SMALLEST_GUESS).unwrap();
+        let (low, _) = guess(&probe, 0, small).unwrap();
+        assert_eq!(guess(&probe, 0, low), None);
     }
 
     #[test]
