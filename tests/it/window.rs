@@ -1129,7 +1129,7 @@ async fn counted_as_the_model_counts_chunks_fit_a_wordpiece_server_whatever_the_
 /// two pieces), read whole; and the first with 512, past it. A truncating
 /// server is asked for both in one request, a refusing one for each. The
 /// binary search that finds the window without them took 6 requests after
-/// the first, and stopped within a 32nd of the text, 20 pieces.
+/// the first, and stopped within a 32nd of the text, 20 words.
 #[tokio::test]
 async fn a_wordpiece_window_is_found_where_it_is_likeliest_in_a_request_or_two() {
     for (over, requests) in [("truncate", 2), ("llamacpp-bare", 3)] {
