@@ -833,8 +833,8 @@ async fn a_changed_job_file_is_refused_before_the_service_is_asked_anything() {
 async fn a_run_stopped_after_a_billed_probe_keeps_its_bill_and_window_in_the_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
     // The probe may send up to 12 texts of 676 tokens (8,112 tokens by the
-    // job's count, 0.8112 at 0.1 per 1000); it sends about 3,000, billed
-    // about 9,000.
+    // job's count, 0.8112 at 0.1 per 1000); it sends about 3,600, billed
+    // about three times that.
     let (job, sim, stopped) = stopped_after_the_probe(dir.path(), 3.0, 64, "0.9").await;
     assert_eq!(stopped["embedded"], 0, "{stopped}");
     let probe = stopped["learned_limits"]["window_probe"].clone();
@@ -875,7 +875,7 @@ async fn a_probe_that_could_cost_more_than_the_budget_is_not_sent() {
     let sim = simulator(unlisted("truncate")).await;
     let job = job(dir.path(), &sim, &root, "input_per_1k = 0.1");
     // The probe may send 8,112 tokens, 0.8112 at 0.1 per 1000 (it sends
-    // about 3,000).
+    // about 3,600).
     let output = run_job(&job, &["--json", "--max-cost", "0.3"]).await;
     let (stdout, stderr) = no_key(&output, KEY);
     assert_eq!(output.status.code(), Some(4), "{stdout}\n{stderr}");
