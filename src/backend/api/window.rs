@@ -371,7 +371,15 @@ impl ApiBackend {
         let close = (probe.len() / RESOLUTION).max(1);
         let mut guesses = 0;
         loop {
-            let guessed = (guesses < GUESSES).then(|| guess(probe, lo, hi)).flatten();
+            let guessed = if guesses < GUESSES {
+                guess(probe, lo, hi)
+            } else {
+                None
+            };
+            // A range with no window to guess in holds none as it narrows.
+            if guessed.is_none() {
+                guesses = GUESSES;
+            }
             let next = match guessed {
                 Some((below, above)) => {
                     guesses += 1;
