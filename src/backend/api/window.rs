@@ -291,22 +291,14 @@ const SMALLEST_GUESS: usize = 64;
 /// as many pieces as the window (past it). Against a server that counts
 /// otherwise, the guess is a step of the search like any other.
 fn guess(probe: &ProbeText, lo: usize, hi: usize) -> Option<(usize, usize)> {
-    let pieces = |k: usize| server_pieces(probe.prefix(k));
     // The first prefix after `lo` and before `hi` with pieces that are
-    // `over`, by binary search; `hi` when there is none.
+    // `over`, by binary search (pieces grow with the prefix); `hi` when
+    // there is none. Prefix `k` ends at cut `k - 1`.
     let first = |over: &dyn Fn(usize) -> bool| {
-        let (mut a, mut b) = (lo + 1, hi);
-        while a < b {
-            let mid = a + (b - a) / 2;
-            if over(pieces(mid)) {
-                b = mid;
-            } else {
-                a = mid + 1;
-            }
-        }
-        a
+        let between = probe.cuts.get(lo..hi.saturating_sub(1)).unwrap_or_default();
+        lo + 1 + between.partition_point(|&end| !over(server_pieces(&probe.text[..end])))
     };
-    let mut window = 1_usize << pieces(hi).saturating_add(2).ilog2();
+    let mut window = 1_usize << server_pieces(probe.prefix(hi)).saturating_add(2).ilog2();
     while window >= SMALLEST_GUESS {
         let below = first(&|p| p + 3 > window).saturating_sub(1);
         let above = first(&|p| p >= window);
