@@ -361,22 +361,14 @@ impl ApiBackend {
     ) -> Result<(usize, usize), BackendError> {
         let (mut lo, mut hi) = (0, past);
         let close = (probe.len() / RESOLUTION).max(1);
-        let mut guesses = 0;
+        // Windows left to guess; a range with no window to guess in holds
+        // none as it narrows.
+        let mut guesses = GUESSES;
         loop {
-            let guessed = if guesses < GUESSES {
-                guess(probe, lo, hi)
-            } else {
-                None
-            };
-            // A range with no window to guess in holds none as it narrows.
-            if guessed.is_none() {
-                guesses = GUESSES;
-            }
+            let guessed = (guesses > 0).then(|| guess(probe, lo, hi)).flatten();
+            guesses = if guessed.is_some() { guesses - 1 } else { 0 };
             let next = match guessed {
-                Some((below, above)) => {
-                    guesses += 1;
-                    vec![below, above]
-                }
+                Some((below, above)) => vec![below, above],
                 None if hi - lo > close => vec![lo + (hi - lo) / 2],
                 None => return Ok((lo, hi)),
             };
