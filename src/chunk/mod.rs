@@ -62,11 +62,15 @@ pub enum ChunkError {
 }
 
 /// A `tokenizer.json` read only up to [`MAX_TOKENIZER_BYTES`], so a path
-/// such as `/dev/zero` is an error rather than exhausted memory.
-fn read_tokenizer(path: &str) -> Result<tokenizers::Tokenizer, ChunkError> {
+/// such as `/dev/zero` is an error rather than exhausted memory. `named_by`
+/// is the key or flag that names it, for the error.
+pub(crate) fn read_tokenizer(
+    path: &str,
+    named_by: &str,
+) -> Result<tokenizers::Tokenizer, ChunkError> {
     let fail = |message: String| ChunkError::Tokenizer {
         name: path.to_string(),
-        message: format!("`chunking.tokenizer`: {message}"),
+        message: format!("{named_by}: {message}"),
     };
     let file = std::fs::File::open(path).map_err(|e| fail(e.to_string()))?;
     let bytes = bounded::read_to_end(file, MAX_TOKENIZER_BYTES).map_err(|e| match e {
@@ -78,6 +82,9 @@ fn read_tokenizer(path: &str) -> Result<tokenizers::Tokenizer, ChunkError> {
     })?;
     tokenizers::Tokenizer::from_bytes(bytes).map_err(|e| fail(e.to_string()))
 }
+
+/// The job key that names a tokenizer file.
+const TOKENIZER_KEY: &str = "`chunking.tokenizer`";
 
 /// Tokens the model adds to every text (`[CLS]` and `[SEP]` for a BERT
 /// model), as the tokenizer `config.tokenizer` names says (its
@@ -93,7 +100,7 @@ pub fn special_tokens(config: &ChunkingConfig) -> Result<u64, ChunkError> {
     };
     match config.tokenizer.as_deref() {
         Some(BERT_WORDPIECE) => Ok(added(bert_wordpiece()?)),
-        Some(path) if !named_encoding(path) => Ok(added(&read_tokenizer(path)?)),
+        Some(path) if !named_encoding(path) => Ok(added(&read_tokenizer(path, TOKENIZER_KEY)?)),
         _ => Ok(0),
     }
 }
@@ -337,7 +344,7 @@ impl TokenChunker {
             Some("o200k_base") => Self::new(config, Counter::Bpe(o200k_base()?, "o200k_base")),
             Some(BERT_WORDPIECE) => Self::with_tokenizer(config, bert_wordpiece()?.clone()),
             Some(path) => {
-                let tokenizer = read_tokenizer(path)?;
+                let tokenizer = read_tokenizer(path, TOKENIZER_KEY)?;
                 Self::with_tokenizer(config, tokenizer)
             }
         }

@@ -228,10 +228,12 @@ pub struct SimulateOptions {
     /// words of OpenAI (400), TEI (422), vLLM (400) or llama.cpp's server
     /// (500 for a physical batch, 400 for a slot's context; `llamacpp-bare`
     /// without the numbers, as older builds); `:wordpiece` counts as
-    /// bert-base-uncased does (all-MiniLM, BGE, E5), [CLS] and [SEP] included
+    /// bert-base-uncased does (all-MiniLM, BGE, E5), [CLS] and [SEP] included;
+    /// `:tokenizer=PATH` as a model's own tokenizer.json does, the special
+    /// tokens it adds included
     #[arg(
         long,
-        value_name = "TOKENS:truncate|openai|tei|vllm|llamacpp|llamacpp-context|llamacpp-bare[:wordpiece]"
+        value_name = "TOKENS:truncate|openai|tei|vllm|llamacpp|llamacpp-context|llamacpp-bare[:wordpiece|:tokenizer=PATH]"
     )]
     pub window: Option<String>,
 

@@ -7,6 +7,11 @@
 //! digits is one piece per [`PIECE_CHARS`] characters (rounded up), any
 //! other character but white space is a piece of its own. So the client's
 //! count and the server's differ, as they do against a real WordPiece model.
+//! Or it counts as a model does: `bert-base-uncased`'s WordPiece (all-MiniLM,
+//! BGE, E5), or a model's own `tokenizer.json`, with the special tokens the
+//! model adds.
+
+use std::sync::Arc;
 
 use axum::http::StatusCode;
 
@@ -43,31 +48,104 @@ pub enum OverWindow {
 /// The modes of `--window`, as typed.
 const MODES: &str = "truncate|openai|tei|vllm|llamacpp|llamacpp-context|llamacpp-bare";
 
+/// How the server counts its tokens.
+#[derive(Clone, Debug)]
+pub enum Counting {
+    /// The word pieces of [`server_tokens`].
+    Pieces,
+    /// As `bert-base-uncased`'s WordPiece tokenizer counts, as all-MiniLM,
+    /// BGE and E5 servers do, the window holding the `[CLS]` and `[SEP]`
+    /// the model adds (`TOKENS:MODE:wordpiece`).
+    WordPiece,
+    /// As the model's own `tokenizer.json` at `path` counts, the window
+    /// holding the `special` tokens its post-processor adds
+    /// (`TOKENS:MODE:tokenizer=PATH`).
+    Tokenizer {
+        path: String,
+        tokenizer: Arc<tokenizers::Tokenizer>,
+        special: u32,
+    },
+}
+
+impl PartialEq for Counting {
+    fn eq(&self, other: &Counting) -> bool {
+        match (self, other) {
+            (Counting::Pieces, Counting::Pieces) | (Counting::WordPiece, Counting::WordPiece) => {
+                true
+            }
+            (Counting::Tokenizer { path: a, .. }, Counting::Tokenizer { path: b, .. }) => a == b,
+            _ => false,
+        }
+    }
+}
+
+impl Eq for Counting {}
+
+impl Counting {
+    /// The tokens the model adds to every text.
+    fn special(&self) -> u32 {
+        match self {
+            Counting::Pieces => 0,
+            Counting::WordPiece => SPECIAL_TOKENS,
+            Counting::Tokenizer { special, .. } => *special,
+        }
+    }
+
+    /// Where each token of `text` ends, in bytes, the special tokens left
+    /// out; `None` if the tokenizer cannot encode it.
+    fn ends(&self, text: &str) -> Option<Vec<usize>> {
+        match self {
+            Counting::Pieces => Some(piece_ends(text).collect()),
+            Counting::WordPiece => wordpiece::ends(text),
+            Counting::Tokenizer { tokenizer, .. } => {
+                let encoding = tokenizer.encode(text, false).ok()?;
+                Some(encoding.get_offsets().iter().map(|&(_, end)| end).collect())
+            }
+        }
+    }
+
+    /// The tokens of `text`, the special ones left out.
+    fn count(&self, text: &str) -> u64 {
+        let counted = match self {
+            Counting::Pieces => None,
+            Counting::WordPiece => wordpiece::count(text),
+            Counting::Tokenizer { tokenizer, .. } => {
+                tokenizer.encode_fast(text, false).ok().map(|e| e.len())
+            }
+        };
+        counted.map_or_else(|| server_tokens(text), |n| n as u64)
+    }
+}
+
 /// A window every embedding model of the simulator keeps, in server tokens.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServerWindow {
     pub tokens: u32,
     pub over: OverWindow,
-    /// Counted as `bert-base-uncased`'s WordPiece tokenizer counts, as
-    /// all-MiniLM, BGE and E5 servers do, the window holding the `[CLS]`
-    /// and `[SEP]` the model adds (`TOKENS:MODE:wordpiece`); else in the
-    /// word pieces of [`server_tokens`].
-    pub wordpiece: bool,
+    /// How the server counts them.
+    pub counting: Counting,
 }
 
+/// What follows `--window TOKENS:MODE`, as typed.
+const COUNTINGS: &str = "[:wordpiece|:tokenizer=PATH]";
+
 impl ServerWindow {
-    /// Reads `--window TOKENS:MODE[:wordpiece]`, a mode of [`MODES`].
+    /// Reads `--window TOKENS:MODE[:wordpiece|:tokenizer=PATH]`, a mode of
+    /// [`MODES`]; `PATH` is a model's `tokenizer.json`.
     ///
     /// # Errors
     /// A message naming the flag.
     pub fn parse(spec: &str) -> Result<ServerWindow, String> {
-        let (window_spec, wordpiece) = match spec.strip_suffix(":wordpiece") {
-            Some(rest) => (rest, true),
-            None => (spec, false),
+        let (window_spec, counting) = if let Some(rest) = spec.strip_suffix(":wordpiece") {
+            (rest, Counting::WordPiece)
+        } else if let Some((rest, path)) = spec.split_once(":tokenizer=") {
+            (rest, tokenizer_counting(spec, path)?)
+        } else {
+            (spec, Counting::Pieces)
         };
         let (tokens, over) = window_spec
             .split_once(':')
-            .ok_or_else(|| format!("--window {spec}: expected TOKENS:{MODES}[:wordpiece]"))?;
+            .ok_or_else(|| format!("--window {spec}: expected TOKENS:{MODES}{COUNTINGS}"))?;
         let tokens: u32 = tokens
             .trim()
             .parse()
@@ -84,16 +162,18 @@ impl ServerWindow {
             "llamacpp-bare" => OverWindow::LlamaCppBare,
             other => return Err(format!("--window {spec}: '{other}' is not one of {MODES}")),
         };
-        if wordpiece && tokens <= SPECIAL_TOKENS {
+        let special = counting.special();
+        if special > 0 && tokens <= special {
+            let noun = if special == 1 { "token" } else { "tokens" };
             return Err(format!(
-                "--window {spec}: a WordPiece window holds {SPECIAL_TOKENS} special tokens and \
-                 must be larger"
+                "--window {spec}: the model adds {special} special {noun} to every text, and \
+                 its window must hold more"
             ));
         }
         Ok(ServerWindow {
             tokens,
             over,
-            wordpiece,
+            counting,
         })
     }
 
@@ -116,25 +196,37 @@ impl ServerWindow {
         if self.over != OverWindow::Truncate {
             return None;
         }
-        let end = if self.wordpiece {
-            let room = (self.tokens - SPECIAL_TOKENS) as usize;
+        let room = (self.tokens - self.counting.special()) as usize;
+        let end = match &self.counting {
+            Counting::Pieces => piece_ends(text).nth(room - 1)?,
             // On a character's boundary, whatever the tokenizer's offsets.
-            crate::secret::floor_char(text, *wordpiece::ends(text)?.get(room - 1)?)
-        } else {
-            piece_ends(text).nth(self.tokens as usize - 1)?
+            counting => crate::secret::floor_char(text, *counting.ends(text)?.get(room - 1)?),
         };
         (end < text.len() && !text[end..].trim().is_empty()).then(|| &text[..end])
     }
 
     /// The server's count of `text`, the special tokens it adds included.
     pub fn count(&self, text: &str) -> u64 {
-        if self.wordpiece {
-            let pieces = wordpiece::count(text).map_or_else(|| server_tokens(text), |n| n as u64);
-            pieces + u64::from(SPECIAL_TOKENS)
-        } else {
-            server_tokens(text)
-        }
+        self.counting.count(text) + u64::from(self.counting.special())
     }
+}
+
+/// Counting as the `tokenizer.json` at `path` does, for `--window {spec}`:
+/// truncation and padding off, the special tokens its post-processor adds.
+fn tokenizer_counting(spec: &str, path: &str) -> Result<Counting, String> {
+    let fail = |e: &dyn std::fmt::Display| format!("--window {spec}: {e}");
+    let mut tokenizer = crate::chunk::read_tokenizer(path, &format!("--window {spec}"))
+        .map_err(|e| e.to_string())?;
+    tokenizer.with_truncation(None).map_err(|e| fail(&e))?;
+    tokenizer.with_padding(None);
+    let special = tokenizer
+        .get_post_processor()
+        .map_or(0, |p| tokenizers::PostProcessor::added_tokens(p, false));
+    Ok(Counting::Tokenizer {
+        path: path.to_string(),
+        tokenizer: Arc::new(tokenizer),
+        special: u32::try_from(special).map_err(|e| fail(&e))?,
+    })
 }
 
 /// The `[CLS]` and `[SEP]` a WordPiece model adds to every text.
@@ -332,7 +424,7 @@ mod tests {
     #[test]
     fn a_wordpiece_window_counts_as_bert_base_uncased_with_its_special_tokens() {
         let window = ServerWindow::parse("5:truncate:wordpiece").unwrap();
-        assert!(window.wordpiece);
+        assert_eq!(window.counting, Counting::WordPiece);
         // [CLS] get ##ent ##rop [SEP]: three pieces of text are read.
         assert_eq!(window.count("getentropy"), 6);
         assert_eq!(window.read_part("getentropy now"), Some("getentrop"));
@@ -350,6 +442,45 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_tokenizer_window_counts_as_the_models_own_tokenizer_with_its_special_tokens() {
+        // A token a word, marks and all, and `<s>` before every text.
+        let json = r#"{"version": "1.0", "truncation": null, "padding": null,
+          "added_tokens": [{"id": 1, "content": "<s>", "single_word": false, "lstrip": false,
+                            "rstrip": false, "normalized": false, "special": true}],
+          "normalizer": null, "pre_tokenizer": {"type": "WhitespaceSplit"},
+          "post_processor": {"type": "TemplateProcessing",
+            "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+            "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+            "special_tokens": {"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]}}},
+          "decoder": null,
+          "model": {"type": "WordLevel", "unk_token": "<unk>", "vocab": {"<unk>": 0, "<s>": 1}}}"#;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokenizer.json");
+        std::fs::write(&path, json).unwrap();
+        let spec = |window: &str| format!("{window}:tokenizer={}", path.display());
+        let window = ServerWindow::parse(&spec("3:truncate")).unwrap();
+        // <s> getentropy, now.
+        assert_eq!(window.count("getentropy, now."), 3);
+        assert_eq!(
+            window.read_part("getentropy, now. again"),
+            Some("getentropy, now.")
+        );
+        assert_eq!(window.read_part("one two"), None);
+        let refusing = ServerWindow::parse(&spec("3:tei")).unwrap();
+        assert!(refusing.check(["one two"].into_iter()).is_ok());
+        assert!(refusing.check(["one two three"].into_iter()).is_err());
+        // The window holds the special token and more.
+        let small = ServerWindow::parse(&spec("1:truncate")).unwrap_err();
+        assert!(small.contains("adds 1 special token to"), "{small}");
+        let missing =
+            ServerWindow::parse("3:truncate:tokenizer=/nonexistent/tokenizer.json").unwrap_err();
+        assert!(
+            missing.contains("--window 3:truncate:tokenizer=/nonexistent/tokenizer.json"),
+            "{missing}"
+        );
     }
 
     #[test]

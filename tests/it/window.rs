@@ -1137,7 +1137,7 @@ async fn a_wordpiece_window_is_found_where_it_is_likeliest_in_a_request_or_two()
         let root = prose(dir.path());
         let window = ServerWindow::parse(&format!("512:{over}:wordpiece")).unwrap();
         let sim = simulator(SimConfig {
-            window: Some(window),
+            window: Some(window.clone()),
             ..unlisted(over)
         })
         .await;
@@ -1158,13 +1158,90 @@ async fn a_wordpiece_window_is_found_where_it_is_likeliest_in_a_request_or_two()
     }
 }
 
+/// A model's own `tokenizer.json` that is not WordPiece: a token a word,
+/// marks and all (`WhitespaceSplit`), and `<s>` before every text.
+const WORD_TOKENIZER: &str = r#"{"version": "1.0", "truncation": null, "padding": null,
+  "added_tokens": [{"id": 1, "content": "<s>", "single_word": false, "lstrip": false,
+                    "rstrip": false, "normalized": false, "special": true}],
+  "normalizer": null, "pre_tokenizer": {"type": "WhitespaceSplit"},
+  "post_processor": {"type": "TemplateProcessing",
+    "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+    "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+    "special_tokens": {"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]}}},
+  "decoder": null,
+  "model": {"type": "WordLevel", "unk_token": "<unk>", "vocab": {"<unk>": 0, "<s>": 1}}}"#;
+
+/// A server whose model counts as [`WORD_TOKENIZER`] does, with a window of
+/// 512 and the job counting with the same `tokenizer.json`. Every other word
+/// of the prose carries a comma: `bert-base-uncased` counts about three
+/// pieces for every two of the model's tokens, so a guess counted as a
+/// WordPiece model counts (at 512 pieces, about 340 words) is read whole
+/// and the binary search does the rest. Counted as the job counts, the
+/// guess is the model's own: the prefix of 510 words (511 tokens with
+/// `<s>`) read whole, the one of 513 past the window; a truncating server
+/// is asked for both in one request, a refusing one for each.
+#[tokio::test]
+async fn a_window_is_guessed_in_the_models_own_count_when_the_job_counts_with_it() {
+    for (over, requests) in [("truncate", 2), ("llamacpp-bare", 3)] {
+        let dir = tempfile::tempdir().unwrap();
+        let tokenizer = dir.path().join("tokenizer.json");
+        std::fs::write(&tokenizer, WORD_TOKENIZER).unwrap();
+        let root = dir.path().join("docs");
+        std::fs::create_dir_all(&root).unwrap();
+        for doc in 0..3 {
+            let words: Vec<String> = (0..1500)
+                .map(|i| {
+                    let word = prose_paragraph(doc, i / 30)
+                        .split_whitespace()
+                        .nth(i % 30)
+                        .unwrap_or("river")
+                        .trim_end_matches('.')
+                        .to_string();
+                    if i % 2 == 0 {
+                        word + ","
+                    } else {
+                        word
+                    }
+                })
+                .collect();
+            std::fs::write(root.join(format!("d{doc}.txt")), words.join(" ")).unwrap();
+        }
+        let spec = format!("512:{over}:tokenizer={}", tokenizer.display());
+        let window = ServerWindow::parse(&spec).unwrap();
+        let sim = simulator(SimConfig {
+            window: Some(window.clone()),
+            ..unlisted(over)
+        })
+        .await;
+        let extra = format!("[chunking]\ntokenizer = \"{}\"", tokenizer.display());
+        let job = job(dir.path(), &sim, &root, &extra);
+        let summary = summary_of(&run_job(&job, &["--json"]).await);
+        let probe = &summary["learned_limits"]["window_probe"];
+        assert_eq!(probe["requests"], requests, "{over}: {summary}");
+        let learned = &summary["learned_limits"]["context_window"];
+        assert_eq!(
+            learned["tokens"],
+            embedjob::backend::with_margin(510),
+            "{over}: {summary}"
+        );
+        assert_eq!(learned.get("wordpieces"), None, "{over}: {summary}");
+        let rows = read_output(&dir.path().join("out/result.parquet"));
+        assert!(!rows.texts.is_empty());
+        let ledger = sim.ledger();
+        for text in &rows.texts {
+            assert!(!ledger.partly_read.contains_key(&text_hash(text)), "{text}");
+            assert!(window.count(text) <= 512, "{over}: {text}");
+        }
+    }
+}
+
 /// A server that counts as all-MiniLM does (`bert-base-uncased`'s WordPiece,
 /// `[CLS]` and `[SEP]` in its window of [`WINDOW`]), reads only the start of
 /// a longer input, and lists no window; and that window.
 async fn wordpiece_server() -> (ServerWindow, Simulator) {
     let window = ServerWindow::parse(&format!("{WINDOW}:truncate:wordpiece")).unwrap();
     let sim = simulator(SimConfig {
-        window: Some(window),
+        window: Some(window.clone()),
         ..unlisted("truncate")
     })
     .await;

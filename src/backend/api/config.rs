@@ -9,6 +9,7 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 
+use super::window::ModelCount;
 use super::{ApiBackend, ApiSettings};
 use crate::backend::{fitted_chunking, BackendKind, Embedding, EmbeddingBackend, EmbeddingKind};
 use crate::chunk::{Chunker, TokenChunker};
@@ -649,6 +650,7 @@ async fn build(job: &Job) -> Result<Embedding, Failure> {
         let unfitted = job.chunking_for(None);
         let counter = chunker_for(&unfitted)?;
         let count = |text: &str| counter.count_tokens(text);
+        let model = ModelCount::of_job(&unfitted, &count).map_err(Failure::usage)?;
         let max_cost = job.budget.max_cost;
         // The probe measures the server's count on the job's own text.
         let (source, bytes) = (
@@ -659,7 +661,9 @@ async fn build(job: &Job) -> Result<Embedding, Failure> {
             .await
             .unwrap_or_default();
         let chunks = (unfitted.max_tokens, pieces.as_slice());
-        let probed = backend.probe_window(&count, chunks, max_cost).await;
+        let probed = backend
+            .probe_window((&count, model), chunks, max_cost)
+            .await;
         backend.learn_window(probed, &unfitted, &unknown, plan.checked);
     }
     let chunking = ChunkingConfig {

@@ -21,7 +21,8 @@
 //! chunk size the job would use, so the search ends within that. Against a
 //! WordPiece model whose window is the one guessed (all-MiniLM, BGE, E5 and
 //! GTE models keep 512 or 256), the guess finds it to the word, and the
-//! search has nothing left to do.
+//! search has nothing left to do; so it does against any model whose own
+//! `tokenizer.json` the job counts with ([`ModelCount`]).
 
 use super::ApiBackend;
 use crate::backend::{
@@ -138,6 +139,50 @@ fn cuts(text: &str) -> Vec<usize> {
     cuts
 }
 
+/// How the model behind the server is taken to count, for the guess: its
+/// tokens of a text, and the special tokens it adds to every text. A job
+/// that counts with the model's own tokenizer (`chunking.tokenizer`, a
+/// `tokenizer.json` or `bert-base-uncased`) tells it; one that counts in an
+/// encoding is taken to face a WordPiece model, as most servers that list no
+/// window run.
+#[derive(Clone, Copy)]
+pub(super) struct ModelCount<'a> {
+    pub tokens: &'a (dyn Fn(&str) -> usize + Sync),
+    pub special: usize,
+}
+
+impl<'a> ModelCount<'a> {
+    /// `bert-base-uncased`'s WordPiece, with its `[CLS]` and `[SEP]`.
+    pub(super) fn wordpiece() -> ModelCount<'static> {
+        ModelCount {
+            tokens: &server_pieces,
+            special: 2,
+        }
+    }
+
+    /// As a job whose `chunking` counts by `count` tells it: the job's own
+    /// count where it counts with the model's tokenizer, else WordPiece.
+    ///
+    /// # Errors
+    /// A tokenizer file that cannot be read.
+    pub(super) fn of_job(
+        chunking: &ChunkingConfig,
+        count: &'a (dyn Fn(&str) -> usize + Sync),
+    ) -> Result<ModelCount<'a>, crate::chunk::ChunkError> {
+        if crate::job::named_encoding(tokenizer_name(chunking)) {
+            return Ok(ModelCount::wordpiece());
+        }
+        let special = crate::chunk::special_tokens(chunking)?;
+        Ok(ModelCount {
+            tokens: count,
+            special: usize::try_from(special).unwrap_or(usize::MAX),
+        })
+    }
+}
+
+/// The job's count of a text, and the model's as the guess takes it.
+pub(super) type Counts<'a> = (&'a (dyn Fn(&str) -> usize + Sync), ModelCount<'a>);
+
 /// The probe's text, and where its prefixes end.
 struct ProbeText {
     text: String,
@@ -150,7 +195,7 @@ impl ProbeText {
     /// text like the chunks', then plain words if it is too short, up to
     /// the shortest prefix that holds `tokens` local tokens by `count`.
     ///
-    /// The pieces go densest first, as [`server_pieces`] over the local
+    /// The pieces go densest first, as the `model` counts over the local
     /// count: the window is found where the server stops reading the text
     /// that counts the most tokens for it, the input's densest of the
     /// pieces sampled, so that chunks of lighter text fit it too. Only the
@@ -162,14 +207,14 @@ impl ProbeText {
     /// chunks did not fit (its underlines count a token a character for a
     /// WordPiece model, and few for `cl100k_base`), and so did the input's
     /// first documents, where they were plain prose before such text.
-    fn new(pieces: &[String], count: &(dyn Fn(&str) -> usize + Sync), tokens: usize) -> Self {
+    fn new(pieces: &[String], (count, model): Counts, tokens: usize) -> Self {
         let mut dense: Vec<(f64, usize, &str)> = pieces
             .iter()
             .map(|piece| {
                 let piece = piece.trim();
                 let local = count(piece);
                 #[allow(clippy::cast_precision_loss)]
-                let density = server_pieces(piece) as f64 / local.max(1) as f64;
+                let density = (model.tokens)(piece) as f64 / local.max(1) as f64;
                 (density, local, piece)
             })
             .filter(|(_, _, piece)| !piece.is_empty())
@@ -284,24 +329,27 @@ const GUESSES: usize = 2;
 const SMALLEST_GUESS: usize = 64;
 
 /// The prefixes of `probe` either side of the likeliest window past its
-/// prefix `lo` and short of its prefix `hi`, counted as a WordPiece model
-/// counts: the largest power of two in between. Below it, the last prefix
-/// whose pieces, with the `[CLS]` and `[SEP]` the model adds, leave one to
-/// spare (read whole, whatever a server adds); above it, the first with
-/// as many pieces as the window (past it). Against a server that counts
-/// otherwise, the guess is a step of the search like any other.
-fn guess(probe: &ProbeText, lo: usize, hi: usize) -> Option<(usize, usize)> {
-    // The first prefix after `lo` and before `hi` with pieces that are
-    // `over`, by binary search (pieces grow with the prefix); `hi` when
-    // there is none. Prefix `k` ends at cut `k - 1`.
+/// prefix `lo` and short of its prefix `hi`, counted as the `model` counts:
+/// the largest power of two in between. Below it, the last prefix whose
+/// tokens, with the special tokens the model adds, leave one to spare
+/// (read whole, whatever a server adds); above it, the first two tokens
+/// past it (for a WordPiece model, with `[CLS]` and `[SEP]`, as many pieces
+/// as the window). Against a server that counts otherwise, the guess is a
+/// step of the search like any other.
+fn guess(probe: &ProbeText, lo: usize, hi: usize, model: ModelCount) -> Option<(usize, usize)> {
+    // The first prefix after `lo` and before `hi` whose tokens, with the
+    // special ones, are `over`, by binary search (tokens grow with the
+    // prefix); `hi` when there is none. Prefix `k` ends at cut `k - 1`.
     let first = |over: &dyn Fn(usize) -> bool| {
         let between = probe.cuts.get(lo..hi.saturating_sub(1)).unwrap_or_default();
-        lo + 1 + between.partition_point(|&end| !over(server_pieces(&probe.text[..end])))
+        let counted = |end: usize| (model.tokens)(&probe.text[..end]).saturating_add(model.special);
+        lo + 1 + between.partition_point(|&end| !over(counted(end)))
     };
-    let mut window = 1_usize << server_pieces(probe.prefix(hi)).saturating_add(2).ilog2();
+    let whole = (model.tokens)(probe.prefix(hi)).saturating_add(model.special);
+    let mut window = 1_usize << whole.max(1).ilog2();
     while window >= SMALLEST_GUESS {
-        let below = first(&|p| p + 3 > window).saturating_sub(1);
-        let above = first(&|p| p >= window);
+        let below = first(&|t| t >= window).saturating_sub(1);
+        let above = first(&|t| t >= window + 2);
         if lo < below && below < above && above < hi {
             return Some((below, above));
         }
@@ -356,7 +404,7 @@ impl ApiBackend {
         search: &Search,
         probe: &ProbeText,
         past: usize,
-        count: &(dyn Fn(&str) -> usize + Sync),
+        (count, model): Counts<'_>,
         cost: &mut ProbeCost,
     ) -> Result<(usize, usize), BackendError> {
         let (mut lo, mut hi) = (0, past);
@@ -365,7 +413,7 @@ impl ApiBackend {
         // none as it narrows.
         let mut guesses = GUESSES;
         loop {
-            let guessed = (guesses > 0).then(|| guess(probe, lo, hi)).flatten();
+            let guessed = (guesses > 0).then(|| guess(probe, lo, hi, model)).flatten();
             guesses = if guessed.is_some() { guesses - 1 } else { 0 };
             let next = match guessed {
                 Some((below, above)) => vec![below, above],
@@ -385,7 +433,8 @@ impl ApiBackend {
     }
 
     /// Looks for the window of a model that lists none, for chunks of
-    /// `chunk_tokens` counted by `count` (the job's tokenizer). Sends
+    /// `chunk_tokens` counted by `count` (the job's tokenizer), guessing it
+    /// as the `model` counts ([`ModelCount`]). Sends
     /// nothing when what it may send, priced at the job's count, could cost
     /// more than `max_cost` (`budget.max_cost`): the probe is paid for
     /// before the budget's first request, and a budget smaller than it had
@@ -395,11 +444,11 @@ impl ApiBackend {
     /// truncates silently read in part.
     pub(super) async fn probe_window(
         &self,
-        count: &(dyn Fn(&str) -> usize + Sync),
+        (count, model): Counts<'_>,
         (chunk_tokens, pieces): (usize, &[String]),
         max_cost: Option<f64>,
     ) -> Probed {
-        let probe = ProbeText::new(pieces, count, probe_tokens(chunk_tokens));
+        let probe = ProbeText::new(pieces, (count, model), probe_tokens(chunk_tokens));
         let prefix = |k: usize| probe.prefix(k);
         let tokens = |text: &str| count(text) as u64;
         let billed_before = self.billed.get().prompt_tokens;
@@ -463,7 +512,7 @@ impl ApiBackend {
         };
         if let Some((search, past)) = search {
             match self
-                .search(&search, &probe, past, count, &mut probed.cost)
+                .search(&search, &probe, past, (count, model), &mut probed.cost)
                 .await
             {
                 Ok((lo, _)) if tokens(prefix(lo)) > 0 => {
@@ -778,34 +827,38 @@ mod tests {
         let count = |text: &str| text.split_whitespace().count();
         let pieces = |texts: &[&str]| texts.iter().map(ToString::to_string).collect::<Vec<_>>();
         // No sample: plain words, the shortest prefix that holds the tokens.
-        let plain = ProbeText::new(&[], &count, 640);
+        let plain = ProbeText::new(&[], (&count, ModelCount::wordpiece()), 640);
         assert_eq!(count(plain.prefix(plain.len())), 640);
         assert_eq!(count(plain.prefix(plain.len() - 1)), 639);
         assert_eq!(plain.prefix(0), "");
         // A sample long enough is the text, cut after each word.
         let sample = pieces(&["one two three four five six seven eight"]);
-        let own = ProbeText::new(&sample, &count, 5);
+        let own = ProbeText::new(&sample, (&count, ModelCount::wordpiece()), 5);
         assert_eq!(own.prefix(own.len()), "one two three four five");
         assert_eq!(own.prefix(1), "one");
         // A short one is followed by plain words.
-        let short = ProbeText::new(&pieces(&["  one two "]), &count, 5);
+        let short = ProbeText::new(
+            &pieces(&["  one two "]),
+            (&count, ModelCount::wordpiece()),
+            5,
+        );
         assert!(short.prefix(short.len()).starts_with("one two the report"));
         // Text without spaces is cut every few characters.
         let dense = "汉".repeat(100);
         let chars = |text: &str| text.chars().count();
-        let cut = ProbeText::new(&[dense], &chars, 40);
+        let cut = ProbeText::new(&[dense], (&chars, ModelCount::wordpiece()), 40);
         assert_eq!(cut.prefix(1).chars().count(), CUT_CHARS);
         assert_eq!(chars(cut.prefix(cut.len())), 48);
         assert!(cut.prefix(cut.len()).chars().all(|c| c == '汉'));
         // At least two prefixes, however few tokens are asked for.
-        let one = ProbeText::new(&pieces(&["word"]), &count, 1);
+        let one = ProbeText::new(&pieces(&["word"]), (&count, ModelCount::wordpiece()), 1);
         assert!(one.len() >= 2, "{}", one.len());
     }
 
     #[test]
     fn the_guess_brackets_the_largest_power_of_two_in_the_range() {
         let count = |text: &str| text.split_whitespace().count();
-        let probe = ProbeText::new(&[], &count, 800);
+        let probe = ProbeText::new(&[], (&count, ModelCount::wordpiece()), 800);
         let pieces = |k: usize| server_pieces(probe.prefix(k));
         let hi = probe.len() - 1;
         assert!(pieces(hi) > 600, "{}", pieces(hi));
@@ -814,18 +867,41 @@ mod tests {
             assert!(pieces(below) + 3 <= window && pieces(below + 1) + 3 > window);
             assert!(pieces(above) >= window && pieces(above - 1) < window);
         };
-        let (below, above) = guess(&probe, 0, hi).unwrap();
+        let (below, above) = guess(&probe, 0, hi, ModelCount::wordpiece()).unwrap();
         bracket(512, (below, above));
         // Past the first prefix, the window is below it: half of it next.
-        let (low, high) = guess(&probe, 0, below).unwrap();
+        let (low, high) = guess(&probe, 0, below, ModelCount::wordpiece()).unwrap();
         bracket(256, (low, high));
         // Read past the second, no window of the kind is left in between.
-        assert_eq!(guess(&probe, above, hi), None);
-        assert_eq!(guess(&probe, below, above), None);
+        assert_eq!(guess(&probe, above, hi, ModelCount::wordpiece()), None);
+        assert_eq!(guess(&probe, below, above, ModelCount::wordpiece()), None);
         // Nor below the smallest guessed.
         let small = (1..hi).find(|&k| pieces(k) >= 2 * SMALLEST_GUESS).unwrap();
-        let (low, _) = guess(&probe, 0, small).unwrap();
-        assert_eq!(guess(&probe, 0, low), None);
+        let (low, _) = guess(&probe, 0, small, ModelCount::wordpiece()).unwrap();
+        assert_eq!(guess(&probe, 0, low, ModelCount::wordpiece()), None);
+    }
+
+    #[test]
+    fn the_guess_counts_as_the_models_own_tokenizer_when_the_job_does() {
+        // A model that counts a token a word, marks and all, and adds one
+        // special token: the job's own count, as with its tokenizer.json.
+        let count = |text: &str| text.split_whitespace().count();
+        let own = ModelCount {
+            tokens: &count,
+            special: 1,
+        };
+        // Every word with a mark: two word pieces for `bert-base-uncased`.
+        let marked: Vec<String> = (0..900).map(|i| format!("w{}, ", i % 7)).collect();
+        let probe = ProbeText::new(&[marked.concat()], (&count, own), 800);
+        let hi = probe.len() - 1;
+        let tokens = |k: usize| count(probe.prefix(k)) + 1;
+        // Read whole with a token to spare; two past the window.
+        let (below, above) = guess(&probe, 0, hi, own).unwrap();
+        assert_eq!((tokens(below), tokens(above)), (511, 514));
+        // Counted as a WordPiece model, the same prefixes are a guess at
+        // 1,024 pieces: past what this model reads, both of them.
+        let (wp_below, wp_above) = guess(&probe, 0, hi, ModelCount::wordpiece()).unwrap();
+        assert!(tokens(wp_below) > 512 && tokens(wp_above) > 512);
     }
 
     #[test]
@@ -845,7 +921,11 @@ mod tests {
         };
         let prose = "the river rose after the storm".to_string();
         let titled = "Rivers\n======\nthe river rose".to_string();
-        let probe = ProbeText::new(&[prose.clone(), titled, prose], &count, 8);
+        let probe = ProbeText::new(
+            &[prose.clone(), titled, prose],
+            (&count, ModelCount::wordpiece()),
+            8,
+        );
         assert!(
             probe
                 .prefix(probe.len())

@@ -124,6 +124,7 @@ pub(crate) async fn tei_info(State(shared): State<Arc<Shared>>, headers: HeaderM
     let window = shared
         .config
         .window
+        .as_ref()
         .map_or(model.context_window, |w| w.tokens);
     axum::Json(json!({
         "model_id": model.id,
@@ -135,7 +136,7 @@ pub(crate) async fn tei_info(State(shared): State<Arc<Shared>>, headers: HeaderM
         "max_batch_tokens": 16384,
         "max_batch_requests": null,
         "max_client_batch_size": shared.config.most_inputs(),
-        "auto_truncate": shared.config.window.is_some_and(|w| w.over == OverWindow::Truncate),
+        "auto_truncate": shared.config.window.as_ref().is_some_and(|w| w.over == OverWindow::Truncate),
         "tokenization_workers": 2,
         "version": "1.5.0",
         "sha": null,
