@@ -16,6 +16,10 @@ pub const MAX_LINE_BYTES: u64 = 64 * MIB;
 /// The most a `chunking.tokenizer` file may hold.
 pub const MAX_TOKENIZER_BYTES: u64 = 64 * MIB;
 
+/// The most a certificate file (`SSL_CERT_FILE`) may hold: a system's whole
+/// bundle is a few hundred kilobytes.
+pub const MAX_CA_FILE_BYTES: u64 = 16 * MIB;
+
 /// The most a job file may hold: a job file is a few kilobytes of TOML.
 pub const MAX_JOB_FILE_BYTES: u64 = 16 * MIB;
 

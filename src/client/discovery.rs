@@ -62,6 +62,10 @@ pub enum DiscoveryError {
     /// The service could not be reached, or kept failing.
     #[error("cannot reach the service: {0}")]
     Unreachable(#[source] ApiError),
+    /// The connection failed for good, before any answer: the server's
+    /// certificate was refused (see `trust`).
+    #[error("cannot use the service: {0}")]
+    Refused(#[source] ApiError),
     /// No route under the API path answers: neither the model routes nor
     /// the embeddings route. `url` is shown without credentials.
     #[error(
@@ -179,6 +183,9 @@ async fn look_up(
     }
     if first.kind == ErrorKind::Transient {
         return Err(DiscoveryError::Unreachable(first));
+    }
+    if first.status.is_none() {
+        return Err(DiscoveryError::Refused(first));
     }
     if !route_missing(&first) {
         return Err(DiscoveryError::UnknownModel {

@@ -181,9 +181,19 @@ impl ApiError {
         } else {
             "the connection failed"
         };
-        let mut message = format!("{what}: {}", error_chain(err));
+        let chain = error_chain(err);
+        // No retry makes a certificate trusted.
+        let untrusted = super::trust::refused_certificate(&chain);
+        let mut message = if untrusted {
+            format!(
+                "the server's TLS certificate was refused ({}): {chain}",
+                super::trust::UNTRUSTED_HINT
+            )
+        } else {
+            format!("{what}: {chain}")
+        };
         truncate_chars(&mut message, MAX_MESSAGE_CHARS);
-        let kind = if err.is_builder() {
+        let kind = if err.is_builder() || untrusted {
             ErrorKind::Permanent
         } else {
             ErrorKind::Transient

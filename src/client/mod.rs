@@ -14,6 +14,7 @@ mod flat;
 mod model_info;
 mod server_info;
 mod sse;
+mod trust;
 mod wire;
 
 use std::fmt;
@@ -126,6 +127,12 @@ pub enum ConfigError {
     KeyNotHeaderSafe,
     #[error("could not build the HTTP client: {0}")]
     Http(String),
+    #[error(
+        "{var} {path:?} cannot be used: {reason}; it names a PEM file of the certificate \
+         authorities an https base URL is checked against",
+        var = trust::CA_FILE_VAR
+    )]
+    CaFile { path: String, reason: String },
 }
 
 /// Told the status and headers of each response a client receives.
@@ -213,7 +220,13 @@ impl Client {
         }
         let scrubber = Arc::new(Scrubber::new(key.expose()).ok_or(ConfigError::EmptyKey)?);
         crate::secret::register(key.expose());
-        let http = reqwest::Client::builder()
+        let scheme = base.split_once("://").map_or("", |(scheme, _)| scheme);
+        let roots = trust::extra_roots(scheme, std::env::var_os(trust::CA_FILE_VAR))?;
+        let http = roots
+            .into_iter()
+            .fold(reqwest::Client::builder(), |builder, root| {
+                builder.add_root_certificate(root)
+            })
             .connect_timeout(config.connect_timeout)
             .read_timeout(config.timeout)
             .user_agent(concat!("embedjob/", env!("CARGO_PKG_VERSION")))

@@ -29,4 +29,5 @@ mod simulator;
 mod source;
 mod storm;
 mod support;
+mod tls;
 mod window;

@@ -47,7 +47,9 @@ pub fn bin() -> Command {
         .env_remove("EMBEDJOB_API_KEY")
         .env_remove("EMBEDJOB_BASE_URL")
         .env_remove("EMBEDJOB_TIMEOUT_SECONDS")
-        .env_remove("EMBEDJOB_API_PATH");
+        .env_remove("EMBEDJOB_API_PATH")
+        .env_remove("SSL_CERT_FILE")
+        .env_remove("SSL_CERT_DIR");
     command
 }
 
