@@ -447,19 +447,8 @@ mod tests {
     #[test]
     fn a_tokenizer_window_counts_as_the_models_own_tokenizer_with_its_special_tokens() {
         // A token a word, marks and all, and `<s>` before every text.
-        let json = r#"{"version": "1.0", "truncation": null, "padding": null,
-          "added_tokens": [{"id": 1, "content": "<s>", "single_word": false, "lstrip": false,
-                            "rstrip": false, "normalized": false, "special": true}],
-          "normalizer": null, "pre_tokenizer": {"type": "WhitespaceSplit"},
-          "post_processor": {"type": "TemplateProcessing",
-            "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
-            "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
-            "special_tokens": {"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]}}},
-          "decoder": null,
-          "model": {"type": "WordLevel", "unk_token": "<unk>", "vocab": {"<unk>": 0, "<s>": 1}}}"#;
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("tokenizer.json");
-        std::fs::write(&path, json).unwrap();
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/word-tokenizer.json");
         let spec = |window: &str| format!("{window}:tokenizer={}", path.display());
         let window = ServerWindow::parse(&spec("3:truncate")).unwrap();
         // <s> getentropy, now.

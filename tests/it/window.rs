@@ -1158,20 +1158,8 @@ async fn a_wordpiece_window_is_found_where_it_is_likeliest_in_a_request_or_two()
     }
 }
 
-/// A model's own `tokenizer.json` that is not WordPiece: a token a word,
-/// marks and all (`WhitespaceSplit`), and `<s>` before every text.
-const WORD_TOKENIZER: &str = r#"{"version": "1.0", "truncation": null, "padding": null,
-  "added_tokens": [{"id": 1, "content": "<s>", "single_word": false, "lstrip": false,
-                    "rstrip": false, "normalized": false, "special": true}],
-  "normalizer": null, "pre_tokenizer": {"type": "WhitespaceSplit"},
-  "post_processor": {"type": "TemplateProcessing",
-    "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
-    "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
-    "special_tokens": {"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]}}},
-  "decoder": null,
-  "model": {"type": "WordLevel", "unk_token": "<unk>", "vocab": {"<unk>": 0, "<s>": 1}}}"#;
-
-/// A server whose model counts as [`WORD_TOKENIZER`] does, with a window of
+/// A server whose model counts as `tests/fixtures/word-tokenizer.json` does
+/// (a token a word, marks and all, and `<s>` before every text), with a window of
 /// 512 and the job counting with the same `tokenizer.json`. Every other word
 /// of the prose carries a comma: `bert-base-uncased` counts about three
 /// pieces for every two of the model's tokens, so a guess counted as a
@@ -1184,8 +1172,8 @@ const WORD_TOKENIZER: &str = r#"{"version": "1.0", "truncation": null, "padding"
 async fn a_window_is_guessed_in_the_models_own_count_when_the_job_counts_with_it() {
     for (over, requests) in [("truncate", 2), ("llamacpp-bare", 3)] {
         let dir = tempfile::tempdir().unwrap();
-        let tokenizer = dir.path().join("tokenizer.json");
-        std::fs::write(&tokenizer, WORD_TOKENIZER).unwrap();
+        let tokenizer =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/word-tokenizer.json");
         let root = dir.path().join("docs");
         std::fs::create_dir_all(&root).unwrap();
         for doc in 0..3 {
