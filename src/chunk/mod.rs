@@ -93,16 +93,18 @@ const TOKENIZER_KEY: &str = "`chunking.tokenizer`";
 /// # Errors
 /// A tokenizer that cannot be read.
 pub fn special_tokens(config: &ChunkingConfig) -> Result<u64, ChunkError> {
-    let added = |tokenizer: &tokenizers::Tokenizer| {
-        tokenizer.get_post_processor().map_or(0, |p| {
-            tokenizers::PostProcessor::added_tokens(p, false) as u64
-        })
-    };
     match config.tokenizer.as_deref() {
         Some(BERT_WORDPIECE) => Ok(added(bert_wordpiece()?)),
         Some(path) if !named_encoding(path) => Ok(added(&read_tokenizer(path, TOKENIZER_KEY)?)),
         _ => Ok(0),
     }
+}
+
+/// The tokens `tokenizer`'s post-processor adds to every text.
+fn added(tokenizer: &tokenizers::Tokenizer) -> u64 {
+    tokenizer.get_post_processor().map_or(0, |p| {
+        tokenizers::PostProcessor::added_tokens(p, false) as u64
+    })
 }
 
 /// `bert-base-uncased`'s tokenizer, built in ([`wordpiece`]).
@@ -320,6 +322,15 @@ impl fmt::Debug for TokenChunker {
 }
 
 impl TokenChunker {
+    /// The tokens the model adds to every text, as the tokenizer this
+    /// chunker counts with says ([`special_tokens`]); none for an encoding.
+    pub fn special_tokens(&self) -> u64 {
+        match &*self.counter {
+            Counter::Bpe(..) => 0,
+            Counter::HuggingFace(tokenizer) => added(tokenizer),
+        }
+    }
+
     /// A chunker that counts with tiktoken's `cl100k_base`, the encoding the
     /// hosted models use. The encoding is loaded once and shared.
     ///
@@ -987,7 +998,10 @@ mod tests {
         assert_eq!(chunker.count_tokens("Hello, world!"), 4);
         assert_eq!(chunker.count_tokens("getentropy"), 4);
         assert_eq!(special_tokens(&named).unwrap(), 2);
-        assert_eq!(special_tokens(&config(8, 0, Some(false))).unwrap(), 0);
+        assert_eq!(chunker.special_tokens(), 2);
+        let plain = config(8, 0, Some(false));
+        assert_eq!(special_tokens(&plain).unwrap(), 0);
+        assert_eq!(TokenChunker::for_config(&plain).unwrap().special_tokens(), 0);
     }
 
     const FRAGMENTS: &[&str] = &[

@@ -650,7 +650,7 @@ async fn build(job: &Job) -> Result<Embedding, Failure> {
         let unfitted = job.chunking_for(None);
         let counter = chunker_for(&unfitted)?;
         let count = |text: &str| counter.count_tokens(text);
-        let model = ModelCount::of_job(&unfitted, &count).map_err(Failure::usage)?;
+        let model = ModelCount::of_job(&unfitted, &count, counter.special_tokens());
         let max_cost = job.budget.max_cost;
         // The probe measures the server's count on the job's own text.
         let (source, bytes) = (

@@ -161,22 +161,20 @@ impl<'a> ModelCount<'a> {
     }
 
     /// As a job whose `chunking` counts by `count` tells it: the job's own
-    /// count where it counts with the model's tokenizer, else WordPiece.
-    ///
-    /// # Errors
-    /// A tokenizer file that cannot be read.
+    /// count, and the `special` tokens its tokenizer adds, where it counts
+    /// with the model's tokenizer; else WordPiece.
     pub(super) fn of_job(
         chunking: &ChunkingConfig,
         count: &'a (dyn Fn(&str) -> usize + Sync),
-    ) -> Result<ModelCount<'a>, crate::chunk::ChunkError> {
+        special: u64,
+    ) -> ModelCount<'a> {
         if crate::job::named_encoding(tokenizer_name(chunking)) {
-            return Ok(ModelCount::wordpiece());
+            return ModelCount::wordpiece();
         }
-        let special = crate::chunk::special_tokens(chunking)?;
-        Ok(ModelCount {
+        ModelCount {
             tokens: count,
             special: usize::try_from(special).unwrap_or(usize::MAX),
-        })
+        }
     }
 }
 
