@@ -1001,7 +1001,10 @@ mod tests {
         assert_eq!(chunker.special_tokens(), 2);
         let plain = config(8, 0, Some(false));
         assert_eq!(special_tokens(&plain).unwrap(), 0);
-        assert_eq!(TokenChunker::for_config(&plain).unwrap().special_tokens(), 0);
+        assert_eq!(
+            TokenChunker::for_config(&plain).unwrap().special_tokens(),
+            0
+        );
     }
 
     const FRAGMENTS: &[&str] = &[
