@@ -153,7 +153,14 @@ async fn an_ssl_cert_file_that_holds_no_certificate_is_a_usage_error() {
     let missing = dir.path().join("missing.pem");
     let notes = dir.path().join("notes.txt");
     std::fs::write(&notes, "not a certificate\n").unwrap();
-    for (file, says) in [(&missing, "missing.pem"), (&notes, "no PEM certificate")] {
+    let endless = PathBuf::from("/dev/zero");
+    let folder = dir.path().to_path_buf();
+    for (file, says) in [
+        (&missing, "missing.pem"),
+        (&notes, "no PEM certificate"),
+        (&endless, "more than 16 MiB"),
+        (&folder, "directory"),
+    ] {
         let output = run(run_with(&job, Some(file))).await;
         let (_, stderr) = no_key(&output, KEY);
         assert_eq!(output.status.code(), Some(2), "{stderr}");
