@@ -72,7 +72,7 @@ pub use vectors::{
     count_tokens, embedding_vector, embedding_vector_shortened, embeddings_response_body,
     embeddings_response_body_base64,
 };
-pub use window::{server_tokens, OverWindow, ServerWindow};
+pub use window::{server_tokens, Counting, OverWindow, ServerWindow};
 
 use handlers::Shared;
 
