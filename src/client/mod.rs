@@ -221,12 +221,8 @@ impl Client {
         let scrubber = Arc::new(Scrubber::new(key.expose()).ok_or(ConfigError::EmptyKey)?);
         crate::secret::register(key.expose());
         let scheme = base.split_once("://").map_or("", |(scheme, _)| scheme);
-        let roots = trust::extra_roots(scheme, std::env::var_os(trust::CA_FILE_VAR))?;
-        let http = roots
-            .into_iter()
-            .fold(reqwest::Client::builder(), |builder, root| {
-                builder.add_root_certificate(root)
-            })
+        trust::check_ca_file(scheme, std::env::var_os(trust::CA_FILE_VAR))?;
+        let http = reqwest::Client::builder()
             .connect_timeout(config.connect_timeout)
             .read_timeout(config.timeout)
             .user_agent(concat!("embedjob/", env!("CARGO_PKG_VERSION")))

@@ -17,19 +17,22 @@ pub const UNTRUSTED_HINT: &str = "if a private certificate authority signed it, 
      SSL_CERT_FILE to a PEM file that holds that authority's certificate, or install it in the \
      system's store";
 
-/// The certificates `SSL_CERT_FILE` names, for a base URL of `scheme`:
-/// none for plain HTTP or when it is unset or empty.
+/// Checks the file `SSL_CERT_FILE` names, for a base URL of `scheme`:
+/// nothing for plain HTTP or when it is unset or empty. The client's trust
+/// store reads the file itself (with the system's store, `rustls-native-certs`
+/// takes it in), but passes over one it cannot use, and the run would end
+/// at its first request with the certificate refused: this says why first.
 ///
 /// # Errors
 /// A file that cannot be read, is larger than [`MAX_CA_FILE_BYTES`], or
 /// holds no PEM certificate.
-pub(super) fn extra_roots(
+pub(super) fn check_ca_file(
     scheme: &str,
     ca_file: Option<std::ffi::OsString>,
-) -> Result<Vec<reqwest::Certificate>, ConfigError> {
+) -> Result<(), ConfigError> {
     let Some(path) = ca_file.filter(|p| !p.is_empty() && scheme.eq_ignore_ascii_case("https"))
     else {
-        return Ok(Vec::new());
+        return Ok(());
     };
     let shown = path.to_string_lossy().into_owned();
     let fail = |reason: String| ConfigError::CaFile {
@@ -46,7 +49,7 @@ pub(super) fn extra_roots(
     if certificates.is_empty() {
         return Err(fail("it holds no PEM certificate".into()));
     }
-    Ok(certificates)
+    Ok(())
 }
 
 /// Whether a transport error's text says the server's certificate was
@@ -66,22 +69,24 @@ mod tests {
         let missing = dir.path().join("missing.pem");
         let var = |p: &std::path::Path| Some(p.as_os_str().to_os_string());
         // Plain HTTP, unset or empty: nothing is read.
-        assert!(extra_roots("http", var(&missing)).unwrap().is_empty());
-        assert!(extra_roots("https", None).unwrap().is_empty());
-        assert!(extra_roots("https", Some("".into())).unwrap().is_empty());
-        let error = extra_roots("https", var(&missing)).unwrap_err().to_string();
+        assert!(check_ca_file("http", var(&missing)).is_ok());
+        assert!(check_ca_file("https", None).is_ok());
+        assert!(check_ca_file("https", Some("".into())).is_ok());
+        let error = check_ca_file("https", var(&missing))
+            .unwrap_err()
+            .to_string();
         assert!(
             error.contains("SSL_CERT_FILE") && error.contains("missing.pem"),
             "{error}"
         );
         let text = dir.path().join("notes.txt");
         std::fs::write(&text, "not a certificate\n").unwrap();
-        let error = extra_roots("HTTPS", var(&text)).unwrap_err().to_string();
+        let error = check_ca_file("HTTPS", var(&text)).unwrap_err().to_string();
         assert!(error.contains("no PEM certificate"), "{error}");
         let ca = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
         let pem = dir.path().join("ca.pem");
         std::fs::write(&pem, ca.cert.pem()).unwrap();
-        assert_eq!(extra_roots("https", var(&pem)).unwrap().len(), 1);
+        assert!(check_ca_file("https", var(&pem)).is_ok());
     }
 
     #[test]

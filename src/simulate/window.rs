@@ -197,11 +197,8 @@ impl ServerWindow {
             return None;
         }
         let room = (self.tokens - self.counting.special()) as usize;
-        let end = match &self.counting {
-            Counting::Pieces => piece_ends(text).nth(room - 1)?,
-            // On a character's boundary, whatever the tokenizer's offsets.
-            counting => crate::secret::floor_char(text, *counting.ends(text)?.get(room - 1)?),
-        };
+        // On a character's boundary, whatever the tokenizer's offsets.
+        let end = crate::secret::floor_char(text, *self.counting.ends(text)?.get(room - 1)?);
         (end < text.len() && !text[end..].trim().is_empty()).then(|| &text[..end])
     }
 

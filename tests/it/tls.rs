@@ -125,6 +125,23 @@ async fn a_private_authority_named_by_ssl_cert_file_is_trusted() {
     assert!(sim.ledger().requests > 0);
 }
 
+#[tokio::test]
+async fn a_private_authority_in_a_directory_named_by_ssl_cert_dir_is_trusted() {
+    let dir = tempfile::tempdir().unwrap();
+    let (job, ca_file, sim, _) = behind_tls(dir.path()).await;
+    let authorities = dir.path().join("authorities");
+    std::fs::create_dir_all(&authorities).unwrap();
+    std::fs::rename(&ca_file, authorities.join("company.pem")).unwrap();
+    let mut command = run_with(&job, None);
+    command.env("SSL_CERT_DIR", &authorities);
+    let output = run(command).await;
+    let (_, stderr) = no_key(&output, KEY);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    let rows = read_output(&dir.path().join("out/result.parquet"));
+    assert_complete(&rows, &expected_chunks(&dir.path().join("docs")), 1024);
+    assert!(sim.ledger().requests > 0);
+}
+
 /// Without the authority, the client refuses the certificate at its first
 /// connection and makes no other (the job allows 10 retries): the run ends
 /// with what to do, the service billed nothing, and no output is written.
