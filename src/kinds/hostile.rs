@@ -52,6 +52,7 @@ const SECTIONS: [(&str, &[&str]); 7] = [
             "max_retries",
             "server_renames_models",
             "stall_timeout_seconds",
+            "quota_window_seconds",
             "mode",
             "batch_completion_window",
             "batch_input_per_1k",

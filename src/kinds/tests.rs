@@ -640,3 +640,39 @@ fn regression_a_job_files_metadata_field_shadowed_a_column_but_for_case() {
         }
     }
 }
+
+#[test]
+fn a_quota_window_is_a_length_in_seconds_within_a_day_and_only_for_a_service() {
+    let api = |window: &str| {
+        vec![
+            "backend.kind=api".to_string(),
+            "backend.base_url=http://127.0.0.1:9".to_string(),
+            "backend.model=m".to_string(),
+            "backend.api_key_env=PATH".to_string(),
+            format!("backend.quota_window_seconds={window}"),
+        ]
+    };
+    for (given, seconds) in [("60", 60.0), ("0.5", 0.5), ("86400", 86_400.0)] {
+        let job = parse(MINIMAL, "docs", &api(given)).unwrap();
+        let params = job.backend.get::<ApiParams>().unwrap();
+        assert_eq!(params.quota_window_seconds, Some(seconds), "{given}");
+    }
+    let defaults = parse(MINIMAL, "docs", &api("60")[..4]).unwrap();
+    let params = defaults.backend.get::<ApiParams>().unwrap();
+    assert_eq!(params.quota_window_seconds, None);
+    for wrong in ["0", "-1", "86401", "nan", "inf"] {
+        let problems = parse(MINIMAL, "docs", &api(wrong)).unwrap_err();
+        assert_eq!(problems.len(), 1, "{wrong}: {problems:#?}");
+        assert!(
+            problems[0].contains("`backend.quota_window_seconds` must be between 0.001 and 86400"),
+            "{wrong}: {problems:?}"
+        );
+    }
+    let problems = parse(MINIMAL, "docs", &["backend.quota_window_seconds=60".into()]).unwrap_err();
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.contains("`backend.quota_window_seconds` does not apply to kind \"local\"")),
+        "{problems:#?}"
+    );
+}

@@ -35,7 +35,14 @@ pub(super) struct Budget {
 }
 
 impl Budget {
-    pub(super) fn new(header: QuotaHeader, at: Instant, refused: bool) -> Budget {
+    /// The first description of a quota, as of `at`; `given` is how long a
+    /// use stays in it if it is a sliding window, where the job says.
+    pub(super) fn new(
+        header: QuotaHeader,
+        at: Instant,
+        refused: bool,
+        given: Option<Duration>,
+    ) -> Budget {
         let mut budget = Budget {
             limit: header.limit,
             remaining: header.remaining,
@@ -43,7 +50,7 @@ impl Budget {
             // Until a reset tells: a quota per minute.
             rate: header.limit / 60.0,
             rated: false,
-            refill: Refill::default(),
+            refill: Refill::given(given),
             seen: at,
             shown: header.remaining,
         };

@@ -78,6 +78,9 @@ pub struct RateSettings {
     /// How many processes share the key's quota (the shards of a split job):
     /// each counts on its part of it from the start.
     pub sharing: u32,
+    /// `backend.quota_window_seconds`: how long a use stays in the
+    /// service's sliding windows; `None` to learn it from the answers.
+    pub quota_window: Option<Duration>,
 }
 
 impl RateSettings {
@@ -94,6 +97,7 @@ impl RateSettings {
             retry,
             stall_timeout: Duration::from_secs(600),
             sharing: 1,
+            quota_window: None,
         }
     }
 
@@ -175,7 +179,8 @@ impl RateControl {
             ),
             pacing: Pacing::new(settings.stall_timeout)
                 .shared_by(settings.sharing)
-                .limited_to(settings.requests_per_minute),
+                .limited_to(settings.requests_per_minute)
+                .window_given(settings.quota_window),
         }
     }
 

@@ -251,6 +251,9 @@ pub(super) struct Refill {
     /// How long the latest answers tell a use stays in the window, in
     /// seconds, where that is longer ([`Stays`]).
     stay: f64,
+    /// How long the job says a use stays in the window, in seconds; 0 where
+    /// it does not say.
+    given: f64,
     /// Headers with some of the quota used taken in.
     samples: u32,
     /// The shortest reset of the headers that showed the quota at least
@@ -260,6 +263,20 @@ pub(super) struct Refill {
 }
 
 impl Refill {
+    /// Nothing seen yet; `given` is how long a use stays in the window if
+    /// the quota turns out to be a sliding window, where the job says.
+    pub(super) fn given(given: Option<Duration>) -> Refill {
+        Refill {
+            given: given.map_or(0.0, |g| g.as_secs_f64()),
+            ..Refill::default()
+        }
+    }
+
+    /// Whether the job says how long a use stays in the window.
+    pub(super) fn is_given(&self) -> bool {
+        self.given > 0.0
+    }
+
     /// Takes in a header with some of the quota used. `remaining` is
     /// rounded down and `reset` to the millisecond, so each answer allows
     /// a range of rates: a bucket's ranges overlap, a sliding window's
@@ -339,7 +356,13 @@ impl Refill {
         } else {
             SLIDING_SPREAD
         };
-        let length = self.longest.max(self.stay);
+        // No reset is longer than the window: a given length that one
+        // passes was too short.
+        let length = if self.is_given() {
+            self.given.max(self.longest)
+        } else {
+            self.longest.max(self.stay)
+        };
         (self.floor > ceiling * spread && length > 0.0).then(|| limit / length)
     }
 }
@@ -797,6 +820,13 @@ impl Share {
         if let Some(send) = self.send_mut(seq) {
             send.took[1] = 0.0;
         }
+    }
+
+    /// Whether this process's largest request of quota `k` is more than
+    /// [`PULL_GRAIN`] of the pull beside a window of `limit` (1.5% of it):
+    /// a share there moves by steps too large for the pull alone.
+    pub(super) fn coarse(&self, k: usize, limit: f64) -> bool {
+        self.largest(k) > PULL * PULL_GRAIN * limit
     }
 
     /// The largest of this process's remembered requests, in quota `k`.

@@ -26,8 +26,9 @@ fn documents(dir: &Path, job: usize) -> PathBuf {
     root
 }
 
-/// Runs four independent jobs on one key; returns the simulator's ledger.
-async fn four_jobs_on_one_key(kind: QuotaWindow) -> embedjob::simulate::Ledger {
+/// Runs four independent jobs on one key, each told the window's length
+/// (`backend.quota_window_seconds`) where `told`; returns the simulator's ledger.
+async fn four_jobs_on_one_key(kind: QuotaWindow, told: bool) -> embedjob::simulate::Ledger {
     let sim = simulator(SimConfig {
         latency_ms: 5,
         quota: QuotaConfig {
@@ -49,19 +50,17 @@ async fn four_jobs_on_one_key(kind: QuotaWindow) -> embedjob::simulate::Ledger {
         let path = write_job(dir.path(), &sim.base_url(), &files_source(&root), "");
         jobs.push((path, chunks));
     }
-    let outputs = futures::future::join_all(jobs.iter().map(|(job, _)| {
-        run_job(
-            job,
-            &[
-                "--json",
-                "--set",
-                "backend.max_inputs_per_request=2",
-                "--set",
-                "backend.concurrency=auto",
-            ],
-        )
-    }))
-    .await;
+    let mut args = vec![
+        "--json",
+        "--set",
+        "backend.max_inputs_per_request=2",
+        "--set",
+        "backend.concurrency=auto",
+    ];
+    if told {
+        args.extend(["--set", "backend.quota_window_seconds=1"]);
+    }
+    let outputs = futures::future::join_all(jobs.iter().map(|(job, _)| run_job(job, &args))).await;
     for (output, (_, chunks)) in outputs.iter().zip(&jobs) {
         let (stdout, stderr) = no_key(output, KEY);
         assert_eq!(output.status.code(), Some(0), "{kind:?}: {stderr}");
@@ -87,7 +86,7 @@ async fn four_jobs_on_one_key(kind: QuotaWindow) -> embedjob::simulate::Ledger {
 
 #[tokio::test]
 async fn four_independent_jobs_on_a_bucket_store_and_bill_each_text_once_with_few_refused() {
-    let ledger = four_jobs_on_one_key(QuotaWindow::Bucket).await;
+    let ledger = four_jobs_on_one_key(QuotaWindow::Bucket, false).await;
     // Until two answers tell how the quota refills, each job sends one
     // request at a time: two each fit the whole bucket of 8. From then on
     // each sends at a rate in proportion to the level its latest answer
@@ -115,5 +114,13 @@ async fn four_independent_jobs_on_a_bucket_store_and_bill_each_text_once_with_fe
 
 #[tokio::test]
 async fn four_independent_jobs_on_a_sliding_window_store_and_bill_each_text_once() {
-    four_jobs_on_one_key(QuotaWindow::Sliding).await;
+    four_jobs_on_one_key(QuotaWindow::Sliding, false).await;
+}
+
+/// The same, each job told how long a use stays in the window: each
+/// replaces its own uses one for one as they leave (a request is an eighth
+/// of this window), and still stores and bills each text once.
+#[tokio::test]
+async fn four_independent_jobs_told_the_windows_length_store_and_bill_each_text_once() {
+    four_jobs_on_one_key(QuotaWindow::Sliding, true).await;
 }

@@ -27,6 +27,11 @@ pub const DEFAULT_STALL_TIMEOUT_SECONDS: u64 = 600;
 /// The longest `backend.stall_timeout_seconds`: a week.
 pub const MAX_STALL_TIMEOUT_SECONDS: u64 = 7 * 24 * 3600;
 
+/// The range of `backend.quota_window_seconds`: a millisecond to a day,
+/// the longest reset the headers are believed for.
+pub const MIN_QUOTA_WINDOW_SECONDS: f64 = 0.001;
+pub const MAX_QUOTA_WINDOW_SECONDS: f64 = 86_400.0;
+
 /// How vectors travel in an embeddings response (`backend.encoding_format`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -84,6 +89,9 @@ pub struct ApiParams {
     /// When the service lists no window and the job sets none, a few
     /// requests before the run find where the model stops reading.
     pub probe_window: bool,
+    /// How long a use stays in the service's quota if it is a sliding
+    /// window (60 for a quota per minute); unset, the answers tell it.
+    pub quota_window_seconds: Option<f64>,
     /// `sync`: requests answered at once; `batch`: the service's Batch API,
     /// at its batch price, collected by a later run.
     pub mode: Mode,
@@ -129,6 +137,7 @@ impl Default for ApiParams {
             server_renames_models: false,
             stall_timeout_seconds: DEFAULT_STALL_TIMEOUT_SECONDS,
             probe_window: true,
+            quota_window_seconds: None,
             mode: Mode::Sync,
             batch_completion_window: "24h".to_string(),
             batch_input_per_1k: None,
@@ -160,6 +169,7 @@ impl crate::job::Kind<dyn BackendParams> for Kind {
             "server_renames_models",
             "stall_timeout_seconds",
             "probe_window",
+            "quota_window_seconds",
             "mode",
             "batch_completion_window",
             "batch_input_per_1k",
@@ -238,6 +248,12 @@ impl BackendParams for ApiParams {
 }
 
 impl ApiParams {
+    /// `quota_window_seconds` as a length (checked to be one by the job's problems).
+    fn quota_window(&self) -> Option<Duration> {
+        self.quota_window_seconds
+            .and_then(|s| Duration::try_from_secs_f64(s).ok())
+    }
+
     fn own_problems(&self, b: &BackendShared, p: &mut Vec<String>) {
         if let Some(path) = &self.api_path {
             let trimmed = path.trim();
@@ -252,6 +268,15 @@ impl ApiParams {
         }
         if self.context_window == Some(0) {
             p.push("`backend.context_window` must be at least 1".to_string());
+        }
+        if let Some(seconds) = self
+            .quota_window_seconds
+            .filter(|s| !(MIN_QUOTA_WINDOW_SECONDS..=MAX_QUOTA_WINDOW_SECONDS).contains(s))
+        {
+            p.push(format!(
+                "`backend.quota_window_seconds` must be between {MIN_QUOTA_WINDOW_SECONDS} and \
+                 {MAX_QUOTA_WINDOW_SECONDS} (a day), not {seconds}"
+            ));
         }
         if !(1..=MAX_STALL_TIMEOUT_SECONDS).contains(&self.stall_timeout_seconds) {
             p.push(format!(
@@ -621,6 +646,7 @@ async fn build(job: &Job) -> Result<Embedding, Failure> {
         renames_models: api.server_renames_models,
         stall_timeout: Duration::from_secs(api.stall_timeout_seconds),
         sharing,
+        quota_window: api.quota_window(),
         max_inputs,
         ..ApiSettings::new(model)
     };

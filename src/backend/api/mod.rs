@@ -82,6 +82,9 @@ pub struct ApiSettings {
     /// How many processes of the job share the key's quota (the shards of
     /// a split job): each counts on its part of the budget from the start.
     pub sharing: u32,
+    /// `backend.quota_window_seconds`: how long a use stays in the
+    /// service's sliding windows; `None` to learn it from the answers.
+    pub quota_window: Option<Duration>,
     /// Tokens the model adds to every text, as `chunking.tokenizer` says.
     pub special_tokens: u64,
     /// The most inputs a request may hold, as the service says it
@@ -110,6 +113,7 @@ impl ApiSettings {
             listed_price_source: None,
             warnings: Vec::new(),
             sharing: 1,
+            quota_window: None,
             special_tokens: 0,
             max_inputs: None,
             renames_models: false,
@@ -316,6 +320,7 @@ impl ApiBackend {
             retry: settings.retry,
             stall_timeout: settings.stall_timeout,
             sharing: settings.sharing,
+            quota_window: settings.quota_window,
         });
         ApiBackend {
             client,
