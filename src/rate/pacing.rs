@@ -921,15 +921,7 @@ impl State {
             }) else {
                 continue;
             };
-            if let Some(given) = given {
-                if replaced[k] {
-                    // Each process replaces its own uses one for one:
-                    // nothing but those frees room before a window on.
-                    let window = given.max(budget.refill.longest());
-                    if let Some(whole) = ticket.sent_at.checked_add(window) {
-                        budget.at = budget.at.max(whole);
-                    }
-                }
+            if given.is_some() {
                 // The job says how long a use stays.
                 continue;
             }
@@ -965,14 +957,22 @@ impl State {
             else {
                 continue;
             };
-            if replaced[k] && given.is_some() {
+            if let Some(given) = given.filter(|_| replaced[k]) {
                 // Its own uses free its room (`State::one_for_one`), and the
-                // others' none: counted as refilling at the window's rate
+                // others' none: nothing refills before a window on (where
+                // the reset tells when the window is whole, it is about
+                // then already). Counted as refilling at the window's rate
                 // from the first of its own to leave, the budget would take
                 // the others' uses leaving as room too. (In paused time,
                 // four strangers started 100 ms apart used 91.0% and 91.2%
                 // of the bench's window of 20 requests with and without
-                // this, none of 40 runs each refused more than 5%.)
+                // that, none of 40 runs each refused more than 5%.)
+                let whole = ticket
+                    .sent_at
+                    .checked_add(given.max(budget.refill.longest()));
+                if let Some(whole) = whole.filter(|_| !budget.refill.resets_when_whole()) {
+                    budget.at = budget.at.max(whole);
+                }
                 continue;
             }
             if let Some(leaves) = self.pace.first_leaving(k, ticket.sent_at, window) {
@@ -1326,6 +1326,30 @@ mod tests {
         // leaves, about a window after it went. Waiting for the margin too
         // (1.4 requests), it waited for its second use to leave as well, a
         // window after that one went.
+        let _next = pacing.admit(1).await.unwrap();
+        let window = Duration::from_secs(2);
+        let went = Instant::now();
+        assert!(went >= sent[0] + window, "{:?}", went - sent[0]);
+        assert!(went < sent[1] + window, "{:?}", went - sent[0]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn among_others_told_the_windows_length_a_process_replaces_its_uses_one_for_one() {
+        // A window of 20 requests over 2 s that others use, whose reset
+        // tells when its oldest use leaves: at every answer one is about
+        // to. Four requests of this process, 200 ms apart, each answered
+        // 20 ms after it went, showing 10, 11, 12 and 19 used. The job says
+        // the window is 2 s long.
+        let pacing =
+            Pacing::new(Duration::from_secs(600)).window_given(Some(Duration::from_secs(2)));
+        let sent =
+            answered_200_ms_apart(&pacing, [(10.0, 300), (9.0, 120), (8.0, 450), (1.0, 80)]).await;
+        // Untold, it counts in the longest reset (0.45 s).
+        assert_eq!(pacing.window(), Duration::from_secs(2));
+        // A request is 5% of the window: it replaces the first of its uses
+        // as it leaves, a window after it went, and takes none of the room
+        // the others' uses leaving free (untold, it went at its share's
+        // pace, 0.85 s after its first).
         let _next = pacing.admit(1).await.unwrap();
         let window = Duration::from_secs(2);
         let went = Instant::now();
