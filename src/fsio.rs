@@ -113,6 +113,64 @@ impl Drop for TempFile {
     }
 }
 
+/// Writes a growing file's data to disk in the background while it is being
+/// written, so that the `fsync` that commits it finds little left to write:
+/// the kernel otherwise keeps up to half a minute of writes in memory, and
+/// the commit of a large output would wait for all of it at the end of a run.
+/// One thread a file; requests made while one is pending are folded into it.
+/// An error is kept and returned by [`Writeback::finish`]: once a sync has
+/// failed, a later one may not report it again.
+#[derive(Debug)]
+pub struct Writeback {
+    requests: std::sync::mpsc::SyncSender<()>,
+    thread: std::thread::JoinHandle<std::io::Result<()>>,
+    path: PathBuf,
+}
+
+impl Writeback {
+    /// Starts the thread that syncs `file` (a handle of its own), named `path` in errors.
+    pub fn start(file: &File, path: &Path) -> Result<Writeback, FsError> {
+        let file = file
+            .try_clone()
+            .map_err(FsError::io(path, "cannot reopen the temporary file"))?;
+        let (requests, pending) = std::sync::mpsc::sync_channel::<()>(1);
+        let thread = std::thread::Builder::new()
+            .name("writeback".into())
+            .spawn(move || {
+                for () in pending {
+                    file.sync_data()?;
+                }
+                Ok(())
+            })
+            .map_err(FsError::io(path, "cannot start the thread that syncs it"))?;
+        Ok(Writeback {
+            requests,
+            thread,
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// Asks for what was written so far to go to disk, unless a sync is pending.
+    pub fn request(&self) {
+        // Full: a sync is pending and will cover it; gone: its error waits for `finish`.
+        let _ = self.requests.try_send(());
+    }
+
+    /// Waits for the syncs asked for; the first error any of them met.
+    pub fn finish(self) -> Result<(), FsError> {
+        let Writeback {
+            requests,
+            thread,
+            path,
+        } = self;
+        drop(requests);
+        let synced = thread
+            .join()
+            .unwrap_or_else(|_| Err(std::io::Error::other("the thread that syncs it stopped")));
+        synced.map_err(FsError::io(&path, "cannot sync the temporary file"))
+    }
+}
+
 /// Whether `file` is the temporary name of one of `finals` (file names in
 /// the same directory), left by a process that is gone: `.{final}.tmp-{pid}`.
 /// Another file that only looks like one (another job's, whose name starts
@@ -264,5 +322,32 @@ mod tests {
     fn a_path_without_a_file_name_is_an_error() {
         let error = write_json_atomically(Path::new("/"), &serde_json::json!({})).unwrap_err();
         assert!(matches!(error, FsError::InvalidPath { .. }), "{error}");
+    }
+
+    #[test]
+    #[cfg(unix)]
+    fn a_background_sync_that_failed_is_reported_when_the_file_is_finished() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("docs.parquet");
+        let file = File::create(&path).unwrap();
+        let writeback = Writeback::start(&file, &path).unwrap();
+        for _ in 0..3 {
+            writeback.request();
+        }
+        writeback.finish().unwrap();
+
+        // A pipe cannot be synced (EINVAL): the error waits for `finish`.
+        let (_reader, writer) = std::io::pipe().unwrap();
+        let pipe = File::from(std::os::fd::OwnedFd::from(writer));
+        let writeback = Writeback::start(&pipe, &path).unwrap();
+        writeback.request();
+        let error = writeback.finish().unwrap_err().to_string();
+        assert!(
+            error.starts_with(&format!(
+                "{}: cannot sync the temporary file",
+                path.display()
+            )),
+            "{error}"
+        );
     }
 }

@@ -637,3 +637,82 @@ async fn regression_a_split_requests_first_half_was_dropped_when_the_second_fail
         assert_eq!(summary.resumed, paid.len() as u64);
     }
 }
+
+/// The writer committed a part each time no message waited, so answers that
+/// came one at a time, as a paced run's do, each cost a part: two `fsync`s
+/// while the run went, and a file the checkpoint's removal unlinked at its
+/// end. Answers that come while it is idle are now committed together, once
+/// `COMMIT_EVERY` has passed since the last commit, and still with no
+/// further message needed.
+#[tokio::test]
+async fn answers_that_come_one_at_a_time_are_committed_together() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = job(dir.path());
+    let info = Texts::new(2, None).info().clone();
+    let fingerprint = Fingerprint::new(&job, &info.model, info.dimensions, info.chunk_window());
+    let location = StateLocation::for_job(&job);
+    let state = JobState::open(&job.name, location.clone(), &fingerprint, false).unwrap();
+    let (committed_tx, mut committed) = tokio::sync::watch::channel(0u64);
+    let writing = write::Writing::new(
+        Table::default().sink(),
+        state.part_writer(&info.model, "api", 1 << 20),
+        state.failures(),
+        repeats::RepeatGate::new(),
+    )
+    .with_exposure(committed_tx, u64::MAX);
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    let writer = tokio::task::spawn_blocking(move || writing.run(rx));
+    let answers = 20u64;
+    let started = std::time::Instant::now();
+    for i in 0..answers {
+        let text = format!("answer {i}");
+        let chunk = Chunk {
+            id: format!("d#{i}"),
+            doc_id: Arc::from("d"),
+            source: Arc::from("d"),
+            chunk_index: u32::try_from(i).unwrap(),
+            byte_start: 0,
+            byte_end: 1,
+            content_hash: content_hash(&text),
+            text,
+            token_count: 1,
+            metadata: None,
+        };
+        let batch = EmbeddedBatch {
+            chunks: vec![chunk],
+            vectors: Vectors {
+                dimensions: 2,
+                values: vec![1.0, 2.0],
+                usage: Usage::default(),
+                discarded: Usage::default(),
+            },
+        };
+        tx.send(write::SinkMessage::Embedded(batch)).await.unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let sending = started.elapsed();
+    // Committed with no further message: the writer waits for one only until a commit is due.
+    tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        committed.wait_for(|&rows| rows == answers),
+    )
+    .await
+    .expect("the answers were committed with no further message")
+    .unwrap();
+    let parts = std::fs::read_dir(location.checkpoint())
+        .unwrap()
+        .filter(|e| {
+            let name = e.as_ref().unwrap().file_name();
+            name.to_string_lossy().starts_with("part-")
+        })
+        .count();
+    // While the answers came, a commit at most every `COMMIT_EVERY` from
+    // the writer's start; then the one that commits the last of them.
+    let most = (sending.as_secs_f64() / write::COMMIT_EVERY.as_secs_f64()).floor() as usize + 1;
+    assert!(
+        (1..=most).contains(&parts),
+        "{parts} parts for {answers} answers that came over {sending:?} (at most {most})"
+    );
+    drop(tx);
+    writer.await.unwrap().unwrap();
+}

@@ -54,8 +54,9 @@ const MAX_PART_BYTES: u64 = 4 << 20;
 /// Writes newly embedded batches to part files in the checkpoint, each part
 /// written under a temporary name, fsynced and renamed into place by
 /// [`PartWriter::commit`]. The pipeline commits whenever it has no further
-/// batch at hand or the part holds a set number of rows, and sends no
-/// request while more answers wait (see `pipeline::dispatch::Exposure`).
+/// batch at hand (and a quarter of a second has passed since the last
+/// commit) or the part holds a set number of rows, and sends no request
+/// while more answers wait (see `pipeline::dispatch::Exposure`).
 ///
 /// A part holds the output's columns without `text`, and records in its
 /// metadata the usage and requests that paid for its vectors.
