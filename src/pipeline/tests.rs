@@ -652,6 +652,8 @@ async fn answers_that_come_one_at_a_time_are_committed_together() {
     let fingerprint = Fingerprint::new(&job, &info.model, info.dimensions, info.chunk_window());
     let location = StateLocation::for_job(&job);
     let state = JobState::open(&job.name, location.clone(), &fingerprint, false).unwrap();
+    // Before the writer exists: its commits count from its start.
+    let started = std::time::Instant::now();
     let (committed_tx, mut committed) = tokio::sync::watch::channel(0u64);
     let writing = write::Writing::new(
         Table::default().sink(),
@@ -663,7 +665,6 @@ async fn answers_that_come_one_at_a_time_are_committed_together() {
     let (tx, rx) = tokio::sync::mpsc::channel(16);
     let writer = tokio::task::spawn_blocking(move || writing.run(rx));
     let answers = 20u64;
-    let started = std::time::Instant::now();
     for i in 0..answers {
         let text = format!("answer {i}");
         let chunk = Chunk {
