@@ -177,8 +177,6 @@ pub struct VectorFile {
     buffer: RowBuffer,
     /// The size of the rows encoded into the row group being written.
     group_bytes: u64,
-    /// The row groups closed.
-    groups: u64,
     rows: u64,
     checksum: Checksum,
 }
@@ -240,7 +238,6 @@ impl VectorFile {
             metadata,
             row_group_bytes: options.row_group_bytes,
             group_bytes: 0,
-            groups: 0,
             rows: 0,
             checksum: Checksum::new(),
         })
@@ -302,7 +299,6 @@ impl VectorFile {
             return Ok(());
         }
         self.group_bytes = 0;
-        self.groups += 1;
         self.writer.flush().map_err(|source| FileError::Parquet {
             path: self.temp.final_path().to_path_buf(),
             source,
@@ -314,7 +310,7 @@ impl VectorFile {
     /// checkpoint part) is left to its commit.
     fn next_row_group(&mut self) -> Result<(), FileError> {
         self.close_row_group()?;
-        if self.groups < 2 {
+        if self.writer.flushed_row_groups().len() < 2 {
             return Ok(());
         }
         let writeback = match self.writeback.take() {
